@@ -1,0 +1,176 @@
+"""GRPO (Shao et al. 2024, DeepSeekMath §4.1, eq. 3) with a pluggable reference strategy.
+
+One step (DESIGN.md): prompts -> G completions each from the policy (behaviour log-probs) ->
+rewards -> group-normalised advantages -> reference log-probs (None when reference-free) ->
+``updates_per_batch`` clipped-surrogate updates with beta*KL(policy||ref) -> the loop's
+reference update, eval, log, checkpoint.
+
+Departures and choices:
+- The prompt order is a permutation of the train split keyed by (seed, epoch); sampling noise is
+  keyed by (seed, step, prompt id, sample id): the global batch is the same at any world size.
+  Data-parallel ranks take whole prompt groups, so group statistics never cross ranks.
+- ``kl/ref`` is the mean over completion tokens of the k3 estimate on the training batch, the
+  same quantity ``kl/init`` measures against the initial model on held-out prompts.
+- ``algo.kl_in_reward``: the per-sequence KL (sum over tokens, configured estimator) times beta is
+  subtracted from the reward before advantages (the PPO-RLHF form, Ouyang et al. 2022), and the
+  loss then has no KL term.
+- ``algo.kl_target``: beta follows the adaptive controller of Ziegler et al. 2019 fed with ``kl/ref``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from refexp import sampler, titan
+from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, run_loop
+from refexp.config import GRPOConfig
+from refexp.context import RunContext
+from refexp.kl import AdaptiveKLController, FixedKLController, sequence_kl
+from refexp.losses import grpo_loss, group_advantages
+from refexp.reference import ReferenceStrategy
+
+
+def step_prompt_ids(n_train: int, prompts_per_step: int, seed: int, step: int) -> list[int]:
+    """Global prompt ids of ``step`` (1-based): consecutive slices of per-epoch permutations."""
+    start = (step - 1) * prompts_per_step
+    ids = []
+    while len(ids) < prompts_per_step:
+        epoch, offset = divmod(start + len(ids), n_train)
+        perm = torch.randperm(n_train, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        ids += perm[offset:offset + prompts_per_step - len(ids)].tolist()
+    return ids
+
+
+def compute_rewards(task, texts: list[str], answers: list[str], prompts: list[str]) -> torch.Tensor:
+    """Rewards [N]; a failing reward function names the sample instead of a bare traceback."""
+    out = []
+    for i, (t, a) in enumerate(zip(texts, answers)):
+        try:
+            out.append(float(task.reward(t, a)))
+        except Exception as e:
+            raise RuntimeError(f"reward function failed on sample {i} (prompt {prompts[i]!r}, completion {t!r}, "
+                               f"answer {a!r}): {type(e).__name__}: {e}") from e
+    return torch.tensor(out, dtype=torch.float32)
+
+
+class GRPOStep:
+    """The step function of GRPO; state it needs across steps (the KL controller) lives here."""
+
+    def __init__(self, ctx: RunContext, policy: Policy, strategy: ReferenceStrategy):
+        self.ctx, self.policy, self.strategy = ctx, policy, strategy
+        self.a: GRPOConfig = ctx.cfg.algo
+        self.kl_ctl = (AdaptiveKLController(self.a.beta, self.a.kl_target, self.a.kl_horizon)
+                       if self.a.kl_target is not None else FixedKLController(self.a.beta))
+        self.max_new = self.a.max_new_tokens or ctx.task.max_new_tokens
+
+    def __call__(self, step: int, ckpt) -> dict:
+        ctx, a, task = self.ctx, self.a, self.ctx.task
+        G, seed = a.group_size, ctx.cfg.training.seed
+        ids = step_prompt_ids(len(task.train), a.prompts_per_step, seed, step)[ctx.local_slice(a.prompts_per_step)]
+        rows = task.train.select(ids)
+        prompts = [p for p in rows["prompt"] for _ in range(G)]
+        answers = [x for x in rows["answer"] for _ in range(G)]
+        keys = [(seed, step, pid, g) for pid in ids for g in range(G)]
+
+        t0 = time.perf_counter()
+        model = self.policy.model
+        model.eval()
+        r = sampler.generate(model, task.tokenizer, prompts, max_new_tokens=self.max_new,
+                             temperature=a.temperature, top_p=a.top_p, keys=keys)
+        model.train()
+        gen_s = time.perf_counter() - t0
+        tokens, mask, old_logp = r.tokens_BT.to(ctx.device), r.mask_BT.to(ctx.device), r.behaviour_logp.to(ctx.device)
+        rewards = compute_rewards(task, r.texts, answers, prompts).to(ctx.device)
+
+        t1 = time.perf_counter()
+        ref_logp = self.strategy.logprobs(tokens)
+        ref_s = time.perf_counter() - t1
+
+        beta = self.kl_ctl.beta
+        shaped = rewards
+        if a.kl_in_reward and ref_logp is not None and beta > 0:
+            shaped = rewards - beta * sequence_kl(old_logp, ref_logp, mask, a.kl_estimator)
+        adv = group_advantages(shaped, G, scale=a.advantage_scale) if a.advantage_scale != "batch" else \
+            self._batch_scaled_advantages(shaped, G)
+
+        n_rows = torch.tensor(float(tokens.shape[0]), device=ctx.device)
+        n_tok = mask.sum().to(torch.float32)
+        g_rows, g_tok = ctx.dp_sum(n_rows), ctx.dp_sum(n_tok)
+        # Each rank's share of the global aggregate: FSDP sums gradients over ranks (NOTES #5).
+        share = {"grpo": n_rows / g_rows, "dr_grpo": n_rows / g_rows, "dapo": n_tok / g_tok}[a.loss_agg]
+        agg: dict[str, float] = {}
+        for _ in range(a.updates_per_batch):
+            logp, entropy = titan.token_logprobs(model, tokens, temperature=a.temperature, with_entropy=True)
+            loss, m = grpo_loss(logp, old_logp, None if a.kl_in_reward else ref_logp, adv, mask,
+                                beta=beta, eps_low=a.eps_low, eps_high=a.eps_high, kl_estimator=a.kl_estimator,
+                                loss_agg=a.loss_agg, max_completion_length=self.max_new)
+            (loss * share).backward()
+            gn = optimizer_step(ctx, self.policy, loss, step, ckpt)
+            agg = {k: float(v) for k, v in m.items()}
+            agg["optim/grad_norm"] = gn
+        with torch.no_grad():
+            ent = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        kl_ref = None
+        if ref_logp is not None:
+            from refexp.kl import mean_token_kl
+
+            kl_ref = float(mean_token_kl(old_logp, ref_logp, mask))
+        self.kl_ctl.update(kl_ref if kl_ref is not None else 0.0, 1)
+
+        out = {
+            **agg,
+            "reward/shaped_mean": float(shaped.mean()),
+            "policy/entropy": ent,
+            "policy/completion_len": float(n_tok) / float(n_rows),
+            "kl/beta": beta,
+            "optim/lr": self.policy.lr_schedulers.get_metrics().get("lr/AdamW", ctx.cfg.training.lr),
+            "perf/gen_s": gen_s,
+            "perf/ref_fwd_s": ref_s,
+            "perf/tokens_per_s": float(tokens.numel()) / max(time.perf_counter() - t0, 1e-9),
+        }
+        if kl_ref is not None:
+            out["kl/ref"] = kl_ref
+        out = self._dp_mean(out)
+        # reward statistics over the global batch (exact at any world size)
+        s1, s2 = ctx.dp_sum(rewards.sum()), ctx.dp_sum((rewards * rewards).sum())
+        mean = s1 / g_rows
+        out["reward/mean"] = float(mean)
+        out["reward/std"] = float((s2 / g_rows - mean * mean).clamp(min=0).sqrt())
+        return out
+
+    def _batch_scaled_advantages(self, rewards: torch.Tensor, G: int) -> torch.Tensor:
+        """Group-mean-centred rewards divided by the std over the *global* batch (Dr. GRPO-style scale)."""
+        ctx = self.ctx
+        centred = group_advantages(rewards, G, scale="none")
+        n = ctx.dp_sum(torch.tensor(float(rewards.numel()), device=rewards.device))
+        s1 = ctx.dp_sum(rewards.sum())
+        s2 = ctx.dp_sum((rewards * rewards).sum())
+        var = (s2 - s1 * s1 / n) / (n - 1).clamp(min=1)
+        return centred / (var.clamp(min=0).sqrt() + 1e-4)
+
+    def _dp_mean(self, metrics: dict) -> dict:
+        r, d = self.ctx.dp_rank_and_degree
+        if d == 1:
+            return metrics
+        keys = sorted(k for k, v in metrics.items() if not k.startswith("perf/"))
+        vec = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+        vec = self.ctx.dp_sum(vec) / d
+        metrics.update({k: float(v) for k, v in zip(keys, vec)})
+        return metrics
+
+    # the KL controller is part of the checkpoint (torch Stateful)
+    def state_dict(self) -> dict:
+        return self.kl_ctl.state_dict()
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.kl_ctl.load_state_dict(sd)
+
+
+def train_grpo(ctx: RunContext, sft_dir: Path) -> dict:
+    policy = build_policy(ctx, sft_dir)
+    strategy, anchor = build_strategy(ctx, sft_dir)
+    step_fn = GRPOStep(ctx, policy, strategy)
+    return run_loop(ctx, policy, strategy, anchor, step_fn, extra_states={"grpo": step_fn}, desc="grpo")

@@ -1,0 +1,191 @@
+"""The RL loop both algorithms share; they differ in the step function they pass in.
+
+Per step (DESIGN.md, "One GRPO step"): the algorithm's step -> the reference strategy's
+``after_step`` (reset / EMA / KL-triggered) -> every ``eval.every`` steps the held-out
+measurements -> log -> checkpoint. Around it: resume from the run dir's latest checkpoint, the
+step-0 measurement on a fresh start, a SIGTERM handler that saves before exiting (SLURM
+preemption), a non-finite guard that stops the run and leaves the last good checkpoint, and a
+final checkpoint at the end of every run.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from refexp import titan
+from refexp.checkpoint import Checkpointer, TrainState, load_model_weights
+from refexp.context import RunContext
+from refexp.evaluation import greedy_accuracy, kl_to_anchor
+from refexp.logging import peak_rss_mb
+from refexp.optim import build_optimizer, reset_optimizer_state
+from refexp.progress import progress_bar
+from refexp.reference import ReferenceStrategy, build_reference
+
+
+class NonFiniteError(FloatingPointError):
+    pass
+
+
+class Preempted(SystemExit):
+    """Raised after the checkpoint of a SIGTERM'd run has been written."""
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module
+    optimizers: object
+    lr_schedulers: object
+
+
+class InitAnchor:
+    """The frozen initial (SFT) model that ``kl/init`` is measured against.
+
+    With ``reference=fixed`` on the start checkpoint it *is* the reference (no second copy). Otherwise
+    it is built only for the measurement and freed after it, so strategies are compared without a
+    resident extra copy (``reference=none`` then holds no frozen weights during training steps).
+    """
+
+    def __init__(self, ctx: RunContext, init_path: Path, shared: ReferenceStrategy | None):
+        self.ctx, self.init_path, self.shared = ctx, init_path, shared
+
+    @contextmanager
+    def logprobs(self):
+        if self.shared is not None:
+            yield self.shared.logprobs
+            return
+        model = self.ctx.build_frozen(self.init_path)
+
+        def fn(tokens_BT):
+            with torch.inference_mode():
+                return titan.token_logprobs(model, tokens_BT).clone()
+
+        try:
+            yield fn
+        finally:
+            del model
+
+
+def build_policy(ctx: RunContext, init_path: Path) -> Policy:
+    cfg = ctx.cfg
+    model = ctx.build_model(trainable=True)
+    src = cfg.checkpoint.initial_load_path or init_path
+    if cfg.checkpoint.initial_load_path and cfg.checkpoint.initial_load_in_hf:
+        titan.load_hf_weights_(model, cfg.model, src)
+    else:
+        load_model_weights(model, src)
+    t = cfg.training
+    optimizers, schedulers = build_optimizer(model, optimizer=t.optimizer, lr=t.lr, beta1=t.beta1, beta2=t.beta2,
+                                             eps=t.eps, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
+                                             total_steps=t.steps)
+    return Policy(model, optimizers, schedulers)
+
+
+def build_strategy(ctx: RunContext, init_path: Path) -> tuple[ReferenceStrategy, InitAnchor]:
+    rcfg = ctx.cfg.reference
+    ref_path = Path(rcfg.checkpoint) if rcfg.checkpoint else init_path
+    strategy = build_reference(
+        rcfg, lambda: ctx.build_frozen(ref_path, dtype=rcfg.dtype, compile_enable=rcfg.compile))
+    shared = strategy if (strategy.name == "fixed" and ref_path == init_path and rcfg.dtype in (None, ctx.cfg.training.dtype)) else None
+    return strategy, InitAnchor(ctx, init_path, shared)
+
+
+def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor) -> dict[str, float]:
+    ecfg = ctx.cfg.eval
+    out = {"eval/accuracy": greedy_accuracy(policy, ctx.task, ecfg.num_prompts)}
+    with anchor.logprobs() as ref_fn:
+        out["kl/init"] = kl_to_anchor(policy, ref_fn, ctx.task, ecfg.kl_prompts, seed=ctx.cfg.training.seed)
+    return out
+
+
+def optimizer_step(ctx: RunContext, policy: Policy, loss: torch.Tensor, step: int, ckpt: Checkpointer) -> float:
+    """backward (done by the caller) -> non-finite guard -> clip -> step. Returns the grad norm."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), ctx.cfg.training.max_norm)
+    if hasattr(grad_norm, "full_tensor"):
+        grad_norm = grad_norm.full_tensor()
+    gn = float(grad_norm)
+    if not (math.isfinite(float(loss)) and math.isfinite(gn)):
+        last = ckpt.latest_step() if ckpt is not None else -1
+        raise NonFiniteError(
+            f"non-finite {'loss' if not math.isfinite(float(loss)) else 'gradient norm'} at step {step} "
+            f"(loss={float(loss)}, grad_norm={gn}); stopping without applying the update. "
+            + (f"The last good checkpoint is step-{last} in {ckpt.folder}." if last >= 0 else "No checkpoint was written yet.")
+        )
+    policy.optimizers.step()
+    policy.lr_schedulers.step()
+    policy.optimizers.zero_grad()
+    return gn
+
+
+def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, anchor: InitAnchor,
+             step_fn: Callable[[int, "Checkpointer"], dict], *, extra_states: dict | None = None,
+             desc: str = "train") -> dict:
+    """Drive ``step_fn(step, ckpt) -> metrics`` from the resumed step to ``training.steps``."""
+    cfg = ctx.cfg
+    state = TrainState()
+    states = {"train_state": state, "reference": strategy, **(extra_states or {})}
+    ckpt = Checkpointer(cfg.checkpoint, ctx.run_dir, model=policy.model, optimizers=policy.optimizers,
+                        lr_schedulers=policy.lr_schedulers, states=states)
+    resumed = ckpt.resume()
+    start = state.step if resumed else 0
+    last_eval: dict[str, float] = {}
+    if resumed:
+        ctx.logger.truncate_after(start)
+        if ctx.dist.is_rank0:
+            print(f"[refexp] resumed {ctx.run_dir} at step {start}")
+    else:
+        last_eval = evaluate(ctx, policy.model, anchor)
+        ctx.logger.log({**last_eval, **strategy.metrics()}, step=0)
+
+    preempted = {"flag": False}
+    prev = signal.signal(signal.SIGTERM, lambda *_: preempted.__setitem__("flag", True))
+    bar = progress_bar(total=cfg.training.steps, initial=start, desc=desc,
+                       enabled=ctx.dist.is_rank0 and cfg.logger.progress)
+    metrics: dict = {}
+    step = start
+    try:
+        for step in range(start + 1, cfg.training.steps + 1):
+            t0 = time.perf_counter()
+            metrics = step_fn(step, ckpt)
+            strategy.after_step(step, policy.model, metrics)
+            if strategy.reset_optimizer_requested:
+                reset_optimizer_state(policy.optimizers)
+                strategy.reset_optimizer_requested = False
+            metrics.update(strategy.metrics())
+            metrics["perf/step_s"] = time.perf_counter() - t0
+            metrics["mem/peak_rss_mb"] = peak_rss_mb()
+            if ctx.device.type == "cuda":
+                metrics["mem/peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            if step % cfg.eval.every == 0 or step == cfg.training.steps:
+                last_eval = evaluate(ctx, policy.model, anchor)
+                metrics.update(last_eval)
+            ctx.logger.log(metrics, step=step)
+            state.step = step
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics.get('reward/mean', metrics.get('rewards/accuracy', 0.0)):.2f}")
+            if step < cfg.training.steps:
+                ckpt.save(step)
+            if preempted["flag"]:
+                ckpt.save(step, force=True)
+                raise Preempted(f"SIGTERM received: saved step {step} to {ckpt.folder}; rerun the same run dir to resume")
+        if cfg.checkpoint.enable and ckpt.latest_step() != step:
+            ckpt.save(step, force=True)  # the end of a run always writes a checkpoint
+        if cfg.checkpoint.last_save_in_hf:
+            titan.export_hf(policy.model, cfg.model, str(ctx.run_dir / cfg.checkpoint.folder / "hf"))
+    finally:
+        bar.close()
+        signal.signal(signal.SIGTERM, prev)
+        ckpt.close()
+    final = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    if not last_eval or step != cfg.training.steps or not metrics:
+        last_eval = evaluate(ctx, policy.model, anchor) if not metrics else last_eval
+    final.update(last_eval)
+    final["step"] = step
+    return final

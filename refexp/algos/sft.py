@@ -1,0 +1,162 @@
+"""The SFT stage: the model every RL run starts from and that ``reference=fixed`` keeps.
+
+Masked next-token loss on the task's demonstrations (prompt tokens masked out), held-out greedy
+exact match every ``sft.eval_every`` steps, and an early stop at ``sft.target_accuracy`` with a
+step cap: on the embedded task accuracy sits near zero and then jumps within a few hundred steps at
+a seed-dependent point, so a fixed step count would give very different SFT models per seed.
+
+The output is cached under ``<cache>/sft/<hash of everything that determines it>/``: ``model/``
+(a model-only DCP checkpoint, loads into any parallelism), ``hf/`` (HF safetensors export),
+``tokenizer.json``, ``metrics.jsonl`` and ``sft.json`` (written last: its presence marks a complete
+result). A file lock makes concurrent jobs of a sweep train it once; the result is written to a
+temporary directory and renamed into place.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from refexp import distributed as rdist
+from refexp import titan
+from refexp.checkpoint import save_model_weights
+from refexp.context import RunContext
+from refexp.evaluation import greedy_accuracy
+from refexp.logging import MetricLogger, write_json_atomic
+from refexp.losses import sft_loss
+from refexp.optim import build_optimizer
+from refexp.progress import progress_bar
+from refexp.tasks import task_fingerprint
+from refexp.tasks.batching import pack_sequences
+
+
+def sft_fingerprint(ctx: RunContext) -> str:
+    """Hash of what determines the SFT model: model shape, task data, the sft block, dtype."""
+    cfg = ctx.cfg
+    sft = {k: v for k, v in asdict(cfg.sft).items() if k not in ("cache_dir", "checkpoint")}
+    key = {"model": asdict(cfg.model), "task": task_fingerprint(cfg.task), "sft": sft, "dtype": cfg.training.dtype,
+           "vocab": ctx.task.tokenizer.vocab_size, "version": 1}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_sft(ctx: RunContext) -> Path:
+    """The SFT output dir for this config: ``sft.checkpoint`` if given, else cached or trained now."""
+    if ctx.cfg.sft.checkpoint:
+        p = Path(ctx.cfg.sft.checkpoint)
+        if not p.is_dir():
+            from refexp.config import ConfigError
+
+            raise ConfigError(f"sft.checkpoint={str(p)!r} is not a directory (expected a refexp SFT output dir)")
+        return p
+    out = ctx.cache_dir / "sft" / sft_fingerprint(ctx)
+    if (out / "sft.json").is_file():
+        return out
+    # Rank 0 takes the cross-process lock; all ranks then agree on whether training is needed.
+    lock = _file_lock(ctx.cache_dir / "sft" / f"{out.name}.lock") if ctx.dist.is_rank0 else _null()
+    with lock:
+        need = rdist.broadcast_object(not (out / "sft.json").is_file())
+        if need:
+            tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+            tmp = Path(rdist.broadcast_object(str(tmp)))
+            train_sft(ctx, tmp)
+            if ctx.dist.is_rank0:
+                if out.exists():
+                    shutil.rmtree(out)
+                os.replace(tmp, out)
+            rdist.barrier()
+    return out
+
+
+@contextmanager
+def _null():
+    yield
+
+
+def sft_batch(ctx: RunContext, step: int):
+    """Rows of the global SFT batch of ``step`` (a permutation of train keyed by (seed, epoch))."""
+    cfg = ctx.cfg.sft
+    n = len(ctx.task.train)
+    b = cfg.batch_size
+    epoch, offset = divmod((step - 1) * b, n)
+    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+    perm = torch.randperm(n, generator=g)
+    idx = perm[offset:offset + b].tolist()
+    if len(idx) < b:  # wrap into the next epoch's permutation
+        g2 = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch + 1)
+        idx += torch.randperm(n, generator=g2)[: b - len(idx)].tolist()
+    return idx[ctx.local_slice(b)]
+
+
+def train_sft(ctx: RunContext, out_dir: Path) -> dict:
+    """Train from scratch (or from model.hf_assets_path) until the target accuracy or the step cap."""
+    cfg, sft = ctx.cfg, ctx.cfg.sft
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = ctx.build_model(trainable=True, seed=sft.seed)
+    if cfg.model.hf_assets_path:
+        titan.load_hf_weights_(model, cfg.model, cfg.model.hf_assets_path)
+    optimizers, schedulers = build_optimizer(model, optimizer=cfg.training.optimizer, lr=sft.lr,
+                                             weight_decay=sft.weight_decay, warmup_steps=sft.warmup_steps,
+                                             total_steps=sft.steps)
+    log = MetricLogger(out_dir, enabled=ctx.dist.is_rank0)
+    tok = ctx.task.tokenizer
+    train = ctx.task.train
+    acc, step, t0 = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts), 0, time.perf_counter()
+    log.log({"sft/eval_accuracy": acc}, step=0)
+    ctx.logger.log({"eval/accuracy": acc}, step=0)
+    bar = progress_bar(total=sft.steps, desc="sft", enabled=ctx.dist.is_rank0 and cfg.logger.progress)
+    while step < sft.steps and acc < sft.target_accuracy:
+        step += 1
+        rows = train.select(sft_batch(ctx, step))
+        tokens, mask = pack_sequences(tok, rows["prompt"], rows["completion"], add_eos=True)
+        tokens, mask = tokens.to(ctx.device), mask.to(ctx.device)
+        logp = titan.token_logprobs(model, tokens)
+        # mask[:, t] marks token t as a completion token; its log-prob sits at logp[:, t-1].
+        target = mask[:, 1:]
+        loss, metrics = sft_loss(logp, target)
+        # FSDP sums gradients over ranks (NOTES #5): weight the local mean by this rank's share of
+        # the global target tokens so the update equals the single-process one.
+        n_local = target.sum().to(torch.float32)
+        (loss * n_local / ctx.dp_sum(n_local)).backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_norm)
+        optimizers.step()
+        schedulers.step()
+        optimizers.zero_grad()
+        bar.update(1)
+        row = {"loss/total": float(loss), "sft/grad_norm": float(grad_norm)}
+        if step % sft.eval_every == 0 or step == sft.steps:
+            acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts)
+            row["eval/accuracy"] = acc
+            bar.set_postfix(loss=f"{float(loss):.3f}", acc=f"{acc:.2f}")
+        log.log(row, step=step)
+    bar.close()
+    wall = time.perf_counter() - t0
+    save_model_weights(model, out_dir / "model")
+    if ctx.dist.is_rank0:
+        tok.save(str(out_dir))
+    titan.export_hf(model, cfg.model, str(out_dir / "hf"))
+    summary = {"steps": step, "eval_accuracy": acc, "wall_s": wall, "reached_target": acc >= sft.target_accuracy}
+    if ctx.dist.is_rank0:
+        write_json_atomic(out_dir / "sft.json", summary)
+    log.close()
+    rdist.barrier()
+    return summary

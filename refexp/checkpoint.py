@@ -1,0 +1,131 @@
+"""Save and resume through torchtitan's ``CheckpointManager`` (DCP), including the reference strategy.
+
+What a checkpoint holds: the policy, the optimizer (FQN-keyed, reshardable), the LR schedule, and
+the extra ``Stateful`` objects the algorithm registers: ``train_state`` (step, data position, KL
+controller) and ``reference`` (version, last update step, and the reference weights when the
+strategy moves them). Sampling randomness is keyed to (seed, step, prompt, sample), so no RNG
+state is needed for an exact resume.
+
+Atomicity: DCP writes ``.metadata`` last (through a temporary name and a rename), and torchtitan
+only resumes from ``step-N`` folders that have it, so a kill during a save leaves the previous
+checkpoint in charge. ``keep_latest_k`` prunes older folders.
+
+Model weights alone (the SFT output, a reference checkpoint) are read with ``load_model_weights``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from refexp.config import CheckpointConfig, ConfigError
+
+
+class TrainState:
+    """Counters of the loop, as a torch ``Stateful``."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.extra: dict[str, Any] = {}
+
+    def state_dict(self) -> dict:
+        return {"step": torch.tensor(self.step), "extra": dict(self.extra)}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.step = int(sd["step"])
+        self.extra = dict(sd.get("extra", {}))
+
+
+class Checkpointer:
+    """``CheckpointManager`` over ``<run_dir>/<checkpoint.folder>``; a no-op when ``checkpoint.enable=false``."""
+
+    def __init__(self, cfg: CheckpointConfig, run_dir: str | os.PathLike, *, model: torch.nn.Module,
+                 optimizers, lr_schedulers, states: dict[str, Any]) -> None:
+        from torchtitan.components.checkpointer.dcp import CheckpointManager
+
+        self.cfg = cfg
+        self.folder = Path(run_dir) / cfg.folder
+        tt_cfg = CheckpointManager.Config(
+            enable=cfg.enable,
+            folder=cfg.folder,
+            interval=cfg.interval,
+            keep_latest_k=cfg.keep_latest_k,
+            async_mode=cfg.async_mode,
+            last_save_model_only=False,  # the end of a run must stay resumable (training.steps may grow)
+            load_step=cfg.load_step,
+        )
+        self.manager = CheckpointManager(
+            tt_cfg,
+            dataloader=None,
+            model_parts=[model],
+            optimizers=optimizers,
+            lr_schedulers=lr_schedulers,
+            states=states,
+            sd_adapter=None,
+            base_folder=str(run_dir),
+        )
+
+    def resume(self) -> bool:
+        """Load the latest (or ``load_step``) checkpoint of this run dir; False on a fresh start."""
+        if not self.cfg.enable:
+            return False
+        return bool(self.manager.load(step=self.cfg.load_step))
+
+    def save(self, step: int, *, force: bool = False) -> bool:
+        """Save at the configured interval, or now when ``force`` (end of run, preemption)."""
+        if not self.cfg.enable:
+            return False
+        saved = self.manager.save(step, last_step=force)
+        self.manager.maybe_wait_for_saving()
+        return saved
+
+    def latest_step(self) -> int:
+        return latest_checkpoint_step(self.folder)
+
+    def close(self) -> None:
+        if self.cfg.enable:
+            self.manager.close()
+
+
+def latest_checkpoint_step(folder: str | os.PathLike) -> int:
+    """Highest ``step-N`` under folder whose DCP metadata was written (-1 if none)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return -1
+    steps = [int(m.group(1)) for p in folder.iterdir()
+             if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file()]
+    return max(steps, default=-1)
+
+
+def save_model_weights(model: torch.nn.Module, checkpoint_dir: str | os.PathLike) -> None:
+    """Model-only DCP checkpoint (reshardable: loads into any parallelism)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(model.state_dict(), checkpoint_id=str(checkpoint_dir))
+
+
+def load_model_weights(model: torch.nn.Module, checkpoint_dir: str | os.PathLike) -> None:
+    """Load model weights from a refexp model-only checkpoint, a run's ``checkpoint/step-N``, or an HF dir."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(checkpoint_dir)
+    if not path.is_dir():
+        raise ConfigError(f"checkpoint directory {str(path)!r} does not exist")
+    if (path / "model").is_dir() and (path / "model" / ".metadata").is_file():
+        path = path / "model"  # a refexp SFT output dir
+    elif not (path / ".metadata").is_file():
+        step = latest_checkpoint_step(path / "checkpoint") if (path / "checkpoint").is_dir() else -1
+        if step >= 0:
+            path = path / "checkpoint" / f"step-{step}"
+        else:
+            raise ConfigError(
+                f"{str(checkpoint_dir)!r} holds no DCP checkpoint (.metadata) — expected a refexp SFT output, "
+                f"a run's checkpoint/step-N, or a run dir with checkpoint/"
+            )
+    sd = model.state_dict()
+    dcp.load(sd, checkpoint_id=str(path))
+    model.load_state_dict(sd)

@@ -1,0 +1,63 @@
+"""Held-out measurements made the same way for every algorithm and strategy.
+
+- ``eval/accuracy``: greedy decoding on the first ``eval.num_prompts`` held-out prompts, mean reward
+  (exact match for the embedded task).
+- ``kl/init``: KL(policy || frozen initial model) on the first ``eval.kl_prompts`` held-out prompts,
+  with one completion per prompt sampled from the policy; the per-token k3 estimator averaged over
+  completion tokens (the same estimator and averaging as ``kl/ref``, refexp.kl.mean_token_kl).
+  The sampling uniforms are keyed to the prompt only (common random numbers), so successive evals
+  differ by the policy, not by sampling noise.
+
+Every rank evaluates the whole held-out set (all ranks must join the sharded forwards anyway),
+so the numbers do not depend on the world size.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from refexp import sampler, titan
+from refexp.kl import mean_token_kl
+
+KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
+
+
+def _batches(n: int, size: int):
+    for s in range(0, n, size):
+        yield slice(s, min(n, s + size))
+
+
+@torch.no_grad()
+def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256) -> float:
+    """Mean reward of greedy completions on the held-out split."""
+    rows = task.eval.select(range(min(num_prompts, len(task.eval))))
+    prompts, answers = rows["prompt"], rows["answer"]
+    total = 0.0
+    was_training = model.training
+    model.eval()
+    for sl in _batches(len(prompts), batch_size):
+        out = sampler.generate(model, task.tokenizer, prompts[sl], max_new_tokens=task.max_new_tokens, greedy=True)
+        total += sum(task.reward(t, a) for t, a in zip(out.texts, answers[sl]))
+    model.train(was_training)
+    return total / max(1, len(prompts))
+
+
+@torch.no_grad()
+def kl_to_anchor(policy, anchor_logprobs: Callable[[torch.Tensor], torch.Tensor], task, num_prompts: int, *,
+                 seed: int, temperature: float = 1.0, batch_size: int = 256) -> float:
+    """Mean per-token k3 KL(policy || anchor) over completions sampled from the policy."""
+    rows = task.eval.select(range(min(num_prompts, len(task.eval))))
+    prompts = rows["prompt"]
+    kl_sum, tok_sum = 0.0, 0
+    for sl in _batches(len(prompts), batch_size):
+        keys = [(seed, KL_INIT_KEY, i) for i in range(sl.start, sl.stop)]
+        r = sampler.generate(policy, task.tokenizer, prompts[sl], max_new_tokens=task.max_new_tokens,
+                             temperature=temperature, keys=keys)
+        pol = titan.token_logprobs(policy, r.tokens_BT, temperature=temperature)
+        ref = anchor_logprobs(r.tokens_BT)
+        n = int(r.mask_BT.sum())
+        kl_sum += float(mean_token_kl(pol, ref, r.mask_BT)) * n
+        tok_sum += n
+    return kl_sum / max(1, tok_sum)

@@ -1,0 +1,170 @@
+"""Metrics out: ``<run dir>/metrics.jsonl`` always, W&B when ``logger=wandb``; rank 0 only.
+
+The local file and W&B receive the same dict, so the report (which reads the file) and the
+dashboards agree. W&B conventions (README, "Weights & Biases"): one ``group`` per sweep,
+``job_type`` = reference strategy, ``name`` from the overrides that differ, tags for
+algo/task/strategy, the full resolved config, step metrics declared with ``define_metric``,
+final numbers in ``summary``. A logging failure is reported once and never stops training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        v = v.detach().float().item() if v.numel() == 1 else v.detach().cpu().tolist()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else (1e308 if v > 0 else -1e308)
+    return v
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """All complete lines of a metrics.jsonl (a torn last line from a kill is skipped)."""
+    rows = []
+    p = Path(path)
+    if not p.exists():
+        return rows
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class MetricLogger:
+    """Rank-0 logger. ``enabled=False`` makes every method a no-op (other ranks)."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        enabled: bool = True,
+        wandb_cfg: Any = None,
+        resolved_config: Mapping | None = None,
+        run_info: Mapping | None = None,
+    ) -> None:
+        self.enabled = enabled
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._wandb = None
+        self._warned = False
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses at most one line
+        if wandb_cfg is not None and wandb_cfg.name == "wandb":
+            self._init_wandb(wandb_cfg, resolved_config or {}, run_info or {})
+
+    # ------------------------------------------------------------------ W&B
+    def _init_wandb(self, cfg: Any, config: Mapping, info: Mapping) -> None:
+        try:
+            import wandb
+
+            mode = cfg.mode or os.environ.get("WANDB_MODE") or (
+                "online" if os.environ.get("WANDB_API_KEY") else "offline"
+            )
+            id_file = self.run_dir / "wandb_id"
+            run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+            id_file.write_text(run_id)
+            self._wandb = wandb.init(
+                project=cfg.project,
+                entity=cfg.entity,
+                mode=mode,
+                dir=str(self.run_dir),
+                id=run_id,
+                resume="allow",
+                group=cfg.group or info.get("group"),
+                job_type=info.get("job_type"),
+                name=info.get("name"),
+                tags=sorted(set(list(cfg.tags) + list(info.get("tags", [])))),
+                config=dict(config),
+                settings=wandb.Settings(silent=True, console="off"),
+            )
+            self._wandb.define_metric("step")
+            for prefix in ("loss", "reward", "rewards", "kl", "eval", "ref", "perf", "mem", "clip", "logps",
+                           "policy", "train", "sft", "orpo", "optim"):
+                self._wandb.define_metric(f"{prefix}/*", step_metric="step")
+            if mode == "offline":
+                print(f"[refexp] W&B is offline; upload later with: wandb sync {self.run_dir / 'wandb'}",
+                      file=sys.stderr)
+        except Exception as e:  # W&B problems must never stop a run
+            self._warn(f"W&B init failed ({e!r}); metrics still go to {self.path}")
+            self._wandb = None
+
+    def _warn(self, msg: str) -> None:
+        if not self._warned:
+            warnings.warn(f"[refexp] {msg}", stacklevel=3)
+            self._warned = True
+
+    # ------------------------------------------------------------------ API
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        if not self.enabled:
+            return
+        row = {"step": int(step)}
+        row.update({k: _plain(v) for k, v in metrics.items()})
+        self._file.write(json.dumps(row) + "\n")
+        if self._wandb is not None:
+            try:
+                self._wandb.log(row)
+            except Exception as e:
+                self._warn(f"W&B log failed ({e!r})")
+
+    def summary(self, final: Mapping[str, Any]) -> None:
+        if not self.enabled or self._wandb is None:
+            return
+        try:
+            for k, v in final.items():
+                self._wandb.summary[k] = _plain(v)
+        except Exception as e:
+            self._warn(f"W&B summary failed ({e!r})")
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines logged after ``step`` (a resumed run re-logs them), atomically."""
+        if not self.enabled:
+            return
+        self._file.close()
+        keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a", buffering=1)
+
+    def close(self, exit_code: int = 0) -> None:
+        if not self.enabled:
+            return
+        try:
+            self._file.close()
+        finally:
+            if self._wandb is not None:
+                try:
+                    self._wandb.finish(exit_code=exit_code)
+                except Exception as e:
+                    self._warn(f"W&B finish failed ({e!r})")
+                self._wandb = None
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON so a reader never sees a half-written file (tmp + rename)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=_plain))
+    os.replace(tmp, p)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process (Linux ru_maxrss is in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

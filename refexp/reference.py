@@ -1,0 +1,152 @@
+"""Reference strategies: what the KL (GRPO) or the implicit reward (DPO) is measured against.
+
+One small protocol, one class per strategy, a registry keyed by the ``reference/`` config group.
+A hard reset and an EMA update are the same operation, ref <- alpha*policy + (1-alpha)*ref, with
+alpha=1 and alpha<1 (TR-DPO, Gorbatovski et al. 2024, eq. 6-7). Each strategy owns its state
+(``version``, ``last_update_step``), reports it as ``ref/version`` / ``ref/last_update_step``, and
+checkpoints it together with its weights when they can differ from the start checkpoint.
+
+Steps are 1-based optimizer steps: ``after_step(step=k)`` runs after the k-th update, so with
+``reset_every=3`` the reference changes at steps 3, 6, ... and the batch of step 4 is sampled from
+exactly the reference's weights (kl/ref = 0).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+
+from refexp import titan
+from refexp.config import ReferenceConfig
+
+
+class ReferenceStrategy:
+    """Base: holds (or not) a frozen reference model and updates it by ``_update``."""
+
+    name = "base"
+    holds_model = True
+
+    def __init__(self, cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Module] | None):
+        self.cfg = cfg
+        self.version = 0
+        self.last_update_step = 0
+        self.reset_optimizer_requested = False
+        self.model = build_frozen() if (self.holds_model and build_frozen is not None) else None
+
+    # -------------------------------------------------------------- queries
+    @property
+    def moves(self) -> bool:
+        """Whether the reference's weights can change during training."""
+        return False
+
+    def logprobs(self, tokens_BT: torch.Tensor) -> torch.Tensor | None:
+        """[B, T-1] float32 reference log-probs of ``tokens_BT`` (None when reference-free)."""
+        if self.model is None:
+            return None
+        with torch.inference_mode():
+            logp = titan.token_logprobs(self.model, tokens_BT)
+        return logp.clone()  # an ordinary tensor: inference tensors cannot enter autograd
+
+    def metrics(self) -> dict[str, float]:
+        return {"ref/version": float(self.version), "ref/last_update_step": float(self.last_update_step)}
+
+    # -------------------------------------------------------------- updates
+    def after_step(self, step: int, policy: torch.nn.Module, metrics: Mapping[str, float]) -> bool:
+        """Maybe move the reference after optimizer step ``step``; True when it changed."""
+        return False
+
+    def _update(self, step: int, policy: torch.nn.Module, alpha: float) -> None:
+        titan.lerp_weights_(self.model, policy, alpha)
+        self.version += 1
+        self.last_update_step = step
+
+    # -------------------------------------------------------------- checkpoint (torch Stateful)
+    def state_dict(self) -> dict:
+        sd = {"version": self.version, "last_update_step": self.last_update_step}
+        if self.moves and self.model is not None:
+            sd["model"] = self.model.state_dict()
+        return sd
+
+    def load_state_dict(self, sd: Mapping) -> None:
+        self.version = int(sd["version"])
+        self.last_update_step = int(sd["last_update_step"])
+        if "model" in sd and self.model is not None:
+            self.model.load_state_dict(sd["model"])
+
+
+class FixedReference(ReferenceStrategy):
+    """A frozen copy of the SFT checkpoint (or ``reference.checkpoint``); never changes."""
+
+    name = "fixed"
+
+
+class PeriodicResetReference(ReferenceStrategy):
+    """Every ``reset_every`` steps the reference becomes the current policy (TR-DPO hard update;
+    ProRL, Liu et al. 2025, also resets the optimizer when ``reset_optimizer``)."""
+
+    name = "periodic_reset"
+
+    @property
+    def moves(self) -> bool:
+        return True
+
+    def after_step(self, step, policy, metrics) -> bool:
+        if step % self.cfg.reset_every != 0:
+            return False
+        self._update(step, policy, alpha=1.0)
+        self.reset_optimizer_requested = self.cfg.reset_optimizer
+        return True
+
+
+class EMAReference(ReferenceStrategy):
+    """Every ``sync_every`` steps: ref <- alpha*policy + (1-alpha)*ref (TR-DPO soft update)."""
+
+    name = "ema"
+
+    @property
+    def moves(self) -> bool:
+        return True
+
+    def after_step(self, step, policy, metrics) -> bool:
+        if step % self.cfg.sync_every != 0:
+            return False
+        self._update(step, policy, alpha=self.cfg.alpha)
+        return True
+
+
+class KLTriggeredReference(ReferenceStrategy):
+    """Reset to the policy when the batch's ``kl/ref`` exceeds ``kl_threshold``, at least
+    ``min_gap`` steps after the previous reset (the gap keeps one noisy batch from resetting twice)."""
+
+    name = "kl_triggered"
+
+    @property
+    def moves(self) -> bool:
+        return True
+
+    def after_step(self, step, policy, metrics) -> bool:
+        kl = metrics.get("kl/ref")
+        if kl is None or float(kl) <= self.cfg.kl_threshold or step - self.last_update_step < self.cfg.min_gap:
+            return False
+        self._update(step, policy, alpha=1.0)
+        self.reset_optimizer_requested = self.cfg.reset_optimizer
+        return True
+
+
+class NoReference(ReferenceStrategy):
+    """Reference-free: no model is built or held; no KL term."""
+
+    name = "none"
+    holds_model = False
+
+
+REGISTRY: dict[str, type[ReferenceStrategy]] = {
+    cls.name: cls
+    for cls in (FixedReference, PeriodicResetReference, EMAReference, KLTriggeredReference, NoReference)
+}
+
+
+def build_reference(cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Module] | None) -> ReferenceStrategy:
+    """The strategy named by ``reference.name``; ``build_frozen()`` makes its frozen model (not called for none)."""
+    return REGISTRY[cfg.name](cfg, build_frozen)

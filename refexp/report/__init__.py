@@ -1,0 +1,28 @@
+"""refexp.report: a sweep directory in, a comparison a researcher can trust out.
+
+    from refexp.report import build_report, format_table
+    report = build_report("multirun/my_sweep/2025-01-01_00-00-00", target=None)
+    print(format_table(report))
+
+or ``refexp-report SWEEP_DIR [--target 0.6] [--quiet] [--wandb]``.
+
+This package reads files only and imports nothing else from refexp. The files it reads, per run dir
+(found at any depth below SWEEP_DIR by having ``.hydra/``, ``metrics.jsonl`` or ``status.json``):
+
+- ``status.json``: {"status": running|completed|failed, "error", "algo", "reference", "seed",
+  "steps", "last_step", "final": {metric: value}}. Only ``completed`` runs are counted; every other
+  run (and a run without the file) is listed with its error.
+- ``metrics.jsonl``: one JSON object per logged step with ``"step"``; names listed in reduce.py.
+- ``.hydra/overrides.yaml``: the swept ``key=value``s; minus the seed and ``hydra*`` they define the
+  group. ``resolved_config.yaml`` (else ``.hydra/config.yaml``) supplies algo.name, reference.name
+  and training.seed when status.json lacks them.
+
+Modules: load (read runs) → group (seeds together) → reduce (one number per run) → stats (mean,
+t-interval, seed bands) → table (rows and their strings) → plots / render (files) → build (the order).
+"""
+
+from .build import Report, build_report
+from .stats import t_quantile
+from .table import format_table
+
+__all__ = ["Report", "build_report", "format_table", "t_quantile"]

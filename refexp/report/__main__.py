@@ -1,0 +1,46 @@
+"""``refexp-report SWEEP_DIR [--target 0.6] [--quiet] [--wandb]``: write the sweep's report and
+print its table and where it went."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .build import build_report
+from .table import format_table
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="refexp-report",
+        description="Compare the reference strategies of a Hydra multirun dir: writes report.md, "
+                    "report.html, summary.json and report_plots/*.png into SWEEP_DIR.")
+    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR",
+                        help="a multirun dir (multirun/<experiment>/<time>) or a single run dir")
+    parser.add_argument("--target", type=float, default=None,
+                        help="held-out accuracy for the steps-to-target column (default: the best "
+                             "group's start accuracy + 0.05, per algorithm)")
+    parser.add_argument("--quiet", action="store_true", help="print only the report's path")
+    parser.add_argument("--wandb", action="store_true",
+                        help="also log the table to W&B (a new job_type=report run); never fails the report")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        parser.error(f"SWEEP_DIR {args.sweep_dir} is not a directory")
+    if args.target is not None and not 0.0 <= args.target <= 1.0:
+        parser.error(f"--target={args.target} is invalid: expected an accuracy in [0, 1]")
+
+    report = build_report(args.sweep_dir, target=args.target)
+    if not args.quiet:
+        print(format_table(report), end="")
+    print(f"report: {report.markdown_path}  (html: {report.html_path.name}, numbers: {report.summary_path.name})")
+    if args.wandb:
+        from .wandb_table import log_to_wandb
+
+        log_to_wandb(report, start_run=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

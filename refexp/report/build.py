@@ -1,0 +1,97 @@
+"""build_report: sweep dir -> tables, plots, report.md / report.html / summary.json.
+
+The order is spelled out: read every run, group by swept settings, summarise per algorithm,
+plot, write. Nothing here knows a metric's meaning; that lives in ``reduce.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .group import group_runs
+from .load import Run, load_sweep
+from .plots import make_plots
+from .render import write_all
+from .table import AlgoTable, summarize
+
+PLOTS_DIR = "report_plots"
+"""Sub-directory of the sweep dir that holds the PNGs (the report owns it and rewrites it)."""
+
+
+@dataclass
+class Problem:
+    """A run left out of the numbers, and why."""
+
+    name: str
+    algo: str
+    strategy: str
+    label: str
+    state: str
+    error: str
+
+
+@dataclass
+class Report:
+    """What build_report made: the tables (numbers), the runs left out, and the files written."""
+
+    sweep_dir: Path
+    runs: list[Run]
+    tables: dict[str, AlgoTable]
+    problems: list[Problem]
+    plots: dict[str, dict[str, Path]]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def markdown_path(self) -> Path:
+        return self.sweep_dir / "report.md"
+
+    @property
+    def html_path(self) -> Path:
+        return self.sweep_dir / "report.html"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.sweep_dir / "summary.json"
+
+
+def _clear_old_plots(plots_dir: Path) -> None:
+    """Drop the PNGs of a previous report, so a group or algorithm that is gone leaves no stale plot."""
+    if plots_dir.is_dir():
+        for p in plots_dir.glob("*.png"):
+            p.unlink()
+
+
+def build_report(sweep_dir, *, target: Optional[float] = None) -> Report:
+    """Read a Hydra multirun dir (or one run dir) and write report.md, report.html, summary.json and
+    the plots into it. ``target`` is the held-out accuracy for "steps to target" (None: a default
+    per algorithm, see ``table.default_target``). Safe to call again on the same dir at any time."""
+    sweep_dir = Path(sweep_dir).resolve()
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"sweep dir {sweep_dir} does not exist")
+    runs = load_sweep(sweep_dir)
+    by_algo = group_runs(runs)
+
+    tables = {algo: summarize(algo, groups, target) for algo, groups in by_algo.items()}
+    # An algorithm with no completed run has no numbers; its runs still appear under problems.
+    tables = {a: t for a, t in tables.items() if any(row.n_completed for row in t.rows)}
+
+    problems, notes = [], []
+    for groups in by_algo.values():
+        for g in groups:
+            for r in g.runs:
+                if r.problem is not None:
+                    problems.append(Problem(r.name, g.algo, g.strategy, g.label, r.state, r.problem))
+                if r.bad_lines:
+                    notes.append(f"run {r.name}: {r.bad_lines} unreadable line(s) in metrics.jsonl skipped")
+    order = {r.name: i for i, r in enumerate(runs)}
+    problems.sort(key=lambda p: order[p.name])
+
+    plots_dir = sweep_dir / PLOTS_DIR
+    _clear_old_plots(plots_dir)
+    plots = {algo: make_plots(algo, by_algo[algo], plots_dir) for algo in tables}
+
+    report = Report(sweep_dir, runs, tables, problems, plots, notes)
+    write_all(report)
+    return report

@@ -1,0 +1,87 @@
+"""Group runs that differ only by seed, and name each group for a table row or a legend.
+
+A group is (algorithm, strategy, the other swept settings). The swept settings are the job's
+``.hydra/overrides.yaml`` minus the seed and Hydra's own keys, so a sweep over
+``reference=fixed,periodic_reset reference.reset_every=20,50 training.seed=0,1,2`` gives one
+group per (strategy, reset_every) with three seeds each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .load import Run, natural_key
+
+# Keys that never define a group: the seed is what a group averages over; hydra.* is the launcher.
+_SEED_KEYS = {"training.seed", "seed"}
+# Strategies in the order the README introduces them; anything else sorts after, by name.
+STRATEGY_ORDER = ("fixed", "periodic_reset", "ema", "kl_triggered", "none")
+
+
+def swept_settings(run: Run) -> dict[str, str]:
+    """The run's overrides as {key: value} without the seed, ``hydra*`` and the group choices
+    ``algo=`` / ``reference=`` (they are the table and the strategy already)."""
+    out: dict[str, str] = {}
+    for o in run.overrides:
+        key, eq, value = o.partition("=")
+        key = key.lstrip("+~")  # "+x=1", "++x=1" add a key; "~x" deletes one
+        if not eq:
+            value = "<deleted>"
+        if key in _SEED_KEYS or key in ("algo", "reference") or key == "hydra" \
+                or key.startswith(("hydra.", "hydra/")):
+            continue
+        out[key] = value
+    return out
+
+
+@dataclass
+class Group:
+    """Runs of one algorithm and strategy that share every swept setting except the seed."""
+
+    algo: str
+    strategy: str
+    settings: tuple[tuple[str, str], ...]
+    runs: list[Run] = field(default_factory=list)
+    label: str = ""
+
+    @property
+    def completed(self) -> list[Run]:
+        """The runs whose numbers count (status completed and metrics present)."""
+        return [r for r in self.runs if r.problem is None]
+
+
+def _strategy_rank(name: str) -> tuple:
+    return (STRATEGY_ORDER.index(name), "") if name in STRATEGY_ORDER else (len(STRATEGY_ORDER), name)
+
+
+def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
+    """algo -> its groups, ordered by strategy then settings; every run (failed too) is in one."""
+    groups: dict[tuple, Group] = {}
+    for run in runs:
+        settings = tuple(sorted(swept_settings(run).items()))
+        key = (run.algo, run.strategy, settings)
+        if key not in groups:
+            groups[key] = Group(run.algo, run.strategy, settings)
+        groups[key].runs.append(run)
+
+    by_algo: dict[str, list[Group]] = {}
+    for g in groups.values():
+        by_algo.setdefault(g.algo, []).append(g)
+    for algo, gs in by_algo.items():
+        gs.sort(key=lambda g: (_strategy_rank(g.strategy), natural_key(str(g.settings))))
+        _label(gs)
+    return dict(sorted(by_algo.items()))
+
+
+def _label(groups: list[Group]) -> None:
+    """Strategy name plus the settings that tell this group apart from its algorithm's others.
+
+    A setting shared by every group (say ``task=gsm8k`` on all jobs) says nothing and is left out;
+    one that only some groups set (``reference.reset_every`` on periodic_reset) is shown where set.
+    """
+    keys = sorted({k for g in groups for k, _ in g.settings})
+    differing = [k for k in keys if len({dict(g.settings).get(k) for g in groups}) > 1]
+    for g in groups:
+        d = dict(g.settings)
+        shown = [f"{k}={d[k]}" for k in differing if k in d]
+        g.label = g.strategy + (f" ({', '.join(shown)})" if shown else "")

@@ -1,0 +1,272 @@
+"""Find the run directories of a sweep and read what each run wrote.
+
+Only files are read; nothing of the trainer is imported, so a report can be made on a
+laptop from a copied sweep directory and while the sweep is still running.
+
+Per run dir (see the contract in ``refexp/report/__init__.py``):
+``.hydra/config.yaml``, ``.hydra/overrides.yaml``, ``resolved_config.yaml``,
+``metrics.jsonl``, ``status.json``. Any of them may be missing or half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import yaml
+
+_MARKERS = (".hydra", "metrics.jsonl", "status.json")
+_NOT_RUNS = {"wandb", "report_plots", "__pycache__"}
+"""Folders in a sweep dir that are never runs: W&B's local files and this report's own plots."""
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run dir holds any of ``.hydra/``, ``metrics.jsonl`` or ``status.json``."""
+    return any((path / m).exists() for m in _MARKERS)
+
+
+def find_run_dirs(sweep_dir: Path) -> list[Path]:
+    """Every run dir at or below ``sweep_dir``, in natural order (2 before 10).
+
+    Hidden dirs (``.submitit``, ``.hydra``) and ``_NOT_RUNS`` are never searched, and the walk does not go below a
+    run dir: checkpoints and ``wandb/`` inside a run are not runs.
+    """
+    sweep_dir = Path(sweep_dir)
+    if is_run_dir(sweep_dir):
+        return [sweep_dir]
+    found: list[Path] = []
+    for root, dirs, _files in os.walk(sweep_dir):
+        here = Path(root)
+        if here != sweep_dir and is_run_dir(here):
+            found.append(here)
+            dirs[:] = []
+            continue
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _NOT_RUNS]
+    return sorted(found, key=lambda p: natural_key(str(p.relative_to(sweep_dir))))
+
+
+def natural_key(text: str) -> list:
+    """Sort key that orders embedded integers numerically ("2" < "10", "a=5" < "a=20")."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t]
+
+
+def _read_yaml(path: Path) -> Any:
+    """YAML as plain Python; ``${...}`` interpolations stay strings (nothing is resolved here)."""
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def read_config(run_dir: Path) -> dict:
+    """The run's config: ``resolved_config.yaml`` (what the run used) or else ``.hydra/config.yaml``.
+
+    The Hydra file is resolved leniently: OmegaConf resolution is tried, and when an interpolation
+    needs Hydra's runtime (``${hydra:...}``, ``${now:...}``) the raw values are kept instead.
+    """
+    resolved = _read_yaml(run_dir / "resolved_config.yaml")
+    if isinstance(resolved, dict):
+        return resolved
+    raw = _read_yaml(run_dir / ".hydra" / "config.yaml")
+    if not isinstance(raw, dict):
+        return {}
+    try:
+        from omegaconf import OmegaConf
+
+        out = OmegaConf.to_container(OmegaConf.create(raw), resolve=True)
+        return out if isinstance(out, dict) else raw
+    except Exception:  # any resolver error: unresolved values are still useful for names and seeds
+        return raw
+
+
+def read_overrides(run_dir: Path) -> list[str]:
+    """``.hydra/overrides.yaml`` as a list of ``key=value`` strings ([] when absent)."""
+    data = _read_yaml(run_dir / ".hydra" / "overrides.yaml")
+    return [str(x) for x in data] if isinstance(data, list) else []
+
+
+def read_metrics(path: Path) -> tuple[list[dict], int]:
+    """Lines of ``metrics.jsonl`` that parse and carry a ``step``, and the number that did not.
+
+    A run that is still going (or was killed) can leave a half-written last line; it is skipped.
+    """
+    rows: list[dict] = []
+    bad = 0
+    try:
+        f = open(path)
+    except OSError:
+        return rows, 0
+    with f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(row, dict) and _is_number(row.get("step")):
+                rows.append(row)
+            else:
+                bad += 1
+    return rows, bad
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _get(d: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+@dataclass
+class Run:
+    """One job of the sweep, as read from disk."""
+
+    path: Path
+    name: str
+    """Path relative to the sweep dir ("0", "3/1", or "." for a single run dir)."""
+    config: dict = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)
+    status: Optional[dict] = None
+    status_problem: Optional[str] = None
+    """Why status.json could not be used (missing / unreadable), else None."""
+    rows: list[dict] = field(default_factory=list)
+    bad_lines: int = 0
+    has_metrics_file: bool = False
+
+    def _override(self, key: str) -> Optional[str]:
+        for o in self.overrides:
+            k, _, v = o.lstrip("+~").partition("=")
+            if k == key:
+                return v
+        return None
+
+    def _first(self, status_key: str, config_key: str, group: str = "") -> Any:
+        """From status.json, else the config, else the overrides (``config_key`` or the config
+        group's choice ``group=...``): the trainer's own word wins."""
+        for v in ((self.status or {}).get(status_key), _get(self.config, config_key),
+                  self._override(config_key), self._override(group) if group else None):
+            if v is not None and v != "":
+                return v
+        return None
+
+    @property
+    def algo(self) -> str:
+        return str(self._first("algo", "algo.name", "algo") or "unknown")
+
+    @property
+    def strategy(self) -> str:
+        return str(self._first("reference", "reference.name", "reference") or "unknown")
+
+    @property
+    def seed(self) -> Optional[int]:
+        v = self._first("seed", "training.seed")
+        try:
+            return int(v) if v is not None else None
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def state(self) -> str:
+        """completed | failed | running | incomplete (no or unreadable status.json)."""
+        if self.status is None:
+            return "incomplete"
+        s = str(self.status.get("status", "incomplete"))
+        return s if s in ("completed", "failed", "running") else "incomplete"
+
+    @property
+    def problem(self) -> Optional[str]:
+        """Why this run is left out of the numbers (None when it is a usable completed run)."""
+        if self.state == "completed":
+            if not self.rows:
+                return "status is completed but metrics.jsonl is missing or empty"
+            return None
+        if self.state == "failed":
+            return str((self.status or {}).get("error") or "failed (no error message recorded)")
+        progress = self._progress()
+        if self.state == "running":
+            return f"still running or killed{progress}"
+        return f"{self.status_problem or 'no status.json'} (not finished, or killed){progress}"
+
+    def _progress(self) -> str:
+        last = (self.status or {}).get("last_step")
+        if last is None and self.rows:
+            last = self.rows[-1]["step"]
+        planned = (self.status or {}).get("steps") or _get(self.config, "training.steps")
+        if last is None:
+            return ""
+        return f"; last step {last}" + (f" of {planned}" if planned is not None else "")
+
+    @cached_property
+    def _series(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """metric -> (steps, values), one value per step.
+
+        When a step appears twice (a resumed run re-logs the steps after its last checkpoint),
+        the later line wins: it belongs to the run that went on to finish.
+        """
+        per_key: dict[str, dict[float, float]] = {}
+        for row in self.rows:
+            step = row["step"]
+            for k, v in row.items():
+                if k != "step" and _is_number(v):
+                    per_key.setdefault(k, {})[step] = float(v)
+        out = {}
+        for k, d in per_key.items():
+            steps = np.array(sorted(d), dtype=float)
+            out[k] = (steps, np.array([d[s] for s in sorted(d)], dtype=float))
+        return out
+
+    def metric_names(self) -> set[str]:
+        """Every metric this run logged at least once."""
+        return set(self._series)
+
+    def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of one metric; empty arrays when the run never logged it."""
+        return self._series.get(key, (np.array([]), np.array([])))
+
+    def final_from_status(self, key: str) -> Optional[float]:
+        """status.json's ``final`` value of a metric, the fallback when metrics.jsonl lacks it."""
+        v = ((self.status or {}).get("final") or {}).get(key)
+        return float(v) if _is_number(v) and math.isfinite(v) else None
+
+
+def load_run(run_dir: Path, sweep_dir: Path) -> Run:
+    """Read one run dir; never raises on missing or broken files."""
+    run = Run(path=run_dir, name=str(run_dir.relative_to(sweep_dir)) if run_dir != sweep_dir else ".")
+    run.config = read_config(run_dir)
+    run.overrides = read_overrides(run_dir)
+    status_path = run_dir / "status.json"
+    if status_path.exists():
+        try:
+            status = json.loads(status_path.read_text())
+            if isinstance(status, dict):
+                run.status = status
+            else:
+                run.status_problem = "status.json is not a JSON object"
+        except (OSError, json.JSONDecodeError) as e:
+            run.status_problem = f"unreadable status.json ({e.__class__.__name__})"
+    metrics_path = run_dir / "metrics.jsonl"
+    run.has_metrics_file = metrics_path.exists()
+    run.rows, run.bad_lines = read_metrics(metrics_path)
+    return run
+
+
+def load_sweep(sweep_dir: Path) -> list[Run]:
+    """Every run of the sweep (or the one run, when given a run dir)."""
+    sweep_dir = Path(sweep_dir)
+    return [load_run(d, sweep_dir) for d in find_run_dirs(sweep_dir)]

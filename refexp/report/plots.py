@@ -1,0 +1,154 @@
+"""PNG plots of one algorithm's groups (completed runs only, like the table).
+
+Figures are built with matplotlib's object API on the Agg canvas, never through pyplot: no GUI
+backend is touched, no global figure state leaks between calls, and it works on a headless node.
+One colour per strategy (the same in every plot); groups of one strategy differ by line style.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .group import Group
+from .reduce import ACC, ref_cost
+from .stats import mean_ci, seed_band
+
+_STRATEGY_COLOURS = {"fixed": "C0", "periodic_reset": "C1", "ema": "C2", "kl_triggered": "C3", "none": "C7"}
+_SPARE_COLOURS = ("C4", "C5", "C6", "C8", "C9")
+_LINESTYLES = ("-", "--", ":", "-.")
+REWARD_KEYS = ("reward/mean", "rewards/margin", "rewards/accuracy")
+"""The reward curve plots the first of these the algorithm logs (GRPO: reward/mean; DPO: margin)."""
+
+
+def styles(groups: list[Group]) -> dict[str, tuple[str, str]]:
+    """label -> (colour, line style)."""
+    spare = iter(_SPARE_COLOURS * 4)
+    colours = dict(_STRATEGY_COLOURS)
+    out, used = {}, {}
+    for g in groups:
+        if g.strategy not in colours:
+            colours[g.strategy] = next(spare, "k")
+        i = used.get(g.strategy, 0)
+        used[g.strategy] = i + 1
+        out[g.label] = (colours[g.strategy], _LINESTYLES[i % len(_LINESTYLES)])
+    return out
+
+
+def _figure(title: str, xlabel: str, ylabel: str):
+    fig = Figure(figsize=(7.5, 4.5), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _save(fig: Figure, ax, path: Path) -> Path:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small", loc="best")
+    fig.savefig(path, format="png")
+    return path
+
+
+def plot_vs_step(path: Path, algo: str, groups: list[Group], key: str, ylabel: str,
+                 seed_lines: bool = False) -> Optional[Path]:
+    """Mean across seeds with a ±1 std band; optionally each seed as a thin line.
+
+    ``seed_lines`` is for kl/ref: a KL-triggered reset happens at a different step in each seed,
+    and only the per-seed lines keep its saw-tooth visible after averaging.
+    """
+    st = styles(groups)
+    fig, ax = _figure(f"{algo.upper()}: {key} vs step (mean ± std across seeds)", "step", ylabel)
+    drawn = False
+    for g in groups:
+        runs = g.completed
+        band = seed_band([r.series(key) for r in runs])
+        if band is None:
+            continue
+        colour, ls = st[g.label]
+        if seed_lines:
+            for r in runs:
+                s, v = r.series(key)
+                ax.plot(s, v, color=colour, linestyle=ls, linewidth=0.6, alpha=0.35)
+        ax.plot(band.steps, band.mean, color=colour, linestyle=ls, label=f"{g.label} (n={len(runs)})")
+        ax.fill_between(band.steps, band.mean - band.std, band.mean + band.std, color=colour, alpha=0.18,
+                        linewidth=0)
+        drawn = True
+    return _save(fig, ax, path) if drawn else None
+
+
+def _frontier_points(group: Group) -> tuple[np.ndarray, np.ndarray]:
+    """(mean kl/init, mean eval/accuracy) at each eval step, averaged over the seeds that logged both."""
+    per_step: dict[float, list[tuple[float, float]]] = {}
+    for r in group.completed:
+        ks, kv = r.series("kl/init")
+        acc = dict(zip(*r.series(ACC)))
+        for s, k in zip(ks, kv):
+            if s in acc:
+                per_step.setdefault(s, []).append((k, acc[s]))
+    steps = sorted(per_step)
+    pts = np.array([np.mean(per_step[s], axis=0) for s in steps]).reshape(-1, 2)
+    return pts[:, 0], pts[:, 1]
+
+
+def plot_frontier(path: Path, algo: str, groups: list[Group]) -> Optional[Path]:
+    """Held-out accuracy against drift from the SFT start: one curve per group through its eval
+    points in step order, the last point starred. Up and to the left is better."""
+    st = styles(groups)
+    fig, ax = _figure(f"{algo.upper()}: accuracy vs drift from init (eval points, mean over seeds)",
+                      "kl/init", "eval/accuracy")
+    drawn = False
+    for g in groups:
+        kl, acc = _frontier_points(g)
+        if not len(kl):
+            continue
+        colour, ls = st[g.label]
+        ax.plot(kl, acc, color=colour, linestyle=ls, marker="o", markersize=3, label=g.label)
+        ax.plot(kl[-1:], acc[-1:], color=colour, marker="*", markersize=12, linestyle="none")
+        drawn = True
+    return _save(fig, ax, path) if drawn else None
+
+
+def plot_ref_cost(path: Path, algo: str, groups: list[Group]) -> Optional[Path]:
+    """Share of step time in the reference forward per group, with 95% CI error bars."""
+    st = styles(groups)
+    labels, means, errs, colours = [], [], [], []
+    for g in groups:
+        est = mean_ci(ref_cost(r) for r in g.completed)
+        if est is None:
+            continue
+        labels.append(g.label)
+        means.append(100 * est.mean)
+        errs.append(100 * (est.half_width or 0.0))
+        colours.append(st[g.label][0])
+    if not labels:
+        return None
+    fig, ax = _figure(f"{algo.upper()}: reference cost (mean ± 95% CI across seeds)", "",
+                      "reference forward, % of step time")
+    x = np.arange(len(labels))
+    ax.bar(x, means, yerr=errs, color=colours, capsize=4)
+    ax.set_xticks(x, labels, rotation=20, ha="right", fontsize="small")
+    return _save(fig, ax, path)
+
+
+def make_plots(algo: str, groups: list[Group], out_dir: Path) -> dict[str, Path]:
+    """Every plot the algorithm has data for: name -> PNG path (missing data = no file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logged = {k for g in groups for r in g.completed for k in r.metric_names()}
+    reward_key = next((k for k in REWARD_KEYS if k in logged), None)
+    made = {
+        "reward": reward_key and plot_vs_step(out_dir / f"{algo}_reward.png", algo, groups, reward_key,
+                                              reward_key),
+        "accuracy": plot_vs_step(out_dir / f"{algo}_accuracy.png", algo, groups, ACC, "held-out accuracy"),
+        "frontier": plot_frontier(out_dir / f"{algo}_frontier.png", algo, groups),
+        "kl_ref": plot_vs_step(out_dir / f"{algo}_kl_ref.png", algo, groups, "kl/ref", "kl/ref",
+                               seed_lines=True),
+        "ref_cost": plot_ref_cost(out_dir / f"{algo}_ref_cost.png", algo, groups),
+    }
+    return {k: p for k, p in made.items() if p}
+

@@ -1,0 +1,110 @@
+"""One number per run and metric: the definitions behind every table cell.
+
+Definitions (the "how to read this" paragraph of report.md repeats them):
+- eval-cadence metrics (``eval/accuracy``, ``kl/init``) are measured on a fixed held-out set every
+  few steps, so "final" is the last logged value and "best" the maximum over the run;
+- per-step training metrics (``reward/mean``, ``rewards/*``, ``kl/ref``) are batch estimates, noisy
+  and, for ``kl/ref`` under a resetting strategy, saw-toothed; "final" is the mean of the last
+  ``TAIL`` logged values so the number does not depend on where in a reset cycle the run ended;
+- steps to target: the first logged step whose ``eval/accuracy`` >= target (inf = never);
+- reference cost: sum(perf/ref_fwd_s) / sum(perf/step_s) over the logged steps (a step that logs
+  no ``perf/ref_fwd_s`` did no reference forward: it counts 0);
+- peak memory: the maximum ``mem/peak_rss_mb`` logged.
+When metrics.jsonl lacks a metric, status.json's ``final`` value is used for the "final" columns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from .load import Run
+
+TAIL = 5
+"""How many last logged values a per-step training metric's "final" averages."""
+
+ACC = "eval/accuracy"
+
+
+def last(run: Run, key: str) -> Optional[float]:
+    """The last logged value, else status.json's final value."""
+    _, v = run.series(key)
+    return float(v[-1]) if len(v) else run.final_from_status(key)
+
+
+def tail_mean(run: Run, key: str, k: int = TAIL) -> Optional[float]:
+    """Mean of the last ``k`` logged values, else status.json's final value."""
+    _, v = run.series(key)
+    return float(np.mean(v[-k:])) if len(v) else run.final_from_status(key)
+
+
+def best(run: Run, key: str) -> Optional[float]:
+    _, v = run.series(key)
+    return float(np.max(v)) if len(v) else None
+
+
+def start_accuracy(run: Run) -> Optional[float]:
+    """Held-out accuracy at the first eval (step 0: the SFT start the run trains from)."""
+    _, v = run.series(ACC)
+    return float(v[0]) if len(v) else None
+
+
+def steps_to_target(run: Run, target: float) -> Optional[float]:
+    """First step with eval/accuracy >= target; ``math.inf`` when never; None without eval data."""
+    steps, v = run.series(ACC)
+    if not len(v):
+        return None
+    hit = np.nonzero(v >= target - 1e-12)[0]  # tolerance: 0.7 logged as 0.7000000000000001 vs 0.7
+    return float(steps[hit[0]]) if len(hit) else math.inf
+
+
+def ref_cost(run: Run) -> Optional[float]:
+    """Share of step time spent in the reference forward, in [0, 1]."""
+    step_s = ref_s = 0.0
+    seen = False
+    for row in run.rows:
+        t = row.get("perf/step_s")
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            seen = True
+            step_s += t
+            r = row.get("perf/ref_fwd_s")
+            ref_s += r if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.0
+    return ref_s / step_s if seen and step_s > 0 else None
+
+
+def peak(run: Run, key: str) -> Optional[float]:
+    _, v = run.series(key)
+    return float(np.max(v)) if len(v) else run.final_from_status(key)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: a per-run number, how to print it, and what it means."""
+
+    key: str
+    header: str
+    per_run: Callable[[Run], Optional[float]]
+    kind: str = "num"  # num | pct | int
+    doc: str = ""
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("acc_final", "final acc", lambda r: last(r, ACC), doc="last eval/accuracy"),
+    Column("acc_best", "best acc", lambda r: best(r, ACC), doc="max eval/accuracy"),
+    Column("reward", "reward", lambda r: tail_mean(r, "reward/mean"),
+           doc=f"reward/mean, mean of last {TAIL} logged"),
+    Column("pref_acc", "pref acc", lambda r: tail_mean(r, "rewards/accuracy"),
+           doc=f"DPO rewards/accuracy, mean of last {TAIL} logged"),
+    Column("margin", "margin", lambda r: tail_mean(r, "rewards/margin"),
+           doc=f"DPO rewards/margin, mean of last {TAIL} logged"),
+    Column("kl_init", "kl/init", lambda r: last(r, "kl/init"), doc="last kl/init"),
+    Column("kl_ref", "kl/ref", lambda r: tail_mean(r, "kl/ref"), doc=f"kl/ref, mean of last {TAIL} logged"),
+    Column("ref_cost", "ref cost", ref_cost, kind="pct", doc="sum perf/ref_fwd_s / sum perf/step_s"),
+    Column("peak_rss_mb", "peak RSS MB", lambda r: peak(r, "mem/peak_rss_mb"), kind="int",
+           doc="max mem/peak_rss_mb"),
+)
+"""Every column a table can have; a table shows only those some group of its algorithm has data
+for (so GRPO shows reward, DPO shows pref acc and margin)."""

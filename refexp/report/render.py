@@ -1,0 +1,206 @@
+"""Write the report: report.md (plots by relative path), report.html (one self-contained file,
+plots as base64 data URIs, no scripts, no external references) and summary.json (the numbers).
+
+Every file is written to a temporary name and renamed, so a reader never sees half a report and
+re-running on a sweep that is still going simply replaces the previous one.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import re
+from pathlib import Path
+
+from .reduce import COLUMNS, TAIL
+from .table import DEFAULT_TARGET_MARGIN, header_and_cells
+
+HOW_TO_READ = (
+    "Each row is one group of runs that differ only by seed; each cell is the mean across the group's "
+    "completed seeds ± the half-width of a 95% Student-t confidence interval (t with n−1 degrees of "
+    "freedom × sample std / √n); \"(n=1)\" means one seed, so no interval. Where two groups' intervals "
+    "overlap, this sweep does not separate them: add seeds before reading a ranking into it. "
+    "*final acc* is the last held-out `eval/accuracy` and *best acc* its maximum over the run; "
+    f"*reward* (GRPO `reward/mean`; DPO `rewards/accuracy` and `rewards/margin`) and *kl/ref* average the "
+    f"last {TAIL} logged steps, so a resetting strategy's saw-tooth does not decide the number; *kl/init* "
+    "is the last measured drift from the SFT start the run began from. *steps to acc≥T* is the first "
+    "step whose held-out accuracy reached the target T (\"never\" when no seed did; \"k/n seeds\" when "
+    "only some did, and then the mean is over those); by default T is the best group's start "
+    f"accuracy + {DEFAULT_TARGET_MARGIN}. *ref cost* is the share of step time spent in the reference "
+    "forward (Σ perf/ref_fwd_s / Σ perf/step_s) and *peak RSS MB* the largest `mem/peak_rss_mb`. "
+    "In the plots one colour is one strategy (line styles tell its groups apart) and bands are ± one "
+    "std across seeds; on the accuracy-vs-drift frontier, up and to the left is better: more "
+    "accuracy for less drift, the star marking each group's last eval. Failed and unfinished runs are "
+    "left out of every number and listed at the end."
+)
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1200px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+table{border-collapse:collapse;margin:1em 0;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+code{background:#f3f3f3;padding:0 .2em}
+img{max-width:100%;display:block;margin:1em 0;border:1px solid #eee}
+.note{color:#555}.bad td{text-align:left}
+"""
+
+
+def _write(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """An error as one table cell: the last non-empty line of a traceback says what went wrong."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _counts(report) -> str:
+    states: dict[str, int] = {}
+    for r in report.runs:
+        key = "completed" if r.problem is None else r.state
+        states[key] = states.get(key, 0) + 1
+    parts = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+    return f"{len(report.runs)} runs: {parts}" if report.runs else "no runs found"
+
+
+def _target_line(table) -> str:
+    if table.target is None:
+        return "No held-out accuracy logged: no steps-to-target column."
+    return f"Target accuracy T = {table.target:.3g} ({table.target_note})."
+
+
+# ---------------------------------------------------------------- markdown
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(map(_md_cell, header)) + " |",
+             "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in body]
+    return lines
+
+
+def _problem_cells(p) -> list[str]:
+    return [p.name, p.algo, p.label, p.state, _one_line(p.error)]
+
+
+_PROBLEM_HEADER = ["run", "algo", "group", "status", "error"]
+_PLOT_CAPTIONS = {
+    "reward": "Reward vs step", "accuracy": "Held-out accuracy vs step",
+    "frontier": "Accuracy vs drift from init (kl/init)", "kl_ref": "kl/ref vs step",
+    "ref_cost": "Reference cost",
+}
+
+
+def render_markdown(report) -> str:
+    out = [f"# Reference-strategy report: {report.sweep_dir.name}", "",
+           f"Sweep `{report.sweep_dir}`: {_counts(report)}.", "", "## How to read this", "", HOW_TO_READ, ""]
+    for algo, table in report.tables.items():
+        header, body = header_and_cells(table)
+        out += [f"## {algo.upper()}", "", _target_line(table), ""] + _md_table(header, body) + [""]
+        for kind, path in report.plots.get(algo, {}).items():
+            rel = path.relative_to(report.sweep_dir).as_posix()
+            out += [f"![{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}]({rel})", ""]
+    out += ["## Runs not counted", ""]
+    if report.problems:
+        out += _md_table(_PROBLEM_HEADER, [_problem_cells(p) for p in report.problems])
+    else:
+        out.append("None: every run found completed.")
+    if report.notes:
+        out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------- html
+def _html_table(header: list[str], body: list[list[str]], cls: str = "") -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in header)
+    rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in body)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def _md_emphasis_to_html(text: str) -> str:
+    """The how-to-read paragraph uses *x* and `x`; turn exactly those into <em>/<code>."""
+    text = html.escape(text)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    return re.sub(r"\*([^*]+)\*", r"<em>\1</em>", text)
+
+
+def render_html(report) -> str:
+    e = html.escape
+    title = f"Reference-strategy report: {report.sweep_dir.name}"
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{e(title)}</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>{e(title)}</h1>",
+             f"<p class=\"note\">Sweep <code>{e(str(report.sweep_dir))}</code>: {e(_counts(report))}.</p>",
+             f"<h2>How to read this</h2><p>{_md_emphasis_to_html(HOW_TO_READ)}</p>"]
+    for algo, table in report.tables.items():
+        header, body = header_and_cells(table)
+        parts += [f"<h2>{e(algo.upper())}</h2>", f"<p>{e(_target_line(table))}</p>", _html_table(header, body)]
+        for kind, path in report.plots.get(algo, {}).items():
+            alt = f"{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}"
+            parts.append(f'<img alt="{e(alt)}" src="{_data_uri(path)}">')
+    parts.append("<h2>Runs not counted</h2>")
+    if report.problems:
+        parts.append(_html_table(_PROBLEM_HEADER, [_problem_cells(p) for p in report.problems], "bad"))
+    else:
+        parts.append("<p>None: every run found completed.</p>")
+    if report.notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in report.notes) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------- json
+def summary_dict(report) -> dict:
+    """Every number of the tables, machine-readable; non-finite numbers are null."""
+    algos = {}
+    for algo, table in report.tables.items():
+        groups = []
+        for row in table.rows:
+            g = row.group
+            t = row.to_target
+            groups.append({
+                "label": g.label, "strategy": g.strategy, "settings": dict(g.settings),
+                "runs": [r.name for r in g.runs], "completed_runs": [r.name for r in g.completed],
+                "seeds": row.seeds, "n_completed": row.n_completed, "n_total": len(g.runs),
+                "metrics": {c.key: (row.cells[c.key].to_dict() if row.cells[c.key] else None)
+                            for c in COLUMNS},
+                "steps_to_target": None if t is None else {
+                    "reached": t.reached, "n_with_eval": t.n,
+                    "estimate": t.estimate.to_dict() if t.estimate else None},
+            })
+        algos[algo] = {"target": table.target, "target_note": table.target_note,
+                       "columns": [c.key for c in table.columns], "groups": groups}
+    return {
+        "sweep_dir": str(report.sweep_dir),
+        "confidence": 0.95,
+        "definitions": {c.key: c.doc for c in COLUMNS}
+        | {"steps_to_target": "first step with eval/accuracy >= target; mean over seeds that reached it"},
+        "algos": algos,
+        "not_counted": [{"run": p.name, "algo": p.algo, "strategy": p.strategy, "label": p.label,
+                         "status": p.state, "error": p.error} for p in report.problems],
+        "plots": {a: {k: p.relative_to(report.sweep_dir).as_posix() for k, p in ps.items()}
+                  for a, ps in report.plots.items()},
+        "notes": report.notes,
+    }
+
+
+def write_all(report) -> None:
+    """report.md, report.html and summary.json into the sweep dir."""
+    _write(report.markdown_path, render_markdown(report))
+    _write(report.html_path, render_html(report))
+    _write(report.summary_path, json.dumps(summary_dict(report), indent=2, allow_nan=False) + "\n")

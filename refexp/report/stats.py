@@ -1,0 +1,153 @@
+"""Numbers across seeds: Student-t confidence intervals and per-step seed bands.
+
+scipy is not a dependency, so the t quantile is computed here: the t CDF through the
+regularised incomplete beta function (continued fraction, Numerical Recipes 3rd ed. §6.4)
+and inverted by bisection. That is exact to ~1e-10 for every dof, which a lookup table is not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b) for 0 <= x <= 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                 + a * math.log(x) + b * math.log1p(-x))
+    # The continued fraction converges fast only for x < (a+1)/(a+b+2); use the symmetry otherwise.
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t with ``df`` degrees of freedom (e.g. t_quantile(0.975, 2) = 4.303)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p={p!r} must lie in (0, 1)")
+    if df <= 0:
+        raise ValueError(f"df={df!r} must be > 0")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:  # grow the bracket; df=1, p=0.9995 needs ~637
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Mean across seeds with a two-sided confidence interval.
+
+    ``half_width`` is t_{(1+c)/2, n-1} * s / sqrt(n) with s the sample std (ddof=1);
+    it is None when n == 1 (one seed says nothing about seed-to-seed spread).
+    """
+
+    mean: float
+    half_width: Optional[float]
+    std: Optional[float]
+    n: int
+    values: tuple[float, ...]
+
+    def to_dict(self) -> dict:
+        return {"mean": _json_float(self.mean), "ci95_half_width": _json_float(self.half_width),
+                "std": _json_float(self.std), "n": self.n, "values": [_json_float(v) for v in self.values]}
+
+
+def _json_float(x: Optional[float]) -> Optional[float]:
+    """JSON has no NaN/inf: a non-finite number is written as null."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def mean_ci(values: Iterable[Optional[float]], confidence: float = 0.95) -> Optional[Estimate]:
+    """Mean ± Student-t CI over the non-None values; None when there are none."""
+    vals = tuple(float(v) for v in values if v is not None)
+    n = len(vals)
+    if n == 0:
+        return None
+    mean = float(np.mean(vals))
+    if n == 1:
+        return Estimate(mean, None, None, 1, vals)
+    std = float(np.std(vals, ddof=1))
+    half = t_quantile(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n)
+    return Estimate(mean, half, std, n, vals)
+
+
+@dataclass(frozen=True)
+class Band:
+    """A metric against step across seeds: mean and spread at every step any seed logged."""
+
+    steps: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray   # ddof=0, so a step only one seed reached gets a zero-width band
+    lo: np.ndarray    # min across seeds
+    hi: np.ndarray    # max across seeds
+
+
+def seed_band(series: Sequence[tuple[np.ndarray, np.ndarray]]) -> Optional[Band]:
+    """Align per-seed (steps, values) series on the union of their steps and summarise each step."""
+    series = [(s, v) for s, v in series if len(s)]
+    if not series:
+        return None
+    steps = np.unique(np.concatenate([s for s, _ in series]))
+    grid = np.full((len(series), len(steps)), np.nan)
+    for i, (s, v) in enumerate(series):
+        grid[i, np.searchsorted(steps, s)] = v
+    present = ~np.isnan(grid)
+    count = present.sum(axis=0)
+    filled = np.where(present, grid, 0.0)
+    mean = filled.sum(axis=0) / count
+    std = np.sqrt(np.where(present, (grid - mean) ** 2, 0.0).sum(axis=0) / count)
+    lo = np.where(present, grid, np.inf).min(axis=0)
+    hi = np.where(present, grid, -np.inf).max(axis=0)
+    return Band(steps, mean, std, lo, hi)

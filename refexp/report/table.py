@@ -1,0 +1,176 @@
+"""The comparison table of one algorithm: numbers per group, then the strings every output shows.
+
+Numbers (``AlgoTable``) feed summary.json; ``header_and_cells`` turns them into the strings that
+report.md, report.html and the console table all print, so the three can never disagree.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import shutil
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .group import Group
+from .reduce import COLUMNS, Column, start_accuracy, steps_to_target
+from .stats import Estimate, mean_ci
+
+DEFAULT_TARGET_MARGIN = 0.05
+"""Default target accuracy = the best group's mean start (SFT) accuracy + this, capped at 1."""
+
+
+@dataclass
+class ToTarget:
+    """Steps to reach the target accuracy: the estimate is over the seeds that reached it."""
+
+    reached: int
+    n: int
+    estimate: Optional[Estimate]
+
+
+@dataclass
+class Row:
+    group: Group
+    cells: dict[str, Optional[Estimate]]
+    to_target: Optional[ToTarget]
+
+    @property
+    def n_completed(self) -> int:
+        return len(self.group.completed)
+
+    @property
+    def seeds(self) -> list:
+        return [r.seed for r in self.group.completed]
+
+
+@dataclass
+class AlgoTable:
+    algo: str
+    target: Optional[float]
+    target_note: str
+    columns: list[Column] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+
+
+def default_target(groups: list[Group]) -> tuple[Optional[float], str]:
+    """max over groups of the mean start accuracy (first eval, step 0) + 0.05, capped at 1.
+
+    Every strategy starts from the same SFT checkpoint, so this asks "which strategy first improves
+    held-out accuracy by 5 points", a question every group can answer.
+    """
+    starts = []
+    for g in groups:
+        est = mean_ci(start_accuracy(r) for r in g.completed)
+        if est is not None:
+            starts.append(est.mean)
+    if not starts:
+        return None, "no eval/accuracy logged"
+    start = max(starts)
+    target = min(1.0, start + DEFAULT_TARGET_MARGIN)
+    return target, f"default: best group's start accuracy {start:.3f} + {DEFAULT_TARGET_MARGIN}"
+
+
+def summarize(algo: str, groups: list[Group], target: Optional[float] = None) -> AlgoTable:
+    """Mean ± 95% CI across the completed seeds of every group, for every column with data."""
+    note = "--target"
+    if target is None:
+        target, note = default_target(groups)
+    rows = []
+    for g in groups:
+        cells = {c.key: mean_ci(c.per_run(r) for r in g.completed) for c in COLUMNS}
+        to_target = None
+        if target is not None:
+            per_run = [steps_to_target(r, target) for r in g.completed]
+            per_run = [s for s in per_run if s is not None]
+            if per_run:
+                reached = [s for s in per_run if math.isfinite(s)]
+                to_target = ToTarget(len(reached), len(per_run), mean_ci(reached))
+        rows.append(Row(g, cells, to_target))
+    columns = [c for c in COLUMNS if any(row.cells[c.key] is not None for row in rows)]
+    return AlgoTable(algo, target, note, columns, rows)
+
+
+# ---------------------------------------------------------------- strings
+def _decimals(scale: float) -> int:
+    return 0 if scale >= 100 else 1 if scale >= 10 else 2 if scale >= 1 else 3
+
+
+def cell_text(est: Optional[Estimate], kind: str = "num") -> str:
+    """"0.612 ± 0.034", "0.612 (n=1)", or "—" when no completed run logged the metric."""
+    if est is None:
+        return "—"
+    m, h = est.mean, est.half_width
+    if kind == "pct":
+        m, h = 100 * m, (100 * h if h is not None else None)
+        fmt = "{:.1f}"
+        unit = "%"
+    elif kind == "int":
+        fmt, unit = "{:.0f}", ""
+    else:
+        scale = max(abs(m), h or 0.0) if math.isfinite(m) else 1.0
+        fmt = "{:.2e}" if 0 < scale < 1e-3 else "{:.%df}" % _decimals(scale)
+        unit = ""
+    text = fmt.format(m) + unit
+    return text + (" (n=1)" if h is None else " ± " + fmt.format(h) + unit)
+
+
+def target_text(t: Optional[ToTarget]) -> str:
+    """Steps to target: "never", "120 ± 30", or "140 (n=1)"; "(2/3 seeds)" when not all reached."""
+    if t is None:
+        return "—"
+    if t.reached == 0:
+        return "never"
+    text = cell_text(t.estimate, "int")
+    return text if t.reached == t.n else f"{text} ({t.reached}/{t.n} seeds)"
+
+
+def seeds_text(row: Row) -> str:
+    """Completed seeds; "2 of 3" when a run of the group failed or is unfinished."""
+    total = len(row.group.runs)
+    return str(row.n_completed) if row.n_completed == total else f"{row.n_completed} of {total}"
+
+
+def header_and_cells(table: AlgoTable) -> tuple[list[str], list[list[str]]]:
+    """The table as strings: group label, every column with data, steps to target, seeds."""
+    header = ["group"] + [c.header for c in table.columns]
+    if table.target is not None:
+        header.append(f"steps to acc≥{table.target:.3g}")
+    header.append("seeds")
+    body = []
+    for row in table.rows:
+        cells = [row.group.label] + [cell_text(row.cells[c.key], c.kind) for c in table.columns]
+        if table.target is not None:
+            cells.append(target_text(row.to_target))
+        cells.append(seeds_text(row))
+        body.append(cells)
+    return header, body
+
+
+def format_table(report) -> str:
+    """The report's tables (and the runs left out) as text for a terminal, via rich."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text  # Text, not str: a "[...]" in a label or error is not rich markup
+
+    width = max(100, shutil.get_terminal_size((160, 24)).columns)
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
+    for algo, table in report.tables.items():
+        header, body = header_and_cells(table)
+        title = f"{algo.upper()}: mean ± 95% CI across seeds"
+        if table.target is not None:
+            title += f" (target acc {table.target:.3g}, {table.target_note})"
+        t = Table(title=Text(title), box=box.SIMPLE, title_justify="left")
+        for h in header:
+            t.add_column(Text(h))
+        for cells in body:
+            t.add_row(*map(Text, cells))
+        console.print(t)
+    if report.problems:
+        console.print(f"Not counted ({len(report.problems)} runs):")
+        for p in report.problems:
+            console.print(f"  {p.name} [{p.algo} {p.label}] {p.state}: {p.error}", markup=False)
+    if not report.tables and not report.problems:
+        console.print(f"No runs found under {report.sweep_dir}", markup=False)
+    return console.file.getvalue()

@@ -1,0 +1,170 @@
+"""``run(cfg)``: validate, build the parts in a spelled-out order, pick the algorithm, return final metrics.
+
+Order (cheap checks first, so bad input fails before any model is built):
+ 1. config -> dataclasses (every ``__post_init__`` check) and the model/parallelism check
+    against the world size (torchtitan config only, no weights);
+ 2. spawn workers when the job asks for N processes but was started as one (``parallelism.nproc_per_node``);
+ 3. device, process group, threads;
+ 4. task (data + tokenizer + reward), logger (rank 0: W&B + metrics.jsonl), ``status.json``;
+ 5. the algorithm: ``sft`` (just the stage) | ``grpo`` | ``dpo`` (which build policy, reference
+    strategy, optimizer and checkpointer themselves).
+``status.json`` in the run dir records running / completed / failed (with the error) so a sweep's
+report lists failed runs instead of dropping them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from refexp import distributed as rdist
+from refexp import titan
+from refexp.config import ConfigError, RootConfig, to_object
+from refexp.context import RunContext
+from refexp.logging import MetricLogger, write_json_atomic
+
+
+def run_from_hydra(cfg: DictConfig) -> float | None:
+    """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return a sweep objective."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if cfg.get("run_dir") is None:
+        OmegaConf.set_struct(cfg, False)
+        cfg.run_dir = HydraConfig.get().runtime.output_dir
+        OmegaConf.set_struct(cfg, True)
+    final = run(cfg)
+    return final.get("eval/accuracy") if isinstance(final, dict) else None
+
+
+def validate(dcfg: DictConfig) -> RootConfig:
+    """All checks that need no weights: schema, values, cross-field, model/parallelism."""
+    cfg = to_object(dcfg)
+    if cfg.run_dir is None:
+        raise ConfigError("run_dir is not set (run through `refexp`, or pass run_dir=DIR)")
+    world = rdist.launched_world_size()
+    world = world if world > 1 else cfg.parallelism.nproc_per_node
+    titan.make_parallel_dims(cfg.parallelism, world, "cpu", validate_only=True) if world > 1 else None
+    titan.build_model_spec(cfg.model, vocab_size=cfg.model.vocab_size or 64, parallelism=cfg.parallelism)
+    if cfg.model.hf_assets_path and not Path(cfg.model.hf_assets_path).is_dir():
+        raise ConfigError(f"model.hf_assets_path={cfg.model.hf_assets_path!r} is not a directory")
+    for name in ("initial_load_path",):
+        p = getattr(cfg.checkpoint, name)
+        if p and not Path(p).is_dir():
+            raise ConfigError(f"checkpoint.{name}={p!r} is not a directory")
+    if cfg.reference.checkpoint and not Path(cfg.reference.checkpoint).is_dir():
+        raise ConfigError(f"reference.checkpoint={cfg.reference.checkpoint!r} is not a directory")
+    return cfg
+
+
+def run(dcfg: DictConfig) -> dict:
+    cfg = validate(dcfg)
+    if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
+        from refexp.launcher import spawn_workers
+
+        return spawn_workers(dcfg, cfg.parallelism.nproc_per_node)
+    return run_worker(dcfg, cfg)
+
+
+def resolved_container(dcfg: DictConfig) -> dict:
+    return OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=False)
+
+
+def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
+    """One process of a run (rank r of N, or the only one)."""
+    cfg = cfg or validate(dcfg)
+    run_dir = Path(cfg.run_dir)
+    device = titan.resolve_device(cfg.training.device)
+    titan.prepare_torchtitan(device.type)
+    if cfg.training.num_threads:
+        torch.set_num_threads(cfg.training.num_threads)
+    info = rdist.init_distributed(device, backend=cfg.comm.backend, timeout_s=cfg.comm.init_timeout_seconds)
+    parallel_dims = (titan.make_parallel_dims(cfg.parallelism, info.world_size, device.type)
+                     if info.world_size > 1 else None)
+
+    from refexp.tasks import build_task
+
+    cache_dir = Path(os.path.expanduser(cfg.sft.cache_dir))
+    task = build_task(cfg.task, str(cache_dir)) if info.is_rank0 else None
+    rdist.barrier()
+    task = task or build_task(cfg.task, str(cache_dir))  # other ranks read rank 0's cached data
+
+    resolved = resolved_container(dcfg)
+    if info.is_rank0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create(resolved), run_dir / "resolved_config.yaml")
+    logger = MetricLogger(run_dir, enabled=info.is_rank0, wandb_cfg=cfg.logger, resolved_config=resolved,
+                          run_info=wandb_run_info(cfg, dcfg))
+    ctx = RunContext(cfg=cfg, run_dir=run_dir, cache_dir=cache_dir, device=device, dist=info,
+                     parallel_dims=parallel_dims, task=task, logger=logger)
+    status = {"status": "running", "error": None, "algo": cfg.algo.name, "reference": cfg.reference.name,
+              "seed": cfg.training.seed, "steps": cfg.training.steps, "last_step": 0, "final": {},
+              "started": time.time()}
+    if info.is_rank0:
+        write_json_atomic(run_dir / "status.json", status)
+    exit_code = 1
+    try:
+        final = _dispatch(ctx)
+        status.update(status="completed", final=final, last_step=int(final.get("step", cfg.training.steps)))
+        exit_code = 0
+        logger.summary(final)
+        return final
+    except BaseException as e:
+        status.update(status="failed", error=f"{type(e).__name__}: {e}",
+                      traceback=traceback.format_exc(limit=20))
+        raise
+    finally:
+        status["ended"] = time.time()
+        if info.is_rank0:
+            write_json_atomic(run_dir / "status.json", status)
+        logger.close(exit_code)
+
+
+def _dispatch(ctx: RunContext) -> dict:
+    from refexp.algos.sft import ensure_sft
+
+    algo = ctx.cfg.algo.name
+    sft_dir = ensure_sft(ctx)
+    if algo == "sft":
+        import json
+
+        summary = json.loads((sft_dir / "sft.json").read_text())
+        final = {"eval/accuracy": summary["eval_accuracy"], "step": summary["steps"], "sft/wall_s": summary["wall_s"],
+                 "sft/dir": str(sft_dir)}
+        if ctx.dist.is_rank0:
+            print(f"[refexp] SFT model: {sft_dir} (held-out accuracy {summary['eval_accuracy']:.3f} "
+                  f"after {summary['steps']} steps)")
+        return final
+    if algo == "grpo":
+        from refexp.algos.grpo import train_grpo
+
+        return train_grpo(ctx, sft_dir)
+    if algo == "dpo":
+        from refexp.algos.dpo import train_dpo
+
+        return train_dpo(ctx, sft_dir)
+    raise ConfigError(f"algo={algo!r} is invalid: expected sft, grpo or dpo")
+
+
+def wandb_run_info(cfg: RootConfig, dcfg: DictConfig) -> dict:
+    """W&B group / job_type / name / tags (README: Weights & Biases conventions)."""
+    overrides = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        overrides = list(hc.overrides.task)
+        sweep_dir = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else None
+    except Exception:
+        sweep_dir = None
+    name = ",".join(o for o in overrides if not o.startswith(("hydra", "experiment"))) or cfg.reference.name
+    return {
+        "group": cfg.logger.group or (f"{cfg.experiment_name}/{sweep_dir}" if sweep_dir else cfg.experiment_name),
+        "job_type": cfg.reference.name,
+        "name": name,
+        "tags": [f"algo:{cfg.algo.name}", f"task:{cfg.task.name}", f"ref:{cfg.reference.name}"],
+    }

@@ -1,0 +1,153 @@
+"""Batched sampling from the policy with a KV cache, and the behaviour log-probs of what was sampled.
+
+Randomness is keyed to (seed, step, prompt, sample), never to the rank or the batch layout: each
+row draws its uniforms from its own generator and samples by inverse CDF, so the same global
+batch comes out whatever the world size or the per-rank slice.
+
+Departures, on purpose:
+- The behaviour log-prob is log softmax(logits / temperature) of the sampled token, *before*
+  top-p truncation: that is what the trainer recomputes (TRL and verl do the same), so the
+  importance ratio is exactly 1 on the first update of an on-policy batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from refexp import titan
+
+
+def row_seed(*key: int) -> int:
+    """A 63-bit seed from integers (seed, step, prompt id, sample id, ...), stable across processes."""
+    h = hashlib.blake2b(",".join(map(str, key)).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def row_uniforms(keys: list[tuple[int, ...]], n: int) -> torch.Tensor:
+    """[len(keys), n] uniforms in [0, 1), row i from its own generator seeded by keys[i]."""
+    out = torch.empty(len(keys), n, dtype=torch.float64)
+    for i, k in enumerate(keys):
+        g = torch.Generator().manual_seed(row_seed(*k))
+        out[i] = torch.rand(n, generator=g, dtype=torch.float64)
+    return out
+
+
+@dataclass
+class Rollout:
+    """Completions of a batch of prompts, in the training layout.
+
+    tokens_BT:      [N, T] prompt (true length, no left pad) + completion + right padding
+    mask_BT:        [N, T-1] bool, True where tokens[:, t+1] is a completion token (EOS included)
+    behaviour_logp: [N, T-1] float32 log-probs of those tokens under the sampling policy (0 elsewhere)
+    completion_ids: list of N lists of sampled ids (EOS included when produced)
+    texts:          N decoded completions (EOS and padding removed)
+    """
+
+    tokens_BT: torch.Tensor
+    mask_BT: torch.Tensor
+    behaviour_logp: torch.Tensor
+    completion_ids: list[list[int]]
+    texts: list[str]
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return int(self.mask_BT.sum())
+
+
+def _top_p_filter(probs_BV: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail outside the smallest set of tokens whose mass reaches top_p (Holtzman et al. 2020)."""
+    if top_p >= 1.0:
+        return probs_BV
+    sorted_p, idx = probs_BV.sort(dim=-1, descending=True)
+    cum = sorted_p.cumsum(-1)
+    drop = (cum - sorted_p) >= top_p  # keep the token that crosses top_p
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs_BV).scatter(-1, idx, sorted_p)
+
+
+def _inverse_cdf(probs_BV: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
+    cdf = probs_BV.double().cumsum(-1)
+    cdf = cdf / cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u_B.unsqueeze(-1).to(cdf.dtype)).squeeze(-1)
+    return idx.clamp_(max=probs_BV.shape[-1] - 1)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    keys: list[tuple[int, ...]] | None = None,
+    max_prompt_len: int | None = None,
+) -> Rollout:
+    """Sample one completion per entry of ``prompts`` (repeat a prompt G times for a group).
+
+    keys[i] seeds row i's randomness (e.g. (seed, step, prompt_id, sample_id)); required unless greedy.
+    """
+    from refexp.tasks.batching import encode_prompts
+
+    device = next(model.parameters()).device
+    prompt_BL, lens_B = encode_prompts(tokenizer, prompts, max_prompt_len)
+    prompt_BL, lens_B = prompt_BL.to(device), lens_B.to(device)
+    n = len(prompts)
+    if not greedy:
+        if keys is None or len(keys) != n:
+            raise ValueError("generate(): keys (one per row) are required for sampling")
+        u_BT = row_uniforms(keys, max_new_tokens).to(device)
+
+    eos, pad = tokenizer.eos_id, tokenizer.pad_id
+    out = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
+    logp_out = torch.zeros(n, max_new_tokens, dtype=torch.float32, device=device)
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+
+    logits_BV, cache = titan.prefill(model, prompt_BL, lens_B)
+    for t in range(max_new_tokens):
+        logits_BV = logits_BV.float()
+        if greedy:
+            tok = logits_BV.argmax(-1)
+            logp = torch.log_softmax(logits_BV, -1).gather(-1, tok[:, None]).squeeze(-1)
+        else:
+            logp_BV = torch.log_softmax(logits_BV / temperature, -1)
+            probs = _top_p_filter(logp_BV.exp(), top_p)
+            tok = _inverse_cdf(probs, u_BT[:, t])
+            logp = logp_BV.gather(-1, tok[:, None]).squeeze(-1)
+        tok = torch.where(done, torch.full_like(tok, pad), tok)
+        out[:, t] = tok
+        logp_out[:, t] = torch.where(done, torch.zeros_like(logp), logp)
+        lengths += (~done).long()
+        done |= tok == eos
+        if bool(done.all()) or t == max_new_tokens - 1:
+            break
+        logits_BV, cache = titan.decode_step(model, tok, cache)
+
+    return _to_training_layout(tokenizer, prompt_BL, lens_B, out, logp_out, lengths)
+
+
+def _to_training_layout(tokenizer, prompt_BL, lens_B, out_BN, logp_BN, lengths_B) -> Rollout:
+    """Left-padded prompts + completions -> right-padded rows [prompt_i, completion_i, pad...]."""
+    n, L = prompt_BL.shape
+    lens, clens = lens_B.tolist(), lengths_B.tolist()
+    T = max(p + c for p, c in zip(lens, clens))
+    tokens = torch.full((n, T), tokenizer.pad_id, dtype=torch.long, device=prompt_BL.device)
+    mask = torch.zeros(n, T - 1, dtype=torch.bool, device=prompt_BL.device)
+    blogp = torch.zeros(n, T - 1, dtype=torch.float32, device=prompt_BL.device)
+    ids, texts = [], []
+    for i in range(n):
+        p, c = lens[i], clens[i]
+        tokens[i, :p] = prompt_BL[i, L - p:]
+        tokens[i, p:p + c] = out_BN[i, :c]
+        mask[i, p - 1:p - 1 + c] = True
+        blogp[i, p - 1:p - 1 + c] = logp_BN[i, :c]
+        row = out_BN[i, :c].tolist()
+        ids.append(row)
+        texts.append(tokenizer.decode(row))
+    return Rollout(tokens, mask, blogp, ids, texts)

@@ -1,0 +1,30 @@
+"""Hydra callback that turns a finished ``-m`` sweep into the comparison report.
+
+Registered by the experiment files (``hydra.callbacks.report``); runs after the last job, also
+when some jobs failed (their ``status.json`` says so and the report lists them).
+"""
+
+from __future__ import annotations
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+class ReportCallback(Callback):
+    def __init__(self, target: float | None = None) -> None:
+        self.target = target
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from refexp.distributed import is_rank0
+        from refexp.report import build_report, format_table
+
+        if not is_rank0():
+            return
+        sweep_dir = config.hydra.sweep.dir
+        try:
+            report = build_report(sweep_dir, target=self.target)
+        except Exception as e:  # a report problem must not hide the sweep's own results
+            print(f"[refexp] could not build the report for {sweep_dir}: {type(e).__name__}: {e}")
+            return
+        print(format_table(report))
+        print(f"[refexp] report: {report.markdown_path} (and report.html beside it)")

@@ -1,0 +1,385 @@
+"""refexp.report on a synthetic sweep written here with known numbers.
+
+The sweep (module-scoped, built once; the report is rebuilt where a test needs its own copy):
+GRPO  fixed ×3 seeds, periodic_reset reset_every=20 ×3, periodic_reset reset_every=50 ×1,
+      ema ×5 seeds, kl_triggered: one failed run (traceback) + one killed run (no status.json,
+      half-written last metrics line);
+DPO   fixed ×2, none ×2, nested one level deeper (dpo/0, dpo/1, ...).
+Every expected number is recomputed here from the rows the test wrote, with numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+
+import numpy as np
+import pytest
+import yaml
+
+from refexp.report import build_report, format_table, t_quantile
+from refexp.report.__main__ import main
+from refexp.report.stats import mean_ci, t_cdf
+
+STEPS = 40
+EVAL_EVERY = 10
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- synthetic sweep
+def _grpo_rows(strategy: str, seed: int, reset_every: int | None, stop_at: int | None = None) -> list[dict]:
+    """Metrics with a strategy-specific level and a seed-specific wobble; deterministic."""
+    rng = np.random.default_rng(1000 * seed + len(strategy) + (reset_every or 0))
+    level = {"fixed": 0.50, "periodic_reset": 0.55, "ema": 0.60, "kl_triggered": 0.45}[strategy]
+    rows = []
+    last_reset = 0
+    for step in range(0, (stop_at if stop_at is not None else STEPS) + 1):
+        if reset_every and step and step % reset_every == 0:
+            last_reset = step
+        row = {
+            "step": step,
+            "reward/mean": level * step / STEPS + 0.05 * rng.random(),
+            "reward/std": 0.1,
+            "kl/ref": 0.001 * (step - last_reset) + 0.0005 * rng.random(),
+            "loss/total": -0.1 * rng.random(),
+            "perf/step_s": 1.0 + 0.2 * rng.random(),
+            "perf/gen_s": 0.5,
+            "perf/ref_fwd_s": 0.1 + 0.05 * rng.random() + (0.05 if strategy == "ema" else 0.0),
+            "mem/peak_rss_mb": 1000 + 10 * step + 50 * rng.random(),
+            "ref/version": step // reset_every if reset_every else 0,
+        }
+        if step % EVAL_EVERY == 0:
+            # Every run starts from the same SFT model: accuracy 0.30 at step 0.
+            row["eval/accuracy"] = 0.30 if step == 0 else 0.30 + level * step / STEPS * 0.6 + 0.03 * rng.random()
+            row["kl/init"] = 0.002 * step + 0.001 * rng.random()
+        rows.append(row)
+    return rows
+
+
+def _dpo_rows(strategy: str, seed: int) -> list[dict]:
+    rng = np.random.default_rng(77 + seed + len(strategy))
+    rows = []
+    for step in range(0, 21):
+        row = {"step": step, "loss/total": 0.69 - 0.01 * step,
+               "rewards/accuracy": 0.5 + 0.02 * step + 0.02 * rng.random(),
+               "rewards/margin": 0.05 * step + 0.01 * rng.random(),
+               "rewards/chosen": 0.1, "rewards/rejected": -0.1,
+               "perf/step_s": 0.5, "mem/peak_rss_mb": 800.0 + step}
+        if strategy != "none":
+            row["perf/ref_fwd_s"] = 0.1
+            row["kl/ref"] = 0.01 * step
+        if step % 10 == 0:
+            row["eval/accuracy"] = 0.4 + 0.01 * step + 0.01 * rng.random()
+            row["kl/init"] = 0.003 * step
+        rows.append(row)
+    return rows
+
+
+def _write_run(run_dir, *, algo, strategy, seed, overrides, rows, status="completed", error=None,
+               write_status=True, tail=""):
+    (run_dir / ".hydra").mkdir(parents=True)
+    config = {"algo": {"name": algo}, "reference": {"name": strategy},
+              "training": {"seed": seed, "steps": STEPS},
+              "hydra_dir": "${hydra:runtime.output_dir}"}  # unresolvable outside Hydra: must not break
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+        f.write(tail)
+    if write_status:
+        (run_dir / "status.json").write_text(json.dumps({
+            "status": status, "error": error, "algo": algo, "reference": strategy, "seed": seed,
+            "steps": STEPS, "last_step": rows[-1]["step"] if rows else 0,
+            "final": {"reward/mean": rows[-1].get("reward/mean")} if rows else {}}))
+
+
+TRACEBACK = ("Traceback (most recent call last):\n  File \"refexp/run.py\", line 10, in run\n"
+             "RuntimeError: reference forward produced NaN log-probs")
+FAILED_DIR, KILLED_DIR = "12", "13"
+
+
+def make_sweep(root):
+    """Write the sweep; return {(algo, label): [rows of each completed seed]}."""
+    expected: dict[tuple[str, str], list[list[dict]]] = {}
+    job = 0
+    grpo = [("fixed", None, [0, 1, 2]), ("periodic_reset", 20, [0, 1, 2]), ("periodic_reset", 50, [0]),
+            ("ema", None, [0, 1, 2, 3, 4])]
+    for strategy, reset_every, seeds in grpo:
+        label = strategy + (f" (reference.reset_every={reset_every})" if reset_every else "")
+        for seed in seeds:
+            overrides = ["algo=grpo", f"reference={strategy}", f"training.seed={seed}",
+                         "hydra.launcher.n_jobs=2"]
+            if reset_every:
+                overrides.insert(2, f"reference.reset_every={reset_every}")
+            rows = _grpo_rows(strategy, seed, reset_every)
+            _write_run(root / str(job), algo="grpo", strategy=strategy, seed=seed, overrides=overrides,
+                       rows=rows)
+            expected.setdefault(("grpo", label), []).append(rows)
+            job += 1
+    assert job == 12
+    _write_run(root / FAILED_DIR, algo="grpo", strategy="kl_triggered", seed=0,
+               overrides=["algo=grpo", "reference=kl_triggered", "training.seed=0"],
+               rows=_grpo_rows("kl_triggered", 0, None, stop_at=7), status="failed", error=TRACEBACK)
+    _write_run(root / KILLED_DIR, algo="grpo", strategy="kl_triggered", seed=1,
+               overrides=["algo=grpo", "reference=kl_triggered", "training.seed=1"],
+               rows=_grpo_rows("kl_triggered", 1, None, stop_at=5), write_status=False,
+               tail='{"step": 6, "reward/me')
+    for i, (strategy, seed) in enumerate([("fixed", 0), ("fixed", 1), ("none", 0), ("none", 1)]):
+        rows = _dpo_rows(strategy, seed)
+        _write_run(root / "dpo" / str(i), algo="dpo", strategy=strategy, seed=seed,
+                   overrides=["algo=dpo", f"reference={strategy}", f"training.seed={seed}"], rows=rows)
+        expected.setdefault(("dpo", strategy), []).append(rows)
+    return expected
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    expected = make_sweep(root)
+    return root, expected, build_report(root)
+
+
+def _col(rows_per_seed, key):
+    return [[r[key] for r in rows if key in r] for rows in rows_per_seed]
+
+
+def _row(report, algo, label):
+    (row,) = [r for r in report.tables[algo].rows if r.group.label == label]
+    return row
+
+
+# ---------------------------------------------------------------- t quantile
+@pytest.mark.parametrize("df, t", [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)])
+def test_t_quantile_matches_table(df, t):
+    assert t_quantile(0.975, df) == pytest.approx(t, abs=5e-4)
+
+
+def test_t_quantile_properties():
+    assert t_quantile(0.975, 1e7) == pytest.approx(1.95996, abs=1e-4)  # -> normal
+    assert t_quantile(0.025, 3) == pytest.approx(-t_quantile(0.975, 3))
+    assert t_quantile(0.995, 2) == pytest.approx(9.925, abs=5e-4)
+    assert t_cdf(0.0, 5) == pytest.approx(0.5)
+    assert t_cdf(t_quantile(0.9, 7), 7) == pytest.approx(0.9, abs=1e-9)
+    with pytest.raises(ValueError):
+        t_quantile(1.0, 3)
+
+
+def test_mean_ci_n1_has_no_interval():
+    est = mean_ci([0.7])
+    assert est.mean == 0.7 and est.half_width is None and est.n == 1
+    assert mean_ci([None, None]) is None
+
+
+# ---------------------------------------------------------------- numbers
+@pytest.mark.parametrize("label, n, t", [("fixed", 3, 4.303), ("periodic_reset (reference.reset_every=20)", 3, 4.303),
+                                         ("ema", 5, 2.776)])
+def test_grpo_numbers_equal_direct_computation(sweep, label, n, t):
+    _, expected, report = sweep
+    runs = expected[("grpo", label)]
+    row = _row(report, "grpo", label)
+    assert row.n_completed == n
+
+    direct = {
+        "acc_final": [a[-1] for a in _col(runs, "eval/accuracy")],
+        "acc_best": [max(a) for a in _col(runs, "eval/accuracy")],
+        "reward": [np.mean(a[-5:]) for a in _col(runs, "reward/mean")],
+        "kl_init": [a[-1] for a in _col(runs, "kl/init")],
+        "kl_ref": [np.mean(a[-5:]) for a in _col(runs, "kl/ref")],
+        "ref_cost": [sum(r["perf/ref_fwd_s"] for r in rows) / sum(r["perf/step_s"] for r in rows) for rows in runs],
+        "peak_rss_mb": [max(a) for a in _col(runs, "mem/peak_rss_mb")],
+    }
+    for key, values in direct.items():
+        est = row.cells[key]
+        assert est.n == n
+        assert est.mean == pytest.approx(np.mean(values), rel=1e-12), key
+        # 95% CI half-width = t_{0.975, n-1} * s / sqrt(n), t checked against the table constant.
+        assert est.half_width == pytest.approx(t * np.std(values, ddof=1) / math.sqrt(n), rel=2e-4), key
+
+    # The same numbers reach summary.json.
+    summary = json.loads(report.summary_path.read_text())
+    (g,) = [g for g in summary["algos"]["grpo"]["groups"] if g["label"] == label]
+    assert g["metrics"]["acc_final"]["mean"] == pytest.approx(np.mean(direct["acc_final"]))
+    assert g["metrics"]["kl_ref"]["ci95_half_width"] == pytest.approx(row.cells["kl_ref"].half_width)
+    assert sorted(g["seeds"]) == list(range(n))
+
+
+def test_single_seed_group_shows_n1(sweep):
+    _, _, report = sweep
+    row = _row(report, "grpo", "periodic_reset (reference.reset_every=50)")
+    assert row.n_completed == 1 and row.cells["acc_final"].half_width is None
+    assert "(n=1)" in report.markdown_path.read_text()
+
+
+def test_steps_to_target(sweep, tmp_path):
+    root, expected, report = sweep
+    # Default: best group's start accuracy (0.30 for all) + 0.05.
+    assert report.tables["grpo"].target == pytest.approx(0.35)
+    assert "default" in report.tables["grpo"].target_note
+
+    copy = tmp_path / "s"
+    shutil.copytree(root, copy)
+    target = 0.55
+    rep = build_report(copy, target=target)
+    for label in ("fixed", "ema"):
+        firsts = []
+        for rows in expected[("grpo", label)]:
+            hits = [r["step"] for r in rows if "eval/accuracy" in r and r["eval/accuracy"] >= target]
+            firsts.append(hits[0] if hits else math.inf)
+        t = _row(rep, "grpo", label).to_target
+        reached = [s for s in firsts if math.isfinite(s)]
+        assert (t.reached, t.n) == (len(reached), len(firsts))
+        if reached:
+            assert t.estimate.mean == pytest.approx(np.mean(reached))
+    never = build_report(copy, target=0.99)
+    assert _row(never, "grpo", "fixed").to_target.reached == 0
+    assert "never" in format_table(never)
+
+
+# ---------------------------------------------------------------- grouping, problems, DPO
+def test_grouping_separates_non_seed_settings(sweep):
+    _, _, report = sweep
+    labels = [r.group.label for r in report.tables["grpo"].rows]
+    assert labels == ["fixed", "periodic_reset (reference.reset_every=20)",
+                      "periodic_reset (reference.reset_every=50)", "ema", "kl_triggered"]
+    # hydra.* and the seed never make a group; algo and reference= are not repeated in labels.
+    assert all("hydra" not in lab and "seed" not in lab for lab in labels)
+
+
+def test_failed_and_incomplete_runs_are_listed(sweep):
+    _, _, report = sweep
+    problems = {p.name: p for p in report.problems}
+    assert set(problems) == {FAILED_DIR, KILLED_DIR}
+    assert problems[FAILED_DIR].state == "failed" and "NaN log-probs" in problems[FAILED_DIR].error
+    assert problems[KILLED_DIR].state == "incomplete" and "no status.json" in problems[KILLED_DIR].error
+    assert "last step 5" in problems[KILLED_DIR].error  # the half-written step-6 line is skipped
+
+    md = report.markdown_path.read_text()
+    section = md.split("## Runs not counted")[1]
+    assert "RuntimeError: reference forward produced NaN log-probs" in section
+    assert "no status.json" in section
+    assert "NaN log-probs" in report.html_path.read_text()
+    text = format_table(report)
+    assert "NaN log-probs" in text and "no status.json" in text
+    summary = json.loads(report.summary_path.read_text())
+    assert {p["run"]: p["status"] for p in summary["not_counted"]} == {FAILED_DIR: "failed", KILLED_DIR: "incomplete"}
+    # The strategy with no completed run still has a row, with no numbers and "0 of 2" seeds.
+    row = _row(report, "grpo", "kl_triggered")
+    assert row.n_completed == 0 and all(v is None for v in row.cells.values())
+    assert "0 of 2" in md
+
+
+def test_dpo_has_its_own_table(sweep):
+    _, expected, report = sweep
+    assert set(report.tables) == {"grpo", "dpo"}
+    dpo_cols = [c.key for c in report.tables["dpo"].columns]
+    grpo_cols = [c.key for c in report.tables["grpo"].columns]
+    assert "pref_acc" in dpo_cols and "margin" in dpo_cols and "reward" not in dpo_cols
+    assert "reward" in grpo_cols and "pref_acc" not in grpo_cols
+    row = _row(report, "dpo", "fixed")
+    direct = [np.mean(a[-5:]) for a in _col(expected[("dpo", "fixed")], "rewards/margin")]
+    assert row.cells["margin"].mean == pytest.approx(np.mean(direct))
+    assert _row(report, "dpo", "none").cells["ref_cost"].mean == 0.0  # no reference forward logged
+    md = report.markdown_path.read_text()
+    assert "## GRPO" in md and "## DPO" in md
+
+
+# ---------------------------------------------------------------- files
+def test_every_plot_is_a_png(sweep):
+    root, _, report = sweep
+    for algo in ("grpo", "dpo"):
+        assert set(report.plots[algo]) == {"reward", "accuracy", "frontier", "kl_ref", "ref_cost"}
+        for path in report.plots[algo].values():
+            data = path.read_bytes()
+            assert data[:8] == PNG_MAGIC and len(data) > 1000
+            assert path.parent == root / "report_plots"
+    md = report.markdown_path.read_text()
+    for rel in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+        assert (root / rel).is_file()  # embedded by a relative path that resolves
+    assert len(re.findall(r"!\[", md)) == 10
+
+
+def test_html_is_self_contained(sweep):
+    _, _, report = sweep
+    html = report.html_path.read_text()
+    srcs = re.findall(r'src="([^"]*)"', html)
+    assert len(srcs) == 10 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    for bad in ("http://", "https://", "<script", "<link", "url("):
+        assert bad not in html
+    assert "How to read this" in html and "<table" in html
+
+
+def test_rerun_and_partial_sweep(sweep, tmp_path):
+    root, _, _ = sweep
+    copy = tmp_path / "s"
+    shutil.copytree(root, copy)
+    first = build_report(copy)
+    summary = copy.joinpath("summary.json").read_text()
+    md = copy.joinpath("report.md").read_text()
+    second = build_report(copy)  # our own outputs are not mistaken for runs
+    assert copy.joinpath("summary.json").read_text() == summary and copy.joinpath("report.md").read_text() == md
+    assert len(second.runs) == len(first.runs) == 18
+
+    # The killed run is resumed and finishes: the next report counts it.
+    killed = copy / KILLED_DIR
+    rows = _grpo_rows("kl_triggered", 1, None)
+    killed.joinpath("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    killed.joinpath("status.json").write_text(json.dumps({"status": "completed", "error": None, "algo": "grpo",
+                                                          "reference": "kl_triggered", "seed": 1}))
+    third = build_report(copy)
+    assert [p.name for p in third.problems] == [FAILED_DIR]
+    assert _row(third, "grpo", "kl_triggered").n_completed == 1
+
+
+def test_single_run_dir_and_empty_dir(sweep, tmp_path):
+    root, _, _ = sweep
+    one = tmp_path / "one"
+    shutil.copytree(root / "0", one)
+    rep = build_report(one)
+    assert [r.name for r in rep.runs] == ["."] and rep.tables["grpo"].rows[0].n_completed == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rep = build_report(empty)
+    assert rep.tables == {} and "No runs found" in format_table(rep)
+    assert (empty / "report.html").is_file()
+
+
+# ---------------------------------------------------------------- CLI and W&B
+def test_cli(sweep, tmp_path, capsys):
+    root, _, _ = sweep
+    copy = tmp_path / "s"
+    shutil.copytree(root, copy)
+    assert main([str(copy), "--target", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "GRPO" in out and "DPO" in out and "periodic_reset (reference.reset_every=20)" in out
+    assert "acc≥0.5" in out and str(copy / "report.md") in out
+    assert main([str(copy), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "report.md" in out
+    with pytest.raises(SystemExit):
+        main([str(copy), "--target", "7"])
+
+
+def test_wandb_failure_never_breaks_the_report(sweep, monkeypatch):
+    import sys
+    import types
+
+    from refexp.report.wandb_table import _rows, log_to_wandb
+
+    _, _, report = sweep
+
+    def boom(**kw):
+        raise RuntimeError("no network")
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=None, init=boom))
+    assert log_to_wandb(report, start_run=True) is False
+    assert log_to_wandb(report) is False  # no active run and not asked to start one
+
+    logged = {}
+    fake_run = types.SimpleNamespace(log=logged.update)
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=fake_run, Table=lambda **kw: kw))
+    assert log_to_wandb(report) is True
+    columns, data = _rows(report)
+    assert logged["report/table"]["columns"] == columns and len(data) == 7
