@@ -27,12 +27,30 @@ class ReferenceStrategy:
     name = "base"
     holds_model = True
 
-    def __init__(self, cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Module] | None):
+    def __init__(self, cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Module] | None, *,
+                 defer_build: bool = False):
         self.cfg = cfg
         self.version = 0
         self.last_update_step = 0
         self.reset_optimizer_requested = False
-        self.model = build_frozen() if (self.holds_model and build_frozen is not None) else None
+        self._build_frozen = build_frozen
+        self.model = None
+        if not defer_build:
+            self.ensure_model()
+
+    # -------------------------------------------------------------- the frozen model's lifetime
+    def ensure_model(self) -> torch.nn.Module | None:
+        """Build the frozen model if this strategy holds one and has none yet (after ``defer_build``)."""
+        if self.model is None and self.holds_model and self._build_frozen is not None:
+            self.model = self._build_frozen()
+        return self.model
+
+    def release_model(self) -> None:
+        """Free the frozen model of a reference that never moves (DPO with every reference log-prob
+        cached needs no model); ``ensure_model`` builds it again."""
+        if self.moves:
+            raise RuntimeError(f"reference={self.name} moves: its weights are state and cannot be released")
+        self.model = None
 
     # -------------------------------------------------------------- queries
     @property
@@ -147,6 +165,8 @@ REGISTRY: dict[str, type[ReferenceStrategy]] = {
 }
 
 
-def build_reference(cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Module] | None) -> ReferenceStrategy:
-    """The strategy named by ``reference.name``; ``build_frozen()`` makes its frozen model (not called for none)."""
-    return REGISTRY[cfg.name](cfg, build_frozen)
+def build_reference(cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Module] | None, *,
+                    defer_build: bool = False) -> ReferenceStrategy:
+    """The strategy named by ``reference.name``; ``build_frozen()`` makes its frozen model (not called for
+    none; with ``defer_build`` not before ``ensure_model()``)."""
+    return REGISTRY[cfg.name](cfg, build_frozen, defer_build=defer_build)

@@ -48,16 +48,20 @@ def validate(dcfg: DictConfig) -> RootConfig:
         raise ConfigError("run_dir is not set (run through `refexp`, or pass run_dir=DIR)")
     world = rdist.launched_world_size()
     world = world if world > 1 else cfg.parallelism.nproc_per_node
-    titan.make_parallel_dims(cfg.parallelism, world, "cpu", validate_only=True) if world > 1 else None
+    if world > 1:
+        titan.make_parallel_dims(cfg.parallelism, world, "cpu")  # degrees vs world size; no mesh yet
     titan.build_model_spec(cfg.model, vocab_size=cfg.model.vocab_size or 64, parallelism=cfg.parallelism)
     if cfg.model.hf_assets_path and not Path(cfg.model.hf_assets_path).is_dir():
         raise ConfigError(f"model.hf_assets_path={cfg.model.hf_assets_path!r} is not a directory")
-    for name in ("initial_load_path",):
-        p = getattr(cfg.checkpoint, name)
+    for field_name, p in (("checkpoint.initial_load_path", cfg.checkpoint.initial_load_path),
+                          ("reference.checkpoint", cfg.reference.checkpoint),
+                          ("sft.checkpoint", cfg.sft.checkpoint)):
         if p and not Path(p).is_dir():
-            raise ConfigError(f"checkpoint.{name}={p!r} is not a directory")
-    if cfg.reference.checkpoint and not Path(cfg.reference.checkpoint).is_dir():
-        raise ConfigError(f"reference.checkpoint={cfg.reference.checkpoint!r} is not a directory")
+            raise ConfigError(f"{field_name}={p!r} is not a directory (expected a checkpoint directory)")
+    for field_name, p in (("task.train_path", cfg.task.train_path), ("task.eval_path", cfg.task.eval_path),
+                          ("task.preference_path", cfg.task.preference_path)):
+        if p and not Path(p).exists():
+            raise ConfigError(f"{field_name}={p!r} does not exist (nothing is downloaded at run time)")
     return cfg
 
 

@@ -95,7 +95,7 @@ def generate(
     from refexp.tasks.batching import encode_prompts
 
     device = next(model.parameters()).device
-    prompt_BL, lens_B = encode_prompts(tokenizer, prompts, max_prompt_len)
+    prompt_BL, lens_B = encode_prompts(tokenizer, prompts, max_prompt_len or 1 << 30)
     prompt_BL, lens_B = prompt_BL.to(device), lens_B.to(device)
     n = len(prompts)
     if not greedy:
@@ -110,26 +110,41 @@ def generate(
     lengths = torch.zeros(n, dtype=torch.long, device=device)
 
     logits_BV, cache = titan.prefill(model, prompt_BL, lens_B)
-    for t in range(max_new_tokens):
-        logits_BV = logits_BV.float()
-        if greedy:
-            tok = logits_BV.argmax(-1)
-            logp = torch.log_softmax(logits_BV, -1).gather(-1, tok[:, None]).squeeze(-1)
-        else:
-            logp_BV = torch.log_softmax(logits_BV / temperature, -1)
-            probs = _top_p_filter(logp_BV.exp(), top_p)
-            tok = _inverse_cdf(probs, u_BT[:, t])
-            logp = logp_BV.gather(-1, tok[:, None]).squeeze(-1)
-        tok = torch.where(done, torch.full_like(tok, pad), tok)
-        out[:, t] = tok
-        logp_out[:, t] = torch.where(done, torch.zeros_like(logp), logp)
-        lengths += (~done).long()
-        done |= tok == eos
-        if bool(done.all()) or t == max_new_tokens - 1:
-            break
-        logits_BV, cache = titan.decode_step(model, tok, cache)
+    try:
+        for t in range(max_new_tokens):
+            logits_BV = logits_BV.float()
+            if greedy:
+                tok = logits_BV.argmax(-1)
+                logp = torch.log_softmax(logits_BV, -1).gather(-1, tok[:, None]).squeeze(-1)
+            else:
+                logp_BV = torch.log_softmax(logits_BV / temperature, -1)
+                probs = _top_p_filter(logp_BV.exp(), top_p)
+                tok = _inverse_cdf(probs, u_BT[:, t])
+                logp = logp_BV.gather(-1, tok[:, None]).squeeze(-1)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            out[:, t] = tok
+            logp_out[:, t] = torch.where(done, torch.zeros_like(logp), logp)
+            lengths += (~done).long()
+            done |= tok == eos
+            # Stop when every row has finished; a collective decision under FSDP/TP, where all
+            # ranks hold the same rows' state only if they decode the same number of steps.
+            if _all_done(done) or t == max_new_tokens - 1:
+                break
+            logits_BV, cache = titan.decode_step(model, tok, cache)
+    finally:
+        titan.finish_decode(cache)
 
     return _to_training_layout(tokenizer, prompt_BL, lens_B, out, logp_out, lengths)
+
+
+def _all_done(done_B: torch.Tensor) -> bool:
+    """True when every row on every rank has finished (ranks decode different rows under FSDP)."""
+    import torch.distributed as dist
+
+    flag = (~done_B).any().to(torch.int32).reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return not bool(flag.item())
 
 
 def _to_training_layout(tokenizer, prompt_BL, lens_B, out_BN, logp_BN, lengths_B) -> Rollout:

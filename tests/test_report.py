@@ -21,7 +21,9 @@ import yaml
 
 from refexp.report import build_report, format_table, t_quantile
 from refexp.report.__main__ import main
+from refexp.report.group import group_runs
 from refexp.report.stats import mean_ci, t_cdf
+from refexp.report.table import header_and_cells, summarize
 
 STEPS = 40
 EVAL_EVERY = 10
@@ -233,9 +235,9 @@ def test_steps_to_target(sweep, tmp_path):
         assert (t.reached, t.n) == (len(reached), len(firsts))
         if reached:
             assert t.estimate.mean == pytest.approx(np.mean(reached))
-    never = build_report(copy, target=0.99)
-    assert _row(never, "grpo", "fixed").to_target.reached == 0
-    assert "never" in format_table(never)
+    never = summarize("grpo", group_runs(rep.runs)["grpo"], target=0.99)
+    assert never.rows[0].to_target.reached == 0 and never.rows[0].to_target.n == 3
+    assert header_and_cells(never)[1][0][-2] == "never"
 
 
 # ---------------------------------------------------------------- grouping, problems, DPO

@@ -58,7 +58,7 @@ class InitAnchor:
 
     @contextmanager
     def logprobs(self):
-        if self.shared is not None:
+        if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
             yield self.shared.logprobs
             return
         model = self.ctx.build_frozen(self.init_path)
@@ -88,13 +88,22 @@ def build_policy(ctx: RunContext, init_path: Path) -> Policy:
     return Policy(model, optimizers, schedulers)
 
 
-def build_strategy(ctx: RunContext, init_path: Path) -> tuple[ReferenceStrategy, InitAnchor]:
+def build_strategy(ctx: RunContext, init_path: Path, *, defer_build: bool = False
+                   ) -> tuple[ReferenceStrategy, InitAnchor]:
+    """The reference strategy (its frozen model built now, or at ``ensure_model()`` with ``defer_build``)
+    and the kl/init anchor."""
     rcfg = ctx.cfg.reference
-    ref_path = Path(rcfg.checkpoint) if rcfg.checkpoint else init_path
+    ref_path = reference_path(ctx, init_path)
     strategy = build_reference(
-        rcfg, lambda: ctx.build_frozen(ref_path, dtype=rcfg.dtype, compile_enable=rcfg.compile))
+        rcfg, lambda: ctx.build_frozen(ref_path, dtype=rcfg.dtype, compile_enable=rcfg.compile),
+        defer_build=defer_build)
     shared = strategy if (strategy.name == "fixed" and ref_path == init_path and rcfg.dtype in (None, ctx.cfg.training.dtype)) else None
     return strategy, InitAnchor(ctx, init_path, shared)
+
+
+def reference_path(ctx: RunContext, init_path: Path) -> Path:
+    """The checkpoint the reference starts from: ``reference.checkpoint``, else the policy's start."""
+    return Path(ctx.cfg.reference.checkpoint) if ctx.cfg.reference.checkpoint else init_path
 
 
 def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor) -> dict[str, float]:

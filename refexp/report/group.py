@@ -16,6 +16,7 @@ from .load import Run, natural_key
 _SEED_KEYS = {"training.seed", "seed"}
 # Strategies in the order the README introduces them; anything else sorts after, by name.
 STRATEGY_ORDER = ("fixed", "periodic_reset", "ema", "kl_triggered", "none")
+ALGO_ORDER = ("grpo", "dpo", "sft")
 
 
 def swept_settings(run: Run) -> dict[str, str]:
@@ -50,8 +51,9 @@ class Group:
         return [r for r in self.runs if r.problem is None]
 
 
-def _strategy_rank(name: str) -> tuple:
-    return (STRATEGY_ORDER.index(name), "") if name in STRATEGY_ORDER else (len(STRATEGY_ORDER), name)
+def _rank(name: str, order: tuple[str, ...]) -> tuple:
+    """Known names in their order, then the rest alphabetically."""
+    return (order.index(name), "") if name in order else (len(order), name)
 
 
 def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
@@ -68,9 +70,9 @@ def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
     for g in groups.values():
         by_algo.setdefault(g.algo, []).append(g)
     for algo, gs in by_algo.items():
-        gs.sort(key=lambda g: (_strategy_rank(g.strategy), natural_key(str(g.settings))))
+        gs.sort(key=lambda g: (_rank(g.strategy, STRATEGY_ORDER), natural_key(str(g.settings))))
         _label(gs)
-    return dict(sorted(by_algo.items()))
+    return dict(sorted(by_algo.items(), key=lambda kv: _rank(kv[0], ALGO_ORDER)))
 
 
 def _label(groups: list[Group]) -> None:

@@ -194,14 +194,19 @@ class Run:
         """Why this run is left out of the numbers (None when it is a usable completed run)."""
         if self.state == "completed":
             if not self.rows:
-                return "status is completed but metrics.jsonl is missing or empty"
+                what = "has no readable line" if self.has_metrics_file else "is missing"
+                return f"status is completed but metrics.jsonl {what}"
             return None
         if self.state == "failed":
             return str((self.status or {}).get("error") or "failed (no error message recorded)")
         progress = self._progress()
         if self.state == "running":
             return f"still running or killed{progress}"
-        return f"{self.status_problem or 'no status.json'} (not finished, or killed){progress}"
+        if self.status is not None:
+            why = f"status.json says status={self.status.get('status')!r}"
+        else:
+            why = self.status_problem or "no status.json"
+        return f"{why} (not finished, or killed){progress}"
 
     def _progress(self) -> str:
         last = (self.status or {}).get("last_step")

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from .reduce import COLUMNS, TAIL
-from .table import DEFAULT_TARGET_MARGIN, header_and_cells
+from .table import DEFAULT_TARGET_MARGIN, header_and_cells, one_line
 
 HOW_TO_READ = (
     "Each row is one group of runs that differ only by seed; each cell is the mean across the group's "
@@ -55,13 +55,6 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    """An error as one table cell: the last non-empty line of a traceback says what went wrong."""
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    line = lines[-1] if lines else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
 def _counts(report) -> str:
     states: dict[str, int] = {}
     for r in report.runs:
@@ -82,15 +75,17 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
+def _md_table(header: list[str], body: list[list[str]], numeric: bool = True) -> list[str]:
+    """A pipe table; ``numeric`` right-aligns every column after the first (the numbers)."""
+    rest = "---:" if numeric else ":---"
     lines = ["| " + " | ".join(map(_md_cell, header)) + " |",
-             "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+             "|" + "|".join([":---"] + [rest] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in body]
     return lines
 
 
 def _problem_cells(p) -> list[str]:
-    return [p.name, p.algo, p.label, p.state, _one_line(p.error)]
+    return [p.name, p.algo, p.label, p.state, one_line(p.error)]
 
 
 _PROBLEM_HEADER = ["run", "algo", "group", "status", "error"]
@@ -112,7 +107,7 @@ def render_markdown(report) -> str:
             out += [f"![{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}]({rel})", ""]
     out += ["## Runs not counted", ""]
     if report.problems:
-        out += _md_table(_PROBLEM_HEADER, [_problem_cells(p) for p in report.problems])
+        out += _md_table(_PROBLEM_HEADER, [_problem_cells(p) for p in report.problems], numeric=False)
     else:
         out.append("None: every run found completed.")
     if report.notes:

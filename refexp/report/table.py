@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import math
-import shutil
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -92,8 +91,19 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None) ->
 
 
 # ---------------------------------------------------------------- strings
-def _decimals(scale: float) -> int:
-    return 0 if scale >= 100 else 1 if scale >= 10 else 2 if scale >= 1 else 3
+def _decimals(mean: float, half: Optional[float], kind: str) -> int:
+    """Decimals that show the interval to two significant digits (0.0812 ± 0.0031) and never fewer
+    than the kind asks for (int: 0, pct: 1, num: by the mean's magnitude, 0.612 / 12.3 / 1423); at most 6."""
+    if kind == "int":
+        d = 0
+    elif kind == "pct":
+        d = 1
+    else:
+        scale = abs(mean) if math.isfinite(mean) else 1.0
+        d = 0 if scale >= 100 else 1 if scale >= 10 else 2 if scale >= 1 else 3
+    if half is not None and math.isfinite(half) and half > 0:
+        d = max(d, 1 - math.floor(math.log10(half)))
+    return min(d, 6)
 
 
 def cell_text(est: Optional[Estimate], kind: str = "num") -> str:
@@ -101,18 +111,22 @@ def cell_text(est: Optional[Estimate], kind: str = "num") -> str:
     if est is None:
         return "—"
     m, h = est.mean, est.half_width
+    unit = ""
     if kind == "pct":
-        m, h = 100 * m, (100 * h if h is not None else None)
-        fmt = "{:.1f}"
-        unit = "%"
-    elif kind == "int":
-        fmt, unit = "{:.0f}", ""
+        m, h, unit = 100 * m, (100 * h if h is not None else None), "%"
+    if kind == "num" and math.isfinite(m) and 0 < max(abs(m), h or 0.0) < 1e-3:
+        fmt = "{:.2e}"  # a KL of 3e-05 is not "0.000"
     else:
-        scale = max(abs(m), h or 0.0) if math.isfinite(m) else 1.0
-        fmt = "{:.2e}" if 0 < scale < 1e-3 else "{:.%df}" % _decimals(scale)
-        unit = ""
+        fmt = "{:.%df}" % _decimals(m, h, kind)
     text = fmt.format(m) + unit
     return text + (" (n=1)" if h is None else " ± " + fmt.format(h) + unit)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """An error as one table cell: the last non-empty line of a traceback says what went wrong."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def target_text(t: Optional[ToTarget]) -> str:
@@ -154,14 +168,16 @@ def format_table(report) -> str:
     from rich.table import Table
     from rich.text import Text  # Text, not str: a "[...]" in a label or error is not rich markup
 
-    width = max(100, shutil.get_terminal_size((160, 24)).columns)
-    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
+    # Natural width, never squeezed to the terminal: a truncated group label or a number broken over
+    # two lines misleads more than a long line does.
+    console = Console(file=io.StringIO(), width=1000, color_system=None, force_terminal=False)
     for algo, table in report.tables.items():
         header, body = header_and_cells(table)
         title = f"{algo.upper()}: mean ± 95% CI across seeds"
         if table.target is not None:
             title += f" (target acc {table.target:.3g}, {table.target_note})"
-        t = Table(title=Text(title), box=box.SIMPLE, title_justify="left")
+        console.print(Text(title))  # above, not as the table's title: rich would wrap it to the table's width
+        t = Table(box=box.SIMPLE)
         for h in header:
             t.add_column(Text(h))
         for cells in body:
@@ -170,7 +186,7 @@ def format_table(report) -> str:
     if report.problems:
         console.print(f"Not counted ({len(report.problems)} runs):")
         for p in report.problems:
-            console.print(f"  {p.name} [{p.algo} {p.label}] {p.state}: {p.error}", markup=False)
+            console.print(f"  {p.name} [{p.algo} {p.label}] {p.state}: {one_line(p.error)}", markup=False)
     if not report.tables and not report.problems:
         console.print(f"No runs found under {report.sweep_dir}", markup=False)
-    return console.file.getvalue()
+    return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines()) + "\n"

@@ -15,17 +15,17 @@ from refexp.tasks.tokenizer import TextTokenizer
 
 
 def encode_prompts(
-    tokenizer: TextTokenizer, prompts: list[str], max_len: int
+    tokenizer: TextTokenizer, prompts: list[str], max_len: Optional[int] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(prompt_BL, prompt_lens_B)``: prompts left-padded with ``pad_id`` to the longest one (L),
     so every row's last prompt token sits at column L-1 and generation appends in lock-step.
 
-    Raises ValueError naming the row when a prompt is longer than ``max_len`` tokens (truncating
-    would silently change the question).
+    Raises ValueError naming the row when a prompt is longer than ``max_len`` tokens (None: no
+    limit); truncating would silently change the question.
     """
     rows = [tokenizer.encode(p, add_bos=True) for p in prompts]
     for i, ids in enumerate(rows):
-        if len(ids) > max_len:
+        if max_len is not None and len(ids) > max_len:
             raise ValueError(f"prompt row {i} has {len(ids)} tokens > max_len={max_len}: {prompts[i][:80]!r}")
     width = max((len(ids) for ids in rows), default=0)
     prompt_BL = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)

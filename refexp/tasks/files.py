@@ -4,6 +4,7 @@ written by ``save_to_disk``. Nothing is downloaded; every failure is a ``ConfigE
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Optional
 
@@ -30,7 +31,52 @@ def load_table(path: str, *, cache_dir: Optional[str] = None) -> datasets.Datase
     try:
         return datasets.load_dataset(builder, data_files=path, split="train", cache_dir=cache_dir)
     except Exception as e:  # pyarrow/json errors: a value of the wrong type, a broken line, ...
+        row_problem = _json_row_problem(path) if builder == "json" else None
+        if row_problem is not None:
+            raise ConfigError(f"{path}: {row_problem}") from e
         raise ConfigError(f"data file {path!r} could not be read as {builder}: {e}") from e
+
+
+def _json_row_problem(path: str) -> Optional[str]:
+    """``"row i: ..."`` for the first row that breaks a JSON(L) file, or None if no row does.
+
+    Only run after ``datasets`` failed: its errors name no row, and datasets 4.x's JSON loader
+    fails outright (``KeyError``) when a later row lacks a key the first row has.
+    """
+    try:
+        rows = list(_json_rows(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    first = None
+    for i, row in enumerate(rows):
+        if isinstance(row, json.JSONDecodeError):
+            return f"row {i}: not valid JSON ({row})"
+        if not isinstance(row, dict):
+            return f"row {i}: {type(row).__name__} instead of a JSON object"
+        first = row if first is None else first
+        columns = f"(row 0 has columns {', '.join(first)})"
+        for key in first:
+            if key not in row:
+                return f"row {i}: missing column {key!r} {columns}"
+        for key in row:
+            if key not in first:
+                return f"row {i}: column {key!r} that row 0 lacks {columns}"
+    return None
+
+
+def _json_rows(path: str):
+    """Each row of a JSON Lines file (a JSONDecodeError for a broken line), or of a JSON array."""
+    with open(path) as f:
+        if not path.lower().endswith(".jsonl"):
+            rows = json.load(f)
+            yield from rows if isinstance(rows, list) else ()  # {"field": [...]}: no rows to check
+            return
+        for line in f:
+            if line.strip():  # blank lines are not rows
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield e
 
 
 def _load_saved(path: str) -> datasets.Dataset:

@@ -52,7 +52,8 @@ def load_gsm8k(path: str, *, cache_dir: Optional[str] = None) -> datasets.Datase
         }
 
     # keep_in_memory: no cache file is written next to the user's data (a saved dir may be read-only).
-    return ds.map(convert, with_indices=True, remove_columns=ds.column_names, keep_in_memory=True)
+    ds = ds.map(convert, with_indices=True, remove_columns=ds.column_names, keep_in_memory=True)
+    return ds.select_columns(["prompt", "completion", "answer"])  # map keeps reused names first
 
 
 def _clip(value, n: int = 80):

@@ -68,7 +68,8 @@ def load_preference(
             raise fail(f"the chat template failed: {e}") from e
 
     # keep_in_memory: no cache file is written next to the user's data (a saved dir may be read-only).
-    return ds.map(convert, with_indices=True, remove_columns=ds.column_names, keep_in_memory=True)
+    ds = ds.map(convert, with_indices=True, remove_columns=ds.column_names, keep_in_memory=True)
+    return ds.select_columns(["prompt", "chosen", "rejected"])  # map keeps reused names first
 
 
 def _messages_problem(messages) -> Optional[str]:

@@ -1,0 +1,183 @@
+"""Preference pairs for DPO: on-policy pairs from the SFT model for the embedded task, or a file.
+
+The embedded task has no preference data, so it is made the way on-policy preference sets are
+(e.g. the "self-generated rejected" pairs of SPIN, Chen et al. 2024): for train-split prompts, in
+train order, ``chosen`` is the correct completion (the demonstration) and ``rejected`` is the
+first *incorrect* completion among ``TRIES`` samples of the SFT model itself (temperature 1,
+``sampler.generate`` keyed by ``(algo.pair_seed, prompt_id, k)``). A prompt the SFT model always
+gets right gives no pair and is skipped. Sampling stops at ``algo.num_pairs`` pairs (or the end of
+the train split, with a warning).
+
+The set is generated once and stored as a ``datasets`` dataset next to the SFT checkpoint
+(``<sft_dir>/pairs-<hash of (num_pairs, pair_seed, max_new_tokens)>/``), since it is a function of
+that model; it is written to a temporary directory and renamed into place, so concurrent jobs of a
+sweep never see half a set (the loser of a race loads the winner's, which is identical).
+
+With ``task.preference_path`` the pairs are that file's (``refexp.tasks.preference``) instead.
+
+``pack_pairs`` lays a batch of pairs out for one forward: ``[chosen rows; rejected rows]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import torch
+
+from refexp import distributed as rdist
+from refexp import sampler
+from refexp.context import RunContext
+from refexp.tasks.batching import pack_sequences
+
+PAIRS_FORMAT = 1
+"""Bump when the way pairs are made changes, so stored sets of the old way are not reused."""
+TRIES = 4
+"""Samples per prompt searched for an incorrect completion."""
+PROMPTS_PER_BATCH = 128
+"""Prompts per sampling batch (fixed: part of what makes the set deterministic)."""
+
+
+# ---------------------------------------------------------------- where the pairs come from
+def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
+    """The run's preference pairs: columns ``prompt``, ``chosen``, ``rejected`` (text; completions
+    continue the prompt, no EOS). The file of ``task.preference_path`` when set, else the embedded
+    task's pairs of the SFT model at ``sft_dir`` (generated now if not stored yet)."""
+    if ctx.task.preference is not None:
+        return ctx.task.preference
+    a = ctx.cfg.algo
+    out = pairs_dir(sft_dir, a.num_pairs, a.pair_seed, ctx.task.max_new_tokens)
+    # All ranks agree on rank 0's view: every rank must join the sharded forwards of generation.
+    if rdist.broadcast_object(not _complete(out)):
+        model = ctx.build_frozen(sft_dir)
+        rows = sample_pairs(model, ctx.task, num_pairs=a.num_pairs, pair_seed=a.pair_seed,
+                            max_new_tokens=ctx.task.max_new_tokens)
+        del model
+        if ctx.dist.is_rank0:
+            _save_atomic(datasets.Dataset.from_dict(rows), out,
+                         {"num_pairs": a.num_pairs, "pair_seed": a.pair_seed,
+                          "max_new_tokens": ctx.task.max_new_tokens, "tries": TRIES, "format": PAIRS_FORMAT,
+                          "made": len(rows["prompt"])})
+        rdist.barrier()
+    pairs = datasets.load_from_disk(str(out))
+    if len(pairs) == 0:
+        raise RuntimeError(f"the SFT model at {sft_dir} answered every train prompt correctly in all {TRIES} "
+                           f"samples: no preference pairs (use task.preference_path, or a weaker SFT model)")
+    if len(pairs) < a.num_pairs and ctx.dist.is_rank0:
+        warnings.warn(f"[refexp] only {len(pairs)} of algo.num_pairs={a.num_pairs} pairs: the SFT model erred on "
+                      f"no more train prompts (task.num_train={len(ctx.task.train)})", stacklevel=2)
+    return pairs
+
+
+def pairs_dir(sft_dir: Path, num_pairs: int, pair_seed: int, max_new_tokens: int) -> Path:
+    """``<sft_dir>/pairs-<hash>``: the SFT dir already names the model and the task's data."""
+    key = {"num_pairs": num_pairs, "pair_seed": pair_seed, "max_new_tokens": max_new_tokens, "tries": TRIES,
+           "format": PAIRS_FORMAT}
+    return Path(sft_dir) / f"pairs-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}"
+
+
+@torch.no_grad()
+def sample_pairs(model: torch.nn.Module, task, *, num_pairs: int, pair_seed: int, max_new_tokens: int,
+                 tries: int = TRIES) -> dict[str, list]:
+    """Columns ``prompt_id`` (train row), ``prompt``, ``chosen`` (the demonstration), ``rejected`` (the
+    model's first incorrect sample of ``tries``, keys ``(pair_seed, prompt_id, k)``).
+
+    Deterministic for a seed: the keys fix every uniform, the batches are fixed (``PROMPTS_PER_BATCH``
+    train rows in order), and the stop decision is rank 0's.
+    """
+    rows: dict[str, list] = {"prompt_id": [], "prompt": [], "chosen": [], "rejected": []}
+    was_training = model.training
+    model.eval()
+    n = len(task.train)
+    for start in range(0, n, PROMPTS_PER_BATCH):
+        if rdist.broadcast_object(len(rows["prompt"]) >= num_pairs):
+            break
+        ids = list(range(start, min(n, start + PROMPTS_PER_BATCH)))
+        batch = task.train.select(ids)
+        prompts = [p for p in batch["prompt"] for _ in range(tries)]
+        r = sampler.generate(model, task.tokenizer, prompts, max_new_tokens=max_new_tokens,
+                             keys=[(pair_seed, pid, k) for pid in ids for k in range(tries)],
+                             max_prompt_len=task.max_prompt_len)
+        for j, pid in enumerate(ids):
+            samples = r.texts[j * tries:(j + 1) * tries]
+            wrong = next((t for t in samples if task.reward(t, batch["answer"][j]) < 1.0), None)
+            if wrong is None or len(rows["prompt"]) >= num_pairs:
+                continue
+            rows["prompt_id"].append(pid)
+            rows["prompt"].append(batch["prompt"][j])
+            rows["chosen"].append(batch["completion"][j])
+            rows["rejected"].append(wrong)
+    model.train(was_training)
+    return rows
+
+
+def _complete(out: Path) -> bool:
+    return (out / "pairs.json").is_file()
+
+
+def _save_atomic(ds: datasets.Dataset, out: Path, meta: dict) -> None:
+    """Write into a private temp dir, then rename it into place (a lost race keeps the winner's)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent)
+    try:
+        ds.save_to_disk(tmp)
+        Path(tmp, "pairs.json").write_text(json.dumps(meta, indent=2))
+        os.replace(tmp, out)
+    except OSError:
+        if not _complete(out):
+            raise  # a real I/O failure, not a lost race
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- pairs -> tensors
+@dataclass
+class PairBatch:
+    """B pairs packed for one forward (Rafailov et al. 2023's concatenated chosen+rejected pass).
+
+    tokens_BT:  [2B, T] rows ``[bos] prompt completion eos`` right-padded; rows 0..B-1 are the chosen
+                completions, rows B..2B-1 the rejected ones of the same pairs.
+    mask_BT:    [2B, T-1] bool, aligned with ``titan.token_logprobs``: True where ``tokens[:, t+1]``
+                is a completion token (EOS included).
+    lengths_B:  [2B] completion token counts (> 0).
+    """
+
+    tokens_BT: torch.Tensor
+    mask_BT: torch.Tensor
+    lengths_B: torch.Tensor
+
+    @property
+    def num_pairs(self) -> int:
+        return self.tokens_BT.shape[0] // 2
+
+    def to(self, device: torch.device) -> "PairBatch":
+        return PairBatch(self.tokens_BT.to(device), self.mask_BT.to(device), self.lengths_B.to(device))
+
+
+def pack_pairs(tokenizer, rows: datasets.Dataset | dict) -> PairBatch:
+    """Pack pairs (``prompt``/``chosen``/``rejected`` columns) as ``[chosen rows; rejected rows]``."""
+    prompts = list(rows["prompt"])
+    tokens, completion = pack_sequences(tokenizer, prompts + prompts, list(rows["chosen"]) + list(rows["rejected"]),
+                                        add_eos=True)
+    mask = completion[:, 1:]  # completion token t+1 is predicted at log-prob column t
+    return PairBatch(tokens, mask, mask.sum(-1))
+
+
+def pairs_fingerprint(pairs: datasets.Dataset, tokenizer) -> str:
+    """Hash of the pairs' text and the tokenizer: equal fingerprints give equal token rows."""
+    h = hashlib.sha256()
+    h.update(tokenizer.backend.to_str().encode())
+    h.update(json.dumps([tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id]).encode())
+    for column in ("prompt", "chosen", "rejected"):
+        for text in pairs[column]:
+            h.update(text.encode())
+            h.update(b"\x00")
+        h.update(b"\x01")
+    return h.hexdigest()[:16]

@@ -1,0 +1,163 @@
+"""Worker for tests/test_titan_distributed.py: 2-rank (gloo) checks of refexp.titan against a
+single-process model built in the same process.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/titan_dist_worker.py OUT.json WORKDIR
+
+Every rank builds the single-process reference itself (same seed => same weights), so nothing but
+the final numbers crosses processes. Rank 0 writes {check: max abs error} to OUT.json; a check that
+raises is recorded as its error message instead.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from refexp import titan
+from refexp.config import ModelConfig, ParallelismConfig
+
+V = 16
+
+
+def tiny(name: str) -> ModelConfig:
+    return ModelConfig(name=name, flavor="debugmodel", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=V,
+                       max_seq_len=64)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def batch(B: int = 4, T: int = 12) -> torch.Tensor:
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(1))
+
+
+def build(cfg, par=None, dims=None, seed=0):
+    return titan.build_model(cfg, vocab_size=V, device="cpu", seed=seed, mesh=dims, parallelism=par)
+
+
+def check_logprobs_and_grads(cfg, par, dims) -> float:
+    """Same log-probs, entropies and gradients as one process. Data-parallel ranks each take half
+    the batch and normalise by the global token count (NOTES #5); TP ranks all take the whole batch."""
+    ref, model = build(cfg), build(cfg, par, dims)
+    # Tied embeddings (qwen3) stay one parameter through TP and FSDP.
+    assert len(list(model.parameters())) == len(list(ref.parameters())), "parameter count changed"
+    tokens = batch()
+    lp_ref, ent_ref = titan.token_logprobs(ref, tokens, temperature=0.7, with_entropy=True)
+    (-lp_ref.sum() / lp_ref.numel()).backward()
+    if par.tensor_parallel_degree > 1:
+        rows = slice(None)
+    else:
+        half = tokens.shape[0] // dims.world_size
+        rows = slice(dist.get_rank() * half, (dist.get_rank() + 1) * half)
+    lp, ent = titan.token_logprobs(model, tokens[rows], temperature=0.7, with_entropy=True)
+    (-lp.sum() / lp_ref.numel()).backward()
+    err = max((lp - lp_ref[rows]).abs().max().item(), (ent - ent_ref[rows]).abs().max().item())
+    ref_grads = {titan._canonical_name(n): p.grad for n, p in ref.named_parameters()}
+    for n, p in model.named_parameters():
+        err = max(err, (full(p.grad) - ref_grads[titan._canonical_name(n)]).abs().max().item())
+    return err
+
+
+def check_lerp(cfg, par, dims) -> float:
+    """EMA step and hard reset on sharded models equal the single-process result."""
+    dst_ref, src_ref = build(cfg, seed=0), build(cfg, seed=1)
+    dst, src = build(cfg, par, dims, seed=0), build(cfg, par, dims, seed=1)
+    titan.lerp_weights_(dst_ref, src_ref, 0.3)
+    titan.lerp_weights_(dst, src, 0.3)
+    want = dict(dst_ref.named_parameters())
+    err = max((full(p) - want[n]).abs().max().item() for n, p in dst.named_parameters())
+    titan.lerp_weights_(dst, src, 1.0)
+    src_full = {n: full(p) for n, p in src.named_parameters()}
+    exact = all(torch.equal(full(p), src_full[n]) for n, p in dst.named_parameters())
+    return err if exact else float("inf")
+
+
+def check_decode(cfg, par, dims) -> float:
+    """Greedy KV-cache (FSDP) / recompute (TP) decoding equals single-process decoding step by step."""
+    ref, model = build(cfg), build(cfg, par, dims)
+    for m in (ref, model):
+        m.requires_grad_(False)
+    lens = torch.tensor([5, 2, 3])
+    prompt = torch.randint(0, V, (3, 5), generator=torch.Generator().manual_seed(2))
+    out_ref, st_ref = titan.prefill(ref, prompt, lens)
+    out, st = titan.prefill(model, prompt, lens)
+    assert st.recompute == (par.tensor_parallel_degree > 1), "FSDP decodes with a KV cache, TP recomputes"
+    err = (out - out_ref).abs().max().item()
+    for _ in range(4):
+        nxt = out_ref.argmax(-1)
+        out_ref, st_ref = titan.decode_step(ref, nxt, st_ref)
+        out, st = titan.decode_step(model, nxt, st)
+        err = max(err, (out - out_ref).abs().max().item())
+    titan.finish_decode(st)
+    assert all(isinstance(p, DTensor) for p in model.parameters()), "finish_decode reshards"
+    # Resharded: the model trains and scores as before.
+    err = max(err, (titan.token_logprobs(model, batch()) - titan.token_logprobs(ref, batch())).abs().max().item())
+    return err
+
+
+def check_hf_roundtrip(cfg, par, dims, workdir) -> float:
+    """export_hf of a sharded model writes the single-process model's tensors; load_hf_weights_
+    into a sharded model of other weights restores its log-probs."""
+    from safetensors.torch import load_file
+
+    ref, model = build(cfg), build(cfg, par, dims)
+    a, b = os.path.join(workdir, f"{cfg.name}_ref"), os.path.join(workdir, f"{cfg.name}_sharded")
+    titan.export_hf(ref, cfg, a)
+    titan.export_hf(model, cfg, b)
+    sa, sb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
+    assert sa.keys() == sb.keys(), (sorted(sa), sorted(sb))
+    err = max((sa[k] - sb[k]).abs().max().item() for k in sa)
+    other = build(cfg, par, dims, seed=5)
+    titan.load_hf_weights_(other, cfg, a)
+    return max(err, (titan.token_logprobs(other, batch()) - titan.token_logprobs(ref, batch())).abs().max().item())
+
+
+def run_checks(workdir: str) -> dict:
+    world = dist.get_world_size()
+    fsdp = ParallelismConfig(data_parallel_shard_degree=world)
+    tp = ParallelismConfig(data_parallel_shard_degree=1, tensor_parallel_degree=world)
+    results = {}
+    for layout, par in (("fsdp", fsdp), ("tp", tp)):
+        dims = titan.make_parallel_dims(par, world, "cpu")
+        for name in ("llama3", "qwen3"):
+            cfg = tiny(name)
+            checks = {
+                "logprobs_grads": lambda: check_logprobs_and_grads(cfg, par, dims),
+                "lerp": lambda: check_lerp(cfg, par, dims),
+                "decode": lambda: check_decode(cfg, par, dims),
+                "hf_roundtrip": lambda: check_hf_roundtrip(cfg, par, dims, workdir),
+            }
+            for check, fn in checks.items():
+                key = f"{layout}/{name}/{check}"
+                message = None
+                try:
+                    err = torch.tensor(float(fn()))
+                except Exception:  # record and go on: one broken check should not hide the others
+                    traceback.print_exc()
+                    message = f"rank {dist.get_rank()}: {traceback.format_exc(limit=4)}"
+                    err = torch.tensor(float("nan"))
+                dist.all_reduce(err, op=dist.ReduceOp.MAX)
+                results[key] = message or err.item()
+    return results
+
+
+def main() -> None:
+    out_path, workdir = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        results = run_checks(workdir)
+        if dist.get_rank() == 0:
+            with open(out_path, "w") as f:
+                json.dump(results, f, indent=1)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
