@@ -24,6 +24,18 @@ from refexp.kl import mean_token_kl
 KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
 
 
+def score(task, texts: list[str], answers: list[str], prompts: list[str]) -> list[float]:
+    """Rewards of completions; a failing reward function names the sample instead of a bare traceback."""
+    out = []
+    for i, (t, a) in enumerate(zip(texts, answers)):
+        try:
+            out.append(float(task.reward(t, a)))
+        except Exception as e:
+            raise RuntimeError(f"reward function failed on sample {i} (prompt {prompts[i]!r}, completion {t!r}, "
+                               f"answer {a!r}): {type(e).__name__}: {e}") from e
+    return out
+
+
 def _batches(n: int, size: int):
     for s in range(0, n, size):
         yield slice(s, min(n, s + size))
@@ -39,7 +51,7 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256) -> 
     model.eval()
     for sl in _batches(len(prompts), batch_size):
         out = sampler.generate(model, task.tokenizer, prompts[sl], max_new_tokens=task.max_new_tokens, greedy=True)
-        total += sum(task.reward(t, a) for t, a in zip(out.texts, answers[sl]))
+        total += sum(score(task, out.texts, answers[sl], prompts[sl]))
     model.train(was_training)
     return total / max(1, len(prompts))
 

@@ -136,7 +136,11 @@ def _dispatch(ctx: RunContext) -> dict:
     if algo == "sft":
         import json
 
+        from refexp.logging import read_metrics
+
         summary = json.loads((sft_dir / "sft.json").read_text())
+        for row in read_metrics(sft_dir / "metrics.jsonl"):  # the stage's curve, also when it was cached
+            ctx.logger.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
         final = {"eval/accuracy": summary["eval_accuracy"], "step": summary["steps"], "sft/wall_s": summary["wall_s"],
                  "sft/dir": str(sft_dir)}
         if ctx.dist.is_rank0:

@@ -293,20 +293,23 @@ def _is_moe(cfg) -> bool:
     return any(getattr(layer, "moe", None) is not None for layer in cfg.layers)
 
 
+def _dense_flavors(family: _Family) -> list[str]:
+    return [f for f, make in family.flavors.items() if not _is_moe(make(attn_backend="flex"))]
+
+
 def _flavor_arch(model_cfg: ModelConfig) -> _Arch:
     """The flavor's own hyper-parameters; ConfigError for unknown or MoE flavors."""
     family = _family(model_cfg.name)
-    dense = [f for f, make in family.flavors.items() if not _is_moe(make(attn_backend="flex"))]
     if model_cfg.flavor not in family.flavors:
         raise ConfigError(
             f"model.flavor={model_cfg.flavor!r} is invalid for model.name={model_cfg.name!r}: "
-            f"expected one of {', '.join(dense)}"
+            f"expected one of {', '.join(_dense_flavors(family))}"
         )
     cfg = family.flavors[model_cfg.flavor](attn_backend="flex")
     if _is_moe(cfg):
         raise ConfigError(
             f"model.flavor={model_cfg.flavor!r} is a mixture-of-experts flavor; refexp supports the dense "
-            f"flavors: {', '.join(dense)}"
+            f"flavors: {', '.join(_dense_flavors(family))}"
         )
     return _arch_from_model_config(cfg)
 
@@ -321,6 +324,8 @@ def _apply_overrides(flavor: _Arch, model_cfg: ModelConfig, vocab_size: int | No
     m = model_cfg
     dim = m.dim or flavor.dim
     n_heads = m.n_heads or flavor.n_heads
+    if (m.dim is not None or m.n_heads is not None) and dim % n_heads:
+        raise ConfigError(f"model.dim={dim} is invalid: expected a multiple of n_heads={n_heads}")
     head_dim = flavor.head_dim if (m.dim is None and m.n_heads is None) else dim // n_heads
     if m.n_kv_heads is not None:
         n_kv = m.n_kv_heads
@@ -586,6 +591,34 @@ def _retie_embeddings_after_tp(model: nn.Module) -> None:
     dec.parallelize = parallelize_and_retie
 
 
+def _parallelism_of(mesh: ParallelDims, parallelism: ParallelismConfig | None) -> ParallelismConfig:
+    """The ParallelismConfig that goes with ``mesh`` (derived from it when not given; ConfigError when
+    the degrees disagree, since the sharding declarations come from the config and the meshes from
+    ``mesh``)."""
+    if parallelism is None:
+        return ParallelismConfig(data_parallel_replicate_degree=mesh.dp_replicate,
+                                 data_parallel_shard_degree=mesh.dp_shard, tensor_parallel_degree=mesh.tp,
+                                 spmd_backend=mesh.spmd_backend)
+    expected = make_parallel_dims(parallelism, mesh.world_size, tt_dist_utils.device_type)
+    for degree in ("dp_replicate", "dp_shard", "tp"):
+        if getattr(expected, degree) != getattr(mesh, degree):
+            raise ConfigError(
+                f"parallelism ({degree}={getattr(expected, degree)}) is invalid for the given mesh "
+                f"({degree}={getattr(mesh, degree)}): build both from the same ParallelismConfig"
+            )
+    return parallelism
+
+
+def _reshard_frozen_after_forward(model: nn.Module) -> None:
+    """FSDP keeps the last group (norm, lm_head) unsharded after forward because backward would
+    all-gather it again at once; a frozen model has no backward, so that is only held memory."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_reshard_after_forward(True, recurse=False)
+
+
 def build_model(
     model_cfg: ModelConfig,
     *,
@@ -608,7 +641,8 @@ def build_model(
     """
     device = resolve_device(device) if isinstance(device, str) else device
     prepare_torchtitan(device.type)
-    parallelism = parallelism or ParallelismConfig()
+    parallel = mesh is not None and mesh.world_size > 1
+    parallelism = _parallelism_of(mesh, parallelism) if parallel else (parallelism or ParallelismConfig())
     if model_cfg.attn_backend == "varlen" and device.type != "cuda":
         raise ConfigError("model.attn_backend='varlen' is invalid on CPU: it is CUDA-only (expected sdpa; NOTES #3)")
     spec = build_model_spec(model_cfg, vocab_size=vocab_size, parallelism=parallelism)
@@ -629,7 +663,7 @@ def build_model(
     compile_cfg = compile_cfg or CompileConfig()
     tt_compile = TTCompileConfig(enable=compile_cfg.enable, components=list(compile_cfg.components),
                                  backend=compile_cfg.backend)
-    if mesh is not None and mesh.world_size > 1:
+    if parallel:
         training_cfg = training_cfg or TrainingConfig()
         _retie_embeddings_after_tp(model)
         spec.parallelize_fn(
@@ -645,6 +679,8 @@ def build_model(
             dump_folder="",
         )
         _force_sum_reduction(model)
+        if not requires_grad and parallelism.fsdp_reshard_after_forward == "default":
+            _reshard_frozen_after_forward(model)
     elif tt_compile.enable and "model" in tt_compile.components:
         single = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1,
                               spmd_backend=parallelism.spmd_backend)
@@ -776,8 +812,22 @@ def _canonical_name(name: str) -> str:
     return name
 
 
+def _reshard_fsdp(model: nn.Module) -> None:
+    """Put FSDP's sharded parameters back on the modules (local, no communication).
+
+    After a forward without backward (or with ``fsdp_reshard_after_forward=never``) FSDP leaves
+    full-weight copies registered; writing into those would be lost at the next reshard.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def _named_state(model: nn.Module, *, buffers: bool = True) -> dict[str, torch.Tensor]:
-    """Parameters (tied ones once) and buffers by canonical name, as the model holds them."""
+    """Parameters (tied ones once) and buffers by canonical name, in their sharded form."""
+    _reshard_fsdp(model)
     state = {_canonical_name(n): p for n, p in model.named_parameters()}
     if buffers:
         state.update({_canonical_name(n): b for n, b in model.named_buffers()})
@@ -1065,7 +1115,10 @@ def _recompute_logits(model: nn.Module, state: DecodeState) -> torch.Tensor:
         last_Bv = out_BSV.to_local()[rows_B, lens_B - 1]
         placements = [Replicate()] * out_BSV.device_mesh.ndim
         placements[mesh_dim] = Shard(1)
-        return DTensor.from_local(last_Bv, out_BSV.device_mesh, placements, run_check=False).full_tensor().float()
+        B, V = last_Bv.shape[0], out_BSV.shape[-1]  # global V: shards may be uneven
+        last_BV = DTensor.from_local(last_Bv, out_BSV.device_mesh, placements, run_check=False, shape=(B, V),
+                                     stride=(V, 1))
+        return last_BV.full_tensor().float()
     return out_BSV[rows_B, lens_B - 1].float()
 
 

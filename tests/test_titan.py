@@ -213,7 +213,7 @@ def test_lerp_weights(name):
     before, source = params(dst), params(src)
     titan.lerp_weights_(dst, src, 0.3)
     for n, p in dst.named_parameters():
-        torch.testing.assert_close(p, 0.3 * source[n] + 0.7 * before[n], atol=1e-7, rtol=0)
+        torch.testing.assert_close(p, 0.3 * source[n] + 0.7 * before[n], atol=1e-6, rtol=0)  # float32 rounding
     titan.lerp_weights_(dst, src, 1.0)
     assert all(torch.equal(p, source[n]) for n, p in dst.named_parameters())
 
@@ -306,5 +306,6 @@ def test_hf_config_decides_the_shapes(transformers, tmp_path):
 def test_per_block_compile_matches_eager():
     eager = build("llama3")
     compiled = build("llama3", compile_cfg=CompileConfig(enable=True))
+    assert all(block._compiled_call_impl is not None for block in compiled.layers.values())
     x = tokens()
     torch.testing.assert_close(titan.token_logprobs(compiled, x), titan.token_logprobs(eager, x), atol=2e-5, rtol=0)

@@ -28,6 +28,7 @@ from refexp import sampler, titan
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, run_loop
 from refexp.config import GRPOConfig
 from refexp.context import RunContext
+from refexp.evaluation import score
 from refexp.kl import AdaptiveKLController, FixedKLController, sequence_kl
 from refexp.losses import grpo_loss, group_advantages
 from refexp.reference import ReferenceStrategy
@@ -42,18 +43,6 @@ def step_prompt_ids(n_train: int, prompts_per_step: int, seed: int, step: int) -
         perm = torch.randperm(n_train, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
         ids += perm[offset:offset + prompts_per_step - len(ids)].tolist()
     return ids
-
-
-def compute_rewards(task, texts: list[str], answers: list[str], prompts: list[str]) -> torch.Tensor:
-    """Rewards [N]; a failing reward function names the sample instead of a bare traceback."""
-    out = []
-    for i, (t, a) in enumerate(zip(texts, answers)):
-        try:
-            out.append(float(task.reward(t, a)))
-        except Exception as e:
-            raise RuntimeError(f"reward function failed on sample {i} (prompt {prompts[i]!r}, completion {t!r}, "
-                               f"answer {a!r}): {type(e).__name__}: {e}") from e
-    return torch.tensor(out, dtype=torch.float32)
 
 
 class GRPOStep:
@@ -83,7 +72,7 @@ class GRPOStep:
         model.train()
         gen_s = time.perf_counter() - t0
         tokens, mask, old_logp = r.tokens_BT.to(ctx.device), r.mask_BT.to(ctx.device), r.behaviour_logp.to(ctx.device)
-        rewards = compute_rewards(task, r.texts, answers, prompts).to(ctx.device)
+        rewards = torch.tensor(score(task, r.texts, answers, prompts), dtype=torch.float32, device=ctx.device)
 
         t1 = time.perf_counter()
         ref_logp = self.strategy.logprobs(tokens)

@@ -121,8 +121,7 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     tok = ctx.task.tokenizer
     train = ctx.task.train
     acc, step, t0 = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts), 0, time.perf_counter()
-    log.log({"sft/eval_accuracy": acc}, step=0)
-    ctx.logger.log({"eval/accuracy": acc}, step=0)
+    log.log({"eval/accuracy": acc}, step=0)
     bar = progress_bar(total=sft.steps, desc="sft", enabled=ctx.dist.is_rank0 and cfg.logger.progress)
     while step < sft.steps and acc < sft.target_accuracy:
         step += 1
@@ -142,7 +141,7 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         schedulers.step()
         optimizers.zero_grad()
         bar.update(1)
-        row = {"loss/total": float(loss), "sft/grad_norm": float(grad_norm)}
+        row = {"loss/total": float(loss.detach()), "sft/grad_norm": float(grad_norm)}
         if step % sft.eval_every == 0 or step == sft.steps:
             acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts)
             row["eval/accuracy"] = acc

@@ -1,0 +1,184 @@
+"""DPO (Rafailov et al. 2023, eq. 7) and the reference-free SimPO / ORPO, with a pluggable reference strategy.
+
+One step (DESIGN.md): the global batch of ``algo.pairs_per_step`` preference pairs -> this rank's
+slice -> reference log-probs (a forward, the precomputed table, the per-version memo, or none) ->
+one policy forward over the concatenated ``[chosen; rejected]`` rows -> the loss of
+``algo.loss_type`` -> backward, clip, step -> the loop's reference update, eval, log, checkpoint.
+
+Departures and choices:
+- Pairs: ``dpo_data`` (on-policy pairs of the SFT model for the embedded task, or a file). Their
+  order is a permutation keyed by (seed, epoch), as GRPO's prompts: the global batch is the same at
+  any world size, and each data-parallel rank takes a contiguous slice of whole pairs.
+- A moving reference is TR-DPO (Gorbatovski et al. 2024): ``periodic_reset`` is its hard update
+  (every tau steps), ``ema`` its soft update (alpha, every ``sync_every`` steps).
+- ``algo.precompute_ref``: a fixed reference's log-probs of the whole set are computed once and
+  cached on disk (``refexp.refcache``), and the reference model is then freed (or never built when
+  the file exists); a moving reference's are memoised per reference version.
+- ``kl/ref`` is the mean over chosen-completion tokens of the k3 estimate between policy and
+  reference (``refexp.kl.mean_token_kl``). The chosen tokens are data, not samples of the policy,
+  so this is a drift diagnostic (how far the two models' log-probs have moved apart on the data);
+  ``kl/init`` (from the loop) is the sampled estimate against the SFT model. ``kl_triggered`` reads it.
+- SimPO/ORPO ignore the reference in the loss; with a reference strategy other than ``none`` it is
+  still run, for ``kl/ref`` only.
+- ORPO's NLL term is the token mean over the chosen completions of the local batch (TRL's); ranks are
+  weighted by pairs, exact when they hold equal token counts (the embedded task's fixed widths).
+- FSDP sums gradients over ranks (NOTES-torchtitan-cpu.md #5): each rank's mean loss is weighted by
+  its share of the global pairs, so the update equals the single-process one.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from functools import partial
+from pathlib import Path
+
+import datasets
+import torch
+
+from refexp import refcache, titan
+from refexp.algos.dpo_data import load_pairs, pack_pairs, pairs_fingerprint
+from refexp.algos.grpo import step_prompt_ids
+from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, reference_path, run_loop
+from refexp.config import DPOConfig
+from refexp.context import RunContext
+from refexp.kl import masked_sum, mean_token_kl
+from refexp.losses import dpo_loss, orpo_loss, sft_loss, simpo_loss
+from refexp.refcache import RefLogps
+from refexp.reference import ReferenceStrategy
+
+
+def preference_loss(a: DPOConfig, pol_c_B: torch.Tensor, pol_r_B: torch.Tensor, len_c_B: torch.Tensor,
+                    len_r_B: torch.Tensor, ref: RefLogps | None, chosen_nll: torch.Tensor | None):
+    """The loss of ``a.loss_type`` on summed policy log-probs [B] (and the reference's for DPO types)."""
+    if a.loss_type == "simpo":  # Meng et al. 2024, eq. 6
+        return simpo_loss(pol_c_B, pol_r_B, len_c_B, len_r_B, beta=a.beta, gamma=a.gamma,
+                          label_smoothing=a.label_smoothing)
+    if a.loss_type == "orpo":  # Hong et al. 2024, eq. 6
+        return orpo_loss(pol_c_B, pol_r_B, len_c_B, len_r_B, chosen_nll, lam=a.lam)
+    return dpo_loss(pol_c_B, pol_r_B, ref.chosen_N, ref.rejected_N, beta=a.beta, loss_type=a.loss_type,
+                    label_smoothing=a.label_smoothing, chosen_lengths=len_c_B, rejected_lengths=len_r_B)
+
+
+# ---------------------------------------------------------------- reference log-probs
+def reference_rows(ctx: RunContext, strategy: ReferenceStrategy, pairs: datasets.Dataset, ids: list[int]) -> RefLogps:
+    """The reference's log-probs of pairs ``ids``: one ``inference_mode`` forward over ``[chosen; rejected]``."""
+    batch = pack_pairs(ctx.task.tokenizer, pairs.select(ids)).to(ctx.device)
+    return RefLogps.from_logprobs(strategy.logprobs(batch.tokens_BT), batch.mask_BT)
+
+
+def build_ref_source(ctx: RunContext, strategy: ReferenceStrategy, pairs: datasets.Dataset, ref_path: Path):
+    """Where a step's reference log-probs come from (None without a reference), and build stats.
+
+    Builds the strategy's deferred model unless a fixed reference's log-probs are all on disk.
+    """
+    a = ctx.cfg.algo
+    if not strategy.holds_model:
+        return None, {}
+    compute = partial(reference_rows, ctx, strategy, pairs)
+    if not a.precompute_ref:
+        strategy.ensure_model()
+        return refcache.UncachedRefLogps(compute), {}
+    if strategy.moves:
+        strategy.ensure_model()
+
+        def any_rank(flag: bool) -> bool:
+            return bool(ctx.dp_sum(torch.tensor(float(flag), device=ctx.device)) > 0)
+
+        return refcache.VersionedRefLogps(compute, lambda: strategy.version, any_rank), {}
+    t0 = time.perf_counter()
+    dtype = ctx.cfg.reference.dtype or ctx.cfg.training.dtype
+    key = refcache.cache_key(ref_path, dtype, pairs_fingerprint(pairs, ctx.task.tokenizer))
+
+    def compute_all() -> RefLogps:
+        strategy.ensure_model()
+        r, d = ctx.dp_rank_and_degree
+        return refcache.compute_table(compute, len(pairs), a.pairs_per_step, rank=r, degree=d, dp_sum=ctx.dp_sum,
+                                      device=ctx.device)
+
+    table, built = refcache.load_or_compute(refcache.cache_file(ctx.cache_dir, key), compute_all, num_rows=len(pairs))
+    if strategy.model is not None:
+        strategy.release_model()  # every value it could give is in the table
+        gc.collect()
+    return refcache.PrecomputedRefLogps(table), {"refcache/build_s": time.perf_counter() - t0,
+                                                 "refcache/built": float(built)}
+
+
+# ---------------------------------------------------------------- the step
+class DPOStep:
+    """The step function of the DPO family (stateless across steps: the pair order is keyed by step)."""
+
+    def __init__(self, ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, pairs: datasets.Dataset,
+                 ref_source, build_stats: dict | None = None):
+        self.ctx, self.policy, self.strategy, self.pairs = ctx, policy, strategy, pairs
+        self.ref_source = ref_source
+        self.a: DPOConfig = ctx.cfg.algo
+        self._once = dict(build_stats or {})  # logged with the first step
+
+    def __call__(self, step: int, ckpt) -> dict:
+        ctx, a = self.ctx, self.a
+        P = a.pairs_per_step
+        ids = step_prompt_ids(len(self.pairs), P, ctx.cfg.training.seed, step)[ctx.local_slice(P)]
+        batch = pack_pairs(ctx.task.tokenizer, self.pairs.select(ids)).to(ctx.device)
+        B, mask = batch.num_pairs, batch.mask_BT
+
+        t0 = time.perf_counter()
+        ref, hits, misses = None, 0, 0
+        if self.ref_source is not None:
+            ref, hits, misses = self.ref_source.lookup(ids)
+            ref = ref.to(ctx.device)
+        ref_s = time.perf_counter() - t0
+
+        model = self.policy.model
+        model.train()
+        logp = titan.token_logprobs(model, batch.tokens_BT)  # [2B, T-1]
+        seq_B = masked_sum(logp, mask, dim=-1)  # [2B] summed over completion tokens
+        chosen_nll = sft_loss(logp[:B], mask[:B])[0] if a.loss_type == "orpo" else None
+        loss, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:], ref, chosen_nll)
+
+        n_rows = torch.tensor(float(B), device=ctx.device)
+        (loss * n_rows / ctx.dp_sum(n_rows)).backward()
+        grad_norm = optimizer_step(ctx, self.policy, loss.detach(), step, ckpt)
+
+        out = self._dp_mean({k: float(v) for k, v in m.items()})
+        if ref is not None:
+            with torch.no_grad():  # exact over ranks: token-weighted sums, not a mean of rank means
+                n_tok = mask[:B].sum().to(torch.float32)
+                kl = mean_token_kl(logp[:B].detach(), ref.chosen_tok_BT(mask[:B]), mask[:B]) * n_tok
+                out["kl/ref"] = float(ctx.dp_sum(kl) / ctx.dp_sum(n_tok).clamp(min=1))
+        if isinstance(self.ref_source, (refcache.PrecomputedRefLogps, refcache.VersionedRefLogps)):
+            counts = ctx.dp_sum(torch.tensor([float(hits), float(misses)], device=ctx.device))
+            out["refcache/hits"], out["refcache/misses"] = float(counts[0]), float(counts[1])
+        out.update({
+            "optim/grad_norm": grad_norm,
+            "optim/lr": next(iter(self.policy.lr_schedulers.get_metrics().values()), ctx.cfg.training.lr),
+            "perf/ref_fwd_s": ref_s,
+            "perf/tokens_per_s": float(batch.tokens_BT.numel()) / max(time.perf_counter() - t0, 1e-9),
+            "mem/ref_params": float(titan.count_parameters(self.strategy.model)) if self.strategy.model is not None
+            else 0.0,
+        })
+        out.update(self._once)
+        self._once = {}
+        return out
+
+    def _dp_mean(self, metrics: dict) -> dict:
+        """Means over data-parallel ranks (each holds the same number of pairs: the global mean)."""
+        r, d = self.ctx.dp_rank_and_degree
+        if d == 1:
+            return metrics
+        keys = sorted(metrics)
+        vec = self.ctx.dp_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.ctx.device)) / d
+        return {k: float(v) for k, v in zip(keys, vec)}
+
+
+def train_dpo(ctx: RunContext, sft_dir: Path) -> dict:
+    pairs = load_pairs(ctx, sft_dir)
+    policy = build_policy(ctx, sft_dir)
+    strategy, anchor = build_strategy(ctx, sft_dir, defer_build=True)
+    ref_source, stats = build_ref_source(ctx, strategy, pairs, reference_path(ctx, sft_dir))
+    if ctx.dist.is_rank0:
+        src = type(ref_source).__name__ if ref_source is not None else "none (reference-free)"
+        print(f"[refexp] DPO: {len(pairs)} pairs, loss {ctx.cfg.algo.loss_type}, reference {strategy.name}, "
+              f"reference log-probs: {src}")
+    step_fn = DPOStep(ctx, policy, strategy, pairs, ref_source, stats)
+    return run_loop(ctx, policy, strategy, anchor, step_fn, desc="dpo")

@@ -1,0 +1,111 @@
+"""DPO end to end on the embedded task: on-policy preference pairs, every loss x reference pairing the
+sweep uses, the reference cache, and the config check that reference=none needs a reference-free loss.
+
+Runs compose the real config (Hydra's compose API) and call ``refexp.run.run``; a tiny llama3
+(dim 32) with an untrained "SFT" model (``sft.target_accuracy=0``) keeps each run to seconds.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from refexp import titan
+from refexp.algos.dpo_data import pairs_dir, sample_pairs
+from refexp.config import ConfigError, ModelConfig, TaskConfig, register_configs
+from refexp.logging import read_metrics
+from refexp.run import run
+from refexp.tasks import build_task
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+TINY = ["algo=dpo", "model=tiny", "model.dim=32", "sft.steps=30", "sft.target_accuracy=0.0", "training.steps=3",
+        "eval.every=2", "eval.num_prompts=16", "eval.kl_prompts=8", "logger=none", "logger.progress=false",
+        "task.num_train=500", "task.num_eval=50", "algo.num_pairs=64"]
+DPO_METRICS = {"loss/total", "rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy",
+               "logps/chosen", "logps/rejected", "perf/ref_fwd_s", "perf/tokens_per_s", "optim/grad_norm",
+               "optim/lr", "ref/version", "perf/step_s", "mem/peak_rss_mb"}
+
+register_configs()
+
+
+def compose_cfg(run_dir: Path, *overrides: str):
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        return compose("config", overrides=[*TINY, f"run_dir={run_dir}", *overrides])
+
+
+def run_dpo(run_dir: Path, *overrides: str) -> tuple[dict, list[dict]]:
+    final = run(compose_cfg(run_dir, *overrides))
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for r in rows[1:]:
+        assert DPO_METRICS <= r.keys(), DPO_METRICS - r.keys()
+    assert {"eval/accuracy", "kl/init"} <= rows[2].keys() and {"eval/accuracy", "kl/init"} <= rows[3].keys()
+    return final, rows
+
+
+# ---------------------------------------------------------------- preference pairs
+def test_pairs_are_deterministic_correct_vs_own_error(tmp_path):
+    task = build_task(TaskConfig(num_train=200, num_eval=20), str(tmp_path))
+    model = titan.build_model(ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=4, ffn_hidden_dim=64,
+                                          max_seq_len=64), vocab_size=task.tokenizer.vocab_size, device="cpu",
+                              seed=0, requires_grad=False)
+    a = sample_pairs(model, task, num_pairs=40, pair_seed=3, max_new_tokens=task.max_new_tokens)
+    b = sample_pairs(model, task, num_pairs=40, pair_seed=3, max_new_tokens=task.max_new_tokens)
+    c = sample_pairs(model, task, num_pairs=40, pair_seed=4, max_new_tokens=task.max_new_tokens)
+    assert a == b and len(a["prompt"]) == 40
+    assert a["rejected"] != c["rejected"]
+    for pid, prompt, chosen, rejected in zip(a["prompt_id"], a["prompt"], a["chosen"], a["rejected"]):
+        row = task.train[pid]
+        assert (prompt, chosen) == (row["prompt"], row["completion"])
+        assert task.reward(chosen, row["answer"]) == 1.0 and task.reward(rejected, row["answer"]) < 1.0
+    # a pair set is stored per (num_pairs, pair_seed, max_new_tokens) next to its SFT model
+    dirs = {pairs_dir(tmp_path, n, s, m) for n, s, m in [(40, 3, 8), (41, 3, 8), (40, 4, 8), (40, 3, 9)]}
+    assert len(dirs) == 4 and all(d.parent == tmp_path for d in dirs)
+
+
+# ---------------------------------------------------------------- end to end
+def test_dpo_fixed_reference_live_then_precomputed(tmp_path):
+    _, live = run_dpo(tmp_path / "live")
+    assert live[1]["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # step 1: the policy is the reference
+    assert live[1]["loss/total"] == pytest.approx(0.6931472, abs=1e-5)  # -log sigmoid(0)
+    assert live[3]["kl/ref"] > 0 and live[3]["mem/ref_params"] > 0 and "refcache/hits" not in live[1]
+    stored = list(Path(os.environ["REFEXP_CACHE"]).glob("sft/*/pairs-*/pairs.json"))
+    assert len(stored) == 1 and json.loads(stored[0].read_text())["made"] == 64  # next to the SFT model
+
+    _, first = run_dpo(tmp_path / "a", "algo.precompute_ref=true")
+    _, second = run_dpo(tmp_path / "b", "algo.precompute_ref=true")
+    assert first[1]["refcache/built"] == 1.0 and second[1]["refcache/built"] == 0.0  # the 2nd run read the file
+    for r in first[1:] + second[1:]:  # every lookup a hit; the reference model is not held
+        assert (r["refcache/hits"], r["refcache/misses"], r["mem/ref_params"]) == (16.0, 0.0, 0.0)
+    for c, l in zip(second[1:], live[1:]):  # cached reference log-probs train exactly like live ones
+        assert c["loss/total"] == pytest.approx(l["loss/total"], abs=1e-5)
+        assert c["kl/ref"] == pytest.approx(l["kl/ref"], abs=1e-5)
+    assert second[3]["kl/init"] == pytest.approx(live[3]["kl/init"], abs=1e-5)  # anchor rebuilt for kl/init
+
+
+@pytest.mark.parametrize("loss", ["simpo", "orpo"])
+def test_dpo_reference_free_losses_hold_no_reference(tmp_path, loss):
+    _, rows = run_dpo(tmp_path / loss, "reference=none", f"algo.loss_type={loss}")
+    for r in rows[1:]:
+        assert r["mem/ref_params"] == 0.0 and "kl/ref" not in r
+    if loss == "orpo":
+        assert {"loss/nll", "loss/or"} <= rows[1].keys()
+
+
+def test_dpo_periodic_reset_invalidates_the_reference_cache(tmp_path):
+    _, rows = run_dpo(tmp_path / "reset", "reference=periodic_reset", "reference.reset_every=2",
+                      "algo.precompute_ref=true")
+    assert [r["ref/version"] for r in rows[1:]] == [0.0, 1.0, 1.0]  # reset after step 2
+    assert [r["refcache/misses"] for r in rows[1:]] == [16.0, 16.0, 16.0]  # distinct pairs every step
+    assert rows[3]["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # the reference was just reset to the policy
+    assert rows[3]["loss/total"] == pytest.approx(0.6931472, abs=1e-5)
+
+
+def test_reference_none_needs_a_reference_free_loss(tmp_path):
+    with pytest.raises(ConfigError, match="reference=none needs a reference-free loss"):
+        run(compose_cfg(tmp_path / "bad", "reference=none", "algo.loss_type=sigmoid"))
+    assert not (tmp_path / "bad").exists()  # failed in validation, before any model or file
