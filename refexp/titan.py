@@ -21,8 +21,13 @@ Departures from torchtitan's own trainer:
   - Weights are initialised on the full (unsharded) model before parallelizing, so the weights do
     not depend on the world size. This materialises the whole model on every rank once; fine for the
     model sizes refexp studies, not for 70B.
+  - Tied embeddings (qwen3 <= 4B, llama3 1B/3B) are re-tied right after TP and before FSDP: TP gives
+    ``tok_embeddings`` and ``lm_head`` separate DTensor copies, which torchtitan only re-ties in
+    ``init_states`` (after FSDP), and refexp initialises before parallelizing.
   - Gradient reduction follows torchtitan: FSDP's divide factor is 1 (a SUM over data-parallel
     ranks), so a training loss must be normalised by the *global* token count (NOTES #5).
+  - Decoding keeps its own KV cache built from the decoder's sub-modules (``prefill``/``decode_step``);
+    under TP it re-runs the whole model every step instead.
 """
 
 from __future__ import annotations
@@ -421,7 +426,9 @@ def _hf_arch(model_cfg: ModelConfig, vocab_size: int | None) -> _Arch:
     for f in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size"):
         mine = getattr(model_cfg, f)
         if mine is not None and mine != found[f]:
-            raise ConfigError(f"model.{f}={mine} is invalid: {hf_dir}/config.json says {found[f]} (expected null or {found[f]})")
+            raise ConfigError(
+                f"model.{f}={mine} is invalid: {hf_dir}/config.json says {found[f]} (expected null or {found[f]})"
+            )
     if vocab_size is not None and vocab_size > found["vocab_size"]:
         raise ConfigError(
             f"model.hf_assets_path={hf_dir!r}: the tokenizer has {vocab_size} tokens but the checkpoint's "
@@ -433,7 +440,9 @@ def _hf_arch(model_cfg: ModelConfig, vocab_size: int | None) -> _Arch:
     dim, n_heads = found["dim"], found["n_heads"]
     head_dim = hf.get("head_dim") or dim // n_heads
     if model_cfg.name == "llama3" and head_dim != dim // n_heads:
-        raise ConfigError(f"model.hf_assets_path={hf_dir!r}: llama3 needs head_dim == hidden_size // num_attention_heads")
+        raise ConfigError(
+            f"model.hf_assets_path={hf_dir!r}: llama3 needs head_dim == hidden_size // num_attention_heads"
+        )
     max_seq_len = model_cfg.max_seq_len or hf.get("max_position_embeddings") or 4096
     return _Arch(
         dim=dim, n_layers=found["n_layers"], n_heads=n_heads, n_kv_heads=found["n_kv_heads"], head_dim=head_dim,
@@ -482,7 +491,9 @@ def _set_norm_eps(cfg, eps: float) -> None:
         norm.eps = eps
 
 
-def build_model_spec(model_cfg: ModelConfig, *, vocab_size: int | None, parallelism: ParallelismConfig | None = None) -> ModelSpec:
+def build_model_spec(
+    model_cfg: ModelConfig, *, vocab_size: int | None, parallelism: ParallelismConfig | None = None
+) -> ModelSpec:
     """torchtitan ModelSpec for ``model.name``/``model.flavor`` with refexp's overrides; builds no weights.
 
     Shapes come from, in order: ``model.hf_assets_path``'s config.json when set (then ``model.*`` fields
@@ -545,10 +556,13 @@ def make_parallel_dims(parallelism: ParallelismConfig, world_size: int, device_t
             f"parallelism degrees are invalid: data_parallel_replicate_degree={rep} x data_parallel_shard_degree="
             f"{shard} x tensor_parallel_degree={tp} = {rep * shard * tp}, expected the world size {world_size}"
         )
-    if world_size > 1 and parallelism.spmd_backend == "spmd_types":
+    if world_size > 1 and parallelism.spmd_backend != "partial_dtensor":
+        # spmd_types: FSDP/TP fail in torchtitan 0.3.0 (NOTES #4). full_dtensor: every module input
+        # must already be a DTensor ("Got a plain Tensor under the full_dtensor mode"); refexp passes
+        # plain token tensors.
         raise ConfigError(
-            "parallelism.spmd_backend='spmd_types' is invalid with more than one rank in torchtitan 0.3.0 "
-            "(FSDP/TP fail; NOTES #4): expected partial_dtensor or full_dtensor"
+            f"parallelism.spmd_backend={parallelism.spmd_backend!r} is invalid with more than one rank: "
+            f"expected partial_dtensor"
         )
     return ParallelDims(dp_replicate=rep, dp_shard=shard, cp=1, tp=tp, pp=1, ep=1, world_size=world_size,
                         spmd_backend=parallelism.spmd_backend)
@@ -710,12 +724,24 @@ def _forward(model: nn.Module, tokens_BT: torch.Tensor):
 
     SDPA needs no mask (causal, NOTES #3); flex/varlen need one, built from positions 0..T-1 per row.
     """
+    if torch.is_inference_mode_enabled() and _is_fsdp(model):
+        # torch 2.13 FSDP2 on a 1-rank shard group (e.g. TP-only: torchtitan always applies FSDP)
+        # copies into its unsharded buffer under _unsafe_preserve_version_counter, which fails for
+        # inference tensors ("Inference tensors do not track version counter"); no_grad is enough.
+        with torch.inference_mode(False), torch.no_grad():
+            return _forward(model, tokens_BT)
     if isinstance(_inner_attention(model), ScaledDotProductAttention):
         return model(tokens_BT)
     B, T = tokens_BT.shape
     positions_BT = torch.arange(T, device=tokens_BT.device).expand(B, T)
     masks = _decoder(model).get_attention_masks(positions_BT)
     return model(tokens_BT, attention_masks=masks)
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def _full_vocab(x: torch.Tensor) -> torch.Tensor:
@@ -880,7 +906,7 @@ def lerp_weights_(dst: nn.Module, src: nn.Module, alpha: float) -> None:
 
 def count_parameters(model: nn.Module, *, local: bool = True) -> int:
     """Number of parameters (tied ones once): this rank's shards (``local``) or the whole model."""
-    return sum((_local(p) if local else p).numel() for p in model.parameters())
+    return sum((_local(p) if local else p).numel() for p in _named_state(model, buffers=False).values())
 
 
 @torch.no_grad()
@@ -1137,11 +1163,13 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
     cache: every step re-runs ``model(...)`` over the whole sequence (correct, O(T) slower).
     Collective under FSDP/TP: every rank must decode the same number of steps.
     """
-    B, L = prompt_BL.shape
+    L = prompt_BL.shape[1]
+    lens_B = prompt_lens_B.to(prompt_BL.device)
     slots_L = torch.arange(L, device=prompt_BL.device)
-    valid_BL = slots_L >= (L - prompt_lens_B.to(prompt_BL.device))[:, None]
-    positions_BL = (slots_L - (L - prompt_lens_B.to(prompt_BL.device))[:, None]).clamp(min=0)
-    state = DecodeState(tokens_BS=prompt_BL.clone(), valid_BS=valid_BL, next_pos_B=prompt_lens_B.to(prompt_BL.device).clone())
+    first_B1 = (L - lens_B)[:, None]  # slot of each row's first real token
+    valid_BL = slots_L >= first_B1
+    positions_BL = (slots_L - first_B1).clamp(min=0)
+    state = DecodeState(tokens_BS=prompt_BL.clone(), valid_BS=valid_BL, next_pos_B=lens_B.clone())
     state.unsharded = _unshard_for_decoding(model)
     if _has_dtensor_weights(model):
         state.recompute = True

@@ -67,7 +67,7 @@ def test_shapes_follow_the_overrides():
     assert (spec.model.dim, len(spec.model.layers), spec.model.vocab_size) == (64, 2, V)
     assert (attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.rope.dim, attn.rope.max_seq_len) == (4, 2, 16, 16, 64)
     assert spec.model.layers[0].feed_forward.w1.out_features == 96
-    assert type(attn.inner_attention).__name__ == "Config" and "ScaledDotProduct" in type(attn.inner_attention).__qualname__
+    assert type(attn.inner_attention).__qualname__ == "ScaledDotProductAttention.Config"  # model.attn_backend=sdpa
     # The tokenizer's size is the vocabulary when model.vocab_size is null.
     assert titan.build_model_spec(tiny("llama3", vocab_size=None), vocab_size=40).model.vocab_size == 40
 
@@ -141,6 +141,9 @@ def test_parallel_degrees_must_match_the_world_size():
         titan.make_parallel_dims(ParallelismConfig(spmd_backend="spmd_types"), 2, "cpu")
     dims = titan.make_parallel_dims(ParallelismConfig(tensor_parallel_degree=2), 4, "cpu")
     assert (dims.dp_shard, dims.tp, dims.world_size) == (2, 2, 4)
+    # A mesh and a config that disagree: caught before anything needs a process group.
+    with pytest.raises(ConfigError, match=r"parallelism \(dp_shard=4\).*mesh \(dp_shard=2\)"):
+        build("llama3", mesh=dims, parallelism=ParallelismConfig(data_parallel_shard_degree=4))
 
 
 def test_resolve_device():
@@ -174,7 +177,8 @@ def test_token_logprobs_equal_log_softmax_of_the_forward(name):
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
     torch.testing.assert_close(entropy.double(), want_entropy, atol=1e-5, rtol=0)
     plain = titan.token_logprobs(model, x)
-    torch.testing.assert_close(plain, torch.log_softmax(titan.logits(model, x), -1)[:, :-1].gather(-1, x[:, 1:, None])[..., 0])
+    from_logits = torch.log_softmax(titan.logits(model, x), -1)[:, :-1].gather(-1, x[:, 1:, None])[..., 0]
+    torch.testing.assert_close(plain, from_logits)
     plain.sum().backward()  # differentiable: the policy's log-probs train it
     assert model.lm_head.weight.grad is not None
 

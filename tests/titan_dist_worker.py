@@ -47,8 +47,9 @@ def batch(B: int = 4, T: int = 12) -> torch.Tensor:
     return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(1))
 
 
-def build(cfg, par=None, dims=None, seed=0):
-    return titan.build_model(cfg, vocab_size=V, device="cpu", seed=seed, mesh=dims, parallelism=par)
+def build(cfg, par=None, dims=None, seed=0, requires_grad=True):
+    return titan.build_model(cfg, vocab_size=V, device="cpu", seed=seed, mesh=dims, parallelism=par,
+                             requires_grad=requires_grad)
 
 
 def check_logprobs_and_grads(cfg, par, dims) -> float:
@@ -96,9 +97,7 @@ def check_lerp(cfg, par, dims) -> float:
 
 def check_decode(cfg, par, dims) -> float:
     """Greedy KV-cache (FSDP) / recompute (TP) decoding equals single-process decoding step by step."""
-    ref, model = build(cfg), build(cfg, par, dims)
-    for m in (ref, model):
-        m.requires_grad_(False)
+    ref, model = build(cfg, requires_grad=False), build(cfg, par, dims, requires_grad=False)
     lens = torch.tensor([5, 2, 3])
     prompt = torch.randint(0, V, (3, 5), generator=torch.Generator().manual_seed(2))
     out_ref, st_ref = titan.prefill(ref, prompt, lens)
@@ -112,8 +111,9 @@ def check_decode(cfg, par, dims) -> float:
         err = max(err, (out - out_ref).abs().max().item())
     titan.finish_decode(st)
     assert all(isinstance(p, DTensor) for p in model.parameters()), "finish_decode reshards"
-    # Resharded: the model trains and scores as before.
+    # Resharded: the model scores as before, and a frozen model reshards after every forward.
     err = max(err, (titan.token_logprobs(model, batch()) - titan.token_logprobs(ref, batch())).abs().max().item())
+    assert all(isinstance(p, DTensor) for p in model.parameters()), "frozen FSDP model resharded after forward"
     return err
 
 
