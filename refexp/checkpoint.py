@@ -73,7 +73,23 @@ class Checkpointer:
         """Load the latest (or ``load_step``) checkpoint of this run dir; False on a fresh start."""
         if not self.cfg.enable:
             return False
+        self._remove_incomplete()
         return bool(self.manager.load(step=self.cfg.load_step))
+
+    def _remove_incomplete(self) -> None:
+        """Delete ``step-N`` folders without DCP ``.metadata`` (a save killed half way). They are never
+        loaded, but torchtitan's ``keep_latest_k`` counts them, and could prune a good checkpoint
+        instead of a broken one with a higher step."""
+        import shutil
+
+        import torch.distributed as dist
+
+        if self.folder.is_dir() and dist.get_rank() == 0:
+            for p in self.folder.iterdir():
+                if re.fullmatch(r"step-\d+", p.name) and p.is_dir() and not (p / ".metadata").is_file():
+                    shutil.rmtree(p, ignore_errors=True)
+        if dist.get_world_size() > 1:
+            dist.barrier()
 
     def save(self, step: int, *, force: bool = False) -> bool:
         """Save at the configured interval, or now when ``force`` (end of run, preemption)."""
@@ -81,6 +97,8 @@ class Checkpointer:
             return False
         saved = self.manager.save(step, last_step=force)
         self.manager.maybe_wait_for_saving()
+        if saved and force:
+            self.manager._purge_stale_checkpoints()  # torchtitan prunes after interval saves only
         return saved
 
     def latest_step(self) -> int:

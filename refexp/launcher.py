@@ -2,50 +2,53 @@
 
 Used when a job asks for ``parallelism.nproc_per_node > 1`` but was started as a single process
 (``refexp ...`` or one job of a Hydra ``-m`` sweep). Under torchrun or SLURM (one task per
-GPU) the processes already exist and this is not called. The resolved config travels to the
-workers as a plain container; every worker writes to the same run dir (only rank 0 logs).
+GPU) the processes already exist and this is not called.
+
+The config travels to the workers as the composed ``DictConfig`` with every interpolation resolved
+in this process (so ``run_dir`` and ``${oc.env:...}`` values are this process's, and the
+structured-config types survive the pickling); every worker writes to the same run dir and only
+rank 0 logs. Workers are started with ``spawn``: this process may already have run torch code
+(a sweep's earlier job, a test), and forking a process with live OpenMP/gloo threads can hang.
 """
 
 from __future__ import annotations
 
+import copy
 import os
-import socket
 import uuid
 
 from omegaconf import DictConfig, OmegaConf
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(container: dict) -> dict:
+def _worker(dcfg: DictConfig) -> dict:
     from refexp.config import register_configs
     from refexp.run import run_worker
 
     register_configs()
-    return run_worker(OmegaConf.create(container))
+    return run_worker(dcfg)
 
 
 def spawn_workers(dcfg: DictConfig, nproc: int) -> dict:
-    """Run ``run_worker`` in ``nproc`` local processes; returns rank 0's final metrics."""
+    """Run ``run_worker`` in ``nproc`` local processes; returns rank 0's final metrics.
+
+    Raises torch's ``ChildFailedError`` (with the first failing rank's traceback) when a worker fails.
+    """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    container = OmegaConf.to_container(dcfg, resolve=True)
-    port = _free_port()
+    resolved = copy.deepcopy(dcfg)
+    OmegaConf.resolve(resolved)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
         run_id=f"refexp-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{port}",
+        rdzv_endpoint="localhost:0",  # a free port, as `torchrun --standalone`
         max_restarts=0,
-        monitor_interval=0.5,
+        monitor_interval=0.1,
         start_method="spawn",
     )
+    # One intra-op thread per worker unless the caller chose (torchrun's default, too).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    results = elastic_launch(config, _worker)(container)
+    results = elastic_launch(config, _worker)(resolved)
     return results[0]

@@ -81,17 +81,20 @@ def resolved_container(dcfg: DictConfig) -> dict:
 def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     """One process of a run (rank r of N, or the only one)."""
     cfg = cfg or validate(dcfg)
-    run_dir = Path(cfg.run_dir)
     device = titan.resolve_device(cfg.training.device)
     titan.prepare_torchtitan(device.type)
     if cfg.training.num_threads:
         torch.set_num_threads(cfg.training.num_threads)
     info = rdist.init_distributed(device, backend=cfg.comm.backend, timeout_s=cfg.comm.init_timeout_seconds)
+    run_dir = _agree_on_run_dir(cfg, info)
     parallel_dims = (titan.make_parallel_dims(cfg.parallelism, info.world_size, device.type)
                      if info.world_size > 1 else None)
 
+    import datasets
+
     from refexp.tasks import build_task
 
+    datasets.disable_progress_bars()  # one tqdm line per saved split drowns the run's own output
     cache_dir = Path(os.path.expanduser(cfg.sft.cache_dir))
     task = build_task(cfg.task, str(cache_dir)) if info.is_rank0 else None
     rdist.barrier()
@@ -118,7 +121,9 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
         logger.summary(final)
         return final
     except BaseException as e:
-        status.update(status="failed", error=f"{type(e).__name__}: {e}",
+        from refexp.algos.loop import Preempted
+
+        status.update(status="preempted" if isinstance(e, Preempted) else "failed", error=f"{type(e).__name__}: {e}",
                       traceback=traceback.format_exc(limit=20))
         raise
     finally:
@@ -126,6 +131,26 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
         if info.is_rank0:
             write_json_atomic(run_dir / "status.json", status)
         logger.close(exit_code)
+
+
+def _agree_on_run_dir(cfg: RootConfig, info) -> Path:
+    """Rank 0's run dir on every rank.
+
+    Under torchrun each rank composes its own config, and Hydra's default output dir has a
+    timestamp that can differ between ranks by a second. The other ranks take rank 0's and remove
+    the dir Hydra made for them when it holds nothing but Hydra's own files (``.hydra/``, a log).
+    """
+    run_dir = Path(cfg.run_dir)
+    if info.world_size == 1:
+        return run_dir
+    agreed = Path(rdist.broadcast_object(str(run_dir.resolve())))
+    if agreed != run_dir.resolve():
+        if run_dir.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
+            import shutil
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+        cfg.run_dir = str(agreed)
+    return agreed
 
 
 def _dispatch(ctx: RunContext) -> dict:

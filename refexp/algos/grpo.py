@@ -107,7 +107,6 @@ class GRPOStep:
             from refexp.kl import mean_token_kl
 
             kl_ref = float(mean_token_kl(old_logp, ref_logp, mask))
-        self.kl_ctl.update(kl_ref if kl_ref is not None else 0.0, 1)
 
         out = {
             **agg,
@@ -122,7 +121,9 @@ class GRPOStep:
         }
         if kl_ref is not None:
             out["kl/ref"] = kl_ref
-        out = self._dp_mean(out)
+        out = self._dp_mean(out, n_rows, n_tok)
+        # the controller sees the global kl/ref, so beta stays the same on every rank
+        self.kl_ctl.update(out["kl/ref"] if kl_ref is not None else 0.0, 1)
         # reward statistics over the global batch (exact at any world size)
         s1, s2 = ctx.dp_sum(rewards.sum()), ctx.dp_sum((rewards * rewards).sum())
         mean = s1 / g_rows
@@ -140,14 +141,26 @@ class GRPOStep:
         var = (s2 - s1 * s1 / n) / (n - 1).clamp(min=1)
         return centred / (var.clamp(min=0).sqrt() + 1e-4)
 
-    def _dp_mean(self, metrics: dict) -> dict:
+    TOKEN_MEANS = ("kl/ref", "clip/low", "clip/high", "clip/ratio", "policy/entropy")
+    """Metrics that are means over completion tokens (the rest are means over rows)."""
+
+    def _dp_mean(self, metrics: dict, n_rows: torch.Tensor, n_tok: torch.Tensor) -> dict:
+        """The global-batch value of per-rank means: token means weighted by the rank's completion
+        tokens, row means by its rows, so the result equals the single-process one (ranks may hold
+        different token counts; a plain mean of rank means would not)."""
         r, d = self.ctx.dp_rank_and_degree
         if d == 1:
             return metrics
-        keys = sorted(k for k, v in metrics.items() if not k.startswith("perf/"))
-        vec = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
-        vec = self.ctx.dp_sum(vec) / d
-        metrics.update({k: float(v) for k, v in zip(keys, vec)})
+        by_token = set(self.TOKEN_MEANS)
+        if self.a.loss_agg == "dapo":  # the loss is a token mean too
+            by_token |= {k for k in metrics if k.startswith("loss/")}
+        keys = sorted(k for k in metrics if not k.startswith("perf/"))
+        dev = self.ctx.device
+        w = torch.tensor([float(n_tok) if k in by_token else float(n_rows) for k in keys], dtype=torch.float64,
+                         device=dev)
+        v = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=dev)
+        vec = self.ctx.dp_sum(v * w) / self.ctx.dp_sum(w).clamp(min=1e-12)
+        metrics.update({k: float(x) for k, x in zip(keys, vec)})
         return metrics
 
     # the KL controller is part of the checkpoint (torch Stateful)

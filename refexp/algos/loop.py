@@ -38,6 +38,22 @@ class Preempted(SystemExit):
     """Raised after the checkpoint of a SIGTERM'd run has been written."""
 
 
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+"""SIGTERM: torchrun's and SLURM's stop; SIGUSR2: submitit's warning before a preemption or time limit."""
+
+
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is set on any (a signal can reach ranks at different steps,
+    and the save that follows is a collective)."""
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 @dataclass
 class Policy:
     model: torch.nn.Module
@@ -153,8 +169,9 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
         last_eval = evaluate(ctx, policy.model, anchor)
         ctx.logger.log({**last_eval, **strategy.metrics()}, step=0)
 
-    preempted = {"flag": False}
-    prev = signal.signal(signal.SIGTERM, lambda *_: preempted.__setitem__("flag", True))
+    preempted: dict = {"signum": None}
+    prev = {s: signal.signal(s, lambda signum, _frame: preempted.__setitem__("signum", signum))
+            for s in PREEMPT_SIGNALS}
     bar = progress_bar(total=cfg.training.steps, initial=start, desc=desc,
                        enabled=ctx.dist.is_rank0 and cfg.logger.progress)
     metrics: dict = {}
@@ -181,16 +198,22 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
             bar.set_postfix(reward=f"{metrics.get('reward/mean', metrics.get('rewards/accuracy', 0.0)):.2f}")
             if step < cfg.training.steps:
                 ckpt.save(step)
-            if preempted["flag"]:
-                ckpt.save(step, force=True)
-                raise Preempted(f"SIGTERM received: saved step {step} to {ckpt.folder}; rerun the same run dir to resume")
+            if _any_rank(preempted["signum"] is not None, ctx.device):
+                if ckpt.latest_step() != step:
+                    ckpt.save(step, force=True)
+                chained = prev.get(preempted["signum"])
+                if callable(chained):  # submitit's handler requeues the job, now that the checkpoint exists
+                    chained(preempted["signum"], None)
+                raise Preempted(f"stop signal received: saved step {step} to {ckpt.folder}; "
+                                f"rerun the same run dir to resume")
         if cfg.checkpoint.enable and ckpt.latest_step() != step:
             ckpt.save(step, force=True)  # the end of a run always writes a checkpoint
         if cfg.checkpoint.last_save_in_hf:
             titan.export_hf(policy.model, cfg.model, str(ctx.run_dir / cfg.checkpoint.folder / "hf"))
     finally:
         bar.close()
-        signal.signal(signal.SIGTERM, prev)
+        for s, handler in prev.items():
+            signal.signal(s, handler)
         ckpt.close()
     final = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
     if not last_eval or step != cfg.training.steps or not metrics:

@@ -135,13 +135,18 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         # FSDP sums gradients over ranks (NOTES #5): weight the local mean by this rank's share of
         # the global target tokens so the update equals the single-process one.
         n_local = target.sum().to(torch.float32)
-        (loss * n_local / ctx.dp_sum(n_local)).backward()
+        n_global = ctx.dp_sum(n_local)
+        (loss * n_local / n_global).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
         optimizers.step()
         schedulers.step()
         optimizers.zero_grad()
         bar.update(1)
-        row = {"loss/total": float(loss.detach()), "sft/grad_norm": float(grad_norm)}
+        # the global batch's token mean, not this rank's
+        loss = ctx.dp_sum(loss.detach() * n_local) / n_global.clamp(min=1)
+        row = {"loss/total": float(loss), "sft/grad_norm": float(grad_norm)}
         if step % sft.eval_every == 0 or step == sft.steps:
             acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts)
             row["eval/accuracy"] = acc

@@ -1,0 +1,338 @@
+"""What one training step costs, per algorithm and reference strategy, on random-token data.
+
+Drives refexp's real step functions (``GRPOStep``, ``DPOStep``) built the way ``train_grpo`` /
+``train_dpo`` build them (``build_policy``, ``build_strategy``, ``build_ref_source`` and the
+refcache), on a randomly initialised llama3 of the given shape, and prints one JSON line per
+configuration: steps/s, tokens/s (generated tokens/s for GRPO), the per-step phase breakdown
+(generation, policy forward+backward, reference forward, reference update, optimizer, other),
+peak RSS, and model FLOPs utilisation against a float32 matmul peak measured in the same process.
+
+Each configuration runs in its own subprocess (peak RSS is per process); ``--in-process`` runs
+them in this one (for profiling). Not a timed test: numbers on a shared machine are noisy, compare
+ratios measured in one run.
+
+    python bench/bench_step.py --algo grpo --reference fixed none ema periodic_reset
+    python bench/bench_step.py --algo dpo --reference fixed none --precompute-ref both
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common as C  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--algo", nargs="+", default=["grpo"], choices=["grpo", "dpo"])
+    p.add_argument("--reference", nargs="+", default=["fixed"],
+                   choices=["fixed", "periodic_reset", "ema", "kl_triggered", "none"])
+    p.add_argument("--precompute-ref", nargs="?", const="on", default="off", choices=["off", "on", "both"],
+                   help="DPO: reference log-probs from the refcache (on), live (off), or both configurations")
+    p.add_argument("--loss", default=None, help="DPO loss_type (default sigmoid; simpo with --reference none)")
+    p.add_argument("--beta", type=float, default=None, help="GRPO 0.04 / DPO 0.1 by default; GRPO none: 0")
+    # model shape
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=None)
+    p.add_argument("--ffn", type=int, default=512)
+    p.add_argument("--vocab", type=int, default=512)
+    # batch shape
+    p.add_argument("--prompts", type=int, default=8, help="GRPO prompts per step")
+    p.add_argument("--group", type=int, default=4, help="GRPO completions per prompt (G)")
+    p.add_argument("--new-tokens", type=int, default=32, help="GRPO tokens generated per completion")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--pairs", type=int, default=8, help="DPO pairs per step")
+    p.add_argument("--completion-len", type=int, default=32, help="DPO chosen/rejected tokens (EOS included)")
+    # strategy knobs
+    p.add_argument("--reset-every", type=int, default=4)
+    p.add_argument("--sync-every", type=int, default=1)
+    p.add_argument("--ema-alpha", type=float, default=0.1)
+    # run
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--compile", action="store_true", help="per-block torch.compile of policy and reference")
+    p.add_argument("--workdir", default=None, help="init checkpoint + refcache (default: a temporary dir)")
+    p.add_argument("--init-dir", default=None, help="start from this refexp checkpoint dir instead of a fresh init")
+    p.add_argument("--in-process", action="store_true", help="run every configuration in this process")
+    p.add_argument("--profile", default=None, help="write a torch.profiler table of the timed steps to this file")
+    p.add_argument("--peak-seconds", type=float, default=0.4, help="time spent per matmul-peak size")
+    p.add_argument("--markdown", action="store_true", help="also print a markdown table (stderr)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def configurations(args) -> list[dict]:
+    out = []
+    pre = {"off": [False], "on": [True], "both": [False, True]}[args.precompute_ref]
+    for algo, ref in itertools.product(args.algo, args.reference):
+        for p in (pre if algo == "dpo" else [False]):
+            if algo == "dpo" and ref == "none" and p:
+                continue  # nothing to precompute
+            out.append({"algo": algo, "reference": ref, "precompute_ref": p})
+    return out
+
+
+# ---------------------------------------------------------------- one configuration
+def build(args, algo: str, reference: str, precompute: bool):
+    """(ctx, policy, strategy, step_fn, meta) built with refexp's own constructors."""
+    import datasets
+    import torch
+
+    from refexp import titan
+    from refexp.config import CheckpointConfig, CompileConfig, DPOConfig, GRPOConfig, ReferenceConfig, RootConfig, \
+        TrainingConfig
+    from refexp.tasks import Task
+
+    device = titan.resolve_device(args.device)
+    shape = C.Shape(args.dim, args.layers, args.heads, args.ffn, args.vocab, args.kv_heads)
+    n_steps = args.warmup + args.steps
+    if algo == "grpo":
+        seq = args.prompt_len + args.new_tokens
+        tok = C.make_tokenizer(args.vocab, eos_outside=True)
+        prompts = C.random_texts(args.prompts * n_steps, args.prompt_len, args.vocab, seed=args.seed, eos_outside=True)
+        train = datasets.Dataset.from_dict({"prompt": prompts, "completion": [""] * len(prompts),
+                                            "answer": [""] * len(prompts)})
+        beta = args.beta if args.beta is not None else (0.0 if reference == "none" else 0.04)
+        algo_cfg = GRPOConfig(prompts_per_step=args.prompts, group_size=args.group, beta=beta,
+                              max_new_tokens=args.new_tokens, loss_agg="grpo")
+        pairs = None
+    else:
+        seq = args.prompt_len + args.completion_len
+        tok = C.make_tokenizer(args.vocab, eos_outside=False)
+        n = args.pairs * n_steps
+        texts = [C.random_texts(n, L, args.vocab, seed=args.seed + k, eos_outside=False)
+                 for k, L in enumerate((args.prompt_len, args.completion_len - 1, args.completion_len - 1))]
+        pairs = datasets.Dataset.from_dict({"prompt": texts[0], "chosen": texts[1], "rejected": texts[2]})
+        train = datasets.Dataset.from_dict({"prompt": texts[0][:1], "completion": [""], "answer": [""]})
+        loss = args.loss or ("simpo" if reference == "none" else "sigmoid")
+        algo_cfg = DPOConfig(loss_type=loss, beta=args.beta if args.beta is not None else 0.1,
+                             pairs_per_step=args.pairs, precompute_ref=precompute, num_pairs=n)
+    task = Task(name="random", tokenizer=tok, train=train, eval=train, max_new_tokens=args.new_tokens,
+                reward=C.content_blind_reward, max_prompt_len=args.prompt_len, preference=pairs)
+    cfg = RootConfig(
+        model=shape.model_config(max_seq_len=max(64, seq + 1)),
+        training=TrainingConfig(steps=n_steps, seed=args.seed, lr=args.lr, num_threads=args.threads,
+                                device=args.device),
+        checkpoint=CheckpointConfig(enable=False),
+        compile=CompileConfig(enable=args.compile),
+        algo=algo_cfg,
+        reference=ReferenceConfig(name=reference, reset_every=args.reset_every, sync_every=args.sync_every,
+                                  alpha=args.ema_alpha),
+    )
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="refexp-bench-"))
+    ctx = C.make_context(cfg, task, workdir, device)
+
+    from refexp.algos.loop import build_policy, build_strategy, reference_path
+
+    if args.init_dir:
+        init_dir = Path(args.init_dir)
+    else:
+        key = f"init-{shape.dim}-{shape.layers}-{shape.heads}-{shape.kv_heads}-{shape.ffn}-{shape.vocab}-s{args.seed}"
+        init_dir = workdir / key
+        if not (init_dir / "sft.json").is_file():
+            model = ctx.build_model(trainable=False)
+            C.save_init_checkpoint(model, init_dir)
+            del model
+    policy = build_policy(ctx, init_dir)
+    meta = {}
+    if algo == "grpo":
+        from refexp.algos.grpo import GRPOStep
+
+        strategy, _ = build_strategy(ctx, init_dir)
+        step_fn = GRPOStep(ctx, policy, strategy)
+    else:
+        from refexp.algos.dpo import DPOStep, build_ref_source
+
+        strategy, _ = build_strategy(ctx, init_dir, defer_build=True)
+        t0 = time.perf_counter()
+        ref_source, stats = build_ref_source(ctx, strategy, pairs, reference_path(ctx, init_dir))
+        meta["ref_source"] = type(ref_source).__name__ if ref_source is not None else None
+        meta["ref_source_build_s"] = time.perf_counter() - t0
+        meta.update(stats)
+        step_fn = DPOStep(ctx, policy, strategy, pairs, ref_source, stats)
+    torch.manual_seed(args.seed)
+    return ctx, policy, strategy, step_fn, shape, meta
+
+
+def run_one(args, algo: str, reference: str, precompute: bool) -> dict:
+    import torch
+
+    from refexp import titan
+    from refexp.optim import reset_optimizer_state
+
+    C.set_threads(args.threads)
+    C.quiet_warnings()
+    peak_before = C.matmul_peak(seconds=args.peak_seconds)
+    t_build = time.perf_counter()
+    ctx, policy, strategy, step_fn, shape, meta = build(args, algo, reference, precompute)
+    build_s = time.perf_counter() - t_build
+    clock = C.PhaseClock(policy.model, policy.optimizers)
+
+    rows = []
+    prof = None
+    n_steps = args.warmup + args.steps
+    for step in range(1, n_steps + 1):
+        if step == args.warmup + 1:
+            C.reset_peak_rss()
+            if args.profile:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
+                prof.__enter__()
+        clock.take()
+        t0 = time.perf_counter()
+        m = step_fn(step, None)
+        t1 = time.perf_counter()
+        strategy.after_step(step, policy.model, m)
+        if strategy.reset_optimizer_requested:
+            reset_optimizer_state(policy.optimizers)
+            strategy.reset_optimizer_requested = False
+        t2 = time.perf_counter()
+        fwd_bwd, opt = clock.take()
+        gen = m.get("perf/gen_s", 0.0)
+        ref = m.get("perf/ref_fwd_s", 0.0)
+        rows.append({
+            "step_s": t2 - t0, "generation": gen, "policy_fwd_bwd": fwd_bwd, "reference_fwd": ref,
+            "ref_update": t2 - t1, "optimizer": opt, "other": (t1 - t0) - gen - ref - fwd_bwd - opt,
+            "completion_len": m.get("policy/completion_len"),
+        })
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        Path(args.profile).write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    peak_timed = C.peak_rss_mb()
+    peak_after = C.matmul_peak(seconds=args.peak_seconds)
+    timed = rows[args.warmup:]
+    med = {k: C.median([r[k] for r in timed]) for k in timed[0] if k != "completion_len"}
+    step_s = med["step_s"]
+    peak = max(peak_before["gflops"], peak_after["gflops"])
+
+    # tokens and model FLOPs of one step
+    if algo == "grpo":
+        rows_n = args.prompts * args.group
+        clen = C.median([r["completion_len"] for r in timed]) or args.new_tokens
+        T = args.prompt_len + int(round(clen))
+        train_tokens = rows_n * T
+        gen_tokens = rows_n * clen
+        gen_flops = shape.decode_flops(rows_n, args.prompt_len, int(round(clen)))
+        fwd = shape.forward_flops([T] * rows_n)
+    else:
+        rows_n = 2 * args.pairs
+        T = args.prompt_len + args.completion_len
+        train_tokens, gen_tokens, gen_flops = rows_n * T, 0, 0.0
+        fwd = shape.forward_flops([T] * rows_n)
+    train_flops = 3 * fwd
+    uses_ref_fwd = med["reference_fwd"] > 1e-3  # a live reference forward (not a table lookup)
+    ref_flops = fwd if (strategy.holds_model and uses_ref_fwd) else 0.0
+    step_flops = gen_flops + train_flops + ref_flops
+
+    def mfu(flops, seconds):
+        return round(flops / seconds / (peak * 1e9), 4) if seconds and seconds > 0 and flops else None
+
+    ref_params = titan.count_parameters(strategy.model) if strategy.model is not None else 0
+    out = {
+        "bench": "step", "algo": algo, "reference": reference, "precompute_ref": precompute,
+        "loss": getattr(ctx.cfg.algo, "loss_type", None), "beta": ctx.cfg.algo.beta,
+        "shape": {"dim": args.dim, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "vocab": args.vocab},
+        "batch": ({"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
+                   "new_tokens": args.new_tokens} if algo == "grpo" else
+                  {"pairs": args.pairs, "prompt_len": args.prompt_len, "completion_len": args.completion_len}),
+        "threads": args.threads, "device": str(ctx.device), "compile": args.compile,
+        "steps": args.steps, "warmup": args.warmup,
+        "step_s": round(step_s, 5), "steps_per_s": round(1 / step_s, 4),
+        "tokens_per_s": round(train_tokens / step_s, 1),
+        "gen_tokens_per_s": round(gen_tokens / med["generation"], 1) if algo == "grpo" and med["generation"] else None,
+        "phases_s": {k: round(v, 5) for k, v in med.items() if k != "step_s"},
+        "ref_fwd_over_policy_fwd_bwd": round(med["reference_fwd"] / med["policy_fwd_bwd"], 4)
+        if med["policy_fwd_bwd"] else None,
+        "matmul_peak_gflops": round(peak, 1), "matmul_peak_by_size": peak_after["by_size"],
+        "mfu": {"policy_fwd_bwd": mfu(train_flops, med["policy_fwd_bwd"]),
+                "policy_fwd_bwd_opt": mfu(train_flops, med["policy_fwd_bwd"] + med["optimizer"]),
+                "reference_fwd": mfu(ref_flops, med["reference_fwd"]),
+                "generation": mfu(gen_flops, med["generation"]) if algo == "grpo" else None,
+                "step": mfu(step_flops, step_s)},
+        "gflop_per_step": round(step_flops / 1e9, 3),
+        "policy_params": titan.count_parameters(policy.model),
+        "ref_params_resident": ref_params,
+        "ref_param_mb": round(ref_params * 4 / 2**20, 2),
+        "peak_rss_timed_mb": round(peak_timed, 1),
+        "rss_end_mb": round(C.rss_mb(), 1),
+        "build_s": round(build_s, 2),
+        **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in meta.items()},
+    }
+    clock.remove()
+    return out
+
+
+# ---------------------------------------------------------------- driver
+def markdown(rows: list[dict]) -> str:
+    head = ("| algo | reference | precompute | steps/s | tokens/s | gen tok/s | generation | policy fwd+bwd | "
+            "ref fwd | ref update | optimizer | other | ref/policy | MFU train | MFU step | peak RSS MB |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        ph = r["phases_s"]
+        lines.append("| " + " | ".join(str(x) for x in [
+            r["algo"], r["reference"], r["precompute_ref"], r["steps_per_s"], r["tokens_per_s"],
+            r["gen_tokens_per_s"], ph["generation"], ph["policy_fwd_bwd"], ph["reference_fwd"], ph["ref_update"],
+            ph["optimizer"], ph["other"], r["ref_fwd_over_policy_fwd_bwd"], r["mfu"]["policy_fwd_bwd"],
+            r["mfu"]["step"], r["peak_rss_timed_mb"]]) + " |")
+    return "\n".join(lines)
+
+
+def forward_args(argv: list[str], config: dict) -> list[str]:
+    """This script's argv for one configuration (``--algo/--reference/--precompute-ref`` replaced)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            if a.startswith("--"):
+                skip = False
+            else:
+                continue
+        if a in ("--algo", "--reference", "--precompute-ref", "--markdown"):
+            skip = a != "--markdown"
+            continue
+        out.append(a)
+    return [*out, "--algo", config["algo"], "--reference", config["reference"],
+            "--precompute-ref", "on" if config["precompute_ref"] else "off", "--worker"]
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    configs = configurations(args)
+    if args.worker or args.in_process:
+        if args.workdir is None and len(configs) > 1:
+            args.workdir = tempfile.mkdtemp(prefix="refexp-bench-")
+        rows = []
+        for c in configs:
+            row = run_one(args, c["algo"], c["reference"], c["precompute_ref"])
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    else:
+        if args.workdir is None:
+            args.workdir = tempfile.mkdtemp(prefix="refexp-bench-")
+            argv += ["--workdir", args.workdir]
+        rows = []
+        for c in configs:
+            for row in C.run_json_subprocess([os.path.abspath(__file__), *forward_args(argv, c)]):
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    if args.markdown and rows:
+        print(markdown(rows), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
