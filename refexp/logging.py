@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -75,7 +76,7 @@ class MetricLogger:
                 "online" if os.environ.get("WANDB_API_KEY") else "offline"
             )
             id_file = self.run_dir / "wandb_id"
-            run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+            run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
             id_file.write_text(run_id)
             self._wandb = wandb.init(
                 project=cfg.project,

@@ -37,7 +37,21 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         OmegaConf.set_struct(cfg, False)
         cfg.run_dir = HydraConfig.get().runtime.output_dir
         OmegaConf.set_struct(cfg, True)
-    final = run(cfg)
+    if HydraConfig.get().mode.name != "MULTIRUN":
+        final = run(cfg)
+        return final.get("eval/accuracy") if isinstance(final, dict) else None
+    # In a sweep, one failing job must not stop the others (Hydra would re-raise the first failure
+    # after the batch and skip the report): the failure is in the job's status.json and log, the
+    # report lists it, and refexp.sweep.ReportCallback makes the sweep exit non-zero at the end.
+    try:
+        final = run(cfg)
+    except Exception:
+        import logging
+        import sys
+
+        logging.getLogger("refexp").exception("job %s failed; the sweep goes on", cfg.run_dir)
+        print(f"[refexp] job failed: {cfg.run_dir} (see its status.json)", file=sys.stderr)
+        return None
     return final.get("eval/accuracy") if isinstance(final, dict) else None
 
 

@@ -71,7 +71,7 @@ def _top_p_filter(probs_BV: torch.Tensor, top_p: float) -> torch.Tensor:
 def _inverse_cdf(probs_BV: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
     cdf = probs_BV.double().cumsum(-1)
     cdf = cdf / cdf[:, -1:]
-    idx = torch.searchsorted(cdf, u_B.unsqueeze(-1).to(cdf.dtype)).squeeze(-1)
+    idx = torch.searchsorted(cdf, u_B.unsqueeze(-1).to(cdf.dtype).contiguous()).squeeze(-1)
     return idx.clamp_(max=probs_BV.shape[-1] - 1)
 
 

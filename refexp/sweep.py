@@ -28,3 +28,6 @@ class ReportCallback(Callback):
             return
         print(format_table(report))
         print(f"[refexp] report: {report.markdown_path} (and report.html beside it)")
+        failed = [p for p in report.problems if getattr(p, "state", "") == "failed"]
+        if failed:
+            raise SystemExit(f"[refexp] {len(failed)} job(s) of the sweep failed; see the report's list")

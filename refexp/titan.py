@@ -1078,7 +1078,11 @@ class DecodeState:
 
     Slots are the columns of the left-padded batch: ``valid_BS`` marks real tokens, ``tokens_BS``
     holds them. ``keys``/``values`` hold per-layer [B, n_kv_heads, S, head_dim] after RoPE (empty in
-    recompute mode). ``next_pos_B`` is the RoPE position of each row's next token.
+    recompute mode): views of the first S slots of preallocated buffers (``key_bufs``/``value_bufs``,
+    ``capacity`` slots, grown by doubling), so a decode step writes one slot in place instead of
+    copying the whole cache (``torch.cat`` per layer per step was ~a quarter of decoding time).
+    ``next_pos_B`` is the RoPE position of each row's next token. ``padded``: some prompt was
+    left-padded, so attention needs the explicit ``valid_BS`` mask (otherwise it is plain causal).
     """
 
     tokens_BS: torch.Tensor
@@ -1088,6 +1092,10 @@ class DecodeState:
     values: list[torch.Tensor] = field(default_factory=list)
     recompute: bool = False
     unsharded: list[nn.Module] = field(default_factory=list)
+    capacity: int = 0
+    key_bufs: list[torch.Tensor] = field(default_factory=list)
+    value_bufs: list[torch.Tensor] = field(default_factory=list)
+    padded: bool = True
 
 
 def _unshard_for_decoding(model: nn.Module) -> list[nn.Module]:
@@ -1106,29 +1114,62 @@ def _call_without_hooks(module: nn.Module, *args):
     return module.forward(*args)
 
 
+def _append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: torch.Tensor) -> int:
+    """Write the new keys/values into the layer's buffers (in place; doubling when full), point
+    ``state.keys[layer]``/``values[layer]`` at the filled slots, and return how many were filled before."""
+    B, N, L, H = k_BNLH.shape
+    if layer == len(state.key_bufs):  # prefill: the layer's first tokens
+        start, cap = 0, max(state.capacity, L)
+        state.key_bufs.append(k_BNLH.new_empty(B, N, cap, H))
+        state.value_bufs.append(v_BNLH.new_empty(B, N, cap, H))
+        state.keys.append(k_BNLH)
+        state.values.append(v_BNLH)
+    else:
+        start = state.keys[layer].shape[2]
+    kb, vb = state.key_bufs[layer], state.value_bufs[layer]
+    if start + L > kb.shape[2]:
+        cap = max(2 * kb.shape[2], start + L)
+        kb = torch.cat([kb[:, :, :start], kb.new_empty(B, N, cap - start, H)], dim=2)
+        vb = torch.cat([vb[:, :, :start], vb.new_empty(B, N, cap - start, H)], dim=2)
+        state.key_bufs[layer], state.value_bufs[layer] = kb, vb
+    kb[:, :, start:start + L].copy_(k_BNLH)
+    vb[:, :, start:start + L].copy_(v_BNLH)
+    state.keys[layer], state.values[layer] = kb[:, :, :start + L], vb[:, :, :start + L]
+    return start
+
+
 def _attend(attention: nn.Module, x_BLD: torch.Tensor, positions_BL: torch.Tensor, state: DecodeState,
-            layer: int, allowed_BLS: torch.Tensor) -> torch.Tensor:
-    """GQAttention's forward with the layer's keys/values appended to the cache and an explicit mask."""
+            layer: int, allowed_BLS: torch.Tensor | None) -> torch.Tensor:
+    """GQAttention's forward with the layer's keys/values appended to the cache.
+
+    ``allowed_BLS`` is the explicit mask (query, slot); None when no row is padded: then the new
+    tokens see every cached slot and each other causally (SDPA's ``is_causal`` for a first block,
+    no mask at all for one new token).
+    """
     q_BLNH, k_BLNH, v_BLNH = attention.qkv_linear(x_BLD)
     if attention.q_norm is not None:  # qwen3: QK-norm before RoPE, as GQAttention.forward
         q_BLNH, k_BLNH = attention.q_norm(q_BLNH), attention.k_norm(k_BLNH)
     q_BLNH, k_BLNH = attention.rope(q_BLNH, k_BLNH, positions_BL)
-    k_BNLH, v_BNLH = k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2)
-    if layer == len(state.keys):
-        state.keys.append(k_BNLH)
-        state.values.append(v_BNLH)
-    else:
-        state.keys[layer] = torch.cat([state.keys[layer], k_BNLH], dim=2)
-        state.values[layer] = torch.cat([state.values[layer], v_BNLH], dim=2)
+    L = q_BLNH.shape[1]
+    start = _append_kv(state, layer, k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2))
+    is_causal = False
+    if allowed_BLS is None and L > 1:
+        if start == 0:
+            is_causal = True
+        else:  # several new tokens after a cache: causal among themselves, all cached slots visible
+            S = start + L
+            allowed_BLS = (torch.arange(S, device=x_BLD.device)[None, :]
+                           <= torch.arange(start, S, device=x_BLD.device)[:, None]).expand(x_BLD.shape[0], L, S)
     out_BNLH = F.scaled_dot_product_attention(
         q_BLNH.transpose(1, 2), state.keys[layer], state.values[layer],
-        attn_mask=allowed_BLS.unsqueeze(1), scale=attention.scaling, enable_gqa=attention.enable_gqa,
+        attn_mask=None if allowed_BLS is None else allowed_BLS.unsqueeze(1), is_causal=is_causal,
+        scale=attention.scaling, enable_gqa=attention.enable_gqa,
     )
     return attention.wo(out_BNLH.transpose(1, 2).flatten(2))
 
 
 def _cached_forward(model: nn.Module, tokens_BL: torch.Tensor, positions_BL: torch.Tensor,
-                    state: DecodeState, allowed_BLS: torch.Tensor) -> torch.Tensor:
+                    state: DecodeState, allowed_BLS: torch.Tensor | None) -> torch.Tensor:
     """The decoder's forward over new tokens, attending to cached keys; last-position logits [B, V]."""
     dec = _decoder(model)
     h = _call_without_hooks(dec.tok_embeddings, tokens_BL)

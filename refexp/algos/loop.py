@@ -135,12 +135,12 @@ def optimizer_step(ctx: RunContext, policy: Policy, loss: torch.Tensor, step: in
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), ctx.cfg.training.max_norm)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
-    gn = float(grad_norm)
-    if not (math.isfinite(float(loss)) and math.isfinite(gn)):
+    gn, lv = float(grad_norm), float(loss.detach())
+    if not (math.isfinite(lv) and math.isfinite(gn)):
         last = ckpt.latest_step() if ckpt is not None else -1
         raise NonFiniteError(
-            f"non-finite {'loss' if not math.isfinite(float(loss)) else 'gradient norm'} at step {step} "
-            f"(loss={float(loss)}, grad_norm={gn}); stopping without applying the update. "
+            f"non-finite {'loss' if not math.isfinite(lv) else 'gradient norm'} at step {step} "
+            f"(loss={lv}, grad_norm={gn}); stopping without applying the update. "
             + (f"The last good checkpoint is step-{last} in {ckpt.folder}." if last >= 0 else "No checkpoint was written yet.")
         )
     policy.optimizers.step()

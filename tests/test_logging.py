@@ -1,0 +1,81 @@
+"""metrics.jsonl is the contract; W&B gets the same dict; a W&B failure never stops training."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from refexp.config import LoggerConfig
+from refexp.logging import MetricLogger, read_metrics, write_json_atomic
+
+
+def test_metrics_jsonl_has_one_object_per_logged_step(tmp_path):
+    log = MetricLogger(tmp_path, wandb_cfg=LoggerConfig(name="none"))
+    log.log({"reward/mean": 0.5, "kl/ref": 0.01}, step=1)
+    log.log({"reward/mean": 0.75}, step=2)
+    log.close()
+    assert read_metrics(tmp_path / "metrics.jsonl") == [
+        {"step": 1, "reward/mean": 0.5, "kl/ref": 0.01}, {"step": 2, "reward/mean": 0.75}]
+
+
+def test_a_torn_last_line_is_skipped_and_truncate_keeps_earlier_steps(tmp_path):
+    log = MetricLogger(tmp_path, wandb_cfg=LoggerConfig(name="none"))
+    for s in range(1, 6):
+        log.log({"loss/total": float(s)}, step=s)
+    log.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "loss/to')  # a kill in the middle of a write
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    log = MetricLogger(tmp_path, wandb_cfg=LoggerConfig(name="none"))
+    log.truncate_after(3)  # a resume from step 3 re-logs 4, 5
+    log.log({"loss/total": 40.0}, step=4)
+    log.close()
+    assert [(r["step"], r["loss/total"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [
+        (1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+
+
+def test_disabled_logger_writes_nothing(tmp_path):
+    log = MetricLogger(tmp_path / "r", enabled=False, wandb_cfg=LoggerConfig())
+    log.log({"a": 1.0}, step=1)
+    log.close()
+    assert not (tmp_path / "r").exists()
+
+
+def test_wandb_offline_run_gets_the_same_metrics_and_conventions(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    info = {"group": "quickstart/sweep1", "job_type": "periodic_reset", "name": "reference=periodic_reset",
+            "tags": ["algo:grpo", "ref:periodic_reset"]}
+    log = MetricLogger(tmp_path, wandb_cfg=LoggerConfig(name="wandb", project="refexp-test"),
+                       resolved_config={"algo": {"name": "grpo"}}, run_info=info)
+    assert log._wandb is not None, "W&B offline init failed"
+    run = log._wandb
+    assert (run.group, run.job_type, run.name) == ("quickstart/sweep1", "periodic_reset", "reference=periodic_reset")
+    assert set(run.tags) == {"algo:grpo", "ref:periodic_reset"}
+    assert run.config["algo"]["name"] == "grpo"
+    log.log({"reward/mean": 0.5}, step=1)
+    log.summary({"eval/accuracy": 0.6})
+    log.close()
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "reward/mean": 0.5}]
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline run dir to `wandb sync`"
+
+
+def test_wandb_failures_never_stop_training(tmp_path, monkeypatch):
+    import wandb
+
+    def broken_init(*a, **k):
+        raise RuntimeError("no network")
+
+    monkeypatch.setattr(wandb, "init", broken_init)
+    with pytest.warns(UserWarning, match="W&B init failed"):
+        log = MetricLogger(tmp_path, wandb_cfg=LoggerConfig(name="wandb"))
+    log.log({"reward/mean": 1.0}, step=1)
+    log.close()
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "reward/mean": 1.0}]
+
+
+def test_write_json_atomic_replaces_whole_files(tmp_path):
+    write_json_atomic(tmp_path / "s.json", {"status": "running"})
+    write_json_atomic(tmp_path / "s.json", {"status": "completed"})
+    assert json.loads((tmp_path / "s.json").read_text()) == {"status": "completed"}
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
