@@ -50,9 +50,17 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         import sys
 
         logging.getLogger("refexp").exception("job %s failed; the sweep goes on", cfg.run_dir)
+        _record_failure_if_unrecorded(Path(cfg.run_dir), sys.exc_info()[1])
         print(f"[refexp] job failed: {cfg.run_dir} (see its status.json)", file=sys.stderr)
         return None
     return final.get("eval/accuracy") if isinstance(final, dict) else None
+
+
+def _record_failure_if_unrecorded(run_dir: Path, error: BaseException) -> None:
+    """A job that failed before run_worker (a config error) still leaves a status.json for the report."""
+    status = run_dir / "status.json"
+    if rdist.is_rank0() and not status.exists():
+        write_json_atomic(status, {"status": "failed", "error": f"{type(error).__name__}: {error}", "final": {}})
 
 
 def validate(dcfg: DictConfig) -> RootConfig:

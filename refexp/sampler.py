@@ -109,7 +109,7 @@ def generate(
     done = torch.zeros(n, dtype=torch.bool, device=device)
     lengths = torch.zeros(n, dtype=torch.long, device=device)
 
-    logits_BV, cache = titan.prefill(model, prompt_BL, lens_B)
+    logits_BV, cache = titan.prefill(model, prompt_BL, lens_B, max_new_tokens=max_new_tokens)
     try:
         for t in range(max_new_tokens):
             logits_BV = logits_BV.float()

@@ -1211,7 +1211,8 @@ def _has_dtensor_weights(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.LongTensor):
+def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.LongTensor, *,
+            max_new_tokens: int = 0):
     """Start incremental decoding of left-padded prompts: returns (last_logits_BV float32, state).
 
     ``prompt_BL`` is left-padded to a common length L; row b's real tokens are its last
@@ -1220,6 +1221,7 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
     the FSDP modules are unsharded until ``finish_decode``. Under TP (DTensor weights) there is no
     cache: every step re-runs ``model(...)`` over the whole sequence (correct, O(T) slower).
     Collective under FSDP/TP: every rank must decode the same number of steps.
+    ``max_new_tokens``: decode steps to reserve cache slots for (more still fit: the cache grows).
     """
     L = prompt_BL.shape[1]
     lens_B = prompt_lens_B.to(prompt_BL.device)
@@ -1227,11 +1229,14 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
     first_B1 = (L - lens_B)[:, None]  # slot of each row's first real token
     valid_BL = slots_L >= first_B1
     positions_BL = (slots_L - first_B1).clamp(min=0)
-    state = DecodeState(tokens_BS=prompt_BL.clone(), valid_BS=valid_BL, next_pos_B=lens_B.clone())
+    state = DecodeState(tokens_BS=prompt_BL.clone(), valid_BS=valid_BL, next_pos_B=lens_B.clone(),
+                        capacity=L + max(0, int(max_new_tokens)), padded=bool((lens_B < L).any()))
     state.unsharded = _unshard_for_decoding(model)
     if _has_dtensor_weights(model):
         state.recompute = True
         return _recompute_logits(model, state), state
+    if not state.padded:  # plain causal attention, no mask to build or apply
+        return _cached_forward(model, prompt_BL, positions_BL, state, None), state
     # Query i sees real keys j <= i; pad queries see themselves only (their output is never used,
     # but an all-masked row would be NaN).
     causal_LL = slots_L[None, :] <= slots_L[:, None]
@@ -1249,7 +1254,8 @@ def decode_step(model: nn.Module, next_tokens_B: torch.LongTensor, state: Decode
     state.next_pos_B = state.next_pos_B + 1
     if state.recompute:
         return _recompute_logits(model, state), state
-    return _cached_forward(model, tokens_B1, positions_B1, state, state.valid_BS[:, None, :]), state
+    allowed_B1S = state.valid_BS[:, None, :] if state.padded else None
+    return _cached_forward(model, tokens_B1, positions_B1, state, allowed_B1S), state
 
 
 def finish_decode(state: DecodeState) -> None:
@@ -1258,3 +1264,4 @@ def finish_decode(state: DecodeState) -> None:
         m.reshard()
     state.unsharded = []
     state.keys, state.values = [], []
+    state.key_bufs, state.value_bufs = [], []
