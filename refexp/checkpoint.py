@@ -119,6 +119,12 @@ def latest_checkpoint_step(folder: str | os.PathLike) -> int:
     return max(steps, default=-1)
 
 
+def is_hf_dir(path: str | os.PathLike) -> bool:
+    """An HF checkpoint dir: config.json beside safetensors weights."""
+    p = Path(path)
+    return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
+
+
 def save_model_weights(model: torch.nn.Module, checkpoint_dir: str | os.PathLike) -> None:
     """Model-only DCP checkpoint (reshardable: loads into any parallelism)."""
     import torch.distributed.checkpoint as dcp

@@ -91,8 +91,15 @@ class RunContext:
     def build_frozen(self, checkpoint: str | Path, *, dtype: str | None = None,
                      compile_enable: bool | None = None) -> torch.nn.Module:
         """A frozen (no grad, no optimizer state) copy loaded from a checkpoint dir."""
-        from refexp.checkpoint import load_model_weights
-
         model = self.build_model(trainable=False, dtype=dtype, compile_enable=compile_enable)
-        load_model_weights(model, checkpoint)
+        self.load_weights(model, checkpoint)
         return model
+
+    def load_weights(self, model: torch.nn.Module, checkpoint: str | Path) -> None:
+        """Weights from a refexp/DCP checkpoint dir, or from an HF safetensors dir (config.json + *.safetensors)."""
+        from refexp.checkpoint import is_hf_dir, load_model_weights
+
+        if is_hf_dir(checkpoint):
+            titan.load_hf_weights_(model, self.cfg.model, str(checkpoint))
+        else:
+            load_model_weights(model, checkpoint)

@@ -140,17 +140,25 @@ def compute_table(compute: Callable[[list[int]], RefLogps], n: int, batch_size: 
 
 
 # ---------------------------------------------------------------- identity and the file
-def checkpoint_stamp(checkpoint: str | os.PathLike) -> dict:
+def checkpoint_stamp(checkpoint: str | os.PathLike) -> list[dict]:
     """What changes when the weights at ``checkpoint`` change: the mtime and size of the SFT dir's
-    ``sft.json`` (written last) or of the DCP ``.metadata`` that ``load_model_weights`` would read."""
+    ``sft.json`` (written last), else of the DCP ``.metadata`` the loader would read, else of an HF
+    dir's ``*.safetensors``."""
     p = Path(checkpoint)
     step = latest_checkpoint_step(p / "checkpoint")
     for f in (p / "sft.json", p / "model" / ".metadata", p / ".metadata",
               p / "checkpoint" / f"step-{step}" / ".metadata"):
         if f.is_file():
-            st = f.stat()
-            return {"file": str(f.relative_to(p)), "mtime_ns": st.st_mtime_ns, "size": st.st_size}
-    raise FileNotFoundError(f"{str(p)!r} holds no SFT output or DCP checkpoint to key a reference cache on")
+            return [_file_stamp(f, p)]
+    if weights := sorted(p.glob("*.safetensors")):
+        return [_file_stamp(f, p) for f in weights]
+    raise FileNotFoundError(f"{str(p)!r} holds no SFT output, DCP checkpoint or HF safetensors to key a "
+                            f"reference cache on")
+
+
+def _file_stamp(f: Path, root: Path) -> dict:
+    st = f.stat()
+    return {"file": str(f.relative_to(root)), "mtime_ns": st.st_mtime_ns, "size": st.st_size}
 
 
 def cache_key(checkpoint: str | os.PathLike, dtype: str, data_fingerprint: str) -> str:

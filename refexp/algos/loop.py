@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from refexp import titan
-from refexp.checkpoint import Checkpointer, TrainState, load_model_weights
+from refexp.checkpoint import Checkpointer, TrainState
 from refexp.context import RunContext
 from refexp.evaluation import greedy_accuracy, kl_to_anchor
 from refexp.logging import peak_rss_mb
@@ -93,10 +93,10 @@ def build_policy(ctx: RunContext, init_path: Path) -> Policy:
     cfg = ctx.cfg
     model = ctx.build_model(trainable=True)
     src = cfg.checkpoint.initial_load_path or init_path
-    if cfg.checkpoint.initial_load_path and cfg.checkpoint.initial_load_in_hf:
+    if cfg.checkpoint.initial_load_in_hf:
         titan.load_hf_weights_(model, cfg.model, src)
     else:
-        load_model_weights(model, src)
+        ctx.load_weights(model, src)
     t = cfg.training
     optimizers, schedulers = build_optimizer(model, optimizer=t.optimizer, lr=t.lr, beta1=t.beta1, beta2=t.beta2,
                                              eps=t.eps, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
