@@ -279,6 +279,19 @@ def run_json_subprocess(argv: list[str], *, env: dict | None = None, timeout: fl
     return out
 
 
+def apply_omp_wait_policy(policy: str) -> None:
+    """Set OMP_WAIT_POLICY for the worker subprocesses this process starts ("default": leave unset).
+
+    On a shared, oversubscribed machine OpenMP's default spin-waiting makes every parallel region wait
+    for a descheduled thread: small ops (decoding, optimizer) became 10-100x slower with 2 threads.
+    PASSIVE threads sleep instead. Only child processes see it (the runtime reads it at start-up).
+    """
+    if policy == "default":
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    else:
+        os.environ["OMP_WAIT_POLICY"] = policy
+
+
 def quiet_warnings() -> None:
     import warnings
 

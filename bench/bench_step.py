@@ -73,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", default=None, help="write a torch.profiler table of the timed steps to this file")
     p.add_argument("--peak-seconds", type=float, default=0.4, help="time spent per matmul-peak size")
     p.add_argument("--markdown", action="store_true", help="also print a markdown table (stderr)")
+    p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"],
+                   help="OMP_WAIT_POLICY of the worker subprocesses (default PASSIVE: see bench/README.md)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -142,6 +144,8 @@ def build(args, algo: str, reference: str, precompute: bool):
 
     if args.init_dir:
         init_dir = Path(args.init_dir)
+    elif ctx.dist.world_size > 1:
+        raise SystemExit("bench_step under torchrun needs --init-dir (write it with a single-process run first)")
     else:
         key = f"init-{shape.dim}-{shape.layers}-{shape.heads}-{shape.kv_heads}-{shape.ffn}-{shape.vocab}-s{args.seed}"
         init_dir = workdir / key
@@ -220,9 +224,10 @@ def run_one(args, algo: str, reference: str, precompute: bool) -> dict:
     step_s = med["step_s"]
     peak = max(peak_before["gflops"], peak_after["gflops"])
 
-    # tokens and model FLOPs of one step
+    # tokens and model FLOPs of one step on this rank
+    world = ctx.dp_rank_and_degree[1]
     if algo == "grpo":
-        rows_n = args.prompts * args.group
+        rows_n = args.prompts * args.group // world
         clen = C.median([r["completion_len"] for r in timed]) or args.new_tokens
         T = args.prompt_len + int(round(clen))
         train_tokens = rows_n * T
@@ -230,7 +235,7 @@ def run_one(args, algo: str, reference: str, precompute: bool) -> dict:
         gen_flops = shape.decode_flops(rows_n, args.prompt_len, int(round(clen)))
         fwd = shape.forward_flops([T] * rows_n)
     else:
-        rows_n = 2 * args.pairs
+        rows_n = 2 * args.pairs // world
         T = args.prompt_len + args.completion_len
         train_tokens, gen_tokens, gen_flops = rows_n * T, 0, 0.0
         fwd = shape.forward_flops([T] * rows_n)
@@ -272,8 +277,19 @@ def run_one(args, algo: str, reference: str, precompute: bool) -> dict:
         "rss_end_mb": round(C.rss_mb(), 1),
         "build_s": round(build_s, 2),
         **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in meta.items()},
+        "world_size": ctx.dist.world_size,
     }
     clock.remove()
+    if ctx.dist.world_size > 1:  # per-rank memory, gathered on rank 0 (tokens/s etc. are rank 0's)
+        import torch.distributed as dist
+
+        mine = {k: out[k] for k in ("policy_params", "ref_params_resident", "peak_rss_timed_mb", "rss_end_mb")}
+        ranks = [None] * ctx.dist.world_size
+        dist.all_gather_object(ranks, mine)
+        out["per_rank"] = ranks
+        out["parallelism"] = {"dp_shard": ctx.parallel_dims.dp_shard, "tp": ctx.parallel_dims.tp}
+        if not ctx.dist.is_rank0:
+            return None
     return out
 
 
@@ -301,8 +317,8 @@ def forward_args(argv: list[str], config: dict) -> list[str]:
                 skip = False
             else:
                 continue
-        if a in ("--algo", "--reference", "--precompute-ref", "--markdown"):
-            skip = a != "--markdown"
+        if a in ("--algo", "--reference", "--precompute-ref", "--markdown", "--omp-wait-policy"):
+            skip = a != "--markdown"  # the others take values
             continue
         out.append(a)
     return [*out, "--algo", config["algo"], "--reference", config["reference"],
@@ -319,9 +335,11 @@ def main(argv=None) -> None:
         rows = []
         for c in configs:
             row = run_one(args, c["algo"], c["reference"], c["precompute_ref"])
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+            if row is not None:  # None: a non-zero rank under torchrun
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     else:
+        C.apply_omp_wait_policy(args.omp_wait_policy)
         if args.workdir is None:
             args.workdir = tempfile.mkdtemp(prefix="refexp-bench-")
             argv += ["--workdir", args.workdir]

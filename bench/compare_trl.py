@@ -63,6 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--workdir", default=None)
     p.add_argument("--refexp-args", default="", help="extra bench_step.py options for the refexp side")
+    p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"],
+                   help="OMP_WAIT_POLICY of every worker (default PASSIVE: see bench/README.md)")
     p.add_argument("--trl-worker", default=None, choices=list(WORKLOADS), help=argparse.SUPPRESS)
     p.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -236,6 +238,7 @@ def main(argv=None) -> None:
         print(json.dumps({"prepared": args.workdir}), flush=True)
         return
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="refexp-vs-trl-")
+    C.apply_omp_wait_policy(args.omp_wait_policy)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     C.run_json_subprocess([__file__, "--prepare", "--workdir", str(workdir), "--prompt-len", str(args.prompt_len),

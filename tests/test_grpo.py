@@ -88,3 +88,101 @@ def test_reward_function_error_names_the_sample(tmp_path, monkeypatch):
         run(cfg)
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["status"] == "failed" and "boom" in status["error"]
+
+
+def test_fixed_reference_kl_ref_equals_kl_init_on_the_same_prompts(tmp_path):
+    """kl/ref (training-batch path) and kl/init (held-out path) are one quantity when the reference is
+    the fixed initial model: the same samples give the same number."""
+    import torch
+
+    from refexp import sampler, titan
+    from refexp.algos.loop import build_policy, build_strategy
+    from refexp.evaluation import KL_INIT_KEY, kl_to_anchor
+    from refexp.kl import mean_token_kl
+    from refexp.run import run_worker, validate
+    import refexp.algos.grpo as grpo_mod
+
+    captured = {}
+
+    def capture(ctx, sft_dir):
+        policy = build_policy(ctx, sft_dir)
+        with torch.no_grad():  # move the policy away from the reference
+            for p in policy.model.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+        strategy, anchor = build_strategy(ctx, sft_dir)
+        assert anchor.shared is strategy  # fixed on the start checkpoint: no second copy
+        prompts = ctx.task.eval.select(range(8))["prompt"]
+        with anchor.logprobs() as ref_fn:
+            kl_init = kl_to_anchor(policy.model, ref_fn, ctx.task, 8, seed=ctx.cfg.training.seed)
+        keys = [(ctx.cfg.training.seed, KL_INIT_KEY, i) for i in range(8)]
+        r = sampler.generate(policy.model, ctx.task.tokenizer, prompts, max_new_tokens=ctx.task.max_new_tokens,
+                             keys=keys)
+        kl_ref = float(mean_token_kl(r.behaviour_logp, strategy.logprobs(r.tokens_BT), r.mask_BT))
+        captured.update(kl_init=kl_init, kl_ref=kl_ref)
+        return {"step": 0}
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(grpo_mod, "train_grpo", capture)
+    try:
+        run(compose_cfg(tmp_path, *GRPO, "reference=fixed"))
+    finally:
+        monkeypatch.undo()
+    assert captured["kl_init"] > 1e-4
+    assert captured["kl_ref"] == pytest.approx(captured["kl_init"], rel=1e-5, abs=1e-7)
+
+
+def _parameter_bytes_alive() -> int:
+    import gc
+
+    import torch
+
+    seen, total = set(), 0
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.nn.Parameter) and id(obj) not in seen:
+            seen.add(id(obj))
+            total += obj.numel() * obj.element_size()
+    return total
+
+
+@pytest.mark.parametrize("strategy, copies", [("none", 1), ("fixed", 2), ("periodic_reset", 2)])
+def test_parameters_held_during_training_steps(tmp_path, monkeypatch, strategy, copies):
+    """reference=none holds only the policy while it trains; strategies with a reference hold one copy more."""
+    import gc
+
+    import refexp.algos.grpo as grpo_mod
+
+    held = []
+    original = grpo_mod.GRPOStep.__call__
+
+    def counting(self, step, ckpt):
+        gc.collect()
+        held.append((_parameter_bytes_alive(), sum(p.numel() * p.element_size()
+                                                   for p in self.policy.model.parameters())))
+        return original(self, step, ckpt)
+
+    monkeypatch.setattr(grpo_mod.GRPOStep, "__call__", counting)
+    run(compose_cfg(tmp_path, *GRPO, "training.steps=2", f"reference={strategy}"))
+    assert len(held) == 2
+    for alive, policy_bytes in held:
+        assert alive == copies * policy_bytes, (strategy, alive, policy_bytes)
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    import refexp.algos.grpo as grpo_mod
+    from refexp.algos.loop import NonFiniteError
+
+    real = grpo_mod.grpo_loss
+    calls = {"n": 0}
+
+    def poisoned(*a, **k):
+        loss, m = real(*a, **k)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] == 3 else loss), m
+
+    monkeypatch.setattr(grpo_mod, "grpo_loss", poisoned)
+    with pytest.raises(NonFiniteError, match=r"non-finite loss at step 3.*step-2"):
+        run(compose_cfg(tmp_path, *GRPO, "training.steps=4", "checkpoint.interval=2"))
+    assert (tmp_path / "checkpoint" / "step-2" / ".metadata").is_file()
+    assert not (tmp_path / "checkpoint" / "step-3").exists()
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "failed" and "non-finite" in status["error"]

@@ -161,8 +161,10 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
     resumed = ckpt.resume()
     start = state.step if resumed else 0
     last_eval: dict[str, float] = {}
+    # Rows logged after the checkpoint (all rows, when there is none) are from an attempt that was
+    # killed: the steps are run again and logged once.
+    ctx.logger.truncate_after(start if resumed else -1)
     if resumed:
-        ctx.logger.truncate_after(start)
         if ctx.dist.is_rank0:
             print(f"[refexp] resumed {ctx.run_dir} at step {start}")
     else:

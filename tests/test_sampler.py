@@ -1,0 +1,69 @@
+"""Rollouts: behaviour log-probs equal the trainer's recomputation; randomness is keyed, not batched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from refexp import sampler, titan
+from refexp.config import ModelConfig
+from refexp.tasks.tokenizer import build_char_tokenizer
+
+TOK = build_char_tokenizer()
+PROMPTS = ["12+34=", "5+6=", "123+456=", "7="]  # different lengths: left padding in the decoder
+
+
+def _model(seed=0):
+    titan.prepare_torchtitan("cpu")
+    cfg = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=64)
+    return titan.build_model(cfg, vocab_size=TOK.vocab_size, device="cpu", seed=seed, requires_grad=False)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_behaviour_logprobs_equal_the_trainers_recomputation(temperature, top_p):
+    m = _model()
+    keys = [(0, 1, i, 0) for i in range(len(PROMPTS))]
+    r = sampler.generate(m, TOK, PROMPTS, max_new_tokens=12, temperature=temperature, top_p=top_p, keys=keys)
+    logp = titan.token_logprobs(m, r.tokens_BT, temperature=temperature)
+    assert r.mask_BT.any()
+    torch.testing.assert_close(r.behaviour_logp[r.mask_BT], logp[r.mask_BT], rtol=0, atol=1e-4)
+    assert (r.behaviour_logp[~r.mask_BT] == 0).all()
+    # the training layout: each row is [prompt, completion, pad...] with the prompt unpadded
+    for i, p in enumerate(PROMPTS):
+        n = len(TOK.encode(p, add_bos=True))
+        assert TOK.decode(r.tokens_BT[i, :n].tolist()) == p
+        assert r.mask_BT[i, n - 1] and not r.mask_BT[i, : n - 1].any()
+
+
+def test_samples_depend_on_the_key_not_on_the_batch():
+    m = _model()
+    keys = [(3, 7, i, g) for i in range(len(PROMPTS)) for g in range(2)]
+    prompts = [p for p in PROMPTS for _ in range(2)]
+    batch = sampler.generate(m, TOK, prompts, max_new_tokens=10, keys=keys)
+    for j in (0, 5, 7):  # the same row sampled alone, or in another batch, is the same completion
+        alone = sampler.generate(m, TOK, [prompts[j]], max_new_tokens=10, keys=[keys[j]])
+        assert alone.completion_ids[0] == batch.completion_ids[j]
+    other = sampler.generate(m, TOK, prompts, max_new_tokens=10, keys=[(4, *k[1:]) for k in keys])
+    assert other.completion_ids != batch.completion_ids  # another seed, other samples
+
+
+def test_greedy_is_the_argmax_continuation():
+    m = _model()
+    r = sampler.generate(m, TOK, PROMPTS[:2], max_new_tokens=5, greedy=True)
+    for i, p in enumerate(PROMPTS[:2]):
+        ids = TOK.encode(p, add_bos=True)
+        for tok in r.completion_ids[i]:
+            nxt = titan.logits(m, torch.tensor([ids]))[0, -1].argmax().item()
+            assert tok == nxt
+            ids.append(tok)
+            if tok == TOK.eos_id:
+                break
+
+
+def test_inverse_cdf_sampling_follows_the_distribution():
+    probs = torch.tensor([[0.1, 0.6, 0.3]]).repeat(20000, 1)
+    u = sampler.row_uniforms([(i,) for i in range(20000)], 1)[:, 0]
+    counts = torch.bincount(sampler._inverse_cdf(probs, u), minlength=3).float() / 20000
+    torch.testing.assert_close(counts, torch.tensor([0.1, 0.6, 0.3]), rtol=0, atol=0.015)
+    kept = sampler._top_p_filter(torch.tensor([[0.1, 0.6, 0.3]]), 0.8)
+    torch.testing.assert_close(kept, torch.tensor([[0.0, 0.6, 0.3]]))  # the token crossing top_p stays
