@@ -57,6 +57,8 @@ class Checkpointer:
             async_mode=cfg.async_mode,
             last_save_model_only=False,  # the end of a run must stay resumable (training.steps may grow)
             load_step=cfg.load_step,
+            # refexp loads the start weights itself (SFT output / HF dir); this manager only resumes
+            initial_load_model_only=False,
         )
         self.manager = CheckpointManager(
             tt_cfg,
