@@ -28,22 +28,43 @@ class DistInfo:
         return self.rank == 0
 
 
-def map_slurm_env() -> None:
-    """SLURM_PROCID/NTASKS/LOCALID -> RANK/WORLD_SIZE/LOCAL_RANK (+ MASTER_ADDR from the node list)."""
-    if "RANK" in os.environ or "SLURM_PROCID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list, without ``scontrol``: ``gpu[03-05,07],cpu1`` -> ``gpu03``,
+    ``rack1-[2-3]-n[1-4]`` -> ``rack1-2-n1``, ``node7,node9`` -> ``node7``."""
+    out, i = [], 0
+    while i < len(nodelist) and nodelist[i] != ",":
+        if nodelist[i] == "[":
+            j = nodelist.index("]", i)
+            out.append(nodelist[i + 1:j].split(",")[0].split("-")[0])  # zero padding is kept
+            i = j + 1
+        else:
+            out.append(nodelist[i])
+            i += 1
+    return "".join(out)
+
+
+def map_slurm_env(environ=None) -> None:
+    """SLURM's task variables -> torch.distributed's, for processes started by ``srun`` (one task per
+    GPU, as hydra-submitit-launcher does) rather than by torchrun.
+
+    RANK <- SLURM_PROCID, WORLD_SIZE <- SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), LOCAL_RANK <-
+    SLURM_LOCALID, MASTER_ADDR <- the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
+    MASTER_PORT <- 20000 + SLURM_JOB_ID % 20000 (the same on every task of a job, different for
+    jobs sharing a node). Variables already set win (torchrun inside an allocation sets RANK; a
+    cluster may export MASTER_ADDR/MASTER_PORT). Does nothing for a single task. Start the tasks with
+    srun: a batch script with --ntasks=N that runs refexp directly is one process, not N.
+    """
+    env = os.environ if environ is None else environ
+    world = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
+    if "RANK" in env or "SLURM_PROCID" not in env or int(world) <= 1:
         return
-    os.environ["RANK"] = os.environ["SLURM_PROCID"]
-    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
-    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
-    if "MASTER_ADDR" not in os.environ:
-        nodes = os.environ.get("SLURM_JOB_NODELIST", "localhost")
-        # "node[01-04],x" -> "node01": the first host of a compressed list (scontrol would need a subprocess).
-        first = nodes.split(",")[0]
-        if "[" in first:
-            prefix, rest = first.split("[", 1)
-            first = prefix + rest.rstrip("]").split("-")[0].split(",")[0]
-        os.environ["MASTER_ADDR"] = first
-    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+    env["RANK"] = env["SLURM_PROCID"]
+    env["WORLD_SIZE"] = world
+    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    if "MASTER_ADDR" not in env:
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        env["MASTER_ADDR"] = first_host(nodes) if nodes else "localhost"
+    env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
 
 
 def launched_world_size() -> int:
@@ -57,6 +78,9 @@ def init_distributed(device: torch.device, *, backend: str = "auto", timeout_s: 
     map_slurm_env()
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        torch.cuda.set_device(local_rank)  # before NCCL's communicators are made
     if not dist.is_initialized():
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
@@ -65,9 +89,6 @@ def init_distributed(device: torch.device, *, backend: str = "auto", timeout_s: 
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
             dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device.type == "cuda":
-        torch.cuda.set_device(local_rank)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
 
 

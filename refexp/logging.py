@@ -94,7 +94,7 @@ class MetricLogger:
             )
             self._wandb.define_metric("step")
             for prefix in ("loss", "reward", "rewards", "kl", "eval", "ref", "perf", "mem", "clip", "logps",
-                           "policy", "train", "sft", "orpo", "optim"):
+                           "policy", "train", "sft", "orpo", "optim", "refcache"):
                 self._wandb.define_metric(f"{prefix}/*", step_metric="step")
             if mode == "offline":
                 print(f"[refexp] W&B is offline; upload later with: wandb sync {self.run_dir / 'wandb'}",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -161,10 +162,11 @@ def _file_stamp(f: Path, root: Path) -> dict:
     return {"file": str(f.relative_to(root)), "mtime_ns": st.st_mtime_ns, "size": st.st_size}
 
 
-def cache_key(checkpoint: str | os.PathLike, dtype: str, data_fingerprint: str) -> str:
-    """Hash of the reference's identity (resolved path + stamp + dtype) and the pairs' fingerprint."""
+def cache_key(checkpoint: str | os.PathLike, dtype: str, data_fingerprint: str, model: dict | None = None) -> str:
+    """Hash of the reference's identity (resolved path + stamp + dtype + the model config it is loaded
+    into) and the pairs' fingerprint."""
     key = {"path": str(Path(checkpoint).resolve()), "stamp": checkpoint_stamp(checkpoint), "dtype": dtype,
-           "data": data_fingerprint, "format": CACHE_FORMAT}
+           "model": model, "data": data_fingerprint, "format": CACHE_FORMAT}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -175,12 +177,13 @@ def cache_file(cache_dir: str | os.PathLike, key: str) -> Path:
 def save(table: RefLogps, path: Path) -> None:
     """Write atomically: a private temp name, then ``os.replace``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        torch.save(table.tensors(), tmp)
+        with os.fdopen(fd, "wb") as f:
+            torch.save(table.tensors(), f)
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
 
 
 def load(path: Path) -> RefLogps:

@@ -95,8 +95,14 @@ def generate(
     from refexp.tasks.batching import encode_prompts
 
     device = next(model.parameters()).device
-    prompt_BL, lens_B = encode_prompts(tokenizer, prompts, max_prompt_len or 1 << 30)
-    prompt_BL, lens_B = prompt_BL.to(device), lens_B.to(device)
+    # Each distinct prompt is prefilled once and its cache repeated for its rows (GRPO's G samples
+    # of a prompt share it): the prefill forward shrinks by the group size.
+    distinct = list(dict.fromkeys(prompts))
+    prompt_UL, lens_U = encode_prompts(tokenizer, distinct, max_prompt_len or 1 << 30)
+    prompt_UL, lens_U = prompt_UL.to(device), lens_U.to(device)
+    index = {p: i for i, p in enumerate(distinct)}
+    rows_B = torch.tensor([index[p] for p in prompts], dtype=torch.long, device=device)
+    prompt_BL, lens_B = prompt_UL[rows_B], lens_U[rows_B]
     n = len(prompts)
     if not greedy:
         if keys is None or len(keys) != n:
@@ -109,7 +115,11 @@ def generate(
     done = torch.zeros(n, dtype=torch.bool, device=device)
     lengths = torch.zeros(n, dtype=torch.long, device=device)
 
-    logits_BV, cache = titan.prefill(model, prompt_BL, lens_B, max_new_tokens=max_new_tokens)
+    logits_UV, cache = titan.prefill(model, prompt_UL, lens_U, max_new_tokens=max_new_tokens)
+    if len(distinct) < n:
+        cache, logits_BV = titan.repeat_decode_rows(cache, rows_B), logits_UV[rows_B]
+    else:
+        logits_BV = logits_UV
     try:
         for t in range(max_new_tokens):
             logits_BV = logits_BV.float()

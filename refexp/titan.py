@@ -1258,6 +1258,25 @@ def decode_step(model: nn.Module, next_tokens_B: torch.LongTensor, state: Decode
     return _cached_forward(model, tokens_B1, positions_B1, state, allowed_B1S), state
 
 
+def repeat_decode_rows(state: DecodeState, rows_B: torch.LongTensor) -> DecodeState:
+    """A state whose row b continues ``state``'s row ``rows_B[b]`` (prefill each distinct prompt once,
+    then decode G rows of it: GRPO's groups). Copies the filled cache slots; shares the FSDP unshard."""
+    rows_B = rows_B.to(state.tokens_BS.device)
+    out = DecodeState(tokens_BS=state.tokens_BS[rows_B], valid_BS=state.valid_BS[rows_B],
+                      next_pos_B=state.next_pos_B[rows_B], recompute=state.recompute, unsharded=state.unsharded,
+                      capacity=state.capacity, padded=state.padded)
+    for kb, vb, k in zip(state.key_bufs, state.value_bufs, state.keys):
+        filled = k.shape[2]
+        for src, dst in ((kb, out.key_bufs), (vb, out.value_bufs)):
+            buf = src.new_empty(len(rows_B), *src.shape[1:])
+            buf[:, :, :filled] = src[rows_B, :, :filled]
+            dst.append(buf)
+        out.keys.append(out.key_bufs[-1][:, :, :filled])
+        out.values.append(out.value_bufs[-1][:, :, :filled])
+    state.unsharded = []  # now owned by ``out``: finish_decode(out) reshards
+    return out
+
+
 def finish_decode(state: DecodeState) -> None:
     """Reshard what ``prefill`` unsharded and drop the cache (collective under FSDP)."""
     for m in state.unsharded:

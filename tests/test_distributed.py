@@ -10,15 +10,21 @@ The task is the embedded arithmetic with 1-digit operands and a 120-step SFT mod
 a third right, so GRPO's rewards, advantages and updates are non-trivial in a 4-step run.
 
 Checked: GRPO (fsdp, tp) x (periodic reset every 2 steps, EMA alpha=0.5 every step), DPO (fsdp,
-tp) with an EMA reference, the SFT stage trained on 2 ranks, the run dir the ranks agree on, and a
-``-m`` sweep of 2-process jobs (fixed, none). Every logged metric except timings and memory must
-match within TOL: ``loss/*``, ``reward/*``, ``kl/ref``, ``kl/init``, ``eval/accuracy``, ``ref/*``, ...
+tp) with an EMA reference, the SFT stage trained on 2 ranks (with W&B offline: one W&B run, rank
+0's), the run dir the ranks agree on, and a ``-m`` sweep of 2-process jobs (fixed, none). Every
+logged metric except timings and memory must match within TOL: ``loss/*``, ``reward/*``,
+``kl/ref``, ``kl/init``, ``eval/accuracy``, ``ref/*``, ``optim/grad_norm``, ... Also on 4 processes
+(``hsdp``, ``fsdp_tp``), and an FSDP checkpoint resumed on one process.
+
+Fast (no processes started): SLURM variable mapping, and parallelism degrees checked against the
+world size and the model before anything is built.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,11 +32,12 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from refexp.config import register_configs
+from refexp import distributed as rdist
+from refexp.config import ConfigError, register_configs
 from refexp.logging import read_metrics
-from refexp.run import run
+from refexp.run import run, validate
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TOL = 1e-5
@@ -113,9 +120,11 @@ def env(tmp_path_factory):
             run(compose_small(out / f"grpo-{ref}", *GRPO, *REFS[ref]))
         run(compose_small(out / "dpo-ema", *DPO, *REFS["ema"]))
         run(compose_small(out / "sft", *SFT))
+        run(compose_small(out / "grpo-periodic_reset-6", *GRPO, *REFS["periodic_reset"], "training.steps=6"))
     return {"cache": cache, "single": out, "tmp": tmp_path_factory.mktemp("multi")}
 
 
+@slow
 def test_baselines_have_signal(env):
     """The comparison means something: rewards vary, the policy moves, the references move."""
     rows = metrics(env["single"] / "grpo-periodic_reset")
@@ -129,6 +138,7 @@ def test_baselines_have_signal(env):
 
 
 # ---------------------------------------------------------------- torchrun
+@slow
 def test_grpo_fsdp_and_tp_match_single_process(env):
     """One torchrun launch, 4 jobs: GRPO x {fsdp, tp} x {periodic reset, EMA}."""
     sweep = env["tmp"] / "grpo"
@@ -141,7 +151,28 @@ def test_grpo_fsdp_and_tp_match_single_process(env):
             assert status(run_dir)["status"] == "completed", (layout, ref)
             assert_same_metrics(run_dir, env["single"] / f"grpo-{ref}")
 
+    # the FSDP run's checkpoint (step 4, with the moved reference) resumes on one process (DCP reshards)
+    run_dir = sweep / "1-periodic_reset"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REFEXP_CACHE", str(env["cache"]))
+        run(compose_small(run_dir, *GRPO, *REFS["periodic_reset"], "training.steps=6"))
+    got, want = metrics(run_dir), metrics(env["single"] / "grpo-periodic_reset-6")
+    for step in (5, 6):
+        g, w = compared(got[step]), compared(want[step])
+        assert g.keys() == w.keys() and all(abs(g[k] - w[k]) <= TOL * max(1.0, abs(w[k])) for k in w), step
 
+
+@slow
+def test_four_processes_hsdp_and_fsdp_tp(env):
+    """4 processes on 2 cores: HSDP (2 replicas x FSDP 2) and FSDP 2 x TP 2, one launch."""
+    sweep = env["tmp"] / "grpo4"
+    torchrun("-m", *SMALL, *GRPO, *REFS["periodic_reset"], "parallelism=hsdp,fsdp_tp", f"hydra.sweep.dir={sweep}",
+             cache=env["cache"], nproc=4)
+    for job in ("0", "1"):
+        assert_same_metrics(sweep / job, env["single"] / "grpo-periodic_reset")
+
+
+@slow
 def test_dpo_fsdp_and_tp_match_single_process(env):
     sweep = env["tmp"] / "dpo"
     torchrun("-m", *SMALL, *DPO, *REFS["ema"], "parallelism=fsdp,tp", f"hydra.sweep.dir={sweep}",
@@ -150,17 +181,21 @@ def test_dpo_fsdp_and_tp_match_single_process(env):
         assert_same_metrics(sweep / sub, env["single"] / "dpo-ema")
 
 
-def test_sft_on_two_ranks_and_one_run_dir(env):
+@slow
+def test_sft_on_two_ranks_one_run_dir_one_logger(env):
     """The SFT stage trained by 2 FSDP ranks follows the single-process curve; the ranks' Hydra dirs
-    differ on purpose (``rank${oc.env:RANK}``) and rank 0's wins."""
+    differ on purpose (``rank${oc.env:RANK}``) and rank 0's wins; only rank 0 starts W&B."""
     out = env["tmp"] / "sft"
-    torchrun(*SMALL, *SFT, "parallelism=fsdp", f"hydra.run.dir={out}/rank${{oc.env:RANK}}", cache=env["cache"] / "2")
+    torchrun(*SMALL, *SFT, "parallelism=fsdp", f"hydra.run.dir={out}/rank${{oc.env:RANK}}", "logger=wandb",
+             "logger.mode=offline", cache=env["cache"] / "2")
     assert status(out / "rank0")["status"] == "completed"
     assert not (out / "rank1").exists(), "rank 1 kept its own run dir"
     assert_same_metrics(out / "rank0", env["single"] / "sft")
+    assert len(list(out.glob("rank0/wandb/offline-run-*"))) == 1
 
 
 # ---------------------------------------------------------------- refexp spawns its workers
+@slow
 def test_sweep_of_two_process_jobs(env):
     """``refexp -m reference=fixed,none parallelism=fsdp``: each job starts its 2 workers itself."""
     sweep = env["tmp"] / "sweep"
@@ -169,3 +204,68 @@ def test_sweep_of_two_process_jobs(env):
     for job, ref in (("0", "fixed"), ("1", "none")):
         assert status(sweep / job)["status"] == "completed"
         assert_same_metrics(sweep / job, env["single"] / f"grpo-{ref}")
+
+
+# ---------------------------------------------------------------- SLURM: one task per GPU, started by srun
+SLURM_TASK = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "4242",
+              "SLURM_JOB_NODELIST": "gpu-a[07-08,11],gpu-b3"}
+
+
+def test_slurm_variables_map_to_torch_distributed():
+    env = dict(SLURM_TASK)
+    rdist.map_slurm_env(env)
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("5", "8", "1")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("gpu-a07", str(20000 + 4242))
+    # srun's step variables win over the allocation's; a cluster's MASTER_* are kept
+    env = dict(SLURM_TASK, SLURM_STEP_NUM_TASKS="4", SLURM_STEP_NODELIST="n[3-4]", MASTER_PORT="1234")
+    rdist.map_slurm_env(env)
+    assert (env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("4", "n3", "1234")
+
+
+@pytest.mark.parametrize("env", [
+    dict(SLURM_TASK, RANK="2", WORLD_SIZE="4"),  # torchrun inside an allocation: its variables stay
+    dict(SLURM_TASK, SLURM_NTASKS="1"),  # a single task: plain process
+    {"SLURM_JOB_ID": "1"},  # an allocation, but not a task of srun
+])
+def test_slurm_mapping_leaves_other_launches_alone(env):
+    before = dict(env)
+    rdist.map_slurm_env(env)
+    assert env == before
+
+
+@pytest.mark.parametrize("nodelist,first", [("node7,node9", "node7"), ("n[1]", "n1"), ("rack1-[2-3]-n[1-4]", "rack1-2-n1"),
+                                            ("localhost", "localhost")])
+def test_first_host_of_a_slurm_node_list(nodelist, first):
+    assert rdist.first_host(nodelist) == first
+
+
+@slow
+def test_two_srun_tasks_form_a_process_group(tmp_path):
+    """Two processes with only SLURM's variables (as srun starts them) meet and all-reduce."""
+    import random
+
+    code = ("import torch; from refexp import distributed as d; i = d.init_distributed(torch.device('cpu')); "
+            "t = torch.tensor([i.rank + 1.0]); d.all_reduce_sum_(t); print(i.rank, i.world_size, i.local_rank, t.item())")
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                              "MASTER_PORT")}
+    job = str(random.randint(1, 19999))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(base, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
+                                       SLURM_JOB_ID=job, SLURM_JOB_NODELIST="localhost", OMP_NUM_THREADS="1"))
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert [o[0].split() for o in outs] == [["0", "2", "0", "3.0"], ["1", "2", "1", "3.0"]]
+
+
+# ---------------------------------------------------------------- degrees vs world size and model
+@pytest.mark.parametrize("overrides,message", [
+    (["parallelism=fsdp_tp", "parallelism.nproc_per_node=3"], "must divide the world size 3"),
+    (["parallelism=hsdp", "parallelism.data_parallel_shard_degree=3"], "expected the world size 4"),
+    (["parallelism=tp", "parallelism.tensor_parallel_degree=4", "parallelism.nproc_per_node=4"],
+     "must divide model n_heads=2"),
+    (["parallelism=fsdp", "parallelism.spmd_backend=spmd_types"], "spmd_backend='spmd_types' is invalid"),
+])
+def test_parallelism_is_checked_before_anything_is_built(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(compose_small(tmp_path, *GRPO, *overrides))

@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 
 from refexp import titan
@@ -109,3 +108,25 @@ def test_reference_none_needs_a_reference_free_loss(tmp_path):
     with pytest.raises(ConfigError, match="reference=none needs a reference-free loss"):
         run(compose_cfg(tmp_path / "bad", "reference=none", "algo.loss_type=sigmoid"))
     assert not (tmp_path / "bad").exists()  # failed in validation, before any model or file
+
+
+# ---------------------------------------------------------------- the sweep
+def test_compare_refs_dpo_sweeps_every_variant_and_seed(tmp_path):
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        hydra_cfg = compose("config", overrides=["experiment=compare_refs_dpo"], return_hydra_config=True).hydra
+    params = hydra_cfg.sweeper.params
+    assert params["+dpo_variant"].split(",") == ["fixed", "periodic_reset", "ema", "simpo", "orpo"]
+    assert params["training.seed"].split(",") == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("variant, reference, loss", [
+    ("fixed", "fixed", "sigmoid"), ("periodic_reset", "periodic_reset", "sigmoid"), ("ema", "ema", "sigmoid"),
+    ("simpo", "none", "simpo"), ("orpo", "none", "orpo")])
+def test_compare_refs_dpo_composes_every_variant(tmp_path, variant, reference, loss):
+    from refexp.config import to_object
+
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        cfg = to_object(compose("config", overrides=["experiment=compare_refs_dpo", f"+dpo_variant={variant}",
+                                                     f"run_dir={tmp_path}"]))
+    assert (cfg.algo.name, cfg.reference.name, cfg.algo.loss_type) == ("dpo", reference, loss)
+    assert cfg.algo.precompute_ref and cfg.training.steps == 200

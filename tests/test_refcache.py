@@ -70,8 +70,8 @@ def test_reflogps_layout_matches_the_forward(pairs):
     picked = refcache.RefLogps.cat([rows.select([7, 2]), rows.select([2])])
     torch.testing.assert_close(picked.chosen_N, rows.chosen_N[[7, 2, 2]])
     sub = pack_pairs(TOK, pairs.select([7, 2, 2]))
-    torch.testing.assert_close(picked.chosen_tok_BT(sub.mask_BT[:3]), (logp[:B][[7, 2, 2]] * batch.mask_BT[:B][[7, 2, 2]])
-                               [:, : sub.mask_BT.shape[1]])
+    full = logp[:B][[7, 2, 2]] * batch.mask_BT[:B][[7, 2, 2]]  # right padding: a prefix of the columns
+    torch.testing.assert_close(picked.chosen_tok_BT(sub.mask_BT[:3]), full[:, : sub.mask_BT.shape[1]])
 
 
 def test_table_is_computed_once_and_reused_from_disk(pairs, tmp_path):
@@ -117,6 +117,7 @@ def test_key_follows_reference_identity_dtype_and_data(pairs, tmp_path):
     key = refcache.cache_key(sft_dir, "float32", fp)
     assert refcache.cache_key(sft_dir, "float32", fp) == key
     assert refcache.cache_key(sft_dir, "bfloat16", fp) != key
+    assert refcache.cache_key(sft_dir, "float32", fp, {"dim": 64}) != key
     assert refcache.cache_key(sft_dir, "float32", pairs_fingerprint(pairs.select(range(9)), TOK)) != key
     os.utime(stamp, ns=(1, 1))  # the checkpoint was rewritten
     assert refcache.cache_key(sft_dir, "float32", fp) != key
@@ -174,3 +175,17 @@ def test_reference_free_and_cached_fixed_references_hold_no_model():
     moving = build_reference(ReferenceConfig(name="ema"), build_frozen)
     with pytest.raises(RuntimeError, match="moves"):
         moving.release_model()
+
+
+def test_concurrent_writers_leave_one_complete_file(pairs, tmp_path):
+    """Two jobs of a sweep computing the same key at once: each writes a private temp file and renames
+    it into place, so a reader only ever sees a complete table."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = tiny_model(0)
+    table = refcache.compute_table(forward_rows(lambda t: titan.token_logprobs(model, t), pairs), len(pairs), 4)
+    path = refcache.cache_file(tmp_path, "k")
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: refcache.save(table, path), range(8)))
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    torch.testing.assert_close(refcache.load(path).chosen_tok, table.chosen_tok, rtol=0, atol=0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import time
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def build_ref_source(ctx: RunContext, strategy: ReferenceStrategy, pairs: datase
         return refcache.VersionedRefLogps(compute, lambda: strategy.version, any_rank), {}
     t0 = time.perf_counter()
     dtype = ctx.cfg.reference.dtype or ctx.cfg.training.dtype
-    key = refcache.cache_key(ref_path, dtype, pairs_fingerprint(pairs, ctx.task.tokenizer))
+    key = refcache.cache_key(ref_path, dtype, pairs_fingerprint(pairs, ctx.task.tokenizer), asdict(ctx.cfg.model))
 
     def compute_all() -> RefLogps:
         strategy.ensure_model()
