@@ -152,11 +152,13 @@ def test_parameters_held_during_training_steps(tmp_path, monkeypatch, strategy, 
     import refexp.algos.grpo as grpo_mod
 
     held = []
+    gc.collect()
+    baseline = _parameter_bytes_alive()  # parameters other tests in this process keep alive
     original = grpo_mod.GRPOStep.__call__
 
     def counting(self, step, ckpt):
         gc.collect()
-        held.append((_parameter_bytes_alive(), sum(p.numel() * p.element_size()
+        held.append((_parameter_bytes_alive() - baseline, sum(p.numel() * p.element_size()
                                                    for p in self.policy.model.parameters())))
         return original(self, step, ckpt)
 
