@@ -33,18 +33,18 @@ def set_threads(n: int) -> None:
         pass
 
 
-def matmul_peak(sizes=(1024, 2048), seconds: float = 0.4, dtype=torch.float32) -> dict:
+def matmul_peak(sizes=(1024, 2048), seconds: float = 0.4, dtype=torch.float32, warmup: int = 2) -> dict:
     """Best float32 GEMM rate (GFLOP/s) with the current thread count: the MFU denominator.
 
-    For each n in ``sizes``: a few warm-up products, then repeated ``C = A @ B`` (out= preallocated)
-    for about ``seconds``; the rate is that of the fastest single product (the least disturbed one on
-    a shared machine). Returns ``{"gflops": best, "by_size": {n: gflops}}``.
+    For each n in ``sizes``: ``warmup`` products, then repeated ``C = A @ B`` (out= preallocated) for
+    about ``seconds`` (at least 3); the rate is that of the fastest single product (the least disturbed
+    one on a shared machine). Returns ``{"gflops": best, "by_size": {n: gflops}}``.
     """
     by_size = {}
     for n in sizes:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         c = torch.empty(n, n, dtype=dtype)
-        for _ in range(2):
+        for _ in range(warmup):
             torch.mm(a, b, out=c)
         best = float("inf")
         t_end = time.perf_counter() + seconds
@@ -74,6 +74,20 @@ def rss_mb() -> float:
 def peak_rss_mb() -> float:
     """VmHWM: the peak RSS since the process started or since the last ``reset_peak_rss``."""
     return _status_kb("VmHWM") / 1024.0
+
+
+def malloc_trim() -> bool:
+    """Give freed heap pages back to the OS (glibc ``malloc_trim(0)``), so that RSS shows live memory:
+    a reference model that was built, used and released (the refcache's precompute) otherwise stays in
+    glibc's heap as resident pages. Measurement hygiene only; False where unavailable."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
 
 
 def reset_peak_rss() -> bool:

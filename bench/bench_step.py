@@ -67,11 +67,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--compile", action="store_true", help="per-block torch.compile of policy and reference")
+    p.add_argument("--what-if-fused-adamw", action="store_true",
+                   help="replace refexp's foreach AdamW by torch's fused CPU kernel (an experiment, see README)")
     p.add_argument("--workdir", default=None, help="init checkpoint + refcache (default: a temporary dir)")
     p.add_argument("--init-dir", default=None, help="start from this refexp checkpoint dir instead of a fresh init")
     p.add_argument("--in-process", action="store_true", help="run every configuration in this process")
     p.add_argument("--profile", default=None, help="write a torch.profiler table of the timed steps to this file")
     p.add_argument("--peak-seconds", type=float, default=0.4, help="time spent per matmul-peak size")
+    p.add_argument("--peak-sizes", type=int, nargs="+", default=[1024, 2048], help="square GEMM sizes of the peak")
+    p.add_argument("--no-probe-peak", dest="probe_peak", action="store_false",
+                   help="skip the short 1024^2 matmul probe before every step (mfu_adjacent)")
     p.add_argument("--markdown", action="store_true", help="also print a markdown table (stderr)")
     p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"],
                    help="OMP_WAIT_POLICY of the worker subprocesses (default PASSIVE: see bench/README.md)")
@@ -154,7 +159,9 @@ def build(args, algo: str, reference: str, precompute: bool):
             C.save_init_checkpoint(model, init_dir)
             del model
     policy = build_policy(ctx, init_dir)
-    meta = {}
+    if args.what_if_fused_adamw:
+        policy.optimizers, policy.lr_schedulers = fused_adamw(policy.model, cfg.training)
+    meta = {"optimizer_impl": "fused (what-if)" if args.what_if_fused_adamw else "refexp.optim (foreach on CPU)"}
     if algo == "grpo":
         from refexp.algos.grpo import GRPOStep
 
@@ -174,112 +181,168 @@ def build(args, algo: str, reference: str, precompute: bool):
     return ctx, policy, strategy, step_fn, shape, meta
 
 
-def run_one(args, algo: str, reference: str, precompute: bool) -> dict:
-    import torch
+class Bench:
+    """One configuration, built with refexp's constructors; ``step(i)`` runs step i the way the loop does
+    (the step function, then the reference strategy's update) and returns its timings."""
 
-    from refexp import titan
-    from refexp.optim import reset_optimizer_state
-
-    C.set_threads(args.threads)
-    C.quiet_warnings()
-    peak_before = C.matmul_peak(seconds=args.peak_seconds)
-    t_build = time.perf_counter()
-    ctx, policy, strategy, step_fn, shape, meta = build(args, algo, reference, precompute)
-    build_s = time.perf_counter() - t_build
-    clock = C.PhaseClock(policy.model, policy.optimizers)
-
-    rows = []
-    prof = None
-    n_steps = args.warmup + args.steps
-    for step in range(1, n_steps + 1):
-        if step == args.warmup + 1:
-            C.reset_peak_rss()
-            if args.profile:
-                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
-                prof.__enter__()
-        clock.take()
+    def __init__(self, args, algo: str, reference: str, precompute: bool):
+        C.set_threads(args.threads)
+        C.quiet_warnings()
+        self.args, self.algo = args, algo
         t0 = time.perf_counter()
-        m = step_fn(step, None)
+        self.ctx, self.policy, self.strategy, self.step_fn, self.shape, self.meta = build(args, algo, reference,
+                                                                                         precompute)
+        self.build_s = time.perf_counter() - t0
+        self.clock = C.PhaseClock(self.policy.model, self.policy.optimizers)
+
+    def step(self, step: int) -> dict:
+        from refexp.optim import reset_optimizer_state
+
+        probe = C.matmul_peak(sizes=(1024,), seconds=0.0, warmup=1)["gflops"] if self.args.probe_peak else None
+        self.clock.take()
+        t0 = time.perf_counter()
+        m = self.step_fn(step, None)
         t1 = time.perf_counter()
-        strategy.after_step(step, policy.model, m)
-        if strategy.reset_optimizer_requested:
-            reset_optimizer_state(policy.optimizers)
-            strategy.reset_optimizer_requested = False
+        self.strategy.after_step(step, self.policy.model, m)
+        if self.strategy.reset_optimizer_requested:
+            reset_optimizer_state(self.policy.optimizers)
+            self.strategy.reset_optimizer_requested = False
         t2 = time.perf_counter()
-        fwd_bwd, opt = clock.take()
+        fwd_bwd, opt = self.clock.take()
         gen = m.get("perf/gen_s", 0.0)
         ref = m.get("perf/ref_fwd_s", 0.0)
-        rows.append({
-            "step_s": t2 - t0, "generation": gen, "policy_fwd_bwd": fwd_bwd, "reference_fwd": ref,
-            "ref_update": t2 - t1, "optimizer": opt, "other": (t1 - t0) - gen - ref - fwd_bwd - opt,
-            "completion_len": m.get("policy/completion_len"),
-        })
+        return {"step_s": t2 - t0, "generation": gen, "policy_fwd_bwd": fwd_bwd, "reference_fwd": ref,
+                "ref_update": t2 - t1, "optimizer": opt, "other": (t1 - t0) - gen - ref - fwd_bwd - opt,
+                "completion_len": m.get("policy/completion_len"), "probe_gflops": probe}
+
+    def flops(self, timed: list[dict]) -> dict:
+        """Tokens and model FLOPs of one step on this rank."""
+        a, shape = self.args, self.shape
+        world = self.ctx.dp_rank_and_degree[1]
+        if self.algo == "grpo":
+            rows_n = a.prompts * a.group // world
+            clen = C.median([r["completion_len"] for r in timed]) or a.new_tokens
+            T = a.prompt_len + int(round(clen))
+            gen_tokens = rows_n * clen
+            gen_flops = shape.decode_flops(rows_n, a.prompt_len, int(round(clen)))
+        else:
+            rows_n = 2 * a.pairs // world
+            T = a.prompt_len + a.completion_len
+            gen_tokens, gen_flops = 0, 0.0
+        fwd = shape.forward_flops([T] * rows_n)
+        live_ref = self.strategy.holds_model and C.median([r["reference_fwd"] for r in timed]) > 1e-3
+        return {"train_tokens": rows_n * T, "gen_tokens": gen_tokens, "generation": gen_flops,
+                "policy_fwd_bwd": 3 * fwd, "reference_fwd": fwd if live_ref else 0.0}
+
+    def summary(self, timed: list[dict], *, peak: float, peak_by_size: dict, peak_rss_timed: float | None,
+                warmup: list[dict] = ()) -> dict:
+        from refexp import titan
+
+        a, ctx, strategy = self.args, self.ctx, self.strategy
+        phases = [k for k in timed[0] if k not in ("completion_len", "probe_gflops", "step_s")]
+        med = {k: C.median([r[k] for r in timed]) for k in ["step_s", *phases]}
+        step_s = med["step_s"]
+        fl = self.flops(timed)
+        step_flops = fl["generation"] + fl["policy_fwd_bwd"] + fl["reference_fwd"]
+
+        def mfu(flops, seconds, gflops=peak):
+            return round(flops / seconds / (gflops * 1e9), 4) if seconds and seconds > 0 and flops else None
+
+        def mfu_adjacent(flops, key):  # each step against the matmul probe run right before it
+            if not flops or timed[0]["probe_gflops"] is None:
+                return None
+            return C.median([mfu(flops, r[key], r["probe_gflops"]) for r in timed])
+
+        ref_params = titan.count_parameters(strategy.model) if strategy.model is not None else 0
+        out = {
+            "bench": "step", "algo": self.algo, "reference": strategy.name,
+            "precompute_ref": bool(getattr(ctx.cfg.algo, "precompute_ref", False)) and self.algo == "dpo",
+            "loss": getattr(ctx.cfg.algo, "loss_type", None), "beta": ctx.cfg.algo.beta,
+            "shape": {"dim": a.dim, "layers": a.layers, "heads": a.heads, "ffn": a.ffn, "vocab": a.vocab},
+            "batch": ({"prompts": a.prompts, "group": a.group, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens}
+                      if self.algo == "grpo" else
+                      {"pairs": a.pairs, "prompt_len": a.prompt_len, "completion_len": a.completion_len}),
+            "threads": a.threads, "device": str(ctx.device), "compile": a.compile, "steps": len(timed),
+            "warmup": a.warmup, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
+            "step_s": round(step_s, 5), "steps_per_s": round(1 / step_s, 4),
+            "tokens_per_s": round(fl["train_tokens"] / step_s, 1),
+            "gen_tokens_per_s": (round(fl["gen_tokens"] / med["generation"], 1)
+                                 if self.algo == "grpo" and med["generation"] else None),
+            "phases_s": {k: round(med[k], 5) for k in phases},
+            "step_s_all": [round(r["step_s"], 4) for r in timed],
+            "warmup_step_s": [round(r["step_s"], 3) for r in warmup],  # with --compile: the compile time
+            "ref_fwd_over_policy_fwd_bwd": (round(med["reference_fwd"] / med["policy_fwd_bwd"], 4)
+                                            if med["policy_fwd_bwd"] else None),
+            "matmul_peak_gflops": round(peak, 1), "matmul_peak_by_size": peak_by_size,
+            "mfu": {"policy_fwd_bwd": mfu(fl["policy_fwd_bwd"], med["policy_fwd_bwd"]),
+                    "policy_fwd_bwd_opt": mfu(fl["policy_fwd_bwd"], med["policy_fwd_bwd"] + med["optimizer"]),
+                    "reference_fwd": mfu(fl["reference_fwd"], med["reference_fwd"]),
+                    "generation": mfu(fl["generation"], med["generation"]),
+                    "step": mfu(step_flops, step_s)},
+            "mfu_adjacent": {"policy_fwd_bwd": mfu_adjacent(fl["policy_fwd_bwd"], "policy_fwd_bwd"),
+                             "reference_fwd": mfu_adjacent(fl["reference_fwd"], "reference_fwd"),
+                             "generation": mfu_adjacent(fl["generation"], "generation"),
+                             "step": mfu_adjacent(step_flops, "step_s")},
+            "gflop_per_step": round(step_flops / 1e9, 3),
+            "policy_params": titan.count_parameters(self.policy.model),
+            "ref_params_resident": ref_params,
+            "ref_param_mb": round(ref_params * 4 / 2**20, 2),
+            "peak_rss_timed_mb": round(peak_rss_timed, 1) if peak_rss_timed is not None else None,
+            "rss_end_mb": round(C.rss_mb(), 1),
+            "build_s": round(self.build_s, 2),
+            **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.meta.items()},
+            "world_size": ctx.dist.world_size,
+        }
+        return out
+
+    def close(self) -> None:
+        self.clock.remove()
+
+
+def fused_adamw(model, t):
+    """What-if (``--what-if-fused-adamw``): ``refexp.optim.build_optimizer`` with torch's fused AdamW kernel,
+    which exists on CPU since torch 2.4 (refexp uses foreach there). Same containers, hyper-parameters and
+    schedule; numerically equal up to float rounding."""
+    from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
+    from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
+
+    kwargs = {"lr": t.lr, "weight_decay": t.weight_decay, "betas": (t.beta1, t.beta2), "eps": t.eps}
+    cfg = OptimizersContainer.Config(param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=t.optimizer,
+                                                                    optimizer_kwargs=kwargs)], implementation="fused")
+    optimizers = OptimizersContainer(cfg, model_parts=[model])
+    total = max(int(t.steps), int(t.warmup_steps), 1)
+    sched = LRSchedulersContainer.Config(warmup_steps=int(t.warmup_steps), total_steps=total, decay_ratio=0.0)
+    return optimizers, sched.build(optimizers=optimizers, training_steps=total)
+
+
+def run_one(args, algo: str, reference: str, precompute: bool) -> dict | None:
+    import torch
+
+    C.set_threads(args.threads)
+    peak_before = C.matmul_peak(sizes=args.peak_sizes, seconds=args.peak_seconds)
+    bench = Bench(args, algo, reference, precompute)
+    rows, prof = [], None
+    for step in range(1, args.warmup + args.steps + 1):
+        if step == args.warmup + 1:
+            import gc
+
+            gc.collect()
+            C.malloc_trim()  # what was freed during set-up and warm-up leaves the RSS (see _common.malloc_trim)
+            C.reset_peak_rss()
+            if args.profile:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                prof.__enter__()
+        rows.append(bench.step(step))
     if prof is not None:
         prof.__exit__(None, None, None)
         Path(args.profile).write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
     peak_timed = C.peak_rss_mb()
-    peak_after = C.matmul_peak(seconds=args.peak_seconds)
-    timed = rows[args.warmup:]
-    med = {k: C.median([r[k] for r in timed]) for k in timed[0] if k != "completion_len"}
-    step_s = med["step_s"]
-    peak = max(peak_before["gflops"], peak_after["gflops"])
-
-    # tokens and model FLOPs of one step on this rank
-    world = ctx.dp_rank_and_degree[1]
-    if algo == "grpo":
-        rows_n = args.prompts * args.group // world
-        clen = C.median([r["completion_len"] for r in timed]) or args.new_tokens
-        T = args.prompt_len + int(round(clen))
-        train_tokens = rows_n * T
-        gen_tokens = rows_n * clen
-        gen_flops = shape.decode_flops(rows_n, args.prompt_len, int(round(clen)))
-        fwd = shape.forward_flops([T] * rows_n)
-    else:
-        rows_n = 2 * args.pairs // world
-        T = args.prompt_len + args.completion_len
-        train_tokens, gen_tokens, gen_flops = rows_n * T, 0, 0.0
-        fwd = shape.forward_flops([T] * rows_n)
-    train_flops = 3 * fwd
-    uses_ref_fwd = med["reference_fwd"] > 1e-3  # a live reference forward (not a table lookup)
-    ref_flops = fwd if (strategy.holds_model and uses_ref_fwd) else 0.0
-    step_flops = gen_flops + train_flops + ref_flops
-
-    def mfu(flops, seconds):
-        return round(flops / seconds / (peak * 1e9), 4) if seconds and seconds > 0 and flops else None
-
-    ref_params = titan.count_parameters(strategy.model) if strategy.model is not None else 0
-    out = {
-        "bench": "step", "algo": algo, "reference": reference, "precompute_ref": precompute,
-        "loss": getattr(ctx.cfg.algo, "loss_type", None), "beta": ctx.cfg.algo.beta,
-        "shape": {"dim": args.dim, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "vocab": args.vocab},
-        "batch": ({"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
-                   "new_tokens": args.new_tokens} if algo == "grpo" else
-                  {"pairs": args.pairs, "prompt_len": args.prompt_len, "completion_len": args.completion_len}),
-        "threads": args.threads, "device": str(ctx.device), "compile": args.compile,
-        "steps": args.steps, "warmup": args.warmup,
-        "step_s": round(step_s, 5), "steps_per_s": round(1 / step_s, 4),
-        "tokens_per_s": round(train_tokens / step_s, 1),
-        "gen_tokens_per_s": round(gen_tokens / med["generation"], 1) if algo == "grpo" and med["generation"] else None,
-        "phases_s": {k: round(v, 5) for k, v in med.items() if k != "step_s"},
-        "ref_fwd_over_policy_fwd_bwd": round(med["reference_fwd"] / med["policy_fwd_bwd"], 4)
-        if med["policy_fwd_bwd"] else None,
-        "matmul_peak_gflops": round(peak, 1), "matmul_peak_by_size": peak_after["by_size"],
-        "mfu": {"policy_fwd_bwd": mfu(train_flops, med["policy_fwd_bwd"]),
-                "policy_fwd_bwd_opt": mfu(train_flops, med["policy_fwd_bwd"] + med["optimizer"]),
-                "reference_fwd": mfu(ref_flops, med["reference_fwd"]),
-                "generation": mfu(gen_flops, med["generation"]) if algo == "grpo" else None,
-                "step": mfu(step_flops, step_s)},
-        "gflop_per_step": round(step_flops / 1e9, 3),
-        "policy_params": titan.count_parameters(policy.model),
-        "ref_params_resident": ref_params,
-        "ref_param_mb": round(ref_params * 4 / 2**20, 2),
-        "peak_rss_timed_mb": round(peak_timed, 1),
-        "rss_end_mb": round(C.rss_mb(), 1),
-        "build_s": round(build_s, 2),
-        **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in meta.items()},
-        "world_size": ctx.dist.world_size,
-    }
-    clock.remove()
+    peak_after = C.matmul_peak(sizes=args.peak_sizes, seconds=args.peak_seconds)
+    peak = max(peak_before["gflops"], peak_after["gflops"], *[r["probe_gflops"] or 0 for r in rows])
+    out = bench.summary(rows[args.warmup:], peak=peak, peak_by_size=peak_after["by_size"], peak_rss_timed=peak_timed,
+                        warmup=rows[:args.warmup])
+    bench.close()
+    ctx = bench.ctx
     if ctx.dist.world_size > 1:  # per-rank memory, gathered on rank 0 (tokens/s etc. are rank 0's)
         import torch.distributed as dist
 
@@ -325,7 +388,7 @@ def forward_args(argv: list[str], config: dict) -> list[str]:
             "--precompute-ref", "on" if config["precompute_ref"] else "off", "--worker"]
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> list[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     configs = configurations(args)
@@ -350,6 +413,7 @@ def main(argv=None) -> None:
                 rows.append(row)
     if args.markdown and rows:
         print(markdown(rows), file=sys.stderr)
+    return rows
 
 
 if __name__ == "__main__":

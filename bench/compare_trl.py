@@ -62,11 +62,16 @@ def parse_args(argv=None):
     p.add_argument("--completion-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--workdir", default=None)
-    p.add_argument("--refexp-args", default="", help="extra bench_step.py options for the refexp side")
+    p.add_argument("--refexp-args", default="",
+                   help="extra bench_step.py options for the refexp side, e.g. --refexp-args=--compile")
     p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"],
                    help="OMP_WAIT_POLICY of every worker (default PASSIVE: see bench/README.md)")
     p.add_argument("--trl-worker", default=None, choices=list(WORKLOADS), help=argparse.SUPPRESS)
     p.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--pair-worker", default=None, choices=list(WORKLOADS), help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="interleave", choices=["interleave", "processes"],
+                   help="interleave: both in one subprocess, one step each in turn (ratios); processes: each "
+                        "framework in its own subprocess, alternating (also peak RSS)")
     return p.parse_args(argv)
 
 
@@ -108,36 +113,19 @@ def prepare(workdir: Path, args) -> None:
 
 
 # ---------------------------------------------------------------- the TRL side
-def trl_worker(args, name: str) -> dict:
-    C.set_threads(args.threads)
-    C.quiet_warnings()
+def build_trl(args, name: str, callbacks: list):
+    """TRL's trainer for workload ``name`` on the shared weights and data: (trainer, tokens per step)."""
     import datasets
     import torch
-    import transformers
-    import trl
-    from transformers import AutoTokenizer, LlamaForCausalLM, TrainerCallback
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     workdir = Path(args.workdir)
     w = WORKLOADS[name]
     n_steps = args.warmup + args.steps
-    out_dir = tempfile.mkdtemp(prefix="trl-bench-")
-    common = dict(output_dir=out_dir, max_steps=n_steps, learning_rate=LR, logging_steps=10**6, save_strategy="no",
-                  report_to="none", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-                  dataloader_num_workers=0, disable_tqdm=True, seed=0, max_grad_norm=1.0)
-    peak_before = C.matmul_peak()
-
-    class Clock(TrainerCallback):
-        def __init__(self):
-            self.ends = []
-
-        def on_step_end(self, a, state, control, **kw):
-            self.ends.append(time.perf_counter())
-            if len(self.ends) == args.warmup:
-                C.reset_peak_rss()
-
-    clock = Clock()
+    common = dict(output_dir=tempfile.mkdtemp(prefix="trl-bench-"), max_steps=n_steps, learning_rate=LR,
+                  logging_steps=10**6, save_strategy="no", report_to="none", use_cpu=True, bf16=False, fp16=False,
+                  gradient_checkpointing=False, dataloader_num_workers=0, disable_tqdm=True, seed=0, max_grad_norm=1.0)
     model = LlamaForCausalLM.from_pretrained(str(workdir / "hf"), dtype=torch.float32)
-    t_build = time.perf_counter()
     if w["algo"] == "dpo":
         tok = AutoTokenizer.from_pretrained(str(workdir / "tok-dpo"))
         n = args.pairs * n_steps
@@ -150,14 +138,14 @@ def trl_worker(args, name: str) -> dict:
 
             cfg = CPOConfig(**common, per_device_train_batch_size=args.pairs, loss_type="simpo", cpo_alpha=0.0,
                             beta=DPO_BETA, simpo_gamma=SIMPO_GAMMA, max_length=None)
-            trainer = CPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[clock])
+            trainer = CPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=callbacks)
         else:
             from trl import DPOConfig, DPOTrainer
 
             cfg = DPOConfig(**common, per_device_train_batch_size=args.pairs, loss_type=["sigmoid"], beta=DPO_BETA,
                             precompute_ref_log_probs=w["precompute"], precompute_ref_batch_size=args.pairs,
                             max_length=None)
-            trainer = DPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[clock])
+            trainer = DPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=callbacks)
         tokens_per_step = 2 * args.pairs * (args.prompt_len + args.completion_len)
     else:
         from trl import GRPOConfig, GRPOTrainer
@@ -175,15 +163,44 @@ def trl_worker(args, name: str) -> dict:
                          top_p=1.0, top_k=0, beta=beta, loss_type="grpo", scale_rewards="group",
                          shuffle_dataset=True)
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok,
-                              callbacks=[clock])
+                              callbacks=callbacks)
         tokens_per_step = args.prompts * args.group * (args.prompt_len + args.new_tokens)
-    build_s = time.perf_counter() - t_build
+    C.set_threads(args.threads)  # whatever the trainer's set-up did
+    return trainer, tokens_per_step
+
+
+def trl_worker(args, name: str) -> dict:
+    """TRL alone in this process (the ``processes`` mode): median step time and peak RSS."""
     C.set_threads(args.threads)
+    C.quiet_warnings()
+    import torch
+    import transformers
+    import trl
+    from transformers import TrainerCallback
+
+    peak_before = C.matmul_peak()
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.ends = []
+
+        def on_step_end(self, a, state, control, **kw):
+            self.ends.append(time.perf_counter())
+            if len(self.ends) == args.warmup:
+                import gc
+
+                gc.collect()
+                C.malloc_trim()
+                C.reset_peak_rss()
+
+    clock = Clock()
+    t_build = time.perf_counter()
+    trainer, tokens_per_step = build_trl(args, name, [clock])
+    build_s = time.perf_counter() - t_build
     trainer.train()
     peak_timed = C.peak_rss_mb()
     ends = clock.ends
-    periods = [b - a for a, b in zip(ends[args.warmup - 1:], ends[args.warmup:])] if args.warmup else \
-        [b - a for a, b in zip(ends, ends[1:])]
+    periods = [b - a for a, b in zip(ends[max(args.warmup, 1) - 1:], ends[max(args.warmup, 1):])]
     step_s = C.median(periods)
     ref = getattr(trainer, "ref_model", None)
     return {
@@ -194,6 +211,60 @@ def trl_worker(args, name: str) -> dict:
         "ref_params_resident": sum(p.numel() for p in ref.parameters()) if ref is not None else 0,
         "peak_rss_timed_mb": round(peak_timed, 1), "rss_end_mb": round(C.rss_mb(), 1),
         "matmul_peak_gflops": round(max(peak_before["gflops"], C.matmul_peak()["gflops"]), 1),
+    }
+
+
+def pair_worker(args, name: str) -> dict:
+    """refexp and TRL in this process, one step each in turn (the ``interleave`` mode).
+
+    TRL's ``trainer.train()`` drives; at each of its ``on_step_end`` callbacks one refexp step runs.
+    TRL's step i is timed from the end of refexp's step i-1 to its own end, refexp's step i around
+    itself, so the two steps of a pair meet the same machine load; the pair's ratio is
+    TRL time / refexp time (= refexp steps/s over TRL's).
+    """
+    C.set_threads(args.threads)
+    C.quiet_warnings()
+    import torch
+    import trl
+    from transformers import TrainerCallback
+
+    import bench_step
+
+    bench = bench_step.Bench(bench_step.parse_args(refexp_argv(args, name)[1:]), WORKLOADS[name]["algo"],
+                             WORKLOADS[name]["reference"], WORKLOADS[name]["precompute"])
+
+    class Interleave(TrainerCallback):
+        def __init__(self):
+            self.trl, self.refexp, self.t_resume = [], [], None
+
+        def on_step_begin(self, a, state, control, **kw):
+            if self.t_resume is None:
+                self.t_resume = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            self.trl.append(time.perf_counter() - self.t_resume)
+            self.refexp.append(bench.step(len(self.refexp) + 1))
+            self.t_resume = time.perf_counter()
+
+    cb = Interleave()
+    trainer, tokens_per_step = build_trl(args, name, [cb])
+    peak_before = C.matmul_peak(sizes=bench.args.peak_sizes, seconds=0.2)
+    trainer.train()
+    peak = max(peak_before["gflops"], C.matmul_peak(sizes=bench.args.peak_sizes, seconds=0.2)["gflops"],
+               *[r["probe_gflops"] or 0 for r in cb.refexp])
+    trl_s, ref_rows = cb.trl[args.warmup:], cb.refexp[args.warmup:]
+    ratios = [t / r["step_s"] for t, r in zip(trl_s, ref_rows)]
+    summary = bench.summary(ref_rows, peak=peak, peak_by_size=peak_before["by_size"], peak_rss_timed=None,
+                            warmup=cb.refexp[:args.warmup])
+    return {
+        "bench": "compare_trl_interleaved", "workload": name, "trl": trl.__version__,
+        "threads": torch.get_num_threads(), "steps": len(ratios),
+        "trl_step_s": round(C.median(trl_s), 5), "refexp_step_s": summary["step_s"],
+        "trl_steps_per_s": round(1 / C.median(trl_s), 4), "refexp_steps_per_s": summary["steps_per_s"],
+        "pair_ratios": [round(x, 3) for x in ratios], "median_ratio": round(C.median(ratios), 3),
+        "trl_step_s_all": [round(x, 4) for x in trl_s], "trl_warmup_step_s": [round(x, 3) for x in cb.trl[:args.warmup]],
+        "refexp": summary,
+        "trl_tokens_per_s": round(tokens_per_step / C.median(trl_s), 1),
     }
 
 
@@ -233,6 +304,9 @@ def main(argv=None) -> None:
     if args.trl_worker:
         print(json.dumps(trl_worker(args, args.trl_worker)), flush=True)
         return
+    if args.pair_worker:
+        print(json.dumps(pair_worker(args, args.pair_worker)), flush=True)
+        return
     if args.prepare:
         prepare(Path(args.workdir), args)
         print(json.dumps({"prepared": args.workdir}), flush=True)
@@ -243,15 +317,26 @@ def main(argv=None) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     C.run_json_subprocess([__file__, "--prepare", "--workdir", str(workdir), "--prompt-len", str(args.prompt_len),
                            "--completion-len", str(args.completion_len), "--new-tokens", str(args.new_tokens)])
-    info = {"bench": "compare_trl_machine", **machine(), "workdir": str(workdir), "argv": sys.argv[1:]}
+    import trl
+
+    info = {"bench": "compare_trl_machine", **machine(), "trl": trl.__version__, "mode": args.mode,
+            "workdir": str(workdir), "argv": sys.argv[1:]}
     print(json.dumps(info), flush=True)
-    results: dict[str, list[dict]] = {n: [] for n in args.workloads}
     worker_common = ["--workdir", str(workdir), "--threads", str(args.threads), "--steps", str(args.steps),
                      "--warmup", str(args.warmup), "--pairs", str(args.pairs), "--prompts", str(args.prompts),
                      "--group", str(args.group), "--prompt-len", str(args.prompt_len),
-                     "--completion-len", str(args.completion_len), "--new-tokens", str(args.new_tokens)]
+                     "--completion-len", str(args.completion_len), "--new-tokens", str(args.new_tokens),
+                     f"--refexp-args={args.refexp_args}"]
+    results: dict[str, list[dict]] = {n: [] for n in args.workloads}
     for r in range(args.rounds):
         for name in args.workloads:
+            if args.mode == "interleave":
+                row = C.run_json_subprocess([__file__, "--pair-worker", name, *worker_common])[-1]
+                row["round"] = r
+                print(json.dumps(row), flush=True)
+                results[name].append({"ratios": row["pair_ratios"], "refexp_steps_per_s": row["refexp_steps_per_s"],
+                                      "trl_steps_per_s": row["trl_steps_per_s"], "refexp": row["refexp"]})
+                continue
             sides = ["refexp", "trl"] if r % 2 == 0 else ["trl", "refexp"]
             got = {}
             for side in sides:
@@ -265,32 +350,43 @@ def main(argv=None) -> None:
             ratio = got["refexp"]["steps_per_s"] / got["trl"]["steps_per_s"]
             rec = {"bench": "compare_trl_pair", "workload": name, "round": r, "order": sides,
                    "refexp_steps_per_s": got["refexp"]["steps_per_s"], "trl_steps_per_s": got["trl"]["steps_per_s"],
-                   "ratio": round(ratio, 3),
-                   "refexp_peak_rss_timed_mb": got["refexp"]["peak_rss_timed_mb"],
-                   "trl_peak_rss_timed_mb": got["trl"]["peak_rss_timed_mb"]}
-            results[name].append({**rec, "refexp": got["refexp"], "trl": got["trl"]})
+                   "ratio": round(ratio, 3), "refexp_peak_rss_timed_mb": got["refexp"]["peak_rss_timed_mb"],
+                   "trl_peak_rss_timed_mb": got["trl"]["peak_rss_timed_mb"],
+                   "refexp_ref_params": got["refexp"]["ref_params_resident"],
+                   "trl_ref_params": got["trl"]["ref_params_resident"]}
             print(json.dumps(rec), flush=True)
-    summary(results)
+            results[name].append({"ratios": [ratio], "refexp_steps_per_s": rec["refexp_steps_per_s"],
+                                  "trl_steps_per_s": rec["trl_steps_per_s"], "refexp": got["refexp"],
+                                  "rss": (rec["refexp_peak_rss_timed_mb"], rec["trl_peak_rss_timed_mb"])})
+    summary(results, args.mode)
 
 
-def summary(results: dict[str, list[dict]]) -> None:
-    lines = ["| workload | refexp steps/s (median) | TRL steps/s (median) | ratio per round | median ratio | "
-             "refexp peak RSS MB | TRL peak RSS MB |", "|---|---|---|---|---|---|---|"]
+def summary(results: dict[str, list[dict]], mode: str) -> None:
+    per = "process pair" if mode == "processes" else "round (median of its step pairs)"
+    cols = ["workload", "refexp steps/s", "TRL steps/s", f"ratio per {per}", "median ratio (all pairs)",
+            "refexp phases s: gen / policy fwd+bwd / ref fwd / optimizer / other", "refexp MFU train"]
+    if mode == "processes":
+        cols += ["peak RSS MB refexp / TRL"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name, recs in results.items():
         if not recs:
             continue
-        med = C.median([x["ratio"] for x in recs])
-        lines.append(
-            f"| {name} | {C.median([x['refexp_steps_per_s'] for x in recs]):.3f} | "
-            f"{C.median([x['trl_steps_per_s'] for x in recs]):.3f} | "
-            f"{', '.join(format(x['ratio'], '.2f') for x in recs)} | **{med:.2f}** | "
-            f"{C.median([x['refexp_peak_rss_timed_mb'] for x in recs]):.0f} | "
-            f"{C.median([x['trl_peak_rss_timed_mb'] for x in recs]):.0f} |")
-        print(json.dumps({"bench": "compare_trl_summary", "workload": name, "median_ratio": round(med, 3),
-                          "ratios": [x["ratio"] for x in recs],
-                          "refexp_phases_s": {k: C.median([x["refexp"]["phases_s"][k] for x in recs])
-                                              for k in recs[0]["refexp"]["phases_s"]},
-                          "refexp_mfu_policy_fwd_bwd": C.median([x["refexp"]["mfu"]["policy_fwd_bwd"] for x in recs]),
+        pooled = [x for rec in recs for x in rec["ratios"]]
+        med = C.median(pooled)
+        per_round = [C.median(rec["ratios"]) for rec in recs]
+        ph = {k: C.median([rec["refexp"]["phases_s"][k] for rec in recs]) for k in recs[0]["refexp"]["phases_s"]}
+        mfu = C.median([rec["refexp"]["mfu"]["policy_fwd_bwd"] for rec in recs])
+        row = [name, f"{C.median([x['refexp_steps_per_s'] for x in recs]):.3f}",
+               f"{C.median([x['trl_steps_per_s'] for x in recs]):.3f}", ", ".join(f"{x:.2f}" for x in per_round),
+               f"**{med:.2f}** (n={len(pooled)})",
+               " / ".join(f"{ph[k]:.3f}" for k in ("generation", "policy_fwd_bwd", "reference_fwd", "optimizer",
+                                                    "other")), f"{mfu:.2f}" if mfu else "-"]
+        if mode == "processes":
+            row.append(f"{C.median([x['rss'][0] for x in recs]):.0f} / {C.median([x['rss'][1] for x in recs]):.0f}")
+        lines.append("| " + " | ".join(row) + " |")
+        print(json.dumps({"bench": "compare_trl_summary", "mode": mode, "workload": name, "median_ratio": round(med, 3),
+                          "ratios_per_round": [round(x, 3) for x in per_round], "n_pairs": len(pooled),
+                          "refexp_phases_s": ph, "refexp_mfu_policy_fwd_bwd": mfu,
                           "refexp_steps_per_s": C.median([x["refexp_steps_per_s"] for x in recs]),
                           "trl_steps_per_s": C.median([x["trl_steps_per_s"] for x in recs])}), flush=True)
     print("\n".join(lines), flush=True)

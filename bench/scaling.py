@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--fsdp-size", default="s", choices=list(SIZES))
     p.add_argument("--workdir", default=None)
     p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"])
+    p.add_argument("--in-process", action="store_true", help="run the single-process points in this process")
+    p.add_argument("--shape-args", default="", help="extra bench_step.py options for every point (e.g. batch sizes)")
     return p.parse_args(argv)
 
 
@@ -57,7 +59,12 @@ def size_args(name: str) -> list[str]:
 
 def point(args, extra: list[str], *, torchrun: int = 0) -> dict:
     argv = [STEP, "--worker", "--steps", str(args.steps), "--warmup", str(args.warmup), "--peak-seconds", "0.2",
-            "--workdir", args.workdir, *extra]
+            "--workdir", args.workdir, *extra, *args.shape_args.split()]
+    if args.in_process and not torchrun:  # smoke tests: no subprocess (and no per-point peak RSS)
+        import bench_step
+
+        row = bench_step.main(argv[1:])[-1]
+        return row
     if torchrun:
         argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(torchrun), *argv]
     rows = C.run_json_subprocess(argv)

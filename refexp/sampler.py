@@ -98,7 +98,11 @@ def generate(
     # Each distinct prompt is prefilled once and its cache repeated for its rows (GRPO's G samples
     # of a prompt share it): the prefill forward shrinks by the group size.
     distinct = list(dict.fromkeys(prompts))
-    prompt_UL, lens_U = encode_prompts(tokenizer, distinct, max_prompt_len or 1 << 30)
+    try:
+        prompt_UL, lens_U = encode_prompts(tokenizer, distinct, max_prompt_len or 1 << 30)
+    except ValueError:
+        encode_prompts(tokenizer, prompts, max_prompt_len or 1 << 30)  # the error names the row of ``prompts``
+        raise
     prompt_UL, lens_U = prompt_UL.to(device), lens_U.to(device)
     index = {p: i for i, p in enumerate(distinct)}
     rows_B = torch.tensor([index[p] for p in prompts], dtype=torch.long, device=device)

@@ -1,0 +1,80 @@
+"""The bench scripts run end to end at minimal sizes (not timed: benchmarks print figures, tests only check
+that every script still drives refexp's current interfaces and prints what bench/README.md documents).
+
+Everything runs in this process (a subprocess would pay torchtitan's import again): ``bench_step.py
+--in-process``, ``compare_trl``'s prepare + one interleaved worker, ``scaling.py --in-process``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+TINY = ["--dim", "32", "--layers", "1", "--heads", "2", "--ffn", "64", "--vocab", "64", "--threads", "1",
+        "--steps", "1", "--warmup", "1", "--peak-seconds", "0", "--peak-sizes", "128", "--no-probe-peak"]
+BATCH = ["--prompts", "2", "--group", "2", "--new-tokens", "3", "--prompt-len", "4", "--pairs", "2",
+         "--completion-len", "3"]
+
+
+def test_bench_step_prints_one_line_per_configuration(tmp_path, capsys):
+    import bench_step
+
+    rows = bench_step.main([*TINY, *BATCH, "--in-process", "--workdir", str(tmp_path), "--algo", "grpo", "dpo",
+                            "--reference", "fixed", "none", "--precompute-ref", "both"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert len(lines) == len(rows) == 5  # grpo x {fixed, none}, dpo x {fixed live, fixed cached, none}
+    by = {(r["algo"], r["reference"], r["precompute_ref"]): r for r in rows}
+    for r in rows:
+        assert r["steps_per_s"] > 0 and r["tokens_per_s"] > 0 and r["matmul_peak_gflops"] > 0
+        assert set(r["phases_s"]) == {"generation", "policy_fwd_bwd", "reference_fwd", "ref_update", "optimizer",
+                                      "other"}
+        assert r["phases_s"]["policy_fwd_bwd"] > 0 and r["mfu"]["policy_fwd_bwd"] > 0
+    assert by[("grpo", "fixed", False)]["gen_tokens_per_s"] > 0
+    assert by[("grpo", "none", False)]["beta"] == 0.0 and by[("dpo", "none", False)]["loss"] == "simpo"
+    # what the memory comparison rests on: no reference weights held without a live reference
+    assert by[("dpo", "fixed", False)]["ref_params_resident"] == by[("dpo", "fixed", False)]["policy_params"]
+    assert by[("dpo", "fixed", True)]["ref_params_resident"] == 0
+    assert by[("dpo", "fixed", True)]["ref_source"] == "PrecomputedRefLogps"
+    assert by[("grpo", "none", False)]["ref_params_resident"] == 0
+
+
+def test_compare_trl_interleaved_worker(tmp_path):
+    pytest.importorskip("trl")
+    import compare_trl
+
+    args = compare_trl.parse_args(["--workdir", str(tmp_path), "--steps", "1", "--warmup", "1", "--threads", "1",
+                                   "--pairs", "2", "--prompts", "2", "--group", "2", "--prompt-len", "4",
+                                   "--completion-len", "3", "--new-tokens", "3",
+                                   "--refexp-args=--peak-seconds 0 --peak-sizes 128 --no-probe-peak"])
+    compare_trl.prepare(tmp_path, args)  # also checks HF and torchtitan logits agree
+    assert json.loads((tmp_path / "ready.json").read_text())["max_logit_diff"] < 1e-4
+    for name in ("dpo_live", "grpo_ref"):
+        row = compare_trl.pair_worker(args, name)
+        assert row["steps"] == 1 and row["median_ratio"] > 0 and row["refexp"]["algo"] == name.split("_")[0]
+    torch.set_num_threads(1)
+
+
+def test_scaling_size_sweep(tmp_path, capsys):
+    import scaling
+
+    scaling.main(["--sweeps", "size", "--sizes", "xs", "--algos", "dpo", "--steps", "1", "--warmup", "1",
+                  "--threads", "1", "--in-process", "--workdir", str(tmp_path),
+                  "--shape-args", " ".join(BATCH[6:] + ["--peak-seconds", "0", "--peak-sizes", "128", "--no-probe-peak"])])
+    out = capsys.readouterr().out
+    assert "**Model size" in out and "| dpo | xs |" in out
+
+
+def test_flop_count_matches_a_hand_count():
+    import _common as C
+
+    s = C.Shape(dim=8, layers=1, heads=2, ffn=16, vocab=10)
+    # matmul params: qkv 3*64 + wo 64 + ffn 3*128 + lm head 80 = 720; causal attention over T=2 sees 1+2 keys
+    assert s.matmul_params() == 720
+    assert s.forward_flops([2]) == 2 * (720 - 80) * 2 + 2 * 80 * 2 + 4 * 8 * 1 * (2 * 3 / 2)
