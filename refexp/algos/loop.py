@@ -218,8 +218,8 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
             signal.signal(s, handler)
         ckpt.close()
     final = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-    if not last_eval or step != cfg.training.steps or not metrics:
-        last_eval = evaluate(ctx, policy.model, anchor) if not metrics else last_eval
+    if not metrics:  # resumed at the end: no step ran in this process, so measure the final policy here
+        last_eval = evaluate(ctx, policy.model, anchor)
     final.update(last_eval)
     final["step"] = step
     return final
