@@ -11,7 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -46,7 +45,6 @@ def test_bench_step_prints_one_line_per_configuration(tmp_path, capsys):
 
 
 def test_compare_trl_interleaved_worker(tmp_path):
-    pytest.importorskip("trl")
     import compare_trl
 
     args = compare_trl.parse_args(["--workdir", str(tmp_path), "--steps", "1", "--warmup", "1", "--threads", "1",
