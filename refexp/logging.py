@@ -60,6 +60,7 @@ class MetricLogger:
         self.path = self.run_dir / "metrics.jsonl"
         self._wandb = None
         self._warned = False
+        self.last_step = 0  # the last step logged (status.json's last_step when a run stops early)
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -113,6 +114,7 @@ class MetricLogger:
         if not self.enabled:
             return
         row = {"step": int(step)}
+        self.last_step = int(step)
         row.update({k: _plain(v) for k, v in metrics.items()})
         self._file.write(json.dumps(row) + "\n")
         if self._wandb is not None:
@@ -136,6 +138,7 @@ class MetricLogger:
             return
         self._file.close()
         keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
+        self.last_step = max((int(r.get("step", 0)) for r in keep), default=0)
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, self.path)

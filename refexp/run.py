@@ -146,7 +146,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
         from refexp.algos.loop import Preempted
 
         status.update(status="preempted" if isinstance(e, Preempted) else "failed", error=f"{type(e).__name__}: {e}",
-                      traceback=traceback.format_exc(limit=20))
+                      traceback=traceback.format_exc(limit=20), last_step=logger.last_step)
         raise
     finally:
         status["ended"] = time.time()

@@ -189,7 +189,7 @@ def test_sigterm_saves_and_sigkill_resumes(tmp_path, uninterrupted):
     assert term_rc != 0, "a preempted run must not look completed"
     status = json.loads((term_dir / "status.json").read_text())
     stopped = max(_logged_steps(term_dir))
-    assert status["status"] == "preempted", status
+    assert status["status"] == "preempted" and status["last_step"] == stopped, status
     assert stopped < N and (term_dir / "checkpoint" / f"step-{stopped}" / ".metadata").is_file()
     assert max(_logged_steps(term_dir)) == stopped
 
