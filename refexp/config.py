@@ -396,6 +396,9 @@ class DPOConfig(AlgoConfig):
     pairs_per_step: int = 16
     precompute_ref: bool = False
     """Compute reference log-probs of the whole preference set once, cache them on disk."""
+    share_prompt: bool = True
+    """One row per pair, chosen and rejected sharing one pass over the prompt (refexp/algos/shared_prompt.py;
+    same log-probs, fewer tokens). Needs model.attn_backend=sdpa."""
     num_pairs: int = 2000
     """Preference pairs generated for the embedded task."""
     pair_seed: int = 0
@@ -538,6 +541,9 @@ def to_object(cfg) -> RootConfig:
 def check_cross_fields(cfg: RootConfig) -> None:
     """Checks that need more than one group."""
     if isinstance(cfg.algo, DPOConfig):
+        if cfg.algo.share_prompt and cfg.model.attn_backend != "sdpa":
+            raise ConfigError(f"algo.share_prompt=true needs model.attn_backend=sdpa (got {cfg.model.attn_backend!r}): "
+                              f"set algo.share_prompt=false to use the {cfg.model.attn_backend} backend")
         if cfg.reference.name == "none" and not cfg.algo.reference_free:
             raise ConfigError(
                 f"reference=none needs a reference-free loss: algo.loss_type={cfg.algo.loss_type!r} uses a "

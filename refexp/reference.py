@@ -58,12 +58,13 @@ class ReferenceStrategy:
         """Whether the reference's weights can change during training."""
         return False
 
-    def logprobs(self, tokens_BT: torch.Tensor) -> torch.Tensor | None:
-        """[B, T-1] float32 reference log-probs of ``tokens_BT`` (None when reference-free)."""
+    def logprobs(self, tokens_BT: torch.Tensor, **forward_kwargs) -> torch.Tensor | None:
+        """[B, T-1] float32 reference log-probs of ``tokens_BT`` (None when reference-free).
+        ``forward_kwargs``: ``titan.token_logprobs``'s positions / attention mask."""
         if self.model is None:
             return None
         with torch.inference_mode():
-            logp = titan.token_logprobs(self.model, tokens_BT)
+            logp = titan.token_logprobs(self.model, tokens_BT, **forward_kwargs)
         return logp.clone()  # an ordinary tensor: inference tensors cannot enter autograd
 
     def metrics(self) -> dict[str, float]:

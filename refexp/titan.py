@@ -48,6 +48,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.nn.attention import sdpa_kernel
 
 from refexp.config import CompileConfig, ConfigError, ModelConfig, ParallelismConfig, TrainingConfig
 
@@ -470,14 +471,42 @@ def _check_arch(a: _Arch, parallelism: ParallelismConfig | None) -> None:
             )
 
 
+class MaskedSDPA(ScaledDotProductAttention):
+    """torchtitan's SDPA inner attention, which also takes a dense boolean mask.
+
+    ``attention_masks=None`` (every ordinary forward) is torchtitan's own causal path, unchanged.
+    A bool tensor ``[B, L, S]`` (True = query may attend to key) goes to SDPA as ``attn_mask``: the
+    shared-prompt DPO layout (``dpo_data.share_prompts``) needs a mask that is not causal by index.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ScaledDotProductAttention.Config):
+        pass
+
+    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False,
+                is_causal=True, **kwargs):
+        if attention_masks is None:
+            return super().forward(q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa,
+                                   is_causal=is_causal, **kwargs)
+        if not (isinstance(attention_masks, torch.Tensor) and attention_masks.dtype == torch.bool
+                and attention_masks.ndim == 3):
+            raise TypeError("MaskedSDPA takes a bool [B, L, S] mask as attention_masks")
+        with sdpa_kernel(self.sdpa_backends, set_priority=True):
+            out_BNLH = F.scaled_dot_product_attention(
+                q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2),
+                attn_mask=attention_masks.unsqueeze(1), scale=scale, enable_gqa=enable_gqa)
+        return out_BNLH.transpose(1, 2)
+
+
 def _set_attention_backend(cfg, backend: str) -> None:
     """Swap every inner-attention config for ``backend`` (NOTES #3: SDPA is the trainable one on CPU).
 
-    SDPA here is plain causal attention: pad on the right and mask the loss.
+    SDPA here is causal attention (pad on the right and mask the loss) that also takes an explicit
+    mask when one is given (``MaskedSDPA``).
     """
     if backend == "flex":
         return
-    new = ScaledDotProductAttention.Config if backend == "sdpa" else VarlenAttention.Config
+    new = MaskedSDPA.Config if backend == "sdpa" else VarlenAttention.Config
     for _, _, parent, attr in list(cfg.traverse(FlexAttention.Config)):
         if isinstance(parent, list):
             parent[attr] = new()
@@ -729,11 +758,18 @@ def _inner_attention(model: nn.Module) -> nn.Module:
     return next(iter(_decoder(model).layers.values())).attention.inner_attention
 
 
-def _forward(model: nn.Module, tokens_BT: torch.Tensor):
+def _forward(model: nn.Module, tokens_BT: torch.Tensor, positions_BT: torch.Tensor | None = None,
+             allowed_BTT: torch.Tensor | None = None):
     """``model(tokens)``: causal logits [B, T, V] (a vocab-sharded DTensor under TP).
 
     SDPA needs no mask (causal, NOTES #3); flex/varlen need one, built from positions 0..T-1 per row.
+    ``positions_BT``/``allowed_BTT`` (RoPE positions and a bool [B, T, T] attention mask) replace
+    0..T-1 and causal attention; only the SDPA backend (``MaskedSDPA``) takes them.
     """
+    if allowed_BTT is not None or positions_BT is not None:
+        if not isinstance(_inner_attention(model), MaskedSDPA):
+            raise ValueError("explicit positions/attention masks need model.attn_backend=sdpa")
+        return model(tokens_BT, positions=positions_BT, attention_masks=allowed_BTT)
     if isinstance(_inner_attention(model), ScaledDotProductAttention):
         return model(tokens_BT)
     B, T = tokens_BT.shape
@@ -813,18 +849,22 @@ def _vocab_parallel_logprobs(logits_BTV: DTensor, targets_BT: torch.Tensor, temp
 
 
 def token_logprobs(model: nn.Module, tokens_BT: torch.LongTensor, *, temperature: float = 1.0,
-                   with_entropy: bool = False):
+                   with_entropy: bool = False, positions_BT: torch.Tensor | None = None,
+                   allowed_BTT: torch.Tensor | None = None):
     """Next-token log-probabilities of a batch, float32 [B, T-1].
 
     ``logp_BT[:, t] = log p(tokens[:, t+1] | tokens[:, :t+1])`` under softmax(logits / temperature).
-    Rows are plain causal sequences (pad on the right, mask afterwards). Differentiable. Under TP the
-    vocab-sharded logits are never gathered. With ``with_entropy`` also returns the entropy [B, T-1]
-    of the same tempered next-token distribution. Returns log-probs, never logits.
+    Rows are plain causal sequences (pad on the right, mask afterwards) unless ``positions_BT`` and
+    ``allowed_BTT`` (bool [B, T, T], query x key) say otherwise: then column t is the distribution at
+    position t given the keys it may attend to. Differentiable. Under TP the vocab-sharded logits are
+    never gathered. With ``with_entropy`` also returns the entropy [B, T-1] of the same tempered
+    next-token distribution. Returns log-probs, never logits.
     """
     if _outside_inference_mode(model):
         with torch.inference_mode(False), torch.no_grad():
-            return token_logprobs(model, tokens_BT, temperature=temperature, with_entropy=with_entropy)
-    out_BTV = _forward(model, tokens_BT)[:, :-1]
+            return token_logprobs(model, tokens_BT, temperature=temperature, with_entropy=with_entropy,
+                                  positions_BT=positions_BT, allowed_BTT=allowed_BTT)
+    out_BTV = _forward(model, tokens_BT, positions_BT, allowed_BTT)[:, :-1]
     targets_BT = tokens_BT[:, 1:]
     if isinstance(out_BTV, DTensor):
         logp_BT, entropy_BT = _vocab_parallel_logprobs(out_BTV, targets_BT, temperature, with_entropy)

@@ -67,7 +67,7 @@ def test_shapes_follow_the_overrides():
     assert (spec.model.dim, len(spec.model.layers), spec.model.vocab_size) == (64, 2, V)
     assert (attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.rope.dim, attn.rope.max_seq_len) == (4, 2, 16, 16, 64)
     assert spec.model.layers[0].feed_forward.w1.out_features == 96
-    assert type(attn.inner_attention).__qualname__ == "ScaledDotProductAttention.Config"  # model.attn_backend=sdpa
+    assert type(attn.inner_attention).__qualname__ == "MaskedSDPA.Config"  # model.attn_backend=sdpa (+ explicit masks)
     # The tokenizer's size is the vocabulary when model.vocab_size is null.
     assert titan.build_model_spec(tiny("llama3", vocab_size=None), vocab_size=40).model.vocab_size == 40
 

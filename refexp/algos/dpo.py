@@ -38,7 +38,8 @@ import datasets
 import torch
 
 from refexp import refcache, titan
-from refexp.algos.dpo_data import load_pairs, pack_pairs, pairs_fingerprint
+from refexp.algos.dpo_data import PairBatch, load_pairs, pack_pairs, pairs_fingerprint
+from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompts
 from refexp.algos.grpo import step_prompt_ids
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, reference_path, run_loop
 from refexp.config import DPOConfig
@@ -62,10 +63,16 @@ def preference_loss(a: DPOConfig, pol_c_B: torch.Tensor, pol_r_B: torch.Tensor, 
 
 
 # ---------------------------------------------------------------- reference log-probs
-def reference_rows(ctx: RunContext, strategy: ReferenceStrategy, pairs: datasets.Dataset, ids: list[int]) -> RefLogps:
-    """The reference's log-probs of pairs ``ids``: one ``inference_mode`` forward over ``[chosen; rejected]``."""
+def pack(ctx: RunContext, pairs: datasets.Dataset, ids: list[int]) -> tuple[PairBatch, SharedPrompt | None]:
+    """Pairs ``ids`` as ``[chosen; rejected]`` rows, and their shared-prompt layout (``algo.share_prompt``)."""
     batch = pack_pairs(ctx.task.tokenizer, pairs.select(ids)).to(ctx.device)
-    return RefLogps.from_logprobs(strategy.logprobs(batch.tokens_BT), batch.mask_BT)
+    return batch, share_prompts(batch, ctx.task.tokenizer.pad_id) if ctx.cfg.algo.share_prompt else None
+
+
+def reference_rows(ctx: RunContext, strategy: ReferenceStrategy, pairs: datasets.Dataset, ids: list[int]) -> RefLogps:
+    """The reference's log-probs of pairs ``ids``: one ``inference_mode`` forward."""
+    batch, shared = pack(ctx, pairs, ids)
+    return RefLogps.from_logprobs(pair_logprobs(strategy.logprobs, batch, shared), batch.mask_BT)
 
 
 def build_ref_source(ctx: RunContext, strategy: ReferenceStrategy, pairs: datasets.Dataset, ref_path: Path):
@@ -89,7 +96,10 @@ def build_ref_source(ctx: RunContext, strategy: ReferenceStrategy, pairs: datase
         return refcache.VersionedRefLogps(compute, lambda: strategy.version, any_rank), {}
     t0 = time.perf_counter()
     dtype = ctx.cfg.reference.dtype or ctx.cfg.training.dtype
-    key = refcache.cache_key(ref_path, dtype, pairs_fingerprint(pairs, ctx.task.tokenizer), asdict(ctx.cfg.model))
+    # share_prompt changes the float summation order of the reference forward (not its values beyond ~1e-7):
+    # part of the key, so a run reads exactly what its own layout computes.
+    key = refcache.cache_key(ref_path, dtype, pairs_fingerprint(pairs, ctx.task.tokenizer),
+                             {**asdict(ctx.cfg.model), "share_prompt": a.share_prompt})
 
     def compute_all() -> RefLogps:
         strategy.ensure_model()
@@ -120,7 +130,7 @@ class DPOStep:
         ctx, a = self.ctx, self.a
         P = a.pairs_per_step
         ids = step_prompt_ids(len(self.pairs), P, ctx.cfg.training.seed, step)[ctx.local_slice(P)]
-        batch = pack_pairs(ctx.task.tokenizer, self.pairs.select(ids)).to(ctx.device)
+        batch, shared = pack(ctx, self.pairs, ids)
         B, mask = batch.num_pairs, batch.mask_BT
 
         t0 = time.perf_counter()
@@ -132,7 +142,7 @@ class DPOStep:
 
         model = self.policy.model
         model.train()
-        logp = titan.token_logprobs(model, batch.tokens_BT)  # [2B, T-1]
+        logp = pair_logprobs(partial(titan.token_logprobs, model), batch, shared)  # [2B, T-1]
         seq_B = masked_sum(logp, mask, dim=-1)  # [2B] summed over completion tokens
         chosen_nll = sft_loss(logp[:B], mask[:B])[0] if a.loss_type == "orpo" else None
         loss, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:], ref, chosen_nll)

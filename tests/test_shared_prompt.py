@@ -1,0 +1,110 @@
+"""The shared-prompt DPO layout: one row per pair whose log-probs (and the DPO loss's gradients) equal
+the two-row ``[chosen; rejected]`` pass, the layout itself checked by hand on a small pair, and the
+config check that it needs the SDPA backend."""
+
+from functools import partial
+
+import datasets
+import pytest
+import torch
+
+from refexp import titan
+from refexp.algos.dpo_data import pack_pairs
+from refexp.algos.shared_prompt import pair_logprobs, share_prompts
+from refexp.config import ConfigError, ModelConfig
+from refexp.kl import masked_sum
+from refexp.losses import dpo_loss
+from refexp.tasks.tokenizer import build_char_tokenizer
+from tests.helpers import compose_cfg
+
+TOK = build_char_tokenizer()
+MODEL = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=64)
+
+
+def _pairs() -> datasets.Dataset:
+    """Prompts of 1..9 characters (plus BOS) and completions of different lengths on both sides."""
+    rows = {"prompt": [], "chosen": [], "rejected": []}
+    for i in range(8):
+        rows["prompt"].append("123456789"[: 1 + (i * 5) % 9])
+        rows["chosen"].append("0123"[: 1 + i % 4])
+        rows["rejected"].append("98765"[: 1 + (3 * i) % 5])
+    return datasets.Dataset.from_dict(rows)
+
+
+def test_layout_of_one_pair_by_hand():
+    batch = pack_pairs(TOK, {"prompt": ["12"], "chosen": ["3"], "rejected": ["45"]})
+    s = share_prompts(batch, TOK.pad_id)
+    # tokens: [bos] 1 2 | 3 eos | bridge=2 | 4 5 eos   (p=3 with BOS, c=2, r=3)
+    p = batch.tokens_BT[0].tolist().index(TOK.encode("3")[0])
+    assert p == 3
+    row = s.tokens_BS[0].tolist()
+    assert row[:p + 2] == batch.tokens_BT[0, :p + 2].tolist()
+    assert row[p + 2] == batch.tokens_BT[0, p - 1]  # the bridge repeats the prompt's last token
+    assert row[p + 3:] == batch.tokens_BT[1, p:p + 3].tolist()
+    assert s.positions_BS[0].tolist() == [0, 1, 2, 3, 4, 2, 3, 4, 5]
+    allowed = s.allowed_BSS[0]
+    # prompt + chosen are causal; the bridge (index 5) sees prompt tokens 0..1 and itself
+    assert allowed[4].tolist() == [True] * 5 + [False] * 4
+    assert allowed[5].tolist() == [True, True, False, False, False, True, False, False, False]
+    # the last rejected token sees prompt 0..1, the bridge and the rejected tokens, never the chosen ones
+    assert allowed[8].tolist() == [True, True, False, False, False, True, True, True, True]
+    # chosen columns stay; rejected columns move past chosen (2 tokens) and the bridge
+    assert s.src_2BT[0, p - 1:p + 1].tolist() == [p - 1, p]
+    assert s.src_2BT[1, p - 1:p + 2].tolist() == [p + 2, p + 3, p + 4]
+
+
+def test_shared_logprobs_equal_the_two_row_pass():
+    torch.manual_seed(0)
+    model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=0)
+    batch = pack_pairs(TOK, _pairs())
+    shared = share_prompts(batch, TOK.pad_id)
+    assert shared.tokens_BS.numel() < batch.tokens_BT.numel()
+    lp = partial(titan.token_logprobs, model)
+    two_rows = pair_logprobs(lp, batch, None)
+    one_row = pair_logprobs(lp, batch, shared)
+    assert torch.equal(one_row != 0, batch.mask_BT)
+    torch.testing.assert_close(one_row, torch.where(batch.mask_BT, two_rows, 0.0), atol=1e-5, rtol=0)
+
+    def grads(logp):
+        B = batch.num_pairs
+        seq = masked_sum(logp, batch.mask_BT, dim=-1)
+        ref = seq.detach() - 0.3  # any reference: the loss is non-trivial and its gradient flows through seq
+        loss, _ = dpo_loss(seq[:B], seq[B:], ref[:B], ref[B:], beta=0.5)
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    l2, g2 = grads(pair_logprobs(lp, batch, None))
+    l1, g1 = grads(pair_logprobs(lp, batch, shared))
+    torch.testing.assert_close(l1, l2, atol=1e-6, rtol=0)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_reference_strategy_takes_the_shared_layout():
+    from refexp.config import ReferenceConfig
+    from refexp.reference import build_reference
+
+    model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=1, requires_grad=False)
+    strategy = build_reference(ReferenceConfig(name="fixed"), lambda: model)
+    batch = pack_pairs(TOK, _pairs())
+    shared = share_prompts(batch, TOK.pad_id)
+    torch.testing.assert_close(pair_logprobs(strategy.logprobs, batch, shared),
+                               torch.where(batch.mask_BT, pair_logprobs(strategy.logprobs, batch, None), 0.0),
+                               atol=1e-5, rtol=0)
+
+
+def test_pairs_with_different_prompts_are_refused():
+    batch = pack_pairs(TOK, {"prompt": ["12"], "chosen": ["3"], "rejected": ["4"]})
+    batch.tokens_BT[1, 1] = TOK.encode("9")[0]
+    with pytest.raises(ValueError, match="pair 0: chosen and rejected rows do not share the prompt"):
+        share_prompts(batch, TOK.pad_id)
+
+
+def test_share_prompt_needs_sdpa(tmp_path):
+    from refexp.config import to_object
+
+    with pytest.raises(ConfigError, match="algo.share_prompt=true needs model.attn_backend=sdpa"):
+        to_object(compose_cfg(tmp_path, "algo=dpo", "model.attn_backend=flex"))
+    assert not to_object(compose_cfg(tmp_path, "algo=dpo", "model.attn_backend=flex",
+                                     "algo.share_prompt=false")).algo.share_prompt
