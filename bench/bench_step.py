@@ -39,6 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    choices=["fixed", "periodic_reset", "ema", "kl_triggered", "none"])
     p.add_argument("--precompute-ref", nargs="?", const="on", default="off", choices=["off", "on", "both"],
                    help="DPO: reference log-probs from the refcache (on), live (off), or both configurations")
+    p.add_argument("--no-share-prompt", dest="share_prompt", action="store_false",
+                   help="one row per completion (the prompt run once per completion) instead of refexp's default "
+                        "one row per prompt (algo.share_prompt)")
     p.add_argument("--loss", default=None, help="DPO loss_type (default sigmoid; simpo with --reference none)")
     p.add_argument("--beta", type=float, default=None, help="GRPO 0.04 / DPO 0.1 by default; GRPO none: 0")
     # model shape
@@ -117,7 +120,7 @@ def build(args, algo: str, reference: str, precompute: bool):
                                             "answer": [""] * len(prompts)})
         beta = args.beta if args.beta is not None else (0.0 if reference == "none" else 0.04)
         algo_cfg = GRPOConfig(prompts_per_step=args.prompts, group_size=args.group, beta=beta,
-                              max_new_tokens=args.new_tokens, loss_agg="grpo")
+                              max_new_tokens=args.new_tokens, loss_agg="grpo", share_prompt=args.share_prompt)
         pairs = None
     else:
         seq = args.prompt_len + args.completion_len
@@ -129,7 +132,8 @@ def build(args, algo: str, reference: str, precompute: bool):
         train = datasets.Dataset.from_dict({"prompt": texts[0][:1], "completion": [""], "answer": [""]})
         loss = args.loss or ("simpo" if reference == "none" else "sigmoid")
         algo_cfg = DPOConfig(loss_type=loss, beta=args.beta if args.beta is not None else 0.1,
-                             pairs_per_step=args.pairs, precompute_ref=precompute, num_pairs=n)
+                             pairs_per_step=args.pairs, precompute_ref=precompute, num_pairs=n,
+                             share_prompt=args.share_prompt)
     task = Task(name="random", tokenizer=tok, train=train, eval=train, max_new_tokens=args.new_tokens,
                 reward=C.content_blind_reward, max_prompt_len=args.prompt_len, preference=pairs)
     cfg = RootConfig(
@@ -230,6 +234,11 @@ class Bench:
             T = a.prompt_len + a.completion_len
             gen_tokens, gen_flops = 0, 0.0
         fwd = shape.forward_flops([T] * rows_n)
+        if self.ctx.cfg.algo.share_prompt:
+            # executed FLOPs: one row per prompt of prompt + its K completions + K-1 bridges (tokens/s
+            # still counts K x (prompt + completion) tokens, as TRL's does)
+            K = a.group if self.algo == "grpo" else 2
+            fwd = shape.forward_flops([a.prompt_len + K * (T - a.prompt_len + 1) - 1] * (rows_n // K))
         live_ref = self.strategy.holds_model and C.median([r["reference_fwd"] for r in timed]) > 1e-3
         return {"train_tokens": rows_n * T, "gen_tokens": gen_tokens, "generation": gen_flops,
                 "policy_fwd_bwd": 3 * fwd, "reference_fwd": fwd if live_ref else 0.0}
@@ -258,6 +267,7 @@ class Bench:
             "bench": "step", "algo": self.algo, "reference": strategy.name,
             "precompute_ref": bool(getattr(ctx.cfg.algo, "precompute_ref", False)) and self.algo == "dpo",
             "loss": getattr(ctx.cfg.algo, "loss_type", None), "beta": ctx.cfg.algo.beta,
+            "share_prompt": bool(ctx.cfg.algo.share_prompt),
             "shape": {"dim": a.dim, "layers": a.layers, "heads": a.heads, "ffn": a.ffn, "vocab": a.vocab},
             "batch": ({"prompts": a.prompts, "group": a.group, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens}
                       if self.algo == "grpo" else

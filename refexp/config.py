@@ -347,6 +347,10 @@ class GRPOConfig(AlgoConfig):
     top_p: float = 1.0
     max_new_tokens: Optional[int] = None
     """None = task.max_new_tokens."""
+    share_prompt: bool = True
+    """Training forwards (policy, reference) take one row per prompt, its G completions sharing one pass over
+    the prompt (refexp/algos/shared_prompt.py; same log-probs, fewer tokens; a dense mask, so set false for
+    many long rollouts per prompt). Needs model.attn_backend=sdpa."""
     kl_in_reward: bool = False
     """Subtract beta * KL(sequence) from the reward instead of adding a KL loss term."""
     kl_target: Optional[float] = None
@@ -540,10 +544,10 @@ def to_object(cfg) -> RootConfig:
 
 def check_cross_fields(cfg: RootConfig) -> None:
     """Checks that need more than one group."""
+    if getattr(cfg.algo, "share_prompt", False) and cfg.model.attn_backend != "sdpa":
+        raise ConfigError(f"algo.share_prompt=true needs model.attn_backend=sdpa (got {cfg.model.attn_backend!r}): "
+                          f"set algo.share_prompt=false to use the {cfg.model.attn_backend} backend")
     if isinstance(cfg.algo, DPOConfig):
-        if cfg.algo.share_prompt and cfg.model.attn_backend != "sdpa":
-            raise ConfigError(f"algo.share_prompt=true needs model.attn_backend=sdpa (got {cfg.model.attn_backend!r}): "
-                              f"set algo.share_prompt=false to use the {cfg.model.attn_backend} backend")
         if cfg.reference.name == "none" and not cfg.algo.reference_free:
             raise ConfigError(
                 f"reference=none needs a reference-free loss: algo.loss_type={cfg.algo.loss_type!r} uses a "

@@ -37,20 +37,20 @@ def test_layout_of_one_pair_by_hand():
     # tokens: [bos] 1 2 | 3 eos | bridge=2 | 4 5 eos   (p=3 with BOS, c=2, r=3)
     p = batch.tokens_BT[0].tolist().index(TOK.encode("3")[0])
     assert p == 3
-    row = s.tokens_BS[0].tolist()
+    row = s.tokens_US[0].tolist()
     assert row[:p + 2] == batch.tokens_BT[0, :p + 2].tolist()
     assert row[p + 2] == batch.tokens_BT[0, p - 1]  # the bridge repeats the prompt's last token
     assert row[p + 3:] == batch.tokens_BT[1, p:p + 3].tolist()
-    assert s.positions_BS[0].tolist() == [0, 1, 2, 3, 4, 2, 3, 4, 5]
-    allowed = s.allowed_BSS[0]
+    assert s.positions_US[0].tolist() == [0, 1, 2, 3, 4, 2, 3, 4, 5]
+    allowed = s.allowed_USS[0]
     # prompt + chosen are causal; the bridge (index 5) sees prompt tokens 0..1 and itself
     assert allowed[4].tolist() == [True] * 5 + [False] * 4
     assert allowed[5].tolist() == [True, True, False, False, False, True, False, False, False]
     # the last rejected token sees prompt 0..1, the bridge and the rejected tokens, never the chosen ones
     assert allowed[8].tolist() == [True, True, False, False, False, True, True, True, True]
     # chosen columns stay; rejected columns move past chosen (2 tokens) and the bridge
-    assert s.src_2BT[0, p - 1:p + 1].tolist() == [p - 1, p]
-    assert s.src_2BT[1, p - 1:p + 2].tolist() == [p + 2, p + 3, p + 4]
+    assert s.src_NT[0, p - 1:p + 1].tolist() == [p - 1, p]
+    assert s.src_NT[1, p - 1:p + 2].tolist() == [p + 2, p + 3, p + 4]
 
 
 def test_shared_logprobs_equal_the_two_row_pass():
@@ -58,7 +58,7 @@ def test_shared_logprobs_equal_the_two_row_pass():
     model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=0)
     batch = pack_pairs(TOK, _pairs())
     shared = share_prompts(batch, TOK.pad_id)
-    assert shared.tokens_BS.numel() < batch.tokens_BT.numel()
+    assert shared.tokens_US.numel() < batch.tokens_BT.numel()
     lp = partial(titan.token_logprobs, model)
     two_rows = pair_logprobs(lp, batch, None)
     one_row = pair_logprobs(lp, batch, shared)
@@ -97,7 +97,7 @@ def test_reference_strategy_takes_the_shared_layout():
 def test_pairs_with_different_prompts_are_refused():
     batch = pack_pairs(TOK, {"prompt": ["12"], "chosen": ["3"], "rejected": ["4"]})
     batch.tokens_BT[1, 1] = TOK.encode("9")[0]
-    with pytest.raises(ValueError, match="pair 0: chosen and rejected rows do not share the prompt"):
+    with pytest.raises(ValueError, match="rows 0 and 1: completions of one group do not share the prompt"):
         share_prompts(batch, TOK.pad_id)
 
 
@@ -108,3 +108,46 @@ def test_share_prompt_needs_sdpa(tmp_path):
         to_object(compose_cfg(tmp_path, "algo=dpo", "model.attn_backend=flex"))
     assert not to_object(compose_cfg(tmp_path, "algo=dpo", "model.attn_backend=flex",
                                      "algo.share_prompt=false")).algo.share_prompt
+
+
+def test_grpo_groups_share_their_prompt():
+    """Rollouts of 3 prompts x 4 samples (ragged completions, one right-padded batch, as the sampler
+    lays them out): log-probs and entropies of the shared rows equal the usual ones."""
+    from refexp import sampler
+    from refexp.algos.shared_prompt import row_logprobs, share_groups
+
+    model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=2)
+    prompts = [p for p in ("12+34=", "5+6=", "789+1=") for _ in range(4)]
+    r = sampler.generate(model, TOK, prompts, max_new_tokens=6, keys=[(0, 1, i) for i in range(12)])
+    assert len(set(len(c) for c in r.completion_ids)) > 1  # ragged: the layout must not assume equal lengths
+    shared = share_groups(r.tokens_BT, r.mask_BT, 4, TOK.pad_id)
+    assert shared.tokens_US.shape[0] == 3 and shared.tokens_US.numel() < r.tokens_BT.numel()
+    lp = partial(titan.token_logprobs, model)
+    usual_logp, usual_ent = row_logprobs(lp, r.tokens_BT, r.mask_BT, None, temperature=0.7, with_entropy=True)
+    logp, ent = row_logprobs(lp, r.tokens_BT, r.mask_BT, shared, temperature=0.7, with_entropy=True)
+    m = r.mask_BT
+    torch.testing.assert_close(logp, torch.where(m, usual_logp, 0.0), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, torch.where(m, usual_ent, 0.0), atol=1e-5, rtol=0)
+    # and both equal the sampler's behaviour log-probs (temperature 1)
+    torch.testing.assert_close(row_logprobs(lp, r.tokens_BT, m, shared), r.behaviour_logp, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "dpo"])
+def test_runs_with_and_without_sharing_agree(tmp_path, algo):
+    """The same steps with algo.share_prompt true and false log the same losses and rewards."""
+    from refexp.logging import read_metrics
+    from refexp.run import run
+    from tests.helpers import GRPO
+
+    extra = GRPO if algo == "grpo" else ["algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8",
+                                         "training.steps=3", "training.lr=1e-3"]
+    rows = {}
+    for share in ("true", "false"):
+        run(compose_cfg(tmp_path / share, *extra, f"algo.share_prompt={share}"))
+        rows[share] = read_metrics(tmp_path / share / "metrics.jsonl")
+    keys = ["loss/total", "reward/mean", "kl/ref"] if algo == "grpo" else ["loss/total", "rewards/margin", "kl/ref"]
+    assert [r["step"] for r in rows["true"]] == [r["step"] for r in rows["false"]]
+    for a, b in zip(rows["true"][1:], rows["false"][1:]):
+        for k in keys:
+            assert a[k] == pytest.approx(b[k], abs=1e-5), (a["step"], k)

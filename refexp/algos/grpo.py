@@ -20,12 +20,14 @@ Departures and choices:
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from refexp import sampler, titan
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, run_loop
+from refexp.algos.shared_prompt import row_logprobs, share_groups
 from refexp.config import GRPOConfig
 from refexp.context import RunContext
 from refexp.evaluation import score
@@ -74,8 +76,10 @@ class GRPOStep:
         tokens, mask, old_logp = r.tokens_BT.to(ctx.device), r.mask_BT.to(ctx.device), r.behaviour_logp.to(ctx.device)
         rewards = torch.tensor(score(task, r.texts, answers, prompts), dtype=torch.float32, device=ctx.device)
 
+        # G completions of a prompt share one pass over it (refexp/algos/shared_prompt.py)
+        shared = share_groups(tokens, mask, G, task.tokenizer.pad_id) if a.share_prompt else None
         t1 = time.perf_counter()
-        ref_logp = self.strategy.logprobs(tokens)
+        ref_logp = row_logprobs(self.strategy.logprobs, tokens, mask, shared)
         ref_s = time.perf_counter() - t1
 
         beta = self.kl_ctl.beta
@@ -92,7 +96,8 @@ class GRPOStep:
         share = {"grpo": n_rows / g_rows, "dr_grpo": n_rows / g_rows, "dapo": n_tok / g_tok}[a.loss_agg]
         agg: dict[str, float] = {}
         for _ in range(a.updates_per_batch):
-            logp, entropy = titan.token_logprobs(model, tokens, temperature=a.temperature, with_entropy=True)
+            logp, entropy = row_logprobs(partial(titan.token_logprobs, model), tokens, mask, shared,
+                                         temperature=a.temperature, with_entropy=True)
             loss, m = grpo_loss(logp, old_logp, None if a.kl_in_reward else ref_logp, adv, mask,
                                 beta=beta, eps_low=a.eps_low, eps_high=a.eps_high, kl_estimator=a.kl_estimator,
                                 loss_agg=a.loss_agg, max_completion_length=self.max_new)

@@ -1,24 +1,28 @@
-"""One forward for a preference pair whose chosen and rejected completions share the prompt.
+"""One forward for several completions of the same prompt: DPO's chosen and rejected, GRPO's group.
 
-The concatenated DPO pass (``dpo_data.pack_pairs``) runs the prompt twice, once in the chosen row and
-once in the rejected row. Prefix sharing (Wang et al. 2024, "Accelerating Direct Preference
-Optimization with Prefix Sharing", arXiv:2410.20305) packs a pair into one row instead and lets an
-attention mask keep the rejected tokens from seeing the chosen ones:
+The usual layout runs the prompt once per completion: DPO's concatenated pass (``dpo_data.pack_pairs``)
+has a chosen row and a rejected row, GRPO has G rows per prompt. Prefix sharing (Wang et al. 2024,
+"Accelerating Direct Preference Optimization with Prefix Sharing", arXiv:2410.20305) packs the
+completions of a prompt into one row and lets an attention mask keep each completion from seeing
+the others:
 
-    row i:  prompt (p tokens) | chosen (c) | bridge (1) | rejected (r) | pad
-    RoPE:   0 .. p-1          | p .. p+c-1 | p-1        | p .. p+r-1   | 0
+    row u:  prompt (p tokens) | completion 0 (c0) | bridge | completion 1 (c1) | bridge | ... | pad
+    RoPE:   0 .. p-1          | p .. p+c0-1       | p-1    | p .. p+c1-1       | p-1    | ... | 0
 
-The *bridge* is a copy of the prompt's last token at the prompt's last position, and it attends to
-the prompt's first p-1 tokens and to itself: exactly what the prompt's last token sees in the
-unshared row, so its hidden state equals that token's at every layer, and its next-token
-distribution is the one the first rejected token is scored by. Rejected tokens attend to the first
-p-1 prompt tokens, the bridge (standing for the prompt's last token) and the rejected tokens before
-them. Every log-prob is therefore the unshared one (up to float summation order); the row is
-p - 1 tokens shorter than the two rows it replaces, a ~p/(2p+c+r) saving of the forward and
-backward (25% for the TRL comparison's 32 + 32 + 32 tokens; more for long prompts).
+A *bridge* is a copy of the prompt's last token at the prompt's last position, attending to the
+prompt's first p-1 tokens and to itself: exactly what the prompt's last token sees in its own row,
+so its hidden state equals that token's at every layer, and its next-token distribution is the one
+the completion's first token is scored by. A completion's tokens attend to the first p-1 prompt
+tokens, their bridge (standing for the prompt's last token) and the completion's earlier tokens.
+Every log-prob is therefore the one of the usual layout (up to float summation order), and a
+prompt's K rows of p + c tokens become one of p + sum(c) + K - 1: for DPO at 32 + 32 + 32 tokens,
+25% fewer tokens; for GRPO's 4 completions of 32 tokens after a 32-token prompt, 36% fewer.
 
-Only the SDPA backend takes the mask (``titan.MaskedSDPA``); flex/varlen runs use the unshared rows
-(``algo.share_prompt=false``, checked in ``config.check_cross_fields``).
+The cost: the mask is dense ([rows, S, S] booleans; SDPA computes every query x key product), so
+attention grows with the square of the shared row. That is small next to the projections and MLP
+while S is well below ~6 x the model dim; with many long completions per prompt (GRPO with G=16 and
+1k-token rollouts) set ``algo.share_prompt=false``. Only the SDPA backend takes the mask
+(``titan.MaskedSDPA``; checked in ``config.check_cross_fields``).
 """
 
 from __future__ import annotations
@@ -32,78 +36,122 @@ from refexp.algos.dpo_data import PairBatch
 
 @dataclass
 class SharedPrompt:
-    """B pairs in the shared layout (see the module docstring).
+    """Rows of the usual layout ([N, T] tokens, [N, T-1] completion mask) regrouped one row per prompt.
 
-    tokens_BS:    [B, S] long
-    positions_BS: [B, S] long RoPE positions
-    allowed_BSS:  [B, S, S] bool, query x key: True where the query may attend to the key
-    src_2BT:      [2B, T-1] long: for each completion column of ``PairBatch.mask_BT``, the column of
-                  the shared log-probs [B, S-1] that holds it (0 where the mask is False)
+    tokens_US:    [U, S] long, U prompts
+    positions_US: [U, S] long RoPE positions
+    allowed_USS:  [U, S, S] bool, query x key: True where the query may attend to the key
+    group_N:      [N] long: the shared row holding usual row n
+    src_NT:       [N, T-1] long: for each completion column of usual row n, the column of the shared
+                  log-probs [U, S-1] that holds it (0 where the mask is False)
     """
 
-    tokens_BS: torch.Tensor
-    positions_BS: torch.Tensor
-    allowed_BSS: torch.Tensor
-    src_2BT: torch.Tensor
+    tokens_US: torch.Tensor
+    positions_US: torch.Tensor
+    allowed_USS: torch.Tensor
+    group_N: torch.Tensor
+    src_NT: torch.Tensor
 
     def forward_kwargs(self) -> dict:
-        return {"positions_BT": self.positions_BS, "allowed_BTT": self.allowed_BSS}
+        return {"positions_BT": self.positions_US, "allowed_BTT": self.allowed_USS}
+
+    def scatter(self, shared_US: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
+        """Per-column values [U, S-1] (log-probs, entropies) back in the usual layout [N, T-1], 0 off the mask."""
+        out = shared_US[self.group_N].gather(1, self.src_NT)
+        return torch.where(mask_NT, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-def _span(mask_T: torch.Tensor, row: str, i: int) -> tuple[int, int]:
-    """(first column, count) of a row's completion columns, which must be contiguous."""
+def _span(mask_T: torch.Tensor, n: int) -> tuple[int, int]:
+    """(first column, count) of row n's completion columns, which must be contiguous."""
     cols = mask_T.nonzero().flatten()
-    n = cols.numel()
-    if n == 0 or int(cols[-1] - cols[0]) + 1 != n:
-        raise ValueError(f"pair {i}: the {row} completion is empty or not contiguous")
-    return int(cols[0]), n
+    k = cols.numel()
+    if k == 0 or int(cols[-1] - cols[0]) + 1 != k:
+        raise ValueError(f"row {n}: the completion is empty or not contiguous")
+    return int(cols[0]), k
+
+
+def share_prompt_rows(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, groups: list[list[int]],
+                      pad_id: int) -> SharedPrompt:
+    """The shared layout of the usual rows: ``groups[u]`` lists the rows whose prompt is shared row u's.
+
+    ``mask_NT[n, t]`` is True where ``tokens_NT[n, t+1]`` is a completion token (``token_logprobs``'
+    alignment); a row's prompt is everything before its completion.
+    """
+    tokens, mask = tokens_NT.cpu(), mask_NT.cpu()
+    N = tokens.shape[0]
+    rows, segs, prompt_lens = [], [], []
+    group_N = torch.full((N,), -1, dtype=torch.long)
+    src = torch.zeros(mask.shape, dtype=torch.long)
+    for u, members in enumerate(groups):
+        parts, seg, pos, p = [], [], [], None
+        for k, n in enumerate(members):
+            c0, c = _span(mask[n], n)
+            if p is None:
+                p = c0 + 1  # column t predicts token t+1: the first completion token sits at position p
+                parts.append(tokens[n, :p])
+                seg += [0] * p
+                pos.append(torch.arange(p))
+            elif c0 + 1 != p or not torch.equal(tokens[n, :p], tokens[members[0], :p]):
+                raise ValueError(f"rows {members[0]} and {n}: completions of one group do not share the prompt")
+            if k > 0:  # the bridge: the prompt's last token again, at its position
+                parts.append(tokens[n, p - 1:p])
+                seg.append(k)
+                pos.append(torch.tensor([p - 1]))
+            start = sum(len(x) for x in parts)  # where this completion's first token goes
+            parts.append(tokens[n, p:p + c])
+            seg += [k] * c
+            pos.append(torch.arange(p, p + c))
+            src[n, c0:c0 + c] = torch.arange(start - 1, start - 1 + c)  # predicted one column earlier
+            group_N[n] = u
+        rows.append((torch.cat(parts), torch.tensor(seg), torch.cat(pos)))
+        prompt_lens.append(p)
+    if bool((group_N < 0).any()):
+        raise ValueError(f"rows {(group_N < 0).nonzero().flatten().tolist()} are in no group")
+    U, S = len(rows), max(len(r[0]) for r in rows)
+    tokens_US = torch.full((U, S), pad_id, dtype=tokens.dtype)
+    positions_US = torch.zeros(U, S, dtype=torch.long)
+    seg_US = torch.full((U, S), -1, dtype=torch.long)  # -1: padding
+    for u, (t, s, p) in enumerate(rows):
+        tokens_US[u, :len(t)], seg_US[u, :len(t)], positions_US[u, :len(t)] = t, s, p
+    q_idx, k_idx = torch.arange(S)[None, :, None], torch.arange(S)[None, None, :]
+    seg_q, seg_k = seg_US[:, :, None], seg_US[:, None, :]
+    p_U = torch.tensor(prompt_lens)[:, None, None]
+    # prompt and first completion: causal; a later completion: prompt[:p-1], its bridge and itself, causal
+    real = (k_idx <= q_idx) & ((seg_q == 0) | (seg_k == seg_q) | (k_idx <= p_U - 2)) & (seg_q >= 0)
+    pad = (seg_q < 0) & (k_idx == q_idx)  # padding sees itself only (never used; an all-masked row is NaN)
+    device = tokens_NT.device
+    return SharedPrompt(tokens_US.to(device), positions_US.to(device), (real | pad).to(device),
+                        group_N.to(device), src.to(device))
 
 
 def share_prompts(batch: PairBatch, pad_id: int) -> SharedPrompt:
-    """The shared layout of ``batch`` (whose chosen and rejected rows of a pair have the same prompt)."""
+    """DPO: one shared row per pair of ``batch`` (rows ``[chosen; rejected]``)."""
     B = batch.num_pairs
-    tokens, mask = batch.tokens_BT.cpu(), batch.mask_BT.cpu()
-    rows, spans = [], []
-    for i in range(B):
-        c0, c = _span(mask[i], "chosen", i)
-        r0, r = _span(mask[B + i], "rejected", i)
-        p = c0 + 1  # column t predicts token t+1: the first completion token sits at position p
-        if r0 != c0 or not torch.equal(tokens[i, :p], tokens[B + i, :p]):
-            raise ValueError(f"pair {i}: chosen and rejected rows do not share the prompt")
-        rows.append(torch.cat([tokens[i, :p + c], tokens[i, p - 1:p], tokens[B + i, p:p + r]]))
-        spans.append((p, c, r))
-    S = max(len(x) for x in rows)
-    tokens_BS = torch.full((B, S), pad_id, dtype=tokens.dtype)
-    positions_BS = torch.zeros(B, S, dtype=torch.long)
-    src = torch.zeros_like(mask, dtype=torch.long)
-    p_B, c_B, n_B = (torch.tensor(v) for v in zip(*[(p, c, p + c + 1 + r) for p, c, r in spans]))
-    for i, ((p, c, r), row) in enumerate(zip(spans, rows)):
-        tokens_BS[i, :len(row)] = row
-        positions_BS[i, :len(row)] = torch.cat([torch.arange(p + c), torch.tensor([p - 1]), torch.arange(p, p + r)])
-        src[i, p - 1:p - 1 + c] = torch.arange(p - 1, p - 1 + c)  # chosen: the same columns
-        src[B + i, p - 1:p - 1 + r] = torch.arange(p + c, p + c + r)  # rejected: after chosen and bridge
-    q = torch.arange(S)[None, :, None]
-    k = torch.arange(S)[None, None, :]
-    p_, c_, n_ = p_B[:, None, None], c_B[:, None, None], n_B[:, None, None]
-    head = (q < p_ + c_) & (k <= q)  # prompt and chosen: causal
-    tail = (q >= p_ + c_) & (q < n_) & ((k <= p_ - 2) | ((k >= p_ + c_) & (k <= q)))  # bridge and rejected
-    pad = (q >= n_) & (k == q)  # padding sees itself only (never used; an all-masked row would be NaN)
-    device = batch.tokens_BT.device
-    return SharedPrompt(tokens_BS.to(device), positions_BS.to(device), (head | tail | pad).to(device), src.to(device))
+    return share_prompt_rows(batch.tokens_BT, batch.mask_BT, [[i, B + i] for i in range(B)], pad_id)
 
 
-def pair_logprobs(logprobs_fn, batch: PairBatch, shared: SharedPrompt | None) -> torch.Tensor:
-    """Token log-probs [2B, T-1] in ``batch``'s ``[chosen; rejected]`` layout (0 off the completion mask).
+def share_groups(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, group_size: int, pad_id: int) -> SharedPrompt:
+    """GRPO: one shared row per prompt of consecutive groups of ``group_size`` rows."""
+    N = tokens_NT.shape[0]
+    return share_prompt_rows(tokens_NT, mask_NT, [list(range(u, u + group_size)) for u in range(0, N, group_size)],
+                             pad_id)
 
-    ``logprobs_fn(tokens, **kwargs)`` is ``titan.token_logprobs`` bound to a model (or a reference
-    strategy's ``logprobs``). Without ``shared`` it runs on ``batch.tokens_BT`` itself.
-    """
+
+def row_logprobs(logprobs_fn, tokens_NT: torch.Tensor, mask_NT: torch.Tensor, shared: SharedPrompt | None,
+                 **kwargs):
+    """``logprobs_fn(tokens_NT, **kwargs)`` (``titan.token_logprobs`` bound to a model, or a reference
+    strategy's ``logprobs``), computed on the shared rows when ``shared`` is given and returned in the
+    usual layout [N, T-1] (0 off ``mask_NT``). Tuples (log-probs, entropy) and None pass through."""
     if shared is None:
-        return logprobs_fn(batch.tokens_BT)
-    logp_BS = logprobs_fn(shared.tokens_BS, **shared.forward_kwargs())
-    if logp_BS is None:
+        return logprobs_fn(tokens_NT, **kwargs)
+    out = logprobs_fn(shared.tokens_US, **kwargs, **shared.forward_kwargs())
+    if out is None:
         return None
-    B = batch.num_pairs
-    pair_2B = torch.arange(2 * B, device=logp_BS.device) % B
-    out = logp_BS[pair_2B].gather(1, shared.src_2BT)
-    return torch.where(batch.mask_BT, out, torch.zeros((), dtype=out.dtype, device=out.device))
+    if isinstance(out, tuple):
+        return tuple(None if x is None else shared.scatter(x, mask_NT) for x in out)
+    return shared.scatter(out, mask_NT)
+
+
+def pair_logprobs(logprobs_fn, batch: PairBatch, shared: SharedPrompt | None) -> torch.Tensor | None:
+    """Token log-probs [2B, T-1] of a DPO batch in its ``[chosen; rejected]`` layout."""
+    return row_logprobs(logprobs_fn, batch.tokens_BT, batch.mask_BT, shared)
