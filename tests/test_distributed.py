@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -248,7 +249,17 @@ def test_two_srun_tasks_form_a_process_group(tmp_path):
             "t = torch.tensor([i.rank + 1.0]); d.all_reduce_sum_(t); print(i.rank, i.world_size, i.local_rank, t.item())")
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT")}
-    job = str(random.randint(1, 19999))
+    # refexp derives MASTER_PORT = 20000 + job id % 20000: pick a job id whose port is free now, below the
+    # kernel's ephemeral range (32768+), where other tests' gloo connections could be holding it
+    while True:
+        job = random.randint(1, 12767)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", 20000 + job))
+                break
+            except OSError:
+                continue
+    job = str(job)
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(base, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
                                        SLURM_JOB_ID=job, SLURM_JOB_NODELIST="localhost", OMP_NUM_THREADS="1"))
