@@ -2,7 +2,9 @@
 
 One step (DESIGN.md): the global batch of ``algo.pairs_per_step`` preference pairs -> this rank's
 slice -> reference log-probs (a forward, the precomputed table, the per-version memo, or none) ->
-one policy forward over the concatenated ``[chosen; rejected]`` rows -> the loss of
+one policy forward over the pairs (one row per pair, chosen and rejected sharing the prompt:
+``algo.share_prompt``, refexp/algos/shared_prompt.py; else the concatenated ``[chosen; rejected]``
+rows), log-probs returned in the ``[chosen; rejected]`` layout -> the loss of
 ``algo.loss_type`` -> backward, clip, step -> the loop's reference update, eval, log, checkpoint.
 
 Departures and choices:

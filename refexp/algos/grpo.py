@@ -1,7 +1,8 @@
 """GRPO (Shao et al. 2024, DeepSeekMath §4.1, eq. 3) with a pluggable reference strategy.
 
 One step (DESIGN.md): prompts -> G completions each from the policy (behaviour log-probs) ->
-rewards -> group-normalised advantages -> reference log-probs (None when reference-free) ->
+rewards -> group-normalised advantages -> reference log-probs (None when reference-free; a prompt's
+G completions share one row in this and the policy forwards, ``algo.share_prompt``) ->
 ``updates_per_batch`` clipped-surrogate updates with beta*KL(policy||ref) -> the loop's
 reference update, eval, log, checkpoint.
 
