@@ -41,9 +41,9 @@ import torch
 
 from refexp import refcache, titan
 from refexp.algos.dpo_data import PairBatch, load_pairs, pack_pairs, pairs_fingerprint
-from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompts
 from refexp.algos.grpo import step_prompt_ids
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, reference_path, run_loop
+from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompts
 from refexp.config import DPOConfig
 from refexp.context import RunContext
 from refexp.kl import masked_sum, mean_token_kl
