@@ -61,13 +61,18 @@ class SharedPrompt:
         return torch.where(mask_NT, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-def _span(mask_T: torch.Tensor, n: int) -> tuple[int, int]:
-    """(first column, count) of row n's completion columns, which must be contiguous."""
-    cols = mask_T.nonzero().flatten()
-    k = cols.numel()
-    if k == 0 or int(cols[-1] - cols[0]) + 1 != k:
-        raise ValueError(f"row {n}: the completion is empty or not contiguous")
-    return int(cols[0]), k
+def _completion_spans(mask_NT: torch.Tensor) -> tuple[list[int], list[int]]:
+    """First completion column and completion length of every row (one pass over the batch; each
+    row's completion must be non-empty and contiguous)."""
+    T1 = mask_NT.shape[1]
+    m = mask_NT.to(torch.int8)
+    count = m.sum(1)
+    first = m.argmax(1)
+    last = T1 - 1 - m.flip(1).argmax(1)
+    bad = (count == 0) | (last - first + 1 != count)
+    if bool(bad.any()):
+        raise ValueError(f"rows {bad.nonzero().flatten().tolist()}: the completion is empty or not contiguous")
+    return first.tolist(), count.tolist()
 
 
 def share_prompt_rows(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, groups: list[list[int]],
@@ -75,53 +80,61 @@ def share_prompt_rows(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, groups: li
     """The shared layout of the usual rows: ``groups[u]`` lists the rows whose prompt is shared row u's.
 
     ``mask_NT[n, t]`` is True where ``tokens_NT[n, t+1]`` is a completion token (``token_logprobs``'
-    alignment); a row's prompt is everything before its completion.
+    alignment); a row's prompt is everything before its completion. Runs once per training step:
+    the per-row work is integer bookkeeping, the tensors are built in a few whole-batch operations.
     """
     tokens, mask = tokens_NT.cpu(), mask_NT.cpu()
-    N = tokens.shape[0]
-    rows, segs, prompt_lens = [], [], []
-    group_N = torch.full((N,), -1, dtype=torch.long)
-    src = torch.zeros(mask.shape, dtype=torch.long)
+    N, T = tokens.shape
+    first, count = _completion_spans(mask)
+    group_N, lead_N, p_N = [-1] * N, [0] * N, [0] * N
+    # per shared row: where each slot's token comes from (row, column), its RoPE position, its segment
+    rows_src: list[tuple[list[int], list[int], list[int], list[int]]] = []
+    src_n, src_c, src_v = [], [], []  # usual (row, column) -> shared column, for ``src_NT``
     for u, members in enumerate(groups):
-        parts, seg, pos, p = [], [], [], None
+        n0 = members[0]
+        p = first[n0] + 1  # column t predicts token t+1: the first completion token sits at position p
+        r, c, pos, seg = [n0] * p, list(range(p)), list(range(p)), [0] * p
         for k, n in enumerate(members):
-            c0, c = _span(mask[n], n)
-            if p is None:
-                p = c0 + 1  # column t predicts token t+1: the first completion token sits at position p
-                parts.append(tokens[n, :p])
-                seg += [0] * p
-                pos.append(torch.arange(p))
-            elif c0 + 1 != p or not torch.equal(tokens[n, :p], tokens[members[0], :p]):
-                raise ValueError(f"rows {members[0]} and {n}: completions of one group do not share the prompt")
+            if first[n] + 1 != p:
+                raise ValueError(f"rows {n0} and {n}: completions of one group do not share the prompt")
             if k > 0:  # the bridge: the prompt's last token again, at its position
-                parts.append(tokens[n, p - 1:p])
-                seg.append(k)
-                pos.append(torch.tensor([p - 1]))
-            start = sum(len(x) for x in parts)  # where this completion's first token goes
-            parts.append(tokens[n, p:p + c])
-            seg += [k] * c
-            pos.append(torch.arange(p, p + c))
-            src[n, c0:c0 + c] = torch.arange(start - 1, start - 1 + c)  # predicted one column earlier
-            group_N[n] = u
-        rows.append((torch.cat(parts), torch.tensor(seg), torch.cat(pos)))
-        prompt_lens.append(p)
-    if bool((group_N < 0).any()):
-        raise ValueError(f"rows {(group_N < 0).nonzero().flatten().tolist()} are in no group")
-    U, S = len(rows), max(len(r[0]) for r in rows)
-    tokens_US = torch.full((U, S), pad_id, dtype=tokens.dtype)
-    positions_US = torch.zeros(U, S, dtype=torch.long)
-    seg_US = torch.full((U, S), -1, dtype=torch.long)  # -1: padding
-    for u, (t, s, p) in enumerate(rows):
-        tokens_US[u, :len(t)], seg_US[u, :len(t)], positions_US[u, :len(t)] = t, s, p
+                r.append(n), c.append(p - 1), pos.append(p - 1), seg.append(k)
+            start, length = len(r), count[n]  # where this completion's first token goes
+            r += [n] * length
+            c += range(p, p + length)
+            pos += range(p, p + length)
+            seg += [k] * length
+            src_n += [n] * length
+            src_c += range(first[n], first[n] + length)
+            src_v += range(start - 1, start - 1 + length)  # predicted one column earlier
+            group_N[n], lead_N[n], p_N[n] = u, n0, p
+        rows_src.append((r, c, pos, seg))
+    if min(group_N, default=0) < 0:
+        raise ValueError(f"rows {[n for n in range(N) if group_N[n] < 0]} are in no group")
+    in_prompt = torch.arange(T)[None, :] < torch.tensor(p_N)[:, None]
+    differs = ((tokens != tokens[lead_N]) & in_prompt).any(1)
+    if bool(differs.any()):
+        n = int(differs.nonzero()[0])
+        raise ValueError(f"rows {lead_N[n]} and {n}: completions of one group do not share the prompt")
+
+    U, S = len(rows_src), max(len(x[0]) for x in rows_src)
+    pad = lambda xs, v: xs + [v] * (S - len(xs))  # noqa: E731
+    src_rows = torch.tensor([pad(x[0], 0) for x in rows_src])
+    src_cols = torch.tensor([pad(x[1], 0) for x in rows_src])
+    seg_US = torch.tensor([pad(x[3], -1) for x in rows_src])  # -1: padding
+    positions_US = torch.tensor([pad(x[2], 0) for x in rows_src])
+    tokens_US = torch.where(seg_US >= 0, tokens[src_rows, src_cols], torch.full((), pad_id, dtype=tokens.dtype))
+    src = torch.zeros(mask.shape, dtype=torch.long)
+    src[src_n, src_c] = torch.tensor(src_v, dtype=torch.long)
     q_idx, k_idx = torch.arange(S)[None, :, None], torch.arange(S)[None, None, :]
     seg_q, seg_k = seg_US[:, :, None], seg_US[:, None, :]
-    p_U = torch.tensor(prompt_lens)[:, None, None]
+    p_U = torch.tensor([p_N[g[0]] for g in groups])[:, None, None]
     # prompt and first completion: causal; a later completion: prompt[:p-1], its bridge and itself, causal
     real = (k_idx <= q_idx) & ((seg_q == 0) | (seg_k == seg_q) | (k_idx <= p_U - 2)) & (seg_q >= 0)
-    pad = (seg_q < 0) & (k_idx == q_idx)  # padding sees itself only (never used; an all-masked row is NaN)
+    pad_self = (seg_q < 0) & (k_idx == q_idx)  # padding sees itself only (never used; an all-masked row is NaN)
     device = tokens_NT.device
-    return SharedPrompt(tokens_US.to(device), positions_US.to(device), (real | pad).to(device),
-                        group_N.to(device), src.to(device))
+    return SharedPrompt(tokens_US.to(device), positions_US.to(device), (real | pad_self).to(device),
+                        torch.tensor(group_N, device=device), src.to(device))
 
 
 def share_prompts(batch: PairBatch, pad_id: int) -> SharedPrompt:
