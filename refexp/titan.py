@@ -476,7 +476,8 @@ class MaskedSDPA(ScaledDotProductAttention):
 
     ``attention_masks=None`` (every ordinary forward) is torchtitan's own causal path, unchanged.
     A bool tensor ``[B, L, S]`` (True = query may attend to key) goes to SDPA as ``attn_mask``: the
-    shared-prompt DPO layout (``dpo_data.share_prompts``) needs a mask that is not causal by index.
+    shared-prompt layout of DPO pairs and GRPO groups (``algos/shared_prompt.py``) needs a mask that
+    is not causal by index.
     """
 
     @dataclass(kw_only=True, slots=True)
