@@ -8,6 +8,7 @@ rather than torchrun (hydra-submitit-launcher's one task per GPU).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from dataclasses import dataclass
@@ -89,12 +90,46 @@ def init_distributed(device: torch.device, *, backend: str = "auto", timeout_s: 
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
             dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+        _register_exit_teardown()
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
 
 
 def destroy_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+_run_failed = False
+_teardown_registered = False
+
+
+def note_run_failed() -> None:
+    """Record that a run of this process failed, so the exit teardown skips a collective teardown (NCCL)."""
+    global _run_failed
+    _run_failed = True
+
+
+def _register_exit_teardown() -> None:
+    global _teardown_registered
+    if not _teardown_registered:
+        atexit.register(_teardown_at_exit)
+        _teardown_registered = True
+
+
+def _teardown_at_exit() -> None:
+    """Destroy the process group while the interpreter is still whole.
+
+    Left to interpreter finalisation, gloo's worker threads are torn down after Python's and about one
+    run in six aborted a rank that had finished cleanly ("terminate called without an active exception",
+    exit 134; pytorch/pytorch#190489). One process may run several jobs of a ``-m`` sweep on one group,
+    so this runs once, at exit. After a failure NCCL's teardown can wait on ranks that are gone
+    (torchtitan#1342), so then only gloo's, which is local, is done.
+    """
+    if not dist.is_initialized():
+        return
+    if _run_failed and dist.get_backend() != "gloo":
+        return
+    dist.destroy_process_group()
 
 
 def rank() -> int:

@@ -145,6 +145,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     except BaseException as e:
         from refexp.algos.loop import Preempted
 
+        rdist.note_run_failed()
         status.update(status="preempted" if isinstance(e, Preempted) else "failed", error=f"{type(e).__name__}: {e}",
                       traceback=traceback.format_exc(limit=20), last_step=logger.last_step)
         raise

@@ -240,33 +240,58 @@ def test_first_host_of_a_slurm_node_list(nodelist, first):
     assert rdist.first_host(nodelist) == first
 
 
-@slow
-def test_two_srun_tasks_form_a_process_group(tmp_path):
-    """Two processes with only SLURM's variables (as srun starts them) meet and all-reduce."""
+def _free_slurm_job_id() -> str:
+    """A SLURM job id whose derived MASTER_PORT (20000 + id % 20000) is free now.
+
+    Kept below the kernel's ephemeral range (32768+), where other tests' gloo connections could hold it.
+    """
     import random
 
-    code = ("import torch; from refexp import distributed as d; i = d.init_distributed(torch.device('cpu')); "
-            "t = torch.tensor([i.rank + 1.0]); d.all_reduce_sum_(t); print(i.rank, i.world_size, i.local_rank, t.item())")
-    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT")}
-    # refexp derives MASTER_PORT = 20000 + job id % 20000: pick a job id whose port is free now, below the
-    # kernel's ephemeral range (32768+), where other tests' gloo connections could be holding it
     while True:
         job = random.randint(1, 12767)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", 20000 + job))
-                break
+                return str(job)
             except OSError:
                 continue
-    job = str(job)
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(base, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
-                                       SLURM_JOB_ID=job, SLURM_JOB_NODELIST="localhost", OMP_NUM_THREADS="1"))
-             for r in (0, 1)]
-    outs = [p.communicate(timeout=60) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    assert [o[0].split() for o in outs] == [["0", "2", "0", "3.0"], ["1", "2", "1", "3.0"]]
+
+
+def test_process_group_is_destroyed_before_interpreter_finalisation(tmp_path):
+    """refexp's exit teardown destroys the group while exit handlers still run (gloo aborts if left to finalisation).
+
+    atexit runs handlers last-in first-out: one registered before ``init_distributed`` runs after refexp's.
+    """
+    code = ("import atexit, torch, torch.distributed as dist; from refexp import distributed as d; "
+            "atexit.register(lambda: print('initialized at exit:', dist.is_initialized())); "
+            "d.init_distributed(torch.device('cpu')); print('initialized:', dist.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "WORLD_SIZE", "RANK")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["initialized: True", "initialized at exit: False"]
+
+
+@slow
+def test_two_srun_tasks_form_a_process_group_and_exit_cleanly(tmp_path):
+    """Two processes with only SLURM's variables (as srun starts them) meet, all-reduce and both exit 0.
+
+    The script does not destroy the group itself: refexp's exit teardown must. Without it about one pair
+    in six ended with a rank aborted by gloo during interpreter finalisation (exit 134), so several pairs run.
+    """
+    code = ("import torch; from refexp import distributed as d; i = d.init_distributed(torch.device('cpu')); "
+            "t = torch.tensor([i.rank + 1.0]); d.all_reduce_sum_(t); print(i.rank, i.world_size, i.local_rank, t.item())")
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                              "MASTER_PORT")}
+    for attempt in range(12):
+        job = _free_slurm_job_id()
+        procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=dict(base, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
+                                                      SLURM_JOB_ID=job, SLURM_JOB_NODELIST="localhost",
+                                                      OMP_NUM_THREADS="1"))
+                 for r in (0, 1)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], (attempt, [o[1][-2000:] for o in outs])
+        assert [o[0].split() for o in outs] == [["0", "2", "0", "3.0"], ["1", "2", "1", "3.0"]]
 
 
 # ---------------------------------------------------------------- degrees vs world size and model
