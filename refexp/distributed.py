@@ -94,17 +94,12 @@ def init_distributed(device: torch.device, *, backend: str = "auto", timeout_s: 
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
 
 
-def destroy_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 _run_failed = False
 _teardown_registered = False
 
 
 def note_run_failed() -> None:
-    """Record that a run of this process failed, so the exit teardown skips a collective teardown (NCCL)."""
+    """Record that a run of this process failed (or was preempted): the exit teardown is then skipped."""
     global _run_failed
     _run_failed = True
 
@@ -122,14 +117,12 @@ def _teardown_at_exit() -> None:
     Left to interpreter finalisation, gloo's worker threads are torn down after Python's and about one
     run in six aborted a rank that had finished cleanly ("terminate called without an active exception",
     exit 134; pytorch/pytorch#190489). One process may run several jobs of a ``-m`` sweep on one group,
-    so this runs once, at exit. After a failure NCCL's teardown can wait on ranks that are gone
-    (torchtitan#1342), so then only gloo's, which is local, is done.
+    so this runs once, at exit. After a failure it is skipped, as torchtitan's trainer does
+    (torchtitan#1342): a teardown can wait on ranks that are gone or stuck in a collective, and the
+    exit status already says the run failed.
     """
-    if not dist.is_initialized():
-        return
-    if _run_failed and dist.get_backend() != "gloo":
-        return
-    dist.destroy_process_group()
+    if dist.is_initialized() and not _run_failed:
+        dist.destroy_process_group()
 
 
 def rank() -> int:
