@@ -444,8 +444,10 @@ class ReferenceConfig:
     """ema: update the reference every this many steps."""
     alpha: float = 0.1
     """ema: ref <- alpha * policy + (1 - alpha) * ref (TR-DPO's soft update; alpha=1 is a hard reset)."""
-    kl_threshold: float = 0.05
-    """kl_triggered: reset when the batch's kl/ref exceeds this."""
+    kl_threshold: float = 0.02
+    """kl_triggered: reset when the batch's kl/ref exceeds this. Calibrated on the embedded task at the
+    committed beta=1: a fixed reference's kl/ref runs at a median 0.016, 90th percentile 0.026 and max
+    0.039 over 3 seeds x 300 steps, so the former 0.05 never fired there."""
     min_gap: int = 5
     """kl_triggered: at least this many steps between two resets."""
     checkpoint: Optional[str] = None
