@@ -90,25 +90,18 @@ def init_distributed(device: torch.device, *, backend: str = "auto", timeout_s: 
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
             dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
-        _register_exit_teardown()
+        # once per group made here; a second registration (a group destroyed and made again) is a no-op
+        atexit.register(_teardown_at_exit)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
 
 
 _run_failed = False
-_teardown_registered = False
 
 
 def note_run_failed() -> None:
     """Record that a run of this process failed (or was preempted): the exit teardown is then skipped."""
     global _run_failed
     _run_failed = True
-
-
-def _register_exit_teardown() -> None:
-    global _teardown_registered
-    if not _teardown_registered:
-        atexit.register(_teardown_at_exit)
-        _teardown_registered = True
 
 
 def _teardown_at_exit() -> None:

@@ -257,7 +257,7 @@ def _free_slurm_job_id() -> str:
                 continue
 
 
-def test_process_group_is_destroyed_before_interpreter_finalisation(tmp_path):
+def test_process_group_is_destroyed_before_interpreter_finalisation():
     """refexp's exit teardown destroys the group while exit handlers still run (gloo aborts if left to finalisation).
 
     atexit runs handlers last-in first-out: one registered before ``init_distributed`` runs after refexp's.
@@ -272,7 +272,7 @@ def test_process_group_is_destroyed_before_interpreter_finalisation(tmp_path):
 
 
 @slow
-def test_two_srun_tasks_form_a_process_group_and_exit_cleanly(tmp_path):
+def test_two_srun_tasks_form_a_process_group_and_exit_cleanly():
     """Two processes with only SLURM's variables (as srun starts them) meet, all-reduce and both exit 0.
 
     The script does not destroy the group itself: refexp's exit teardown must. Without it about one pair
