@@ -10,7 +10,9 @@ Atomicity: DCP writes ``.metadata`` last (through a temporary name and a rename)
 only resumes from ``step-N`` folders that have it, so a kill during a save leaves the previous
 checkpoint in charge. ``keep_latest_k`` prunes older folders.
 
-Model weights alone (the SFT output, a reference checkpoint) are read with ``load_model_weights``.
+Model weights alone (the SFT output, a reference checkpoint) are written and read by
+``refexp/titan/weights.py`` (``save_model_weights``; ``load_weights`` for DCP or HF dirs); its
+DCP helpers are re-exported here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any
 
 import torch
 
-from refexp.config import CheckpointConfig, ConfigError
+from refexp.config import CheckpointConfig
+from refexp.titan.components import CheckpointManager
+from refexp.titan.weights import latest_checkpoint_step
 
 
 class TrainState:
@@ -45,8 +49,6 @@ class Checkpointer:
 
     def __init__(self, cfg: CheckpointConfig, run_dir: str | os.PathLike, *, model: torch.nn.Module,
                  optimizers, lr_schedulers, states: dict[str, Any]) -> None:
-        from torchtitan.components.checkpointer.dcp import CheckpointManager
-
         self.cfg = cfg
         self.folder = Path(run_dir) / cfg.folder
         tt_cfg = CheckpointManager.Config(
@@ -109,49 +111,3 @@ class Checkpointer:
     def close(self) -> None:
         if self.cfg.enable:
             self.manager.close()
-
-
-def latest_checkpoint_step(folder: str | os.PathLike) -> int:
-    """Highest ``step-N`` under folder whose DCP metadata was written (-1 if none)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return -1
-    steps = [int(m.group(1)) for p in folder.iterdir()
-             if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file()]
-    return max(steps, default=-1)
-
-
-def is_hf_dir(path: str | os.PathLike) -> bool:
-    """An HF checkpoint dir: config.json beside safetensors weights."""
-    p = Path(path)
-    return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
-
-
-def save_model_weights(model: torch.nn.Module, checkpoint_dir: str | os.PathLike) -> None:
-    """Model-only DCP checkpoint (reshardable: loads into any parallelism)."""
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save(model.state_dict(), checkpoint_id=str(checkpoint_dir))
-
-
-def load_model_weights(model: torch.nn.Module, checkpoint_dir: str | os.PathLike) -> None:
-    """Load model weights from a refexp model-only checkpoint, a run's ``checkpoint/step-N``, or an HF dir."""
-    import torch.distributed.checkpoint as dcp
-
-    path = Path(checkpoint_dir)
-    if not path.is_dir():
-        raise ConfigError(f"checkpoint directory {str(path)!r} does not exist")
-    if (path / "model").is_dir() and (path / "model" / ".metadata").is_file():
-        path = path / "model"  # a refexp SFT output dir
-    elif not (path / ".metadata").is_file():
-        step = latest_checkpoint_step(path / "checkpoint") if (path / "checkpoint").is_dir() else -1
-        if step >= 0:
-            path = path / "checkpoint" / f"step-{step}"
-        else:
-            raise ConfigError(
-                f"{str(checkpoint_dir)!r} holds no DCP checkpoint (.metadata) — expected a refexp SFT output, "
-                f"a run's checkpoint/step-N, or a run dir with checkpoint/"
-            )
-    sd = model.state_dict()
-    dcp.load(sd, checkpoint_id=str(path))
-    model.load_state_dict(sd)

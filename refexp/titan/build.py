@@ -1,0 +1,224 @@
+"""Build a torchtitan decoder: parallel dims, weight init, TP/FSDP parallelize, per-block compile.
+
+Weights are initialised on the full (unsharded) model before parallelizing, so they do not depend on
+the world size; this materialises the whole model on every rank once (fine for the model sizes
+refexp studies, not for 70B). Tied embeddings are re-tied right after TP and before FSDP
+(``_retie_embeddings_after_tp``). FSDP's divide factor is 1, as in torchtitan: gradients are summed
+over data-parallel ranks (docs/torchtitan-notes.md §5).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torchtitan.config import CompileConfig as TTCompileConfig
+from torchtitan.config import ParallelismConfig as TTParallelismConfig
+from torchtitan.config import TrainingConfig as TTTrainingConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed import utils as tt_dist_utils
+from torchtitan.distributed.compile import apply_compile
+
+from refexp.config import CompileConfig, ConfigError, ModelConfig, ParallelismConfig, TrainingConfig
+from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
+from refexp.titan.spec import build_model_spec
+
+
+def _decoder(model: nn.Module) -> nn.Module:
+    """The torchtitan Decoder inside ``torch.compile``/DDP-style wrappers."""
+    while not hasattr(model, "layers"):
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None:
+            raise TypeError(f"{type(model).__name__} is not a torchtitan decoder")
+        model = inner
+    return model
+
+
+def _titan_parallelism(parallelism: ParallelismConfig) -> TTParallelismConfig:
+    return TTParallelismConfig(
+        data_parallel_replicate_degree=parallelism.data_parallel_replicate_degree,
+        data_parallel_shard_degree=parallelism.data_parallel_shard_degree,
+        tensor_parallel_degree=parallelism.tensor_parallel_degree,
+        enable_sequence_parallel=parallelism.enable_sequence_parallel,
+        fsdp_reshard_after_forward=parallelism.fsdp_reshard_after_forward,
+        spmd_backend=parallelism.spmd_backend,
+    )
+
+
+def make_parallel_dims(parallelism: ParallelismConfig, world_size: int, device_type: str) -> ParallelDims:
+    """torchtitan ParallelDims for ``parallelism`` on ``world_size`` ranks (the mesh is built lazily,
+    on first use, and needs an initialised process group)."""
+    prepare_torchtitan(device_type)
+    rep, shard, tp = (
+        parallelism.data_parallel_replicate_degree,
+        parallelism.data_parallel_shard_degree,
+        parallelism.tensor_parallel_degree,
+    )
+    others = rep * tp
+    if shard == -1:
+        if world_size % others:
+            raise ConfigError(
+                f"parallelism.data_parallel_replicate_degree={rep} x parallelism.tensor_parallel_degree={tp} "
+                f"= {others} is invalid: it must divide the world size {world_size}"
+            )
+        shard = world_size // others
+    if rep * shard * tp != world_size:
+        raise ConfigError(
+            f"parallelism degrees are invalid: data_parallel_replicate_degree={rep} x data_parallel_shard_degree="
+            f"{shard} x tensor_parallel_degree={tp} = {rep * shard * tp}, expected the world size {world_size}"
+        )
+    if world_size > 1 and parallelism.spmd_backend != "partial_dtensor":
+        # spmd_types: FSDP/TP fail in torchtitan 0.3.0 (docs/torchtitan-notes.md §4). full_dtensor:
+        # every module input must already be a DTensor ("Got a plain Tensor under the full_dtensor
+        # mode"); refexp passes plain token tensors.
+        raise ConfigError(
+            f"parallelism.spmd_backend={parallelism.spmd_backend!r} is invalid with more than one rank: "
+            f"expected partial_dtensor"
+        )
+    return ParallelDims(dp_replicate=rep, dp_shard=shard, cp=1, tp=tp, pp=1, ep=1, world_size=world_size,
+                        spmd_backend=parallelism.spmd_backend)
+
+
+def _init_weights_(model: nn.Module, device: torch.device, seed: int, embedding_init_std: float | None = None) -> None:
+    """torchtitan's initialisers under ``seed``, without touching the caller's RNG streams.
+
+    ``embedding_init_std`` replaces torchtitan's N(0, 1) token-embedding init (sized for pretraining
+    runs). On the 2-layer embedded-task model N(0, 1) embeddings drown the attention's positional
+    signal in the residual stream and SFT does not learn the task; std 0.02 (HF Llama's init) does.
+    """
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        model.init_states(buffer_device=device)
+        emb = getattr(_decoder(model), "tok_embeddings", None)
+        if embedding_init_std is not None and emb is not None and not _decoder(model).enable_weight_tying:
+            with torch.no_grad():
+                nn.init.normal_(emb.weight, std=embedding_init_std)
+
+
+def _force_sum_reduction(model: nn.Module) -> None:
+    """FSDP's divide factor 1 uses PREMUL_SUM, which gloo lacks; SUM is the same math here
+    (docs/torchtitan-notes.md §5)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def _retie_embeddings_after_tp(model: nn.Module) -> None:
+    """Keep tied embeddings tied through tensor parallelism.
+
+    TP's ``Module.parallelize`` gives ``tok_embeddings`` and ``lm_head`` each their own DTensor copy
+    of a tied weight; torchtitan's trainer re-ties in ``init_states`` *after* FSDP, but refexp
+    initialises before parallelizing, so the tie is restored right after TP and before FSDP (which
+    then shards one shared parameter), by wrapping this model's ``parallelize``.
+    """
+    dec = _decoder(model)
+    if not dec.enable_weight_tying:
+        return
+    tensor_parallelize = dec.parallelize
+
+    def parallelize_and_retie(parallel_dims):
+        tensor_parallelize(parallel_dims)
+        dec.tok_embeddings.weight = dec.lm_head.weight
+
+    dec.parallelize = parallelize_and_retie
+
+
+def _parallelism_of(mesh: ParallelDims, parallelism: ParallelismConfig | None) -> ParallelismConfig:
+    """The ParallelismConfig that goes with ``mesh`` (derived from it when not given; ConfigError when
+    the degrees disagree, since the sharding declarations come from the config and the meshes from
+    ``mesh``)."""
+    if parallelism is None:
+        return ParallelismConfig(data_parallel_replicate_degree=mesh.dp_replicate,
+                                 data_parallel_shard_degree=mesh.dp_shard, tensor_parallel_degree=mesh.tp,
+                                 spmd_backend=mesh.spmd_backend)
+    expected = make_parallel_dims(parallelism, mesh.world_size, tt_dist_utils.device_type)
+    for degree in ("dp_replicate", "dp_shard", "tp"):
+        if getattr(expected, degree) != getattr(mesh, degree):
+            raise ConfigError(
+                f"parallelism ({degree}={getattr(expected, degree)}) is invalid for the given mesh "
+                f"({degree}={getattr(mesh, degree)}): build both from the same ParallelismConfig"
+            )
+    return parallelism
+
+
+def _reshard_frozen_after_forward(model: nn.Module) -> None:
+    """FSDP keeps the last group (norm, lm_head) unsharded after forward because backward would
+    all-gather it again at once; a frozen model has no backward, so that is only held memory."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_reshard_after_forward(True, recurse=False)
+
+
+def build_model(
+    model_cfg: ModelConfig,
+    *,
+    vocab_size: int | None,
+    device: str | torch.device,
+    dtype: str = "float32",
+    seed: int = 0,
+    mesh: ParallelDims | None = None,
+    parallelism: ParallelismConfig | None = None,
+    compile_cfg: CompileConfig | None = None,
+    training_cfg: TrainingConfig | None = None,
+    requires_grad: bool = True,
+) -> nn.Module:
+    """Build, initialise under ``seed``, parallelize and maybe compile a torchtitan decoder.
+
+    Weights are initialised on the full model before parallelizing, so they are the same for every
+    world size (see the module docstring). ``mesh`` is a ParallelDims from ``make_parallel_dims``;
+    with one rank (or none given) the model stays a plain module. ``requires_grad=False`` freezes it
+    (eval mode) for reference copies. Per-block ``torch.compile`` when ``compile_cfg.enable``.
+    """
+    device = resolve_device(device) if isinstance(device, str) else device
+    prepare_torchtitan(device.type)
+    parallel = mesh is not None and mesh.world_size > 1
+    parallelism = _parallelism_of(mesh, parallelism) if parallel else (parallelism or ParallelismConfig())
+    if model_cfg.attn_backend == "varlen" and device.type != "cuda":
+        raise ConfigError("model.attn_backend='varlen' is invalid on CPU: it is CUDA-only "
+                          "(expected sdpa; docs/torchtitan-notes.md §3)")
+    spec = build_model_spec(model_cfg, vocab_size=vocab_size, parallelism=parallelism)
+    # A model-wide switch that torchtitan reads while running, not only while building
+    # (docs/torchtitan-notes.md §4).
+    tt_dist_utils.set_spmd_backend(parallelism.spmd_backend)
+
+    with torch.device("meta"):
+        model = spec.model.build()
+    model.to_empty(device=device)
+    _init_weights_(model, device, seed, model_cfg.embedding_init_std)
+    if dtype != "float32":
+        for p in model.parameters():
+            p.data = p.data.to(getattr(torch, dtype))
+    if not requires_grad:
+        model.requires_grad_(False)
+        model.eval()
+
+    compile_cfg = compile_cfg or CompileConfig()
+    tt_compile = TTCompileConfig(enable=compile_cfg.enable, components=list(compile_cfg.components),
+                                 backend=compile_cfg.backend)
+    if parallel:
+        training_cfg = training_cfg or TrainingConfig()
+        _retie_embeddings_after_tp(model)
+        spec.parallelize_fn(
+            model,
+            parallel_dims=mesh,
+            training=TTTrainingConfig(
+                mixed_precision_param=training_cfg.mixed_precision_param,
+                mixed_precision_reduce=training_cfg.mixed_precision_reduce,
+            ),
+            parallelism=_titan_parallelism(parallelism),
+            compile_config=tt_compile,
+            ac_config=None,
+            dump_folder="",
+        )
+        _force_sum_reduction(model)
+        if not requires_grad and parallelism.fsdp_reshard_after_forward == "default":
+            _reshard_frozen_after_forward(model)
+    elif tt_compile.enable and "model" in tt_compile.components:
+        single = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1,
+                              spmd_backend=parallelism.spmd_backend)
+        apply_compile(model, compile_config=tt_compile, parallel_dims=single)
+    return model

@@ -1,0 +1,233 @@
+"""KV-cache decoding of left-padded prompts: ``prefill``, ``decode_step``, ``repeat_decode_rows``,
+``finish_decode``.
+
+The cache is built from the decoder's own sub-modules (llama3, dense qwen3) rather than torchtitan's
+forward, which has no cache. Under TP (DTensor weights) there is no cache: every step re-runs the
+whole model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from refexp.titan.build import _decoder
+from refexp.titan.logprobs import _forward, _vocab_shard_mesh_dim
+
+
+@dataclass
+class DecodeState:
+    """Everything ``decode_step`` needs between steps.
+
+    Slots are the columns of the left-padded batch: ``valid_BS`` marks real tokens, ``tokens_BS``
+    holds them. ``keys``/``values`` hold per-layer [B, n_kv_heads, S, head_dim] after RoPE (empty in
+    recompute mode): views of the first S slots of preallocated buffers (``key_bufs``/``value_bufs``,
+    ``capacity`` slots, grown by doubling), so a decode step writes one slot in place instead of
+    copying the whole cache (a ``torch.cat`` per layer per step would copy it every step).
+    ``next_pos_B`` is the RoPE position of each row's next token. ``padded``: some prompt was
+    left-padded, so attention needs the explicit ``valid_BS`` mask (otherwise it is plain causal).
+    """
+
+    tokens_BS: torch.Tensor
+    valid_BS: torch.Tensor
+    next_pos_B: torch.Tensor
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+    recompute: bool = False
+    unsharded: list[nn.Module] = field(default_factory=list)
+    capacity: int = 0
+    key_bufs: list[torch.Tensor] = field(default_factory=list)
+    value_bufs: list[torch.Tensor] = field(default_factory=list)
+    padded: bool = True
+
+
+def _unshard_for_decoding(model: nn.Module) -> list[nn.Module]:
+    """Unshard every FSDP module (a collective: every rank must decode) so that its sub-modules hold
+    full weights; ``finish_decode`` reshards them."""
+    from torch.distributed.fsdp import FSDPModule
+
+    fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in fsdp_modules:
+        m.unshard()
+    return fsdp_modules
+
+
+def _call_without_hooks(module: nn.Module, *args):
+    """``module.forward`` directly: FSDP's pre/post-forward hooks would reshard what we unsharded."""
+    return module.forward(*args)
+
+
+def _append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: torch.Tensor) -> int:
+    """Write the new keys/values into the layer's buffers (in place; doubling when full), point
+    ``state.keys[layer]``/``values[layer]`` at the filled slots, and return how many were filled before."""
+    B, N, L, H = k_BNLH.shape
+    if layer == len(state.key_bufs):  # prefill: the layer's first tokens
+        start, cap = 0, max(state.capacity, L)
+        state.key_bufs.append(k_BNLH.new_empty(B, N, cap, H))
+        state.value_bufs.append(v_BNLH.new_empty(B, N, cap, H))
+        state.keys.append(k_BNLH)
+        state.values.append(v_BNLH)
+    else:
+        start = state.keys[layer].shape[2]
+    kb, vb = state.key_bufs[layer], state.value_bufs[layer]
+    if start + L > kb.shape[2]:
+        cap = max(2 * kb.shape[2], start + L)
+        kb = torch.cat([kb[:, :, :start], kb.new_empty(B, N, cap - start, H)], dim=2)
+        vb = torch.cat([vb[:, :, :start], vb.new_empty(B, N, cap - start, H)], dim=2)
+        state.key_bufs[layer], state.value_bufs[layer] = kb, vb
+    kb[:, :, start:start + L].copy_(k_BNLH)
+    vb[:, :, start:start + L].copy_(v_BNLH)
+    state.keys[layer], state.values[layer] = kb[:, :, :start + L], vb[:, :, :start + L]
+    return start
+
+
+def _attend(attention: nn.Module, x_BLD: torch.Tensor, positions_BL: torch.Tensor, state: DecodeState,
+            layer: int, allowed_BLS: torch.Tensor | None) -> torch.Tensor:
+    """GQAttention's forward with the layer's keys/values appended to the cache.
+
+    ``allowed_BLS`` is the explicit mask (query, slot); None when no row is padded: then the new
+    tokens see every cached slot and each other causally (SDPA's ``is_causal`` for a first block,
+    no mask at all for one new token).
+    """
+    q_BLNH, k_BLNH, v_BLNH = attention.qkv_linear(x_BLD)
+    if attention.q_norm is not None:  # qwen3: QK-norm before RoPE, as GQAttention.forward
+        q_BLNH, k_BLNH = attention.q_norm(q_BLNH), attention.k_norm(k_BLNH)
+    q_BLNH, k_BLNH = attention.rope(q_BLNH, k_BLNH, positions_BL)
+    L = q_BLNH.shape[1]
+    start = _append_kv(state, layer, k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2))
+    is_causal = False
+    if allowed_BLS is None and L > 1:
+        if start == 0:
+            is_causal = True
+        else:  # several new tokens after a cache: causal among themselves, all cached slots visible
+            S = start + L
+            allowed_BLS = (torch.arange(S, device=x_BLD.device)[None, :]
+                           <= torch.arange(start, S, device=x_BLD.device)[:, None]).expand(x_BLD.shape[0], L, S)
+    out_BNLH = F.scaled_dot_product_attention(
+        q_BLNH.transpose(1, 2), state.keys[layer], state.values[layer],
+        attn_mask=None if allowed_BLS is None else allowed_BLS.unsqueeze(1), is_causal=is_causal,
+        scale=attention.scaling, enable_gqa=attention.enable_gqa,
+    )
+    return attention.wo(out_BNLH.transpose(1, 2).flatten(2))
+
+
+def _cached_forward(model: nn.Module, tokens_BL: torch.Tensor, positions_BL: torch.Tensor,
+                    state: DecodeState, allowed_BLS: torch.Tensor | None) -> torch.Tensor:
+    """The decoder's forward over new tokens, attending to cached keys; last-position logits [B, V]."""
+    dec = _decoder(model)
+    h = _call_without_hooks(dec.tok_embeddings, tokens_BL)
+    for i, block in enumerate(dec.layers.values()):
+        h = h + _attend(block.attention, block.attention_norm(h), positions_BL, state, i, allowed_BLS)
+        h = h + block.feed_forward(block.ffn_norm(h))
+    h_BD = _call_without_hooks(dec.norm, h[:, -1])
+    return _call_without_hooks(dec.lm_head, h_BD).float()
+
+
+def _recompute_logits(model: nn.Module, state: DecodeState) -> torch.Tensor:
+    """Last-token logits [B, V] by re-running the whole model (the TP path).
+
+    Each row's real tokens are moved to the left (right padding), so plain causal attention never
+    sees a pad before a real token, and the logits are read at each row's last real token.
+    """
+    lens_B = state.valid_BS.sum(1)
+    S = state.tokens_BS.shape[1]
+    # Stable sort puts real slots (key 0) first, in their original order.
+    order_BS = torch.sort((~state.valid_BS).to(torch.int8), dim=1, stable=True).indices
+    right_BS = torch.where(torch.arange(S, device=lens_B.device) < lens_B[:, None],
+                           state.tokens_BS.gather(1, order_BS), torch.zeros_like(state.tokens_BS))
+    out_BSV = _forward(model, right_BS[:, : int(lens_B.max())])
+    rows_B = torch.arange(len(lens_B), device=lens_B.device)
+    if isinstance(out_BSV, DTensor):  # vocab-sharded: pick rows locally, gather only [B, V]
+        mesh_dim = _vocab_shard_mesh_dim(out_BSV)
+        last_Bv = out_BSV.to_local()[rows_B, lens_B - 1]
+        placements = [Replicate()] * out_BSV.device_mesh.ndim
+        placements[mesh_dim] = Shard(1)
+        B, V = last_Bv.shape[0], out_BSV.shape[-1]  # global V: shards may be uneven
+        last_BV = DTensor.from_local(last_Bv, out_BSV.device_mesh, placements, run_check=False, shape=(B, V),
+                                     stride=(V, 1))
+        return last_BV.full_tensor().float()
+    return out_BSV[rows_B, lens_B - 1].float()
+
+
+def _has_dtensor_weights(model: nn.Module) -> bool:
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+@torch.no_grad()
+def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.LongTensor, *,
+            max_new_tokens: int = 0):
+    """Start incremental decoding of left-padded prompts: returns (last_logits_BV float32, state).
+
+    ``prompt_BL`` is left-padded to a common length L; row b's real tokens are its last
+    ``prompt_lens_B[b]`` columns. Positions start at 0 at each row's first real token; pad keys are
+    masked. Builds a KV cache out of the decoder's own sub-modules (llama3, dense qwen3). Under FSDP2
+    the FSDP modules are unsharded until ``finish_decode``. Under TP (DTensor weights) there is no
+    cache: every step re-runs ``model(...)`` over the whole sequence (correct, O(T) slower).
+    Collective under FSDP/TP: every rank must decode the same number of steps.
+    ``max_new_tokens``: decode steps to reserve cache slots for (more still fit: the cache grows).
+    """
+    L = prompt_BL.shape[1]
+    lens_B = prompt_lens_B.to(prompt_BL.device)
+    slots_L = torch.arange(L, device=prompt_BL.device)
+    first_B1 = (L - lens_B)[:, None]  # slot of each row's first real token
+    valid_BL = slots_L >= first_B1
+    positions_BL = (slots_L - first_B1).clamp(min=0)
+    state = DecodeState(tokens_BS=prompt_BL.clone(), valid_BS=valid_BL, next_pos_B=lens_B.clone(),
+                        capacity=L + max(0, int(max_new_tokens)), padded=bool((lens_B < L).any()))
+    state.unsharded = _unshard_for_decoding(model)
+    if _has_dtensor_weights(model):
+        state.recompute = True
+        return _recompute_logits(model, state), state
+    if not state.padded:  # plain causal attention, no mask to build or apply
+        return _cached_forward(model, prompt_BL, positions_BL, state, None), state
+    # Query i sees real keys j <= i; pad queries see themselves only (their output is never used,
+    # but an all-masked row would be NaN).
+    causal_LL = slots_L[None, :] <= slots_L[:, None]
+    allowed_BLL = (causal_LL & valid_BL[:, None, :]) | torch.eye(L, dtype=torch.bool, device=prompt_BL.device)
+    return _cached_forward(model, prompt_BL, positions_BL, state, allowed_BLL), state
+
+
+@torch.no_grad()
+def decode_step(model: nn.Module, next_tokens_B: torch.LongTensor, state: DecodeState):
+    """Append one token per row; returns (logits_BV float32 for the following token, state)."""
+    tokens_B1 = next_tokens_B.reshape(-1, 1).to(state.tokens_BS.device)
+    positions_B1 = state.next_pos_B[:, None]
+    state.tokens_BS = torch.cat([state.tokens_BS, tokens_B1], dim=1)
+    state.valid_BS = torch.cat([state.valid_BS, torch.ones_like(tokens_B1, dtype=torch.bool)], dim=1)
+    state.next_pos_B = state.next_pos_B + 1
+    if state.recompute:
+        return _recompute_logits(model, state), state
+    allowed_B1S = state.valid_BS[:, None, :] if state.padded else None
+    return _cached_forward(model, tokens_B1, positions_B1, state, allowed_B1S), state
+
+
+def repeat_decode_rows(state: DecodeState, rows_B: torch.LongTensor) -> DecodeState:
+    """A state whose row b continues ``state``'s row ``rows_B[b]`` (prefill each distinct prompt once,
+    then decode G rows of it: GRPO's groups). Copies the filled cache slots; shares the FSDP unshard."""
+    rows_B = rows_B.to(state.tokens_BS.device)
+    out = DecodeState(tokens_BS=state.tokens_BS[rows_B], valid_BS=state.valid_BS[rows_B],
+                      next_pos_B=state.next_pos_B[rows_B], recompute=state.recompute, unsharded=state.unsharded,
+                      capacity=state.capacity, padded=state.padded)
+    for kb, vb, k in zip(state.key_bufs, state.value_bufs, state.keys):
+        filled = k.shape[2]
+        for src, dst in ((kb, out.key_bufs), (vb, out.value_bufs)):
+            buf = src.new_empty(len(rows_B), *src.shape[1:])
+            buf[:, :, :filled] = src[rows_B, :, :filled]
+            dst.append(buf)
+        out.keys.append(out.key_bufs[-1][:, :, :filled])
+        out.values.append(out.value_bufs[-1][:, :, :filled])
+    state.unsharded = []  # now owned by ``out``: finish_decode(out) reshards
+    return out
+
+
+def finish_decode(state: DecodeState) -> None:
+    """Reshard what ``prefill`` unsharded and drop the cache (collective under FSDP)."""
+    for m in state.unsharded:
+        m.reshard()
+    state.unsharded = []
+    state.keys, state.values = [], []
+    state.key_bufs, state.value_bufs = [], []
