@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import sys
 import tempfile
@@ -58,10 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--pairs", type=int, default=8, help="DPO pairs per step")
     p.add_argument("--completion-len", type=int, default=32, help="DPO chosen/rejected tokens (EOS included)")
-    # strategy knobs
-    p.add_argument("--reset-every", type=int, default=4)
-    p.add_argument("--sync-every", type=int, default=1)
-    p.add_argument("--ema-alpha", type=float, default=0.1)
+    # strategy knobs (each strategy gets only its own: see reference_config)
+    p.add_argument("--reset-every", type=int, default=4, help="periodic_reset: reference.reset_every")
+    p.add_argument("--sync-every", type=int, default=1, help="ema: reference.sync_every")
+    p.add_argument("--ema-alpha", type=float, default=0.1, help="ema: reference.alpha")
     # run
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
@@ -105,8 +104,7 @@ def build(args, algo: str, reference: str, precompute: bool):
     import torch
 
     from refexp import titan
-    from refexp.config import CheckpointConfig, CompileConfig, DPOConfig, GRPOConfig, ReferenceConfig, RootConfig, \
-        TrainingConfig
+    from refexp.config import CheckpointConfig, CompileConfig, DPOConfig, GRPOConfig, RootConfig, TrainingConfig
     from refexp.tasks import Task
 
     device = titan.resolve_device(args.device)
@@ -143,8 +141,7 @@ def build(args, algo: str, reference: str, precompute: bool):
         checkpoint=CheckpointConfig(enable=False),
         compile=CompileConfig(enable=args.compile),
         algo=algo_cfg,
-        reference=ReferenceConfig(name=reference, reset_every=args.reset_every, sync_every=args.sync_every,
-                                  alpha=args.ema_alpha),
+        reference=reference_config(args, reference),
     )
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="refexp-bench-"))
     ctx = C.make_context(cfg, task, workdir, device)
@@ -159,7 +156,9 @@ def build(args, algo: str, reference: str, precompute: bool):
         key = f"init-{shape.dim}-{shape.layers}-{shape.heads}-{shape.kv_heads}-{shape.ffn}-{shape.vocab}-s{args.seed}"
         init_dir = workdir / key
         if not (init_dir / "sft.json").is_file():
-            model = ctx.build_model(trainable=False)
+            from refexp.models import build_model
+
+            model = build_model(ctx, trainable=False)
             C.save_init_checkpoint(model, init_dir)
             del model
     policy = build_policy(ctx, init_dir)
@@ -183,6 +182,18 @@ def build(args, algo: str, reference: str, precompute: bool):
         step_fn = DPOStep(ctx, policy, strategy, pairs, ref_source, stats)
     torch.manual_seed(args.seed)
     return ctx, policy, strategy, step_fn, shape, meta
+
+
+def reference_config(args, reference: str):
+    """``reference``'s own schema with the knobs it has (``--reset-every`` only reaches periodic_reset, ...)."""
+    from dataclasses import fields
+
+    from refexp.config import REFERENCE_SCHEMAS
+
+    schema = REFERENCE_SCHEMAS[reference]
+    knobs = {"reset_every": args.reset_every, "sync_every": args.sync_every, "alpha": args.ema_alpha}
+    own = {f.name for f in fields(schema)}
+    return schema(**{k: v for k, v in knobs.items() if k in own})
 
 
 class Bench:
@@ -222,7 +233,9 @@ class Bench:
     def flops(self, timed: list[dict]) -> dict:
         """Tokens and model FLOPs of one step on this rank."""
         a, shape = self.args, self.shape
-        world = self.ctx.dp_rank_and_degree[1]
+        from refexp.distributed import dp_rank_and_degree
+
+        world = dp_rank_and_degree(self.ctx.parallel_dims)[1]
         if self.algo == "grpo":
             rows_n = a.prompts * a.group // world
             clen = C.median([r["completion_len"] for r in timed]) or a.new_tokens
@@ -266,7 +279,7 @@ class Bench:
         out = {
             "bench": "step", "algo": self.algo, "reference": strategy.name,
             "precompute_ref": bool(getattr(ctx.cfg.algo, "precompute_ref", False)) and self.algo == "dpo",
-            "loss": getattr(ctx.cfg.algo, "loss_type", None), "beta": ctx.cfg.algo.beta,
+            "loss": ctx.cfg.algo.loss_type if self.algo == "dpo" else "grpo", "beta": ctx.cfg.algo.beta,
             "share_prompt": bool(ctx.cfg.algo.share_prompt),
             "shape": {"dim": a.dim, "layers": a.layers, "heads": a.heads, "ffn": a.ffn, "vocab": a.vocab},
             "batch": ({"prompts": a.prompts, "group": a.group, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens}
@@ -313,8 +326,7 @@ def fused_adamw(model, t):
     """What-if (``--what-if-fused-adamw``): ``refexp.optim.build_optimizer`` with torch's fused AdamW kernel,
     which exists on CPU since torch 2.4 (refexp uses foreach there). Same containers, hyper-parameters and
     schedule; numerically equal up to float rounding."""
-    from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
-    from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
+    from refexp.titan.components import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
 
     kwargs = {"lr": t.lr, "weight_decay": t.weight_decay, "betas": (t.beta1, t.beta2), "eps": t.eps}
     cfg = OptimizersContainer.Config(param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=t.optimizer,

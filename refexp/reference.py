@@ -18,7 +18,14 @@ from typing import Callable, Mapping
 import torch
 
 from refexp import titan
-from refexp.config import ReferenceConfig
+from refexp.config import (
+    REFERENCE_SCHEMAS,
+    ConfigError,
+    EMAReferenceConfig,
+    KLTriggeredReferenceConfig,
+    PeriodicResetReferenceConfig,
+    ReferenceConfig,
+)
 
 
 class ReferenceStrategy:
@@ -105,6 +112,7 @@ class PeriodicResetReference(ReferenceStrategy):
     ProRL, Liu et al. 2025, also resets the optimizer when ``reset_optimizer``)."""
 
     name = "periodic_reset"
+    cfg: PeriodicResetReferenceConfig
 
     @property
     def moves(self) -> bool:
@@ -122,6 +130,7 @@ class EMAReference(ReferenceStrategy):
     """Every ``sync_every`` steps: ref <- alpha*policy + (1-alpha)*ref (TR-DPO soft update)."""
 
     name = "ema"
+    cfg: EMAReferenceConfig
 
     @property
     def moves(self) -> bool:
@@ -139,6 +148,7 @@ class KLTriggeredReference(ReferenceStrategy):
     ``min_gap`` steps after the previous reset (the gap keeps one noisy batch from resetting twice)."""
 
     name = "kl_triggered"
+    cfg: KLTriggeredReferenceConfig
 
     @property
     def moves(self) -> bool:
@@ -169,5 +179,10 @@ REGISTRY: dict[str, type[ReferenceStrategy]] = {
 def build_reference(cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Module] | None, *,
                     defer_build: bool = False) -> ReferenceStrategy:
     """The strategy named by ``reference.name``; ``build_frozen()`` makes its frozen model (not called for
-    none; with ``defer_build`` not before ``ensure_model()``)."""
+    none; with ``defer_build`` not before ``ensure_model()``). ``cfg`` is that strategy's own schema
+    (``REFERENCE_SCHEMAS[name]``): its fields are the ones the strategy reads."""
+    schema = REFERENCE_SCHEMAS.get(cfg.name)
+    if schema is None or not isinstance(cfg, schema):
+        raise ConfigError(f"reference.name={cfg.name!r} needs a {schema.__name__ if schema else 'known strategy'} "
+                          f"config (got {type(cfg).__name__}): expected one of {', '.join(REFERENCE_SCHEMAS)}")
     return REGISTRY[cfg.name](cfg, build_frozen, defer_build=defer_build)

@@ -2,45 +2,19 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+import re
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from refexp.config import ConfigError, register_configs, to_object
+from refexp.config import ConfigError, to_object
 from refexp.run import validate
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
-register_configs()
+from tests.helpers import compose_root, conf_options
 
 
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=["run_dir=/tmp/refexp-unused", *overrides])
-
-
-def _options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-
-
-@pytest.mark.parametrize("group", ["model", "parallelism", "checkpoint", "compile", "comm", "training", "task",
-                                   "logger", "algo", "reference"])
-def test_every_group_option_composes(group):
-    for option in _options(group):
-        extra = []
-        if option in ("qwen3_0.6b", "llama3_8b"):
-            extra = ["model.hf_assets_path=/nonexistent"]
-        if group == "task" and option == "gsm8k":
-            extra = ["task.train_path=/x.jsonl", "task.tokenizer_path=/tok"]
-        cfg = to_object(_compose(f"{group}={option}", *extra))
-        assert getattr(cfg, group) is not None
-
-
-@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+@pytest.mark.parametrize("experiment", conf_options("experiment"))
 def test_every_experiment_composes(experiment):
-    cfg = _compose(f"experiment={experiment}")
+    cfg = compose_root(f"experiment={experiment}")
     assert cfg.experiment_name == experiment
     to_object(cfg)
 
@@ -57,30 +31,60 @@ def test_every_experiment_composes(experiment):
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        to_object(_compose(*override.split()))
+        to_object(compose_root(*override.split()))
 
 
-def test_wrong_type_fails_at_compose():
+def test_wrong_type_fails_atcompose_root():
     with pytest.raises(ConfigCompositionException, match="group_size"):
-        _compose("algo=grpo", "algo.group_size=abc")
+        compose_root("algo=grpo", "algo.group_size=abc")
     with pytest.raises(ConfigCompositionException, match="local_batch|batch_size"):
-        _compose("sft.batch_size=2.5")
+        compose_root("sft.batch_size=2.5")
+
+
+@pytest.mark.parametrize("choice, key, schema, fields", [
+    ("reference=fixed", "reference.reset_every", "FixedReferenceConfig", "name, checkpoint, dtype, compile"),
+    ("reference=ema", "reference.reset_optimizer", "EMAReferenceConfig", "name, checkpoint, dtype, compile, sync_every, alpha"),
+    ("reference=none", "reference.alpha", "NoReferenceConfig", "name, checkpoint, dtype, compile"),
+    ("algo=dpo", "algo.group_size", "DPOConfig", "name, loss_type, beta"),
+    ("algo=grpo", "algo.precompute_ref", "GRPOConfig", "name, prompts_per_step, group_size"),
+])
+def test_a_field_of_another_option_is_rejected_naming_it(choice, key, schema, fields):
+    """Each strategy / algorithm has only its own fields: setting another's fails at compose (Hydra names
+    the key and the schema), and adding it with + fails at validation (refexp names the option's fields)."""
+    with pytest.raises(ConfigCompositionException) as e:
+        compose_root(choice, f"{key}=1")
+    cause = str(e.value.__cause__)
+    assert f"full_key: {key}" in cause and schema in cause
+    group, option = choice.split("=")
+    with pytest.raises(ConfigError, match=re.escape(f"{key} is not a field of {group}={option} (its fields: {fields}")):
+        to_object(compose_root(choice, f"+{key}=1"))
+
+
+def test_removed_fields_are_rejected():
+    for key in ("logger.log_every", "checkpoint.initial_load_model_only", "algo.loss_type"):
+        with pytest.raises(ConfigCompositionException):
+            compose_root("algo=grpo", f"{key}=1")
+
+
+def test_the_strategy_is_chosen_by_the_group_not_the_name():
+    with pytest.raises(ConfigError, match=r"reference\.name='fixed' is invalid: expected 'ema' for reference=ema"):
+        to_object(compose_root("reference=ema", "reference.name=fixed"))
 
 
 def test_unknown_group_option_lists_the_valid_ones():
     with pytest.raises(MissingConfigException) as e:
-        _compose("reference=bogus")
+        compose_root("reference=bogus")
     assert "periodic_reset" in str(e.value)
 
 
 def test_reference_free_dpo_needs_a_reference_free_loss():
     with pytest.raises(ConfigError, match="reference=none needs a reference-free loss"):
-        to_object(_compose("algo=dpo", "reference=none"))
-    to_object(_compose("algo=dpo", "reference=none", "algo.loss_type=simpo"))
+        to_object(compose_root("algo=dpo", "reference=none"))
+    to_object(compose_root("algo=dpo", "reference=none", "algo.loss_type=simpo"))
 
 
 def test_tensor_parallel_degree_must_divide_heads():
-    cfg = _compose("parallelism=tp", "model.n_heads=3", "model.n_kv_heads=3", "model.dim=96")
+    cfg = compose_root("parallelism=tp", "model.n_heads=3", "model.n_kv_heads=3", "model.dim=96")
     with pytest.raises(ConfigError, match="tensor_parallel_degree"):
         validate(cfg)
 
@@ -88,11 +92,11 @@ def test_tensor_parallel_degree_must_divide_heads():
 def test_missing_checkpoint_directory_is_named(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(ConfigError, match="reference.checkpoint"):
-        validate(_compose("algo=grpo", f"reference.checkpoint={missing}"))
+        validate(compose_root("algo=grpo", f"reference.checkpoint={missing}"))
     with pytest.raises(ConfigError, match="sft.checkpoint|initial_load_path"):
-        validate(_compose("algo=grpo", f"checkpoint.initial_load_path={missing}"))
+        validate(compose_root("algo=grpo", f"checkpoint.initial_load_path={missing}"))
 
 
 def test_gsm8k_needs_a_local_file():
     with pytest.raises(ConfigError, match="task.train_path"):
-        to_object(_compose("task=gsm8k", "task.train_path=null"))
+        to_object(compose_root("task=gsm8k", "task.train_path=null"))

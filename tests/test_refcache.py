@@ -12,7 +12,13 @@ import torch
 
 from refexp import refcache, titan
 from refexp.algos.dpo_data import pack_pairs, pairs_fingerprint
-from refexp.config import ModelConfig, ReferenceConfig
+from refexp.config import (
+    EMAReferenceConfig,
+    FixedReferenceConfig,
+    ModelConfig,
+    NoReferenceConfig,
+    PeriodicResetReferenceConfig,
+)
 from refexp.reference import build_reference
 from refexp.tasks.tokenizer import build_char_tokenizer
 
@@ -130,7 +136,7 @@ def test_moving_reference_memo_is_invalidated_exactly_at_a_reset(pairs):
         ref_builds.append(1)
         return tiny_model(0)
 
-    strategy = build_reference(ReferenceConfig(name="periodic_reset", reset_every=3), build_frozen)
+    strategy = build_reference(PeriodicResetReferenceConfig(reset_every=3), build_frozen)
     policy = tiny_model(1)  # different weights: a reset changes the reference's log-probs
     calls = counted(strategy.model)
     compute = forward_rows(strategy.logprobs, pairs)
@@ -161,18 +167,18 @@ def test_reference_free_and_cached_fixed_references_hold_no_model():
         builds.append(1)
         return tiny_model(0)
 
-    none = build_reference(ReferenceConfig(name="none"), build_frozen)
+    none = build_reference(NoReferenceConfig(), build_frozen)
     assert none.model is None and none.ensure_model() is None and not builds
     assert none.logprobs(torch.zeros(1, 4, dtype=torch.long)) is None
 
-    fixed = build_reference(ReferenceConfig(name="fixed"), build_frozen, defer_build=True)
+    fixed = build_reference(FixedReferenceConfig(), build_frozen, defer_build=True)
     assert fixed.model is None and not builds  # deferred: built only when a cache misses
     model = fixed.ensure_model()
     assert builds == [1] and titan.count_parameters(model) > 0 and fixed.ensure_model() is model
     fixed.release_model()
     assert fixed.model is None
 
-    moving = build_reference(ReferenceConfig(name="ema"), build_frozen)
+    moving = build_reference(EMAReferenceConfig(), build_frozen)
     with pytest.raises(RuntimeError, match="moves"):
         moving.release_model()
 

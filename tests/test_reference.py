@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from refexp import titan
-from refexp.config import ModelConfig, ReferenceConfig
+from refexp.config import (
+    EMAReferenceConfig,
+    FixedReferenceConfig,
+    KLTriggeredReferenceConfig,
+    ModelConfig,
+    NoReferenceConfig,
+    PeriodicResetReferenceConfig,
+)
 from refexp.reference import REGISTRY, build_reference
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
@@ -33,7 +40,7 @@ def test_registry_has_every_strategy():
 
 def test_periodic_reset_copies_the_policy_exactly_at_multiples_of_reset_every():
     policy = _model(1, trainable=True)
-    strat = build_reference(ReferenceConfig(name="periodic_reset", reset_every=3), lambda: _model(0))
+    strat = build_reference(PeriodicResetReferenceConfig(reset_every=3), lambda: _model(0))
     changed_at = []
     for step in range(1, 10):
         _perturb_(policy, step)
@@ -51,7 +58,7 @@ def test_periodic_reset_copies_the_policy_exactly_at_multiples_of_reset_every():
 def test_ema_matches_the_formula():
     alpha = 0.3
     policy = _model(1, trainable=True)
-    strat = build_reference(ReferenceConfig(name="ema", alpha=alpha, sync_every=2), lambda: _model(0))
+    strat = build_reference(EMAReferenceConfig(alpha=alpha, sync_every=2), lambda: _model(0))
     ref0, pol = _params(strat.model), _params(policy)
     assert not strat.after_step(1, policy, {})
     assert strat.after_step(2, policy, {})
@@ -62,7 +69,7 @@ def test_ema_matches_the_formula():
 
 def test_kl_triggered_resets_above_threshold_with_a_minimum_gap():
     policy = _model(1, trainable=True)
-    strat = build_reference(ReferenceConfig(name="kl_triggered", kl_threshold=0.1, min_gap=3), lambda: _model(0))
+    strat = build_reference(KLTriggeredReferenceConfig(kl_threshold=0.1, min_gap=3), lambda: _model(0))
     fired = [s for s, kl in enumerate([0.05, 0.2, 0.3, 0.3, 0.3, 0.01, 0.5], start=1)
              if strat.after_step(s, policy, {"kl/ref": kl})]
     # step 2 is above the threshold but within min_gap of the start (step 0); 4-5 within the gap of 3;
@@ -75,7 +82,7 @@ def test_none_never_builds_a_model():
     def forbidden():
         raise AssertionError("reference=none must not build a model")
 
-    strat = build_reference(ReferenceConfig(name="none"), forbidden)
+    strat = build_reference(NoReferenceConfig(), forbidden)
     assert strat.model is None
     assert strat.logprobs(torch.zeros(2, 5, dtype=torch.long)) is None
     assert not strat.after_step(1, _model(1), {"kl/ref": 1.0})
@@ -83,7 +90,7 @@ def test_none_never_builds_a_model():
 
 def test_fixed_never_moves_and_returns_frozen_logprobs():
     ref = _model(0)
-    strat = build_reference(ReferenceConfig(name="fixed"), lambda: ref)
+    strat = build_reference(FixedReferenceConfig(), lambda: ref)
     before = _params(ref)
     for s in range(1, 5):
         assert not strat.after_step(s, _model(1), {"kl/ref": 9.0})
@@ -96,11 +103,11 @@ def test_fixed_never_moves_and_returns_frozen_logprobs():
 
 def test_state_dict_round_trip_restores_version_and_weights():
     policy = _model(1, trainable=True)
-    a = build_reference(ReferenceConfig(name="periodic_reset", reset_every=2), lambda: _model(0))
+    a = build_reference(PeriodicResetReferenceConfig(reset_every=2), lambda: _model(0))
     _perturb_(policy, 1)
     a.after_step(2, policy, {})
     sd = a.state_dict()
-    b = build_reference(ReferenceConfig(name="periodic_reset", reset_every=2), lambda: _model(0))
+    b = build_reference(PeriodicResetReferenceConfig(reset_every=2), lambda: _model(0))
     b.load_state_dict(sd)
     assert (b.version, b.last_update_step) == (1, 2)
     for k, v in b.model.state_dict().items():

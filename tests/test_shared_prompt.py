@@ -82,11 +82,11 @@ def test_shared_logprobs_equal_the_two_row_pass():
 
 
 def test_reference_strategy_takes_the_shared_layout():
-    from refexp.config import ReferenceConfig
+    from refexp.config import FixedReferenceConfig
     from refexp.reference import build_reference
 
     model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=1, requires_grad=False)
-    strategy = build_reference(ReferenceConfig(name="fixed"), lambda: model)
+    strategy = build_reference(FixedReferenceConfig(), lambda: model)
     batch = pack_pairs(TOK, _pairs())
     shared = share_prompts(batch, TOK.pad_id)
     torch.testing.assert_close(pair_logprobs(strategy.logprobs, batch, shared),

@@ -2,8 +2,8 @@
 
 A group is (algorithm, strategy, the other swept settings). The swept settings are the job's
 ``.hydra/overrides.yaml`` minus the seed and Hydra's own keys, so a sweep over
-``reference=fixed,periodic_reset reference.reset_every=20,50 training.seed=0,1,2`` gives one
-group per (strategy, reset_every) with three seeds each.
+``reference=periodic_reset reference.reset_every=20,50 training.seed=0,1,2`` gives one group per
+reset_every with three seeds each (a strategy's own fields can only be set for that strategy).
 """
 
 from __future__ import annotations

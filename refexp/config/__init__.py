@@ -1,0 +1,51 @@
+"""Typed schema under the YAML in ``conf/``: one dataclass per config group (or per option of ``algo/``
+and ``reference/``), registered in Hydra's ConfigStore by ``register_configs``.
+
+A typo in an override or a value of the wrong type fails at compose time, and the ``__post_init__``
+checks fail before any model is built (``to_object``). The dataclasses hold every default; an option
+file in ``conf/`` sets only what differs from them (tests/test_configs.py keeps it so).
+
+Field names mirror torchtitan 0.3.0's config dataclasses (``torchtitan/config/configs.py``,
+``CheckpointManager.Config``) where a group mirrors one, so torchtitan's docs carry over.
+
+Modules: ``errors`` (ConfigError and the checks), ``model`` (model, parallelism, compile), ``runtime``
+(checkpoint, comm, training), ``task``, ``logger``, ``blocks`` (the root's eval and sft), ``algo``,
+``reference``, ``root`` (RootConfig, registration, to_object).
+"""
+
+from .algo import ALGO_SCHEMAS, DPO_REFERENCE_FREE_LOSSES, AlgoConfig, DPOConfig, GRPOConfig, SFTAlgoConfig
+from .blocks import EvalConfig, SFTConfig
+from .errors import ConfigError
+from .logger import LoggerConfig
+from .model import CompileConfig, ModelConfig, ParallelismConfig
+from .reference import (
+    REFERENCE_SCHEMAS,
+    REFERENCE_STRATEGIES,
+    EMAReferenceConfig,
+    FixedReferenceConfig,
+    KLTriggeredReferenceConfig,
+    NoReferenceConfig,
+    PeriodicResetReferenceConfig,
+    ReferenceConfig,
+)
+from .root import (
+    GROUP_SCHEMAS,
+    OPTION_SCHEMAS,
+    RootConfig,
+    check_cross_fields,
+    check_known_fields,
+    register_configs,
+    schema_name,
+    to_object,
+)
+from .runtime import CheckpointConfig, CommConfig, TrainingConfig
+from .task import TaskConfig
+
+__all__ = [
+    "ALGO_SCHEMAS", "DPO_REFERENCE_FREE_LOSSES", "GROUP_SCHEMAS", "OPTION_SCHEMAS", "REFERENCE_SCHEMAS",
+    "REFERENCE_STRATEGIES", "AlgoConfig", "CheckpointConfig", "CommConfig", "CompileConfig", "ConfigError",
+    "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig",
+    "KLTriggeredReferenceConfig", "LoggerConfig", "ModelConfig", "NoReferenceConfig", "ParallelismConfig",
+    "PeriodicResetReferenceConfig", "ReferenceConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig", "TaskConfig",
+    "TrainingConfig", "check_cross_fields", "check_known_fields", "register_configs", "schema_name", "to_object",
+]

@@ -1,0 +1,140 @@
+"""The ``algo/`` group: one schema per algorithm (``algo=sft|grpo|dpo``), each with only its own fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from omegaconf import MISSING
+
+from .errors import ConfigError, check, non_negative, one_of, positive_int
+
+
+@dataclass
+class AlgoConfig:
+    """Base of the algorithm schemas; ``algo=<name>`` picks the subclass."""
+
+    name: str = MISSING
+    """sft | grpo | dpo (set by the option, not by ``algo.name``)."""
+
+
+@dataclass
+class SFTAlgoConfig(AlgoConfig):
+    """``algo=sft``: run only the SFT stage (its settings are the root ``sft`` block)."""
+
+    name: str = "sft"
+    """Always sft."""
+
+
+@dataclass
+class GRPOConfig(AlgoConfig):
+    """GRPO (Shao et al. 2024, DeepSeekMath eq. 3) with TRL 1.16's loss aggregations."""
+
+    name: str = "grpo"
+    """Always grpo."""
+    prompts_per_step: int = 16
+    """Prompts sampled per optimizer step (the global batch is prompts_per_step x group_size)."""
+    group_size: int = 8
+    """G completions per prompt."""
+    beta: float = 1.0
+    """KL coefficient (0 = no KL term even with a reference). 1, not TRL's 0.04, so that the penalty binds
+    on the embedded task: with a small beta every reference strategy drifted alike."""
+    kl_estimator: str = "k3"
+    """k1 | k2 | k3 (Schulman, 'Approximating KL divergence', 2020)."""
+    loss_agg: str = "grpo"
+    """grpo | dr_grpo | dapo."""
+    eps_low: float = 0.2
+    """Lower clip of the probability ratio (1 - eps_low)."""
+    eps_high: float = 0.2
+    """Upper clip of the probability ratio (1 + eps_high; DAPO raises it)."""
+    advantage_scale: str = "group"
+    """group | batch | none: the std that divides (reward - group mean)."""
+    updates_per_batch: int = 1
+    """Optimizer steps on each rollout batch (TRL's num_iterations); >1 makes the clip bind."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling of the rollouts (1 = off)."""
+    max_new_tokens: Optional[int] = None
+    """None = task.max_new_tokens."""
+    share_prompt: bool = True
+    """Training forwards (policy, reference) take one row per prompt, its G completions sharing one pass over
+    the prompt (refexp/algos/shared_prompt.py; same log-probs, fewer tokens; a dense mask, so set false for
+    many long rollouts per prompt). Needs model.attn_backend=sdpa."""
+    kl_in_reward: bool = False
+    """Subtract beta * KL(sequence) from the reward instead of adding a KL loss term."""
+    kl_target: Optional[float] = None
+    """Adaptive KL coefficient towards this KL (Ziegler et al. 2019's controller)."""
+    kl_horizon: int = 10000
+    """Horizon of the adaptive controller (how fast beta moves towards ``kl_target``)."""
+
+    def __post_init__(self) -> None:
+        positive_int("algo.prompts_per_step", self.prompts_per_step)
+        check(isinstance(self.group_size, int) and self.group_size >= 2, "algo.group_size", self.group_size,
+              "an integer >= 2 (advantages are relative within a group)")
+        non_negative("algo.beta", self.beta)
+        one_of("algo.kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
+        one_of("algo.loss_agg", self.loss_agg, ("grpo", "dr_grpo", "dapo"))
+        non_negative("algo.eps_low", self.eps_low)
+        non_negative("algo.eps_high", self.eps_high)
+        one_of("algo.advantage_scale", self.advantage_scale, ("group", "batch", "none"))
+        positive_int("algo.updates_per_batch", self.updates_per_batch)
+        check(self.temperature > 0, "algo.temperature", self.temperature, "a number > 0")
+        check(0 < self.top_p <= 1, "algo.top_p", self.top_p, "a number in (0, 1]")
+        if self.max_new_tokens is not None:
+            positive_int("algo.max_new_tokens", self.max_new_tokens)
+        if self.kl_target is not None:
+            check(self.kl_target > 0, "algo.kl_target", self.kl_target, "a number > 0 or null")
+
+
+DPO_REFERENCE_FREE_LOSSES = ("simpo", "orpo")
+
+
+@dataclass
+class DPOConfig(AlgoConfig):
+    """The DPO family (Rafailov et al. 2023) and the reference-free SimPO / ORPO."""
+
+    name: str = "dpo"
+    """Always dpo."""
+    loss_type: str = "sigmoid"
+    """sigmoid | ipo | robust | hinge (need a reference) | simpo | orpo (reference-free)."""
+    beta: float = 1.0
+    """1, not the paper's 0.1: on the embedded task with the tiny model, 0.1 let the chosen log-probs fall
+    (likelihood displacement) and held-out accuracy drop below the SFT model's (docs/compare_refs_dpo/report.md
+    is run at 1). SimPO's beta is in its own units (conf/dpo_variant/simpo.yaml)."""
+    label_smoothing: float = 0.0
+    """Conservative DPO / robust DPO's assumed label-noise rate."""
+    gamma: float = 0.5
+    """SimPO's target reward margin gamma (TRL's ``simpo_gamma``; the loss uses gamma/beta)."""
+    lam: float = 0.1
+    """ORPO's weight on the odds-ratio term."""
+    pairs_per_step: int = 16
+    """Preference pairs per optimizer step."""
+    precompute_ref: bool = False
+    """Compute reference log-probs of the whole preference set once, cache them on disk."""
+    share_prompt: bool = True
+    """One row per pair, chosen and rejected sharing one pass over the prompt (refexp/algos/shared_prompt.py;
+    same log-probs, fewer tokens). Needs model.attn_backend=sdpa."""
+    num_pairs: int = 2000
+    """Preference pairs generated for the embedded task."""
+    pair_seed: int = 0
+    """Seeds the generation of those pairs (part of their cache key)."""
+
+    def __post_init__(self) -> None:
+        one_of("algo.loss_type", self.loss_type, ("sigmoid", "ipo", "robust", "hinge") + DPO_REFERENCE_FREE_LOSSES)
+        check(self.beta > 0, "algo.beta", self.beta, "a number > 0")
+        check(0 <= self.label_smoothing < 0.5, "algo.label_smoothing", self.label_smoothing, "a number in [0, 0.5)")
+        if self.label_smoothing and self.loss_type in ("ipo", "hinge"):
+            raise ConfigError(f"algo.label_smoothing={self.label_smoothing} is invalid with "
+                              f"algo.loss_type={self.loss_type}: expected 0 (only sigmoid, robust and simpo smooth)")
+        positive_int("algo.pairs_per_step", self.pairs_per_step)
+        positive_int("algo.num_pairs", self.num_pairs)
+
+    @property
+    def reference_free(self) -> bool:
+        """SimPO and ORPO hold no reference model."""
+        return self.loss_type in DPO_REFERENCE_FREE_LOSSES
+
+
+ALGO_SCHEMAS = {"sft": SFTAlgoConfig, "grpo": GRPOConfig, "dpo": DPOConfig}
+"""``algo=<name>`` -> its schema (registered as ``algo_<name>_schema``)."""

@@ -1,0 +1,59 @@
+"""The root's own blocks (not config groups): ``eval`` and ``sft``, set in place (``eval.every=25``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .errors import check, positive_int
+
+
+@dataclass
+class EvalConfig:
+    """Held-out measurements made the same way for every strategy."""
+
+    every: int = 20
+    """kl/init and eval/accuracy every this many steps (and at step 0 and the end)."""
+    num_prompts: int = 200
+    """Held-out prompts for greedy accuracy."""
+    kl_prompts: int = 64
+    """Held-out prompts for kl/init (completions sampled from the policy)."""
+
+    def __post_init__(self) -> None:
+        positive_int("eval.every", self.every)
+        positive_int("eval.num_prompts", self.num_prompts)
+        positive_int("eval.kl_prompts", self.kl_prompts)
+
+
+@dataclass
+class SFTConfig:
+    """The SFT stage that makes the starting policy and the fixed reference. Cached by a hash of
+    everything that determines it (model, task, this block), so a sweep trains it once."""
+
+    steps: int = 3000
+    """Step cap; training stops earlier once ``target_accuracy`` is reached."""
+    target_accuracy: float = 0.4
+    """Stop when held-out greedy exact match reaches this (checked every ``eval_every`` steps)."""
+    eval_every: int = 25
+    """Accuracy rises steeply within a few hundred steps on the embedded task: check often to stop near the target."""
+    batch_size: int = 64
+    """Demonstrations per step."""
+    lr: float = 3e-3
+    """Peak learning rate of the SFT stage."""
+    warmup_steps: int = 50
+    """Linear learning-rate warm-up steps."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    seed: int = 0
+    """Seeds the SFT model's init and batch order (part of the cache key)."""
+    checkpoint: Optional[str] = None
+    """Use this SFT checkpoint dir (a refexp SFT output) instead of training/reusing one."""
+    cache_dir: str = "${oc.env:REFEXP_CACHE,${oc.env:HOME}/.cache/refexp}"
+    """Cache of generated task data and SFT outputs ($REFEXP_CACHE, else ~/.cache/refexp)."""
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.steps, int) and self.steps >= 0, "sft.steps", self.steps, "an integer >= 0")
+        check(0.0 <= self.target_accuracy <= 1.0, "sft.target_accuracy", self.target_accuracy, "a number in [0, 1]")
+        positive_int("sft.eval_every", self.eval_every)
+        positive_int("sft.batch_size", self.batch_size)
+        check(self.lr > 0, "sft.lr", self.lr, "a number > 0")

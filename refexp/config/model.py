@@ -1,0 +1,95 @@
+"""The ``model/``, ``parallelism/`` and ``compile/`` groups: what is built and how it is laid out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import check, one_of, positive_int
+
+
+@dataclass
+class ModelConfig:
+    """A torchtitan model: family + flavor from its registry, plus overrides applied before build.
+
+    Every override defaults to None, which keeps the flavor's own value; option files such as
+    ``model/tiny.yaml`` set them."""
+
+    name: str = "llama3"
+    """torchtitan model family (``torchtitan.models.<name>``): llama3 | qwen3."""
+    flavor: str = "debugmodel"
+    """Key of ``<name>_configs`` in torchtitan (debugmodel, 1B, 8B, 0.6B, ...)."""
+    dim: Optional[int] = None
+    """Override of the hidden size (None keeps the flavor's)."""
+    n_layers: Optional[int] = None
+    """Override of the number of transformer blocks."""
+    n_heads: Optional[int] = None
+    """Override of the number of attention heads (must divide ``dim``)."""
+    n_kv_heads: Optional[int] = None
+    """Override of the number of key/value heads (grouped-query attention)."""
+    ffn_hidden_dim: Optional[int] = None
+    """Override of the feed-forward hidden size."""
+    vocab_size: Optional[int] = None
+    """None takes the tokenizer's vocabulary size."""
+    max_seq_len: Optional[int] = None
+    """RoPE table length (None keeps the flavor's)."""
+    hf_assets_path: Optional[str] = None
+    """HF checkpoint directory (config.json, *.safetensors, tokenizer.json) to start from."""
+    attn_backend: str = "sdpa"
+    """sdpa on CPU (flex has no CPU backward, docs/torchtitan-notes.md §3); flex or varlen on GPUs."""
+    embedding_init_std: Optional[float] = None
+    """Std of the token-embedding init; None keeps torchtitan's N(0, 1) (see model/tiny.yaml for why 0.02)."""
+
+    def __post_init__(self) -> None:
+        one_of("model.name", self.name, ("llama3", "qwen3"))
+        for f in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size", "max_seq_len"):
+            v = getattr(self, f)
+            if v is not None:
+                positive_int(f"model.{f}", v)
+        if self.dim is not None and self.n_heads is not None:
+            check(self.dim % self.n_heads == 0, "model.dim", self.dim, f"a multiple of model.n_heads={self.n_heads}")
+        one_of("model.attn_backend", self.attn_backend, ("sdpa", "flex", "varlen"))
+
+
+@dataclass
+class ParallelismConfig:
+    """Mirrors torchtitan's ``ParallelismConfig``; the product of degrees must equal the world size."""
+
+    data_parallel_replicate_degree: int = 1
+    """Replicas of the (sharded) model: HSDP's outer dimension."""
+    data_parallel_shard_degree: int = -1
+    """-1 = whatever the world size leaves after the other degrees (torchtitan's convention)."""
+    tensor_parallel_degree: int = 1
+    """Ranks each layer's weights are split over (must divide the heads)."""
+    enable_sequence_parallel: bool = True
+    """With tensor parallelism, also shard the norms' activations along the sequence."""
+    fsdp_reshard_after_forward: str = "default"
+    """default | always | never (torchtitan's meaning)."""
+    spmd_backend: str = "partial_dtensor"
+    """torchtitan's default ``spmd_types`` fails with FSDP/TP (docs/torchtitan-notes.md §4)."""
+    nproc_per_node: int = 1
+    """Worker processes a job spawns when not already started by torchrun/SLURM (refexp's own field)."""
+
+    def __post_init__(self) -> None:
+        positive_int("parallelism.data_parallel_replicate_degree", self.data_parallel_replicate_degree)
+        check(
+            self.data_parallel_shard_degree == -1
+            or (isinstance(self.data_parallel_shard_degree, int) and self.data_parallel_shard_degree > 0),
+            "parallelism.data_parallel_shard_degree", self.data_parallel_shard_degree, "-1 or a positive integer",
+        )
+        positive_int("parallelism.tensor_parallel_degree", self.tensor_parallel_degree)
+        positive_int("parallelism.nproc_per_node", self.nproc_per_node)
+        one_of("parallelism.fsdp_reshard_after_forward", self.fsdp_reshard_after_forward, ("default", "always", "never"))
+        one_of("parallelism.spmd_backend", self.spmd_backend, ("partial_dtensor", "full_dtensor", "spmd_types"))
+
+
+@dataclass
+class CompileConfig:
+    """Mirrors torchtitan's ``CompileConfig``: per-block ``torch.compile`` of the model."""
+
+    enable: bool = False
+    """Compile each transformer block (the reference follows unless ``reference.compile`` says otherwise)."""
+    components: list[str] = field(default_factory=lambda: ["model"])
+    """What torchtitan compiles (only ``model`` is used by refexp)."""
+    backend: str = "inductor"
+    """``torch.compile`` backend."""

@@ -1,0 +1,164 @@
+"""The whole run (``RootConfig``), the registration of every schema, and ``to_object``.
+
+Schemas are stored in Hydra's ConfigStore as top-level configs (``/<group>_schema``, or
+``/<group>_<option>_schema`` for groups with one schema per option), never inside a config group: Hydra
+lists every entry of a group as an option in ``refexp --help`` and tab completion, and a schema is not
+one. Each option file starts with ``defaults: [/<its schema>@_here_, _self_]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig
+from .blocks import EvalConfig, SFTConfig
+from .errors import ConfigError
+from .logger import LoggerConfig
+from .model import CompileConfig, ModelConfig, ParallelismConfig
+from .reference import REFERENCE_SCHEMAS, ReferenceConfig
+from .runtime import CheckpointConfig, CommConfig, TrainingConfig
+from .task import TaskConfig
+
+
+@dataclass
+class RootConfig:
+    """The whole run. Groups are chosen in conf/config.yaml's defaults list."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """``model=<option>``: the torchtitan model."""
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    """``parallelism=<option>``: FSDP / TP / HSDP degrees and worker processes."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """``checkpoint=<option>``: saving and resuming."""
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    """``compile=<option>``: per-block torch.compile."""
+    comm: CommConfig = field(default_factory=CommConfig)
+    """``comm=<option>``: process-group backend and timeouts."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """``training=<option>``: optimisation of the RL stage."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """``task=<option>``: prompts, answers, reward."""
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    """``logger=<option>``: W&B and metrics.jsonl."""
+    algo: Any = MISSING
+    """``algo=<option>``: one of the ``ALGO_SCHEMAS`` (typed Any: each option has its own schema)."""
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    """``reference=<option>``: one of the ``REFERENCE_SCHEMAS`` (the base here only until one is chosen)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out measurements (set in place: ``eval.every=25``)."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """The SFT stage (set in place: ``sft.steps=500``)."""
+    experiment_name: str = "default"
+    """Names the comparison (W&B group prefix, report title)."""
+    run_dir: Optional[str] = None
+    """Where this run's files go (metrics.jsonl, status.json, checkpoint/); None = Hydra's output dir
+    (set it with hydra.run.dir=DIR)."""
+
+
+GROUP_SCHEMAS: dict[str, type] = {
+    "model": ModelConfig,
+    "parallelism": ParallelismConfig,
+    "checkpoint": CheckpointConfig,
+    "compile": CompileConfig,
+    "comm": CommConfig,
+    "training": TrainingConfig,
+    "task": TaskConfig,
+    "logger": LoggerConfig,
+}
+"""Groups whose options share one schema, stored as ``/<group>_schema``."""
+OPTION_SCHEMAS: dict[str, dict[str, type]] = {"algo": ALGO_SCHEMAS, "reference": REFERENCE_SCHEMAS}
+"""Groups with one schema per option, stored as ``/<group>_<option>_schema``."""
+
+
+def schema_name(group: str, option: str | None = None) -> str:
+    """The ConfigStore name an option file of ``group`` names in its defaults list."""
+    return f"{group}_{option}_schema" if option is not None else f"{group}_schema"
+
+
+def register_configs() -> None:
+    """Store ``root_schema`` and every group's schema(s) as top-level configs (see the module docstring)."""
+    cs = ConfigStore.instance()
+    cs.store(name="root_schema", node=RootConfig)
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(name=schema_name(group), node=schema)
+    for group, schemas in OPTION_SCHEMAS.items():
+        for option, schema in schemas.items():
+            cs.store(name=schema_name(group, option), node=schema)
+
+
+def to_object(cfg: DictConfig) -> RootConfig:
+    """Resolve a composed DictConfig into dataclasses, running every ``__post_init__`` check.
+
+    Raises ConfigError naming the field (OmegaConf's own type errors are re-raised as ConfigError too).
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_known_fields(cfg)
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:  # type errors: "Value 'x' of type str could not be converted to int"
+        raise ConfigError(str(e).strip()) from e
+    except ConfigError:
+        raise
+    except Exception as e:  # a __post_init__ raising through OmegaConf is wrapped: unwrap it
+        cause = e
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from None
+        raise
+    if not isinstance(obj.algo, AlgoConfig):
+        raise ConfigError(f"algo={obj.algo!r} is invalid: expected one of {', '.join(ALGO_SCHEMAS)}")
+    if type(obj.reference) not in REFERENCE_SCHEMAS.values():
+        raise ConfigError(f"reference is not chosen: expected reference=<one of {', '.join(REFERENCE_SCHEMAS)}>")
+    check_cross_fields(obj)
+    return obj
+
+
+def check_known_fields(cfg: DictConfig, path: str = "") -> None:
+    """Reject keys a schema does not have. ``group.key=v`` on a missing key already fails at compose
+    (Hydra: "Key 'key' not in '<Schema>'"), but ``+group.key=v`` adds it and ``OmegaConf.to_object``
+    would then drop it without a word."""
+    schema = OmegaConf.get_type(cfg)
+    if not (isinstance(schema, type) and is_dataclass(schema)):
+        return
+    known = [f.name for f in fields(schema)]
+    for key in cfg.keys():
+        if not path and key == "hydra":  # Hydra's own node, present when composed with return_hydra_config
+            continue
+        full = f"{path}.{key}" if path else str(key)
+        if key not in known:
+            raise ConfigError(f"{full} is not a field of {_describe(path, schema)} (its fields: {', '.join(known)})")
+        if OmegaConf.is_missing(cfg, key) or OmegaConf.is_interpolation(cfg, key):
+            continue
+        child = cfg[key]
+        if isinstance(child, DictConfig):
+            check_known_fields(child, full)
+
+
+def _describe(path: str, schema: type) -> str:
+    """``reference=fixed`` for a group with one schema per option, else the group's path."""
+    if not path:
+        return "the root config"
+    for option, option_schema in OPTION_SCHEMAS.get(path, {}).items():
+        if option_schema is schema:
+            return f"{path}={option}"
+    return path
+
+
+def check_cross_fields(cfg: RootConfig) -> None:
+    """Checks that need more than one group."""
+    if getattr(cfg.algo, "share_prompt", False) and cfg.model.attn_backend != "sdpa":
+        raise ConfigError(f"algo.share_prompt=true needs model.attn_backend=sdpa (got {cfg.model.attn_backend!r}): "
+                          f"set algo.share_prompt=false to use the {cfg.model.attn_backend} backend")
+    if isinstance(cfg.algo, DPOConfig):
+        if cfg.reference.name == "none" and not cfg.algo.reference_free:
+            raise ConfigError(
+                f"reference=none needs a reference-free loss: algo.loss_type={cfg.algo.loss_type!r} uses a "
+                f"reference; use algo.loss_type=simpo or algo.loss_type=orpo, or pick a reference strategy "
+                f"(fixed, periodic_reset, ema, kl_triggered)"
+            )

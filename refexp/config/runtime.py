@@ -1,0 +1,107 @@
+"""The ``checkpoint/``, ``comm/`` and ``training/`` groups: how the RL stage runs, saves and talks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .errors import check, non_negative, one_of, positive_int
+
+
+@dataclass
+class CheckpointConfig:
+    """Mirrors torchtitan's ``CheckpointManager.Config``."""
+
+    enable: bool = True
+    """Save (and resume from) DCP checkpoints of the run."""
+    folder: str = "checkpoint"
+    """Relative to the run directory."""
+    interval: int = 100
+    """Save every this many steps; the end of a run always saves."""
+    keep_latest_k: int = 2
+    """Checkpoints kept on disk (0 keeps all)."""
+    initial_load_path: Optional[str] = None
+    """Start the policy from this checkpoint instead of the SFT stage's output."""
+    initial_load_in_hf: bool = False
+    """``initial_load_path`` is an HF safetensors directory rather than a refexp checkpoint."""
+    last_save_in_hf: bool = False
+    """Also export the final policy as HF safetensors (``<folder>/hf``)."""
+    load_step: int = -1
+    """-1 resumes from the latest checkpoint in ``folder``."""
+    async_mode: str = "disabled"
+    """disabled | async | async_with_pinned_mem (torchtitan's)."""
+
+    def __post_init__(self) -> None:
+        positive_int("checkpoint.interval", self.interval)
+        check(isinstance(self.keep_latest_k, int) and self.keep_latest_k >= 0, "checkpoint.keep_latest_k",
+              self.keep_latest_k, "an integer >= 0 (0 keeps all)")
+        one_of("checkpoint.async_mode", self.async_mode, ("disabled", "async", "async_with_pinned_mem"))
+
+
+@dataclass
+class CommConfig:
+    """Mirrors torchtitan's ``CommConfig``."""
+
+    init_timeout_seconds: int = 300
+    """Timeout of the process group's set-up."""
+    train_timeout_seconds: int = 100
+    """Timeout of a collective during training."""
+    backend: str = "auto"
+    """auto = nccl on CUDA, gloo on CPU."""
+
+    def __post_init__(self) -> None:
+        positive_int("comm.init_timeout_seconds", self.init_timeout_seconds)
+        positive_int("comm.train_timeout_seconds", self.train_timeout_seconds)
+        one_of("comm.backend", self.backend, ("auto", "nccl", "gloo"))
+
+
+@dataclass
+class TrainingConfig:
+    """Optimisation of the RL stage (the SFT stage has its own ``sft`` block). Mirrors torchtitan's
+    ``TrainingConfig`` names (``steps``, ``max_norm``, ``dtype``, ``mixed_precision_*``)."""
+
+    steps: int = 200
+    """Optimizer steps of the RL stage."""
+    seed: int = 0
+    """Seeds sampling and batch order (the seed a sweep's groups average over)."""
+    lr: float = 1e-4
+    """Peak learning rate."""
+    optimizer: str = "AdamW"
+    """AdamW | Adam (the optimizers torchtitan 0.3.0's OptimizersContainer builds)."""
+    beta1: float = 0.9
+    """Adam's first-moment decay."""
+    beta2: float = 0.95
+    """Adam's second-moment decay."""
+    eps: float = 1e-8
+    """Adam's denominator epsilon."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps."""
+    max_norm: float = 1.0
+    """Gradient-norm clip (torchtitan's name)."""
+    dtype: str = "float32"
+    """Parameter dtype of the policy (and of the reference unless ``reference.dtype`` says otherwise)."""
+    mixed_precision_param: str = "float32"
+    """float32 on CPU: bf16 there is much slower and numerically different (docs/torchtitan-notes.md §6)."""
+    mixed_precision_reduce: str = "float32"
+    """dtype of FSDP's gradient reduction."""
+    num_threads: int = 0
+    """torch intra-op threads per process (0 = torch's default)."""
+    device: str = "auto"
+    """auto = cuda when available, else cpu."""
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.steps, int) and not isinstance(self.steps, bool) and self.steps >= 0,
+              "training.steps", self.steps, "an integer >= 0")
+        check(isinstance(self.seed, int), "training.seed", self.seed, "an integer")
+        check(isinstance(self.lr, (int, float)) and self.lr > 0, "training.lr", self.lr, "a number > 0")
+        one_of("training.optimizer", self.optimizer, ("AdamW", "Adam"))
+        non_negative("training.weight_decay", self.weight_decay)
+        non_negative("training.warmup_steps", self.warmup_steps)
+        check(self.max_norm > 0, "training.max_norm", self.max_norm, "a number > 0")
+        one_of("training.dtype", self.dtype, ("float32", "bfloat16"))
+        one_of("training.mixed_precision_param", self.mixed_precision_param, ("float32", "bfloat16"))
+        one_of("training.device", self.device, ("auto", "cpu", "cuda"))
+        check(isinstance(self.num_threads, int) and self.num_threads >= 0, "training.num_threads",
+              self.num_threads, "an integer >= 0")

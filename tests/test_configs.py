@@ -1,0 +1,146 @@
+"""Every shipped config composes and validates, and every default has one home: the dataclasses.
+
+In the style of lightning-hydra-template's tests/test_configs.py: compose each option of each group,
+each experiment and each job of its sweep with Hydra's compose API, then ``to_object`` (every check).
+On top of that, the one-home rule for defaults (refexp/config/__init__.py):
+
+- an option file never restates a schema default (the same value in two places drifts apart);
+- the option conf/config.yaml selects for a group, and every option of a group with one schema per
+  option (algo/, reference/), sets nothing but ``name``: its values *are* the schema's defaults;
+- schemas are stored outside every config group, so ``refexp --help`` lists only real options.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from refexp.config import GROUP_SCHEMAS, OPTION_SCHEMAS, register_configs, schema_name, to_object
+from tests.helpers import CONF, compose_root, conf_options
+
+GROUPS = [*GROUP_SCHEMAS, *OPTION_SCHEMAS]
+# Options that need a value no default can give (a local checkpoint or data file).
+REQUIRED = {
+    ("model", "qwen3_0.6b"): ["model.hf_assets_path=/nonexistent"],
+    ("model", "llama3_8b"): ["model.hf_assets_path=/nonexistent"],
+    ("task", "gsm8k"): ["task.train_path=/x.jsonl", "task.tokenizer_path=/tok"],
+}
+# Groups whose schema defaults are deliberately no option: ModelConfig's None fields keep the torchtitan
+# flavor's values (every option picks a model), and ParallelismConfig's data_parallel_shard_degree=-1 is
+# torchtitan's "the rest of the world" (parallelism/single.yaml pins 1 for one process).
+NO_DEFAULT_OPTION = {"model", "parallelism"}
+register_configs()
+
+
+def _yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _selected() -> dict[str, str]:
+    """group -> the option conf/config.yaml's defaults list selects."""
+    out = {}
+    for entry in _yaml(CONF / "config.yaml")["defaults"]:
+        if isinstance(entry, dict):
+            (group, option), = entry.items()
+            out[group] = option
+    return out
+
+
+def _schema_of(path: Path) -> tuple[str, dict]:
+    """The schema an option file names first in its defaults list, and that schema's defaults."""
+    first = _yaml(path)["defaults"][0]
+    assert isinstance(first, str) and first.startswith("/") and first.endswith("_schema@_here_"), (
+        f"{path}: expected its defaults list to start with /<schema>@_here_, got {first!r}")
+    name = first[1:-len("@_here_")]
+    node = ConfigStore.instance().load(f"{name}.yaml").node
+    return name, OmegaConf.to_container(node, resolve=False)
+
+
+def _sweep_jobs(experiment: str) -> list[list[str]]:
+    """The overrides of every job of an experiment's sweep (``hydra.sweeper.params``, choice sweeps)."""
+    params = (_yaml(CONF / "experiment" / f"{experiment}.yaml").get("hydra", {}).get("sweeper", {})
+              .get("params", {}))
+    keys = list(params)
+    values = [str(params[k]).split(",") for k in keys]
+    return [[f"{k}={v}" for k, v in zip(keys, combo)] for combo in itertools.product(*values)] or [[]]
+
+
+OPTION_FILES = [(g, o) for g in GROUPS for o in conf_options(g)]
+EXPERIMENT_JOBS = [(e, job) for e in conf_options("experiment") for job in _sweep_jobs(e)]
+
+
+# ---------------------------------------------------------------- everything composes and validates
+@pytest.mark.parametrize("group, option", OPTION_FILES, ids=[f"{g}={o}" for g, o in OPTION_FILES])
+def test_every_option_composes_and_validates(group, option):
+    cfg = to_object(compose_root(f"{group}={option}", *REQUIRED.get((group, option), [])))
+    assert getattr(cfg, group) is not None
+
+
+@pytest.mark.parametrize("experiment, job", EXPERIMENT_JOBS,
+                         ids=[f"{e}:{','.join(j) or 'single'}" for e, j in EXPERIMENT_JOBS])
+def test_every_experiment_job_composes_and_validates(experiment, job):
+    """Each job of each sweep, as Hydra's basic sweeper would compose it (a strategy's own fields must
+    not be set for the other strategies of a sweep)."""
+    cfg = to_object(compose_root(f"experiment={experiment}", *job))
+    assert cfg.experiment_name == experiment
+
+
+# ---------------------------------------------------------------- one home for every default
+@pytest.mark.parametrize("group, option", OPTION_FILES, ids=[f"{g}={o}" for g, o in OPTION_FILES])
+def test_option_files_restate_no_schema_default(group, option):
+    path = CONF / group / f"{option}.yaml"
+    name, defaults = _schema_of(path)
+    values = {k: v for k, v in _yaml(path).items() if k not in ("defaults", "name")}
+    unknown = sorted(set(values) - set(defaults))
+    assert not unknown, f"{path}: {unknown} are not fields of {name}"
+    same = {k: v for k, v in values.items() if v == defaults[k]}
+    assert not same, f"{path} restates {name}'s defaults {same}: drop them (the dataclass is their one home)"
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if g not in NO_DEFAULT_OPTION])
+def test_default_options_are_their_schema(group):
+    """The option whose values are the schema's defaults sets nothing but ``name`` (a value that differs
+    belongs in the dataclass): every option of algo/ and reference/, else the one conf/config.yaml selects."""
+    options = conf_options(group) if group in OPTION_SCHEMAS else [_selected()[group]]
+    for option in options:
+        path = CONF / group / f"{option}.yaml"
+        name, defaults = _schema_of(path)
+        if group in OPTION_SCHEMAS:
+            assert name == schema_name(group, option), f"{path} must start from /{schema_name(group, option)}"
+        assert _yaml(path).get("name", defaults.get("name")) == defaults.get("name"), path
+        differs = {k: v for k, v in _yaml(path).items() if k not in ("defaults", "name")}
+        assert not differs, (f"{path} is {name}'s default option but sets {differs}: make them the dataclass "
+                             f"defaults instead")
+
+
+def test_the_root_config_restates_no_default():
+    defaults = OmegaConf.to_container(ConfigStore.instance().load("root_schema.yaml").node, resolve=False)
+    values = {k: v for k, v in _yaml(CONF / "config.yaml").items() if k not in ("defaults", "hydra")}
+    assert not {k: v for k, v in values.items() if v == defaults.get(k)}, values
+
+
+# ---------------------------------------------------------------- schemas are not options
+def test_schemas_are_not_group_options():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        groups = [g for g in loader.list_groups("") if g != "hydra"]
+        listed = {g: loader.get_group_options(g) for g in groups}
+    assert set(GROUPS) <= set(groups)
+    assert not [g for g in groups if "schema" in g], groups
+    assert not {g: o for g, opts in listed.items() for o in opts if "schema" in o}, listed
+
+
+def test_help_lists_no_schema():
+    out = subprocess.run([sys.executable, "-m", "refexp", "--help"], capture_output=True, text=True, timeout=120,
+                         cwd=CONF.parent, check=True).stdout
+    assert "reference: ema, fixed, kl_triggered, none, periodic_reset" in out
+    assert "_schema" not in out
