@@ -196,8 +196,8 @@ class Shape:
 
 def save_init_checkpoint(model: torch.nn.Module, out_dir: Path) -> Path:
     """The weights as a refexp SFT-style output dir (``model/`` DCP + ``sft.json``), which
-    ``ctx.build_frozen``/``build_policy`` load and ``refcache.cache_key`` stamps."""
-    from refexp.checkpoint import save_model_weights
+    ``refexp.models.build_frozen``/``build_policy`` load and ``refcache.cache_key`` stamps."""
+    from refexp.titan import save_model_weights
 
     out_dir.mkdir(parents=True, exist_ok=True)
     if not (out_dir / "sft.json").is_file():

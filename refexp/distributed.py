@@ -148,3 +148,74 @@ def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
     if world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is True on any rank (a collective: every rank must call it).
+
+    For decisions all ranks must take together: the collectives that follow (a checkpoint save, a
+    sharded forward, another decode step) need every rank in them.
+    """
+    if world_size() == 1:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+# ---------------------------------------------------------------- the data-parallel layout
+# ``parallel_dims`` is torchtitan's ParallelDims, or None for one process. Data-parallel ranks (FSDP
+# shard x replicate) hold different rows of a batch; tensor-parallel peers share a data-parallel
+# index and hold the same rows.
+def _dp_mesh(parallel_dims):
+    pd = parallel_dims
+    return pd.get_mesh("batch") if hasattr(pd, "get_mesh") else pd.world_mesh["dp"]
+
+
+def dp_rank_and_degree(parallel_dims) -> tuple[int, int]:
+    """This rank's index among the data-parallel ranks, and their number."""
+    pd = parallel_dims
+    if pd is None:
+        return 0, 1
+    dp = pd.dp_replicate * pd.dp_shard
+    if dp == 1:
+        return 0, 1
+    return _dp_mesh(pd).get_local_rank(), dp
+
+
+def local_slice(parallel_dims, n: int) -> slice:
+    """The rows of a global batch of n that this rank processes (n must divide evenly)."""
+    r, d = dp_rank_and_degree(parallel_dims)
+    if n % d:
+        raise ValueError(f"global batch of {n} rows does not divide over {d} data-parallel ranks")
+    k = n // d
+    return slice(r * k, (r + 1) * k)
+
+
+def dp_sum(parallel_dims, t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the data-parallel ranks (a new tensor; ``t`` itself when there is one)."""
+    if dp_rank_and_degree(parallel_dims)[1] == 1:
+        return t
+    t = t.clone()
+    dist.all_reduce(t, group=_dp_mesh(parallel_dims).get_group())
+    return t
+
+
+def dp_mean_metrics(parallel_dims, metrics: dict[str, float], weights: dict[str, float] | None = None, *,
+                    device: torch.device) -> dict[str, float]:
+    """Per-rank means -> the global batch's: ``sum_r w_r m_r / sum_r w_r`` for each key of ``weights``
+    (the rank's rows or tokens behind its mean ``m_r``), an equal-weight mean of every metric when
+    ``weights`` is None. Keys outside ``weights`` are returned as they are (e.g. timings).
+
+    A plain mean of rank means is only the global mean when ranks hold equal counts; weighted by
+    the counts it equals the single-process value whatever the split.
+    """
+    d = dp_rank_and_degree(parallel_dims)[1]
+    if d == 1:
+        return metrics
+    keys = sorted(metrics if weights is None else weights)
+    w = torch.tensor([1.0 if weights is None else float(weights[k]) for k in keys], dtype=torch.float64,
+                     device=device)
+    v = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device)
+    mean = dp_sum(parallel_dims, v * w) / dp_sum(parallel_dims, w).clamp(min=1e-12)
+    return {**metrics, **{k: float(x) for k, x in zip(keys, mean)}}

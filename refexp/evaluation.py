@@ -10,30 +10,23 @@
 
 Every rank evaluates the whole held-out set (all ranks must join the sharded forwards anyway),
 so the numbers do not depend on the world size.
+
+``evaluate`` makes both for the RL loop; ``InitAnchor`` is the initial model ``kl/init`` is measured
+against.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
 
 from refexp import sampler, titan
+from refexp.context import RunContext
 from refexp.kl import mean_token_kl
 
 KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
-
-
-def score(task, texts: list[str], answers: list[str], prompts: list[str]) -> list[float]:
-    """Rewards of completions; a failing reward function names the sample instead of a bare traceback."""
-    out = []
-    for i, (t, a) in enumerate(zip(texts, answers)):
-        try:
-            out.append(float(task.reward(t, a)))
-        except Exception as e:
-            raise RuntimeError(f"reward function failed on sample {i} (prompt {prompts[i]!r}, completion {t!r}, "
-                               f"answer {a!r}): {type(e).__name__}: {e}") from e
-    return out
 
 
 def _batches(n: int, size: int):
@@ -51,7 +44,7 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256) -> 
     model.eval()
     for sl in _batches(len(prompts), batch_size):
         out = sampler.generate(model, task.tokenizer, prompts[sl], max_new_tokens=task.max_new_tokens, greedy=True)
-        total += sum(score(task, out.texts, answers[sl], prompts[sl]))
+        total += sum(task.score(out.texts, answers[sl], prompts[sl]))
     model.train(was_training)
     return total / max(1, len(prompts))
 
@@ -73,3 +66,42 @@ def kl_to_anchor(policy, anchor_logprobs: Callable[[torch.Tensor], torch.Tensor]
         kl_sum += float(mean_token_kl(pol, ref, r.mask_BT)) * n
         tok_sum += n
     return kl_sum / max(1, tok_sum)
+
+
+class InitAnchor:
+    """The frozen initial (SFT) model that ``kl/init`` is measured against.
+
+    With ``reference=fixed`` on the start checkpoint it *is* the reference (``shared``, no second
+    copy). Otherwise ``build_frozen()`` makes it only for the measurement and it is freed after it, so
+    strategies are compared without a resident extra copy (``reference=none`` then holds no frozen
+    weights during training steps).
+    """
+
+    def __init__(self, build_frozen: Callable[[], torch.nn.Module], shared=None):
+        self.build_frozen, self.shared = build_frozen, shared
+
+    @contextmanager
+    def logprobs(self):
+        """``with anchor.logprobs() as fn:`` ``fn(tokens_BT) -> [B, T-1]`` log-probs under the initial model."""
+        if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
+            yield self.shared.logprobs
+            return
+        model = self.build_frozen()
+
+        def fn(tokens_BT):
+            with torch.inference_mode():
+                return titan.token_logprobs(model, tokens_BT).clone()
+
+        try:
+            yield fn
+        finally:
+            del model
+
+
+def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor) -> dict[str, float]:
+    """``eval/accuracy`` and ``kl/init`` of ``policy`` with the run's ``eval`` settings."""
+    ecfg = ctx.cfg.eval
+    out = {"eval/accuracy": greedy_accuracy(policy, ctx.task, ecfg.num_prompts)}
+    with anchor.logprobs() as ref_fn:
+        out["kl/init"] = kl_to_anchor(policy, ref_fn, ctx.task, ecfg.kl_prompts, seed=ctx.cfg.training.seed)
+    return out

@@ -16,21 +16,16 @@ from __future__ import annotations
 import copy
 import os
 import uuid
+from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
 
-def _worker(dcfg: DictConfig) -> dict:
-    from refexp.config import register_configs
-    from refexp.run import run_worker
+def spawn_workers(worker: Callable[[DictConfig], dict], dcfg: DictConfig, nproc: int) -> dict:
+    """Run ``worker(dcfg)`` in ``nproc`` local processes; returns rank 0's result.
 
-    register_configs()
-    return run_worker(dcfg)
-
-
-def spawn_workers(dcfg: DictConfig, nproc: int) -> dict:
-    """Run ``run_worker`` in ``nproc`` local processes; returns rank 0's final metrics.
-
+    ``worker`` must be a module-level function (the spawned processes import it by name); the caller
+    passes it in (``refexp.run``'s), so this module launches without depending on what runs.
     Raises torch's ``ChildFailedError`` (with the first failing rank's traceback) when a worker fails.
     """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -50,5 +45,5 @@ def spawn_workers(dcfg: DictConfig, nproc: int) -> dict:
     )
     # One intra-op thread per worker unless the caller chose (torchrun's default, too).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    results = elastic_launch(config, _worker)(resolved)
+    results = elastic_launch(config, worker)(resolved)
     return results[0]

@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
+from refexp.io import write_text_atomic
+
 
 def _plain(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
@@ -139,9 +141,7 @@ class MetricLogger:
         self._file.close()
         keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
         self.last_step = max((int(r.get("step", 0)) for r in keep), default=0)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in keep))
         self._file = open(self.path, "a", buffering=1)
 
     def close(self, exit_code: int = 0) -> None:
@@ -156,15 +156,6 @@ class MetricLogger:
                 except Exception as e:
                     self._warn(f"W&B finish failed ({e!r})")
                 self._wandb = None
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON so a reader never sees a half-written file (tmp + rename)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=_plain))
-    os.replace(tmp, p)
 
 
 def peak_rss_mb() -> float:

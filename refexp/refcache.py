@@ -22,10 +22,7 @@ computing the same key at once both write complete, identical files and the last
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -33,7 +30,9 @@ from typing import Callable, Sequence
 import torch
 
 from refexp import distributed as rdist
-from refexp.checkpoint import latest_checkpoint_step
+from refexp.titan import latest_checkpoint_step
+from refexp.hashing import stable_hash
+from refexp.io import torch_save_atomic
 
 CACHE_FORMAT = 1
 """Bump when what is stored changes, so files of the old layout are not read."""
@@ -167,7 +166,7 @@ def cache_key(checkpoint: str | os.PathLike, dtype: str, data_fingerprint: str, 
     into) and the pairs' fingerprint."""
     key = {"path": str(Path(checkpoint).resolve()), "stamp": checkpoint_stamp(checkpoint), "dtype": dtype,
            "model": model, "data": data_fingerprint, "format": CACHE_FORMAT}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return stable_hash(key, 20)
 
 
 def cache_file(cache_dir: str | os.PathLike, key: str) -> Path:
@@ -175,15 +174,8 @@ def cache_file(cache_dir: str | os.PathLike, key: str) -> Path:
 
 
 def save(table: RefLogps, path: Path) -> None:
-    """Write atomically: a private temp name, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(table.tensors(), f)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    """Write atomically: a private temp name, then ``os.replace`` (``refexp.io``)."""
+    torch_save_atomic(table.tensors(), path)
 
 
 def load(path: Path) -> RefLogps:

@@ -26,7 +26,8 @@ from refexp import distributed as rdist
 from refexp import titan
 from refexp.config import ConfigError, RootConfig, to_object
 from refexp.context import RunContext
-from refexp.logging import MetricLogger, write_json_atomic
+from refexp.io import write_json_atomic
+from refexp.logging import MetricLogger
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:
@@ -72,9 +73,12 @@ def validate(dcfg: DictConfig) -> RootConfig:
     world = world if world > 1 else cfg.parallelism.nproc_per_node
     if world > 1:
         titan.make_parallel_dims(cfg.parallelism, world, "cpu")  # degrees vs world size; no mesh yet
-    titan.build_model_spec(cfg.model, vocab_size=cfg.model.vocab_size or 64, parallelism=cfg.parallelism)
     if cfg.model.hf_assets_path and not Path(cfg.model.hf_assets_path).is_dir():
         raise ConfigError(f"model.hf_assets_path={cfg.model.hf_assets_path!r} is not a directory")
+    # The tokenizer is not loaded yet: an HF checkpoint's config.json states its own vocabulary, and the
+    # embedded task's is small; 64 stands in for it only to check the shapes against the parallelism.
+    vocab = cfg.model.vocab_size or (None if cfg.model.hf_assets_path else 64)
+    titan.build_model_spec(cfg.model, vocab_size=vocab, parallelism=cfg.parallelism)
     for field_name, p in (("checkpoint.initial_load_path", cfg.checkpoint.initial_load_path),
                           ("reference.checkpoint", cfg.reference.checkpoint),
                           ("sft.checkpoint", cfg.sft.checkpoint)):
@@ -92,8 +96,17 @@ def run(dcfg: DictConfig) -> dict:
     if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
         from refexp.launcher import spawn_workers
 
-        return spawn_workers(dcfg, cfg.parallelism.nproc_per_node)
+        return spawn_workers(_spawned_worker, dcfg, cfg.parallelism.nproc_per_node)
     return run_worker(dcfg, cfg)
+
+
+def _spawned_worker(dcfg: DictConfig) -> dict:
+    """``run_worker`` in a process started by ``refexp.launcher`` (a fresh interpreter: Hydra's
+    ConfigStore is empty there)."""
+    from refexp.config import register_configs
+
+    register_configs()
+    return run_worker(dcfg)
 
 
 def resolved_container(dcfg: DictConfig) -> dict:

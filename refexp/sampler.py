@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from refexp import titan
+from refexp.distributed import any_rank
 
 
 def row_seed(*key: int) -> int:
@@ -153,12 +154,7 @@ def generate(
 
 def _all_done(done_B: torch.Tensor) -> bool:
     """True when every row on every rank has finished (ranks decode different rows under FSDP)."""
-    import torch.distributed as dist
-
-    flag = (~done_B).any().to(torch.int32).reshape(1)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return not bool(flag.item())
+    return not any_rank(bool((~done_B).any()), done_B.device)
 
 
 def _to_training_layout(tokenizer, prompt_BL, lens_B, out_BN, logp_BN, lengths_B) -> Rollout:

@@ -1,4 +1,4 @@
-"""Tiny end-to-end configs: the whole pipeline on CPU in seconds (DESIGN.md, "small debug configs")."""
+"""Tiny end-to-end configs: the whole pipeline on CPU in seconds (docs/architecture.md, "Tests")."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ TINY = [
     "logger=none", "logger.progress=false", "training.num_threads=1",
 ]
 GRPO = ["algo=grpo", "algo.prompts_per_step=4", "algo.group_size=4", "training.steps=4", "training.lr=1e-3"]
+
+
+def compose_root(*overrides: str):
+    """The root config as ``refexp`` composes it (no test presets), with a placeholder run dir."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=["run_dir=/tmp/refexp-unused", *overrides])
+
+
+def conf_options(group: str) -> list[str]:
+    """The option names of a config group (its YAML files under conf/)."""
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
 def compose_cfg(run_dir, *overrides: str):

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from refexp.config import LoggerConfig
-from refexp.logging import MetricLogger, read_metrics, write_json_atomic
+from refexp.io import write_json_atomic
+from refexp.logging import MetricLogger, read_metrics
 
 
 def test_metrics_jsonl_has_one_object_per_logged_step(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from refexp import titan
-from refexp.checkpoint import load_model_weights, save_model_weights
+from refexp.titan import load_model_weights, save_model_weights
 from refexp.config import ModelConfig
 from refexp.logging import read_metrics
 from refexp.run import run

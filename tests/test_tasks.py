@@ -332,7 +332,7 @@ def test_preference_malformed_row_names_file_and_row(tmp_path, bad_row, expected
 def test_build_task_arithmetic(tmp_path):
     task = build_task(_small(), str(tmp_path))
     assert isinstance(task, Task) and task.name == "arithmetic" and task.tokenizer.vocab_size == 17
-    assert (len(task.train), len(task.eval), task.max_new_tokens) == (300, 50, 8)
+    assert (len(task.train), len(task.eval), task.max_new_tokens) == (300, 50, 6)
     assert os.listdir(tmp_path / "data") == [f"arithmetic-{arithmetic.arithmetic_fingerprint(_small())}"]
     row = task.eval[0]
     assert task.reward(row["completion"], row["answer"]) == 1.0

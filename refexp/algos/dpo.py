@@ -1,6 +1,6 @@
 """DPO (Rafailov et al. 2023, eq. 7) and the reference-free SimPO / ORPO, with a pluggable reference strategy.
 
-One step (DESIGN.md): the global batch of ``algo.pairs_per_step`` preference pairs -> this rank's
+One step (docs/architecture.md): the global batch of ``algo.pairs_per_step`` preference pairs -> this rank's
 slice -> reference log-probs (a forward, the precomputed table, the per-version memo, or none) ->
 one policy forward over the pairs (one row per pair, chosen and rejected sharing the prompt:
 ``algo.share_prompt``, refexp/algos/shared_prompt.py; else the concatenated ``[chosen; rejected]``
@@ -24,7 +24,7 @@ Departures and choices:
   still run, for ``kl/ref`` only.
 - ORPO's NLL term is the token mean over the chosen completions of the local batch (TRL's); ranks are
   weighted by pairs, exact when they hold equal token counts (the embedded task's fixed widths).
-- FSDP sums gradients over ranks (NOTES-torchtitan-cpu.md #5): each rank's mean loss is weighted by
+- FSDP sums gradients over ranks (docs/torchtitan-notes.md §5): each rank's mean loss is weighted by
   its share of the global pairs, so the update equals the single-process one.
 """
 
@@ -39,13 +39,14 @@ from pathlib import Path
 import datasets
 import torch
 
+from refexp import distributed as rdist
 from refexp import refcache, titan
 from refexp.algos.dpo_data import PairBatch, load_pairs, pack_pairs, pairs_fingerprint
-from refexp.algos.grpo import step_prompt_ids
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, reference_path, run_loop
 from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompts
 from refexp.config import DPOConfig
 from refexp.context import RunContext
+from refexp.data_order import batch_ids
 from refexp.kl import masked_sum, mean_token_kl
 from refexp.losses import dpo_loss, orpo_loss, sft_loss, simpo_loss
 from refexp.refcache import RefLogps
@@ -91,11 +92,8 @@ def build_ref_source(ctx: RunContext, strategy: ReferenceStrategy, pairs: datase
         return refcache.UncachedRefLogps(compute), {}
     if strategy.moves:
         strategy.ensure_model()
-
-        def any_rank(flag: bool) -> bool:
-            return bool(ctx.dp_sum(torch.tensor(float(flag), device=ctx.device)) > 0)
-
-        return refcache.VersionedRefLogps(compute, lambda: strategy.version, any_rank), {}
+        return refcache.VersionedRefLogps(compute, lambda: strategy.version,
+                                          partial(rdist.any_rank, device=ctx.device)), {}
     t0 = time.perf_counter()
     dtype = ctx.cfg.reference.dtype or ctx.cfg.training.dtype
     # share_prompt changes the float summation order of the reference forward (not its values beyond ~1e-7):
@@ -105,9 +103,9 @@ def build_ref_source(ctx: RunContext, strategy: ReferenceStrategy, pairs: datase
 
     def compute_all() -> RefLogps:
         strategy.ensure_model()
-        r, d = ctx.dp_rank_and_degree
-        return refcache.compute_table(compute, len(pairs), a.pairs_per_step, rank=r, degree=d, dp_sum=ctx.dp_sum,
-                                      device=ctx.device)
+        r, d = rdist.dp_rank_and_degree(ctx.parallel_dims)
+        return refcache.compute_table(compute, len(pairs), a.pairs_per_step, rank=r, degree=d,
+                                      dp_sum=partial(rdist.dp_sum, ctx.parallel_dims), device=ctx.device)
 
     table, built = refcache.load_or_compute(refcache.cache_file(ctx.cache_dir, key), compute_all, num_rows=len(pairs))
     if strategy.model is not None:
@@ -131,7 +129,8 @@ class DPOStep:
     def __call__(self, step: int, ckpt) -> dict:
         ctx, a = self.ctx, self.a
         P = a.pairs_per_step
-        ids = step_prompt_ids(len(self.pairs), P, ctx.cfg.training.seed, step)[ctx.local_slice(P)]
+        pd = ctx.parallel_dims
+        ids = batch_ids(len(self.pairs), P, ctx.cfg.training.seed, step)[rdist.local_slice(pd, P)]
         batch, shared = pack(ctx, self.pairs, ids)
         B, mask = batch.num_pairs, batch.mask_BT
 
@@ -150,21 +149,22 @@ class DPOStep:
         loss, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:], ref, chosen_nll)
 
         n_rows = torch.tensor(float(B), device=ctx.device)
-        (loss * n_rows / ctx.dp_sum(n_rows)).backward()
-        grad_norm = optimizer_step(ctx, self.policy, loss.detach(), step, ckpt)
+        (loss * n_rows / rdist.dp_sum(pd, n_rows)).backward()
+        grad_norm, lr = optimizer_step(ctx, self.policy, loss.detach(), step, ckpt)
 
-        out = self._dp_mean({k: float(v) for k, v in m.items()})
+        # every rank holds the same number of pairs: the plain mean over ranks is the global one
+        out = rdist.dp_mean_metrics(pd, {k: float(v) for k, v in m.items()}, device=ctx.device)
         if ref is not None:
             with torch.no_grad():  # exact over ranks: token-weighted sums, not a mean of rank means
                 n_tok = mask[:B].sum().to(torch.float32)
                 kl = mean_token_kl(logp[:B].detach(), ref.chosen_tok_BT(mask[:B]), mask[:B]) * n_tok
-                out["kl/ref"] = float(ctx.dp_sum(kl) / ctx.dp_sum(n_tok).clamp(min=1))
+                out["kl/ref"] = float(rdist.dp_sum(pd, kl) / rdist.dp_sum(pd, n_tok).clamp(min=1))
         if isinstance(self.ref_source, (refcache.PrecomputedRefLogps, refcache.VersionedRefLogps)):
-            counts = ctx.dp_sum(torch.tensor([float(hits), float(misses)], device=ctx.device))
+            counts = rdist.dp_sum(pd, torch.tensor([float(hits), float(misses)], device=ctx.device))
             out["refcache/hits"], out["refcache/misses"] = float(counts[0]), float(counts[1])
         out.update({
             "optim/grad_norm": grad_norm,
-            "optim/lr": next(iter(self.policy.lr_schedulers.get_metrics().values()), ctx.cfg.training.lr),
+            "optim/lr": lr,
             "perf/ref_fwd_s": ref_s,
             "perf/tokens_per_s": float(batch.tokens_BT.numel()) / max(time.perf_counter() - t0, 1e-9),
             "mem/ref_params": float(titan.count_parameters(self.strategy.model)) if self.strategy.model is not None
@@ -173,15 +173,6 @@ class DPOStep:
         out.update(self._once)
         self._once = {}
         return out
-
-    def _dp_mean(self, metrics: dict) -> dict:
-        """Means over data-parallel ranks (each holds the same number of pairs: the global mean)."""
-        r, d = self.ctx.dp_rank_and_degree
-        if d == 1:
-            return metrics
-        keys = sorted(metrics)
-        vec = self.ctx.dp_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.ctx.device)) / d
-        return {k: float(v) for k, v in zip(keys, vec)}
 
 
 def train_dpo(ctx: RunContext, sft_dir: Path) -> dict:

@@ -20,11 +20,7 @@ With ``task.preference_path`` the pairs are that file's (``refexp.tasks.preferen
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +31,9 @@ import torch
 from refexp import distributed as rdist
 from refexp import sampler
 from refexp.context import RunContext
+from refexp.hashing import digest, stable_hash
+from refexp.io import atomic_dir
+from refexp.models import build_frozen
 from refexp.tasks.batching import pack_sequences
 
 PAIRS_FORMAT = 1
@@ -56,7 +55,7 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
     out = pairs_dir(sft_dir, a.num_pairs, a.pair_seed, ctx.task.max_new_tokens)
     # All ranks agree on rank 0's view: every rank must join the sharded forwards of generation.
     if rdist.broadcast_object(not _complete(out)):
-        model = ctx.build_frozen(sft_dir)
+        model = build_frozen(ctx, sft_dir)
         rows = sample_pairs(model, ctx.task, num_pairs=a.num_pairs, pair_seed=a.pair_seed,
                             max_new_tokens=ctx.task.max_new_tokens)
         del model
@@ -80,7 +79,7 @@ def pairs_dir(sft_dir: Path, num_pairs: int, pair_seed: int, max_new_tokens: int
     """``<sft_dir>/pairs-<hash>``: the SFT dir already names the model and the task's data."""
     key = {"num_pairs": num_pairs, "pair_seed": pair_seed, "max_new_tokens": max_new_tokens, "tries": TRIES,
            "format": PAIRS_FORMAT}
-    return Path(sft_dir) / f"pairs-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}"
+    return Path(sft_dir) / f"pairs-{stable_hash(key, 12)}"
 
 
 @torch.no_grad()
@@ -124,17 +123,9 @@ def _complete(out: Path) -> bool:
 
 def _save_atomic(ds: datasets.Dataset, out: Path, meta: dict) -> None:
     """Write into a private temp dir, then rename it into place (a lost race keeps the winner's)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent)
-    try:
-        ds.save_to_disk(tmp)
-        Path(tmp, "pairs.json").write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, out)
-    except OSError:
-        if not _complete(out):
-            raise  # a real I/O failure, not a lost race
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_dir(out, is_complete=_complete) as tmp:
+        ds.save_to_disk(str(tmp))
+        (tmp / "pairs.json").write_text(json.dumps(meta, indent=2))  # last: marks the set complete
 
 
 # ---------------------------------------------------------------- pairs -> tensors
@@ -172,12 +163,13 @@ def pack_pairs(tokenizer, rows: datasets.Dataset | dict) -> PairBatch:
 
 def pairs_fingerprint(pairs: datasets.Dataset, tokenizer) -> str:
     """Hash of the pairs' text and the tokenizer: equal fingerprints give equal token rows."""
-    h = hashlib.sha256()
-    h.update(tokenizer.backend.to_str().encode())
-    h.update(json.dumps([tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id]).encode())
-    for column in ("prompt", "chosen", "rejected"):
-        for text in pairs[column]:
-            h.update(text.encode())
-            h.update(b"\x00")
-        h.update(b"\x01")
-    return h.hexdigest()[:16]
+    def chunks():
+        yield tokenizer.backend.to_str().encode()
+        yield json.dumps([tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id]).encode()
+        for column in ("prompt", "chosen", "rejected"):
+            for text in pairs[column]:
+                yield text.encode()
+                yield b"\x00"
+            yield b"\x01"
+
+    return digest(chunks(), 16)

@@ -1,6 +1,6 @@
 """GRPO (Shao et al. 2024, DeepSeekMath §4.1, eq. 3) with a pluggable reference strategy.
 
-One step (DESIGN.md): prompts -> G completions each from the policy (behaviour log-probs) ->
+One step (docs/architecture.md): prompts -> G completions each from the policy (behaviour log-probs) ->
 rewards -> group-normalised advantages -> reference log-probs (None when reference-free; a prompt's
 G completions share one row in this and the policy forwards, ``algo.share_prompt``) ->
 ``updates_per_batch`` clipped-surrogate updates with beta*KL(policy||ref) -> the loop's
@@ -26,26 +26,16 @@ from pathlib import Path
 
 import torch
 
+from refexp import distributed as rdist
 from refexp import sampler, titan
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, run_loop
 from refexp.algos.shared_prompt import row_logprobs, share_groups
 from refexp.config import GRPOConfig
 from refexp.context import RunContext
-from refexp.evaluation import score
-from refexp.kl import AdaptiveKLController, FixedKLController, sequence_kl
+from refexp.data_order import batch_ids
+from refexp.kl import AdaptiveKLController, FixedKLController, mean_token_kl, sequence_kl
 from refexp.losses import grpo_loss, group_advantages
 from refexp.reference import ReferenceStrategy
-
-
-def step_prompt_ids(n_train: int, prompts_per_step: int, seed: int, step: int) -> list[int]:
-    """Global prompt ids of ``step`` (1-based): consecutive slices of per-epoch permutations."""
-    start = (step - 1) * prompts_per_step
-    ids = []
-    while len(ids) < prompts_per_step:
-        epoch, offset = divmod(start + len(ids), n_train)
-        perm = torch.randperm(n_train, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        ids += perm[offset:offset + prompts_per_step - len(ids)].tolist()
-    return ids
 
 
 class GRPOStep:
@@ -61,7 +51,8 @@ class GRPOStep:
     def __call__(self, step: int, ckpt) -> dict:
         ctx, a, task = self.ctx, self.a, self.ctx.task
         G, seed = a.group_size, ctx.cfg.training.seed
-        ids = step_prompt_ids(len(task.train), a.prompts_per_step, seed, step)[ctx.local_slice(a.prompts_per_step)]
+        pd = ctx.parallel_dims
+        ids = batch_ids(len(task.train), a.prompts_per_step, seed, step)[rdist.local_slice(pd, a.prompts_per_step)]
         rows = task.train.select(ids)
         prompts = [p for p in rows["prompt"] for _ in range(G)]
         answers = [x for x in rows["answer"] for _ in range(G)]
@@ -75,7 +66,7 @@ class GRPOStep:
         model.train()
         gen_s = time.perf_counter() - t0
         tokens, mask, old_logp = r.tokens_BT.to(ctx.device), r.mask_BT.to(ctx.device), r.behaviour_logp.to(ctx.device)
-        rewards = torch.tensor(score(task, r.texts, answers, prompts), dtype=torch.float32, device=ctx.device)
+        rewards = torch.tensor(task.score(r.texts, answers, prompts), dtype=torch.float32, device=ctx.device)
 
         # G completions of a prompt share one pass over it (refexp/algos/shared_prompt.py)
         shared = share_groups(tokens, mask, G, task.tokenizer.pad_id) if a.share_prompt else None
@@ -87,13 +78,13 @@ class GRPOStep:
         shaped = rewards
         if a.kl_in_reward and ref_logp is not None and beta > 0:
             shaped = rewards - beta * sequence_kl(old_logp, ref_logp, mask, a.kl_estimator)
-        adv = group_advantages(shaped, G, scale=a.advantage_scale) if a.advantage_scale != "batch" else \
-            self._batch_scaled_advantages(shaped, G)
+        # "batch" scaling divides by the std of the global batch (over data-parallel ranks)
+        adv = group_advantages(shaped, G, scale=a.advantage_scale, batch_sum=partial(rdist.dp_sum, pd))
 
         n_rows = torch.tensor(float(tokens.shape[0]), device=ctx.device)
         n_tok = mask.sum().to(torch.float32)
-        g_rows, g_tok = ctx.dp_sum(n_rows), ctx.dp_sum(n_tok)
-        # Each rank's share of the global aggregate: FSDP sums gradients over ranks (NOTES #5).
+        g_rows, g_tok = rdist.dp_sum(pd, n_rows), rdist.dp_sum(pd, n_tok)
+        # Each rank's share of the global aggregate: FSDP sums gradients over ranks (docs/torchtitan-notes.md §5).
         share = {"grpo": n_rows / g_rows, "dr_grpo": n_rows / g_rows, "dapo": n_tok / g_tok}[a.loss_agg]
         agg: dict[str, float] = {}
         for _ in range(a.updates_per_batch):
@@ -103,15 +94,13 @@ class GRPOStep:
                                 beta=beta, eps_low=a.eps_low, eps_high=a.eps_high, kl_estimator=a.kl_estimator,
                                 loss_agg=a.loss_agg, max_completion_length=self.max_new)
             (loss * share).backward()
-            gn = optimizer_step(ctx, self.policy, loss, step, ckpt)
+            gn, lr = optimizer_step(ctx, self.policy, loss, step, ckpt)
             agg = {k: float(v) for k, v in m.items()}
-            agg["optim/grad_norm"] = gn
+            agg["optim/grad_norm"], agg["optim/lr"] = gn, lr
         with torch.no_grad():
             ent = float((entropy * mask).sum() / mask.sum().clamp(min=1))
         kl_ref = None
         if ref_logp is not None:
-            from refexp.kl import mean_token_kl
-
             kl_ref = float(mean_token_kl(old_logp, ref_logp, mask))
 
         out = {
@@ -120,54 +109,33 @@ class GRPOStep:
             "policy/entropy": ent,
             "policy/completion_len": float(n_tok) / float(n_rows),
             "kl/beta": beta,
-            "optim/lr": self.policy.lr_schedulers.get_metrics().get("lr/AdamW", ctx.cfg.training.lr),
             "perf/gen_s": gen_s,
             "perf/ref_fwd_s": ref_s,
             "perf/tokens_per_s": float(tokens.numel()) / max(time.perf_counter() - t0, 1e-9),
         }
         if kl_ref is not None:
             out["kl/ref"] = kl_ref
-        out = self._dp_mean(out, n_rows, n_tok)
+        out = rdist.dp_mean_metrics(pd, out, self._dp_weights(out, n_rows, n_tok), device=ctx.device)
         # the controller sees the global kl/ref, so beta stays the same on every rank
         self.kl_ctl.update(out["kl/ref"] if kl_ref is not None else 0.0, 1)
         # reward statistics over the global batch (exact at any world size)
-        s1, s2 = ctx.dp_sum(rewards.sum()), ctx.dp_sum((rewards * rewards).sum())
+        s1, s2 = rdist.dp_sum(pd, rewards.sum()), rdist.dp_sum(pd, (rewards * rewards).sum())
         mean = s1 / g_rows
         out["reward/mean"] = float(mean)
         out["reward/std"] = float((s2 / g_rows - mean * mean).clamp(min=0).sqrt())
         return out
 
-    def _batch_scaled_advantages(self, rewards: torch.Tensor, G: int) -> torch.Tensor:
-        """Group-mean-centred rewards divided by the std over the *global* batch (Dr. GRPO-style scale)."""
-        ctx = self.ctx
-        centred = group_advantages(rewards, G, scale="none")
-        n = ctx.dp_sum(torch.tensor(float(rewards.numel()), device=rewards.device))
-        s1 = ctx.dp_sum(rewards.sum())
-        s2 = ctx.dp_sum((rewards * rewards).sum())
-        var = (s2 - s1 * s1 / n) / (n - 1).clamp(min=1)
-        return centred / (var.clamp(min=0).sqrt() + 1e-4)
-
     TOKEN_MEANS = ("kl/ref", "clip/low", "clip/high", "clip/ratio", "policy/entropy")
     """Metrics that are means over completion tokens (the rest are means over rows)."""
 
-    def _dp_mean(self, metrics: dict, n_rows: torch.Tensor, n_tok: torch.Tensor) -> dict:
-        """The global-batch value of per-rank means: token means weighted by the rank's completion
-        tokens, row means by its rows, so the result equals the single-process one (ranks may hold
-        different token counts; a plain mean of rank means would not)."""
-        r, d = self.ctx.dp_rank_and_degree
-        if d == 1:
-            return metrics
+    def _dp_weights(self, metrics: dict, n_rows: torch.Tensor, n_tok: torch.Tensor) -> dict[str, float]:
+        """What each metric is a mean over on this rank, to average it over ranks: token means weigh
+        by the rank's completion tokens, row means by its rows (ranks may hold different token
+        counts); timings are per rank and not averaged."""
         by_token = set(self.TOKEN_MEANS)
         if self.a.loss_agg == "dapo":  # the loss is a token mean too
             by_token |= {k for k in metrics if k.startswith("loss/")}
-        keys = sorted(k for k in metrics if not k.startswith("perf/"))
-        dev = self.ctx.device
-        w = torch.tensor([float(n_tok) if k in by_token else float(n_rows) for k in keys], dtype=torch.float64,
-                         device=dev)
-        v = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=dev)
-        vec = self.ctx.dp_sum(v * w) / self.ctx.dp_sum(w).clamp(min=1e-12)
-        metrics.update({k: float(x) for k, x in zip(keys, vec)})
-        return metrics
+        return {k: float(n_tok) if k in by_token else float(n_rows) for k in metrics if not k.startswith("perf/")}
 
     # the KL controller is part of the checkpoint (torch Stateful)
     def state_dict(self) -> dict:

@@ -1,6 +1,6 @@
 """The RL loop both algorithms share; they differ in the step function they pass in.
 
-Per step (DESIGN.md, "One GRPO step"): the algorithm's step -> the reference strategy's
+Per step (docs/architecture.md, "One GRPO step"): the algorithm's step -> the reference strategy's
 ``after_step`` (reset / EMA / KL-triggered) -> every ``eval.every`` steps the held-out
 measurements -> log -> checkpoint. Around it: resume from the run dir's latest checkpoint, the
 step-0 measurement on a fresh start, a SIGTERM handler that saves before exiting (SLURM
@@ -10,28 +10,24 @@ final checkpoint at the end of every run.
 
 from __future__ import annotations
 
-import math
 import signal
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from refexp import distributed as rdist
 from refexp import titan
 from refexp.checkpoint import Checkpointer, TrainState
 from refexp.context import RunContext
-from refexp.evaluation import greedy_accuracy, kl_to_anchor
+from refexp.evaluation import InitAnchor, evaluate
 from refexp.logging import peak_rss_mb
-from refexp.optim import build_optimizer, reset_optimizer_state
+from refexp.models import build_frozen, build_model
+from refexp.optim import NonFiniteError, build_optimizer, clip_and_step, reset_optimizer_state
 from refexp.progress import progress_bar
 from refexp.reference import ReferenceStrategy, build_reference
-
-
-class NonFiniteError(FloatingPointError):
-    pass
 
 
 class Preempted(SystemExit):
@@ -42,18 +38,6 @@ PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 """SIGTERM: torchrun's and SLURM's stop; SIGUSR2: submitit's warning before a preemption or time limit."""
 
 
-def _any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank when ``flag`` is set on any (a signal can reach ranks at different steps,
-    and the save that follows is a collective)."""
-    import torch.distributed as dist
-
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return flag
-    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
 @dataclass
 class Policy:
     model: torch.nn.Module
@@ -61,42 +45,12 @@ class Policy:
     lr_schedulers: object
 
 
-class InitAnchor:
-    """The frozen initial (SFT) model that ``kl/init`` is measured against.
-
-    With ``reference=fixed`` on the start checkpoint it *is* the reference (no second copy). Otherwise
-    it is built only for the measurement and freed after it, so strategies are compared without a
-    resident extra copy (``reference=none`` then holds no frozen weights during training steps).
-    """
-
-    def __init__(self, ctx: RunContext, init_path: Path, shared: ReferenceStrategy | None):
-        self.ctx, self.init_path, self.shared = ctx, init_path, shared
-
-    @contextmanager
-    def logprobs(self):
-        if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
-            yield self.shared.logprobs
-            return
-        model = self.ctx.build_frozen(self.init_path)
-
-        def fn(tokens_BT):
-            with torch.inference_mode():
-                return titan.token_logprobs(model, tokens_BT).clone()
-
-        try:
-            yield fn
-        finally:
-            del model
-
-
 def build_policy(ctx: RunContext, init_path: Path) -> Policy:
     cfg = ctx.cfg
-    model = ctx.build_model(trainable=True)
+    model = build_model(ctx, trainable=True)
     src = cfg.checkpoint.initial_load_path or init_path
-    if cfg.checkpoint.initial_load_in_hf:
-        titan.load_hf_weights_(model, cfg.model, src)
-    else:
-        ctx.load_weights(model, src)
+    # initial_load_in_hf forces the HF reader; otherwise the directory's contents decide.
+    titan.load_weights(model, cfg.model, src, hf=True if cfg.checkpoint.initial_load_in_hf else None)
     t = cfg.training
     optimizers, schedulers = build_optimizer(model, optimizer=t.optimizer, lr=t.lr, beta1=t.beta1, beta2=t.beta2,
                                              eps=t.eps, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
@@ -111,10 +65,10 @@ def build_strategy(ctx: RunContext, init_path: Path, *, defer_build: bool = Fals
     rcfg = ctx.cfg.reference
     ref_path = reference_path(ctx, init_path)
     strategy = build_reference(
-        rcfg, lambda: ctx.build_frozen(ref_path, dtype=rcfg.dtype, compile_enable=rcfg.compile),
+        rcfg, lambda: build_frozen(ctx, ref_path, dtype=rcfg.dtype, compile_enable=rcfg.compile),
         defer_build=defer_build)
     shared = strategy if (strategy.name == "fixed" and ref_path == init_path and rcfg.dtype in (None, ctx.cfg.training.dtype)) else None
-    return strategy, InitAnchor(ctx, init_path, shared)
+    return strategy, InitAnchor(lambda: build_frozen(ctx, init_path), shared)
 
 
 def reference_path(ctx: RunContext, init_path: Path) -> Path:
@@ -122,31 +76,19 @@ def reference_path(ctx: RunContext, init_path: Path) -> Path:
     return Path(ctx.cfg.reference.checkpoint) if ctx.cfg.reference.checkpoint else init_path
 
 
-def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor) -> dict[str, float]:
-    ecfg = ctx.cfg.eval
-    out = {"eval/accuracy": greedy_accuracy(policy, ctx.task, ecfg.num_prompts)}
-    with anchor.logprobs() as ref_fn:
-        out["kl/init"] = kl_to_anchor(policy, ref_fn, ctx.task, ecfg.kl_prompts, seed=ctx.cfg.training.seed)
-    return out
-
-
-def optimizer_step(ctx: RunContext, policy: Policy, loss: torch.Tensor, step: int, ckpt: Checkpointer) -> float:
-    """backward (done by the caller) -> non-finite guard -> clip -> step. Returns the grad norm."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), ctx.cfg.training.max_norm)
-    if hasattr(grad_norm, "full_tensor"):
-        grad_norm = grad_norm.full_tensor()
-    gn, lv = float(grad_norm), float(loss.detach())
-    if not (math.isfinite(lv) and math.isfinite(gn)):
+def optimizer_step(ctx: RunContext, policy: Policy, loss: torch.Tensor, step: int, ckpt: Checkpointer
+                   ) -> tuple[float, float]:
+    """After the caller's backward: clip, non-finite guard, step (``refexp.optim.clip_and_step``).
+    Returns ``(grad_norm, lr)``, ``lr`` being the learning rate this update used."""
+    try:
+        return clip_and_step(policy.model, policy.optimizers, policy.lr_schedulers,
+                             max_norm=ctx.cfg.training.max_norm, loss=loss, step=step)
+    except NonFiniteError as e:
         last = ckpt.latest_step() if ckpt is not None else -1
         raise NonFiniteError(
-            f"non-finite {'loss' if not math.isfinite(lv) else 'gradient norm'} at step {step} "
-            f"(loss={lv}, grad_norm={gn}); stopping without applying the update. "
-            + (f"The last good checkpoint is step-{last} in {ckpt.folder}." if last >= 0 else "No checkpoint was written yet.")
-        )
-    policy.optimizers.step()
-    policy.lr_schedulers.step()
-    policy.optimizers.zero_grad()
-    return gn
+            f"{e} " + (f"The last good checkpoint is step-{last} in {ckpt.folder}." if last >= 0
+                       else "No checkpoint was written yet.")
+        ) from None
 
 
 def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, anchor: InitAnchor,
@@ -200,7 +142,8 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
             bar.set_postfix(reward=f"{metrics.get('reward/mean', metrics.get('rewards/accuracy', 0.0)):.2f}")
             if step < cfg.training.steps:
                 ckpt.save(step)
-            if _any_rank(preempted["signum"] is not None, ctx.device):
+            # a signal can reach ranks at different steps, and the save that follows is a collective
+            if rdist.any_rank(preempted["signum"] is not None, ctx.device):
                 if ckpt.latest_step() != step:
                     ckpt.save(step, force=True)
                 chained = prev.get(preempted["signum"])

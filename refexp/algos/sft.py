@@ -9,18 +9,14 @@ The output is cached under ``<cache>/sft/<hash of everything that determines it>
 (a model-only DCP checkpoint, loads into any parallelism), ``hf/`` (HF safetensors export),
 ``tokenizer.json``, ``metrics.jsonl`` and ``sft.json`` (written last: its presence marks a complete
 result). A file lock makes concurrent jobs of a sweep train it once; the result is written to a
-temporary directory and renamed into place.
+temporary directory and renamed into place (``refexp.io.atomic_dir``).
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
-import os
-import shutil
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -28,12 +24,16 @@ import torch
 
 from refexp import distributed as rdist
 from refexp import titan
-from refexp.checkpoint import save_model_weights
+from refexp.titan import save_model_weights
 from refexp.context import RunContext
 from refexp.evaluation import greedy_accuracy
-from refexp.logging import MetricLogger, write_json_atomic
+from refexp.data_order import batch_ids
+from refexp.hashing import stable_hash
+from refexp.io import atomic_dir, write_json_atomic
+from refexp.logging import MetricLogger
 from refexp.losses import sft_loss
-from refexp.optim import build_optimizer
+from refexp.models import build_model
+from refexp.optim import build_optimizer, clip_and_step
 from refexp.progress import progress_bar
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
@@ -45,7 +45,7 @@ def sft_fingerprint(ctx: RunContext) -> str:
     sft = {k: v for k, v in asdict(cfg.sft).items() if k not in ("cache_dir", "checkpoint")}
     key = {"model": asdict(cfg.model), "task": task_fingerprint(cfg.task), "sft": sft, "dtype": cfg.training.dtype,
            "vocab": ctx.task.tokenizer.vocab_size, "version": 1}
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return stable_hash(key, 16)
 
 
 @contextmanager
@@ -69,51 +69,37 @@ def ensure_sft(ctx: RunContext) -> Path:
             raise ConfigError(f"sft.checkpoint={str(p)!r} is not a directory (expected a refexp SFT output dir)")
         return p
     out = ctx.cache_dir / "sft" / sft_fingerprint(ctx)
-    if (out / "sft.json").is_file():
+    if _complete(out):
         return out
     # Rank 0 takes the cross-process lock; all ranks then agree on whether training is needed.
-    lock = _file_lock(ctx.cache_dir / "sft" / f"{out.name}.lock") if ctx.dist.is_rank0 else _null()
+    lock = _file_lock(ctx.cache_dir / "sft" / f"{out.name}.lock") if ctx.dist.is_rank0 else nullcontext()
     with lock:
-        need = rdist.broadcast_object(not (out / "sft.json").is_file())
-        if need:
-            tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-            tmp = Path(rdist.broadcast_object(str(tmp)))
-            train_sft(ctx, tmp)
-            if ctx.dist.is_rank0:
-                if out.exists():
-                    shutil.rmtree(out)
-                os.replace(tmp, out)
+        if rdist.broadcast_object(not _complete(out)):
+            # rank 0 makes the temp dir and renames it into place; every rank trains into it
+            with (atomic_dir(out, is_complete=_complete) if ctx.dist.is_rank0 else nullcontext()) as tmp:
+                tmp = Path(rdist.broadcast_object(str(tmp) if tmp is not None else None))
+                train_sft(ctx, tmp)
             rdist.barrier()
     return out
 
 
-@contextmanager
-def _null():
-    yield
+def _complete(out: Path) -> bool:
+    return (out / "sft.json").is_file()  # written last
 
 
-def sft_batch(ctx: RunContext, step: int):
-    """Rows of the global SFT batch of ``step`` (a permutation of train keyed by (seed, epoch))."""
-    cfg = ctx.cfg.sft
-    n = len(ctx.task.train)
-    b = cfg.batch_size
-    epoch, offset = divmod((step - 1) * b, n)
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
-    perm = torch.randperm(n, generator=g)
-    idx = perm[offset:offset + b].tolist()
-    if len(idx) < b:  # wrap into the next epoch's permutation
-        g2 = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch + 1)
-        idx += torch.randperm(n, generator=g2)[: b - len(idx)].tolist()
-    return idx[ctx.local_slice(b)]
+def sft_batch(ctx: RunContext, step: int) -> list[int]:
+    """This rank's rows of the global SFT batch of ``step`` (``refexp.data_order``, keyed by ``sft.seed``)."""
+    b = ctx.cfg.sft.batch_size
+    return batch_ids(len(ctx.task.train), b, ctx.cfg.sft.seed, step)[rdist.local_slice(ctx.parallel_dims, b)]
 
 
 def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     """Train from scratch (or from model.hf_assets_path) until the target accuracy or the step cap."""
     cfg, sft = ctx.cfg, ctx.cfg.sft
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = ctx.build_model(trainable=True, seed=sft.seed)
+    model = build_model(ctx, trainable=True, seed=sft.seed)
     if cfg.model.hf_assets_path:
-        titan.load_hf_weights_(model, cfg.model, cfg.model.hf_assets_path)
+        titan.load_weights(model, cfg.model, cfg.model.hf_assets_path, hf=True)
     optimizers, schedulers = build_optimizer(model, optimizer=cfg.training.optimizer, lr=sft.lr,
                                              weight_decay=sft.weight_decay, warmup_steps=sft.warmup_steps,
                                              total_steps=sft.steps)
@@ -132,21 +118,17 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         # mask[:, t] marks token t as a completion token; its log-prob sits at logp[:, t-1].
         target = mask[:, 1:]
         loss, metrics = sft_loss(logp, target)
-        # FSDP sums gradients over ranks (NOTES #5): weight the local mean by this rank's share of
-        # the global target tokens so the update equals the single-process one.
+        # FSDP sums gradients over ranks (docs/torchtitan-notes.md §5): weight the local mean by this
+        # rank's share of the global target tokens so the update equals the single-process one.
         n_local = target.sum().to(torch.float32)
-        n_global = ctx.dp_sum(n_local)
+        n_global = rdist.dp_sum(ctx.parallel_dims, n_local)
         (loss * n_local / n_global).backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        optimizers.step()
-        schedulers.step()
-        optimizers.zero_grad()
+        grad_norm, _ = clip_and_step(model, optimizers, schedulers, max_norm=cfg.training.max_norm, loss=loss,
+                                     step=step)
         bar.update(1)
         # the global batch's token mean, not this rank's
-        loss = ctx.dp_sum(loss.detach() * n_local) / n_global.clamp(min=1)
-        row = {"loss/total": float(loss), "sft/grad_norm": float(grad_norm)}
+        loss = rdist.dp_sum(ctx.parallel_dims, loss.detach() * n_local) / n_global.clamp(min=1)
+        row = {"loss/total": float(loss), "sft/grad_norm": grad_norm}
         if step % sft.eval_every == 0 or step == sft.steps:
             acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts)
             row["eval/accuracy"] = acc

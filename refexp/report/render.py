@@ -10,9 +10,10 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 import re
 from pathlib import Path
+
+from refexp.io import write_text_atomic
 
 from .reduce import COLUMNS, TAIL
 from .table import DEFAULT_TARGET_MARGIN, header_and_cells, one_line
@@ -49,10 +50,7 @@ img{max-width:100%;display:block;margin:1em 0;border:1px solid #eee}
 
 
 def _write(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, text, encoding="utf-8")
 
 
 def _counts(report) -> str:

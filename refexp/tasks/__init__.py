@@ -44,6 +44,18 @@ class Task:
     preference: Optional[datasets.Dataset] = None
     """``prompt``/``chosen``/``rejected`` text pairs from ``task.preference_path``, when set."""
 
+    def score(self, texts: list[str], answers: list[str], prompts: list[str]) -> list[float]:
+        """``reward`` of each completion; a reward function that fails names the sample (prompt,
+        completion, answer) instead of leaving a bare traceback."""
+        out = []
+        for i, (t, a) in enumerate(zip(texts, answers)):
+            try:
+                out.append(float(self.reward(t, a)))
+            except Exception as e:
+                raise RuntimeError(f"reward function failed on sample {i} (prompt {prompts[i]!r}, completion {t!r}, "
+                                   f"answer {a!r}): {type(e).__name__}: {e}") from e
+        return out
+
 
 def build_task(task_cfg: TaskConfig, cache_dir: str) -> Task:
     """Load or generate the task of ``task_cfg``. Generated data goes under ``cache_dir/data``;

@@ -21,18 +21,17 @@ fields, written atomically so concurrent processes (torchrun ranks, a sweep) sha
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import random
-import shutil
-import tempfile
+from pathlib import Path
 
 import datasets
 import numpy as np
 
 from refexp.config import ConfigError, TaskConfig
+from refexp.hashing import stable_hash
+from refexp.io import atomic_dir
 
 FORMAT_VERSION = 1
 """Bump when the generated text changes, so cached datasets of the old format are not reused."""
@@ -62,7 +61,7 @@ def arithmetic_fingerprint(cfg: TaskConfig) -> str:
         "num_eval": cfg.num_eval,
         "data_seed": cfg.data_seed,
     }
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return stable_hash(key, 16)
 
 
 def generate_arithmetic(cfg: TaskConfig) -> datasets.DatasetDict:
@@ -88,22 +87,19 @@ def load_arithmetic(cfg: TaskConfig, data_dir: str) -> datasets.DatasetDict:
     """The splits of ``cfg``, generated once into ``data_dir/arithmetic-<fingerprint>`` and reused.
 
     Several processes may call this at once: each writes a private temp dir and renames it into
-    place; the rename of a later one fails on the now non-empty target and it loads the winner's.
+    place (``refexp.io.atomic_dir``); the rename of a later one fails on the now complete target and
+    it loads the winner's.
     """
     final = os.path.join(data_dir, f"arithmetic-{arithmetic_fingerprint(cfg)}")
-    if not os.path.isfile(os.path.join(final, "dataset_dict.json")):
+    if not _complete(Path(final)):
         _check(cfg)  # before creating anything
-        os.makedirs(data_dir, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".tmp-arithmetic-", dir=data_dir)
-        try:
-            generate_arithmetic(cfg).save_to_disk(tmp)
-            os.replace(tmp, final)
-        except OSError:
-            if not os.path.isfile(os.path.join(final, "dataset_dict.json")):
-                raise  # a real I/O failure, not a lost race
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_dir(final, is_complete=_complete) as tmp:
+            generate_arithmetic(cfg).save_to_disk(str(tmp))
     return datasets.load_from_disk(final)
+
+
+def _complete(out: Path) -> bool:
+    return (out / "dataset_dict.json").is_file()
 
 
 def _check(cfg: TaskConfig) -> None:

@@ -8,12 +8,11 @@ edited in place (new mtime) still gets a new fingerprint.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from typing import Optional
 
 from refexp.config import TaskConfig
+from refexp.hashing import stable_hash
 from refexp.tasks.arithmetic import arithmetic_fingerprint
 
 
@@ -31,7 +30,7 @@ def task_fingerprint(task_cfg: TaskConfig) -> str:
         )
     # None = the char tokenizer, whose vocabulary is versioned with the arithmetic format.
     key["tokenizer"] = _path_identity(task_cfg.tokenizer_path, only=TOKENIZER_FILES)
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return stable_hash(key, 16)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")

@@ -1,0 +1,49 @@
+"""The models of a run, built from its config: the policy (trainable) and frozen copies loaded from a
+checkpoint (the reference, the kl/init anchor, the model that samples DPO pairs).
+
+Every model gets the run's family/shape, device, dtype, seed and parallelism (FSDP/TP mesh), so a
+frozen copy shards exactly like the policy it is compared with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from refexp import titan
+from refexp.context import RunContext
+
+
+def build_model(ctx: RunContext, *, trainable: bool, seed: int | None = None, dtype: str | None = None,
+                compile_enable: bool | None = None) -> torch.nn.Module:
+    """A model of the configured family/shape with the run's parallelism (weights: fresh init, from
+    ``seed``, default ``training.seed``); ``dtype``/``compile_enable`` override the training ones."""
+    cfg = ctx.cfg
+    compile_cfg = cfg.compile
+    if compile_enable is not None and compile_enable != compile_cfg.enable:
+        compile_cfg = replace(compile_cfg, enable=compile_enable)
+    model = titan.build_model(
+        cfg.model,
+        vocab_size=ctx.task.tokenizer.vocab_size,
+        device=ctx.device,
+        dtype=dtype or cfg.training.dtype,
+        seed=cfg.training.seed if seed is None else seed,
+        mesh=ctx.parallel_dims,
+        parallelism=cfg.parallelism,
+        compile_cfg=compile_cfg,
+        training_cfg=cfg.training,
+        requires_grad=trainable,
+    )
+    if not trainable:
+        model.eval()
+    return model
+
+
+def build_frozen(ctx: RunContext, checkpoint: str | Path, *, dtype: str | None = None,
+                 compile_enable: bool | None = None) -> torch.nn.Module:
+    """A frozen (no grad, no optimizer state, eval mode) copy with the weights of ``checkpoint``."""
+    model = build_model(ctx, trainable=False, dtype=dtype, compile_enable=compile_enable)
+    titan.load_weights(model, ctx.cfg.model, checkpoint)  # a refexp/DCP dir or an HF safetensors dir
+    return model
