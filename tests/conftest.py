@@ -1,4 +1,4 @@
-"""Shared test set-up: one intra-op thread per process (2 shared cores; NOTES-torchtitan-cpu.md),
+"""Shared test set-up: one intra-op thread per process (2 shared cores; docs/torchtitan-notes.md §11),
 W&B never reaches a server, and each test gets its own refexp cache."""
 
 import os

@@ -54,7 +54,7 @@ def build(cfg, par=None, dims=None, seed=0, requires_grad=True):
 
 def check_logprobs_and_grads(cfg, par, dims) -> float:
     """Same log-probs, entropies and gradients as one process. Data-parallel ranks each take half
-    the batch and normalise by the global token count (NOTES #5); TP ranks all take the whole batch."""
+    the batch and normalise by the global token count (docs/torchtitan-notes.md §5); TP ranks all take the whole batch."""
     ref, model = build(cfg), build(cfg, par, dims)
     # Tied embeddings (qwen3) stay one parameter through TP and FSDP.
     assert len(list(model.parameters())) == len(list(ref.parameters())), "parameter count changed"
