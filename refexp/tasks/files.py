@@ -93,7 +93,10 @@ def _load_saved(path: str) -> datasets.Dataset:
 
 
 def require_columns(ds: datasets.Dataset, path: str, columns: tuple[str, ...], what: str) -> None:
-    """ConfigError naming the file (and row 0, where every row lacks it) for a missing column."""
+    """ConfigError naming the file for a file with no rows, or (row 0, where every row lacks it) a missing
+    column; ``what`` describes the expected format."""
+    if len(ds) == 0:
+        raise ConfigError(f"{path}: no rows; expected {what}")
     missing = [c for c in columns if c not in ds.column_names]
     if missing:
         raise ConfigError(

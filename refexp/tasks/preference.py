@@ -35,8 +35,6 @@ def load_preference(
     a malformed row raises ConfigError naming the file, the row index and what was expected."""
     ds = load_table(path, cache_dir=cache_dir)
     require_columns(ds, path, ("chosen", "rejected"), _EXPECTED)
-    if len(ds) == 0:
-        raise ConfigError(f"{path}: no rows; expected {_EXPECTED}")
 
     def convert(row: dict, index: int) -> dict:
         def fail(problem: str) -> ConfigError:
