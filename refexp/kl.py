@@ -11,6 +11,21 @@ Every KL in refexp is ``KL(policy || other)`` estimated from tokens *sampled fro
 
 k3 is what TRL's GRPOTrainer puts in its loss and logs as ``kl``.
 
+**Which divergence a loss term's gradient follows.** As a *value*, each estimator's mean over
+samples of the policy estimates KL(policy || other). As a *loss term* ``E_{x~pi}[k(x)]`` whose samples
+are not differentiated (the way GRPO uses it), the expected gradient is ``E_pi[grad k]``, and that is
+a different quantity for each (Tang & Munos 2025, "On a few pitfalls in KL divergence gradient
+estimation for RL", arXiv:2506.09477; ``tests/test_kl.py`` checks each on a small categorical, exactly):
+
+    k1:  E_pi[grad log pi]                    = 0                       no regularisation at all
+    k2:  E_pi[log(pi/other) grad log pi]      = grad KL(policy || other)
+    k3:  E_pi[(1 - other/pi) grad log pi]     = grad KL(other || policy)
+
+So GRPO's k3 penalty (DeepSeekMath eq. 4) regularises towards the reference through the *forward*
+KL(ref || policy). refexp's config refuses k1 in the loss. As a *reward* penalty (detached, through
+the policy gradient) k1 is the right one: ``E_pi[k1 * grad log pi]`` is the score-function form of
+grad KL(policy || other), which is why ``algo.kl_in_reward`` uses k1 whatever ``kl_estimator`` says.
+
 **The logged KL.** ``kl/ref`` (against the current reference) and ``kl/init`` (against the frozen
 initial model) are both ``mean_token_kl(..., estimator="k3")``: the k3 estimate averaged over all
 completion tokens of the batch, each token weighted equally (TRL's ``kl`` metric). It does not
@@ -171,10 +186,10 @@ class AdaptiveKLController:
         beta <- beta * (1 + e * n_steps / horizon)
 
     so beta grows while the KL is above ``target`` and shrinks while it is below, by at most 20% of
-    ``n_steps / horizon`` per update. Same rule and constants as TRL's ``AdaptiveKLController``,
-    which counts ``n_steps`` in samples (batch size); here ``n_steps`` is in whatever unit
-    ``horizon`` is in (refexp uses optimizer steps). ``current_kl`` should be the logged KL
-    (``kl/ref``, see the module docstring).
+    ``n_steps / horizon`` per update. Same rule and constants as TRL's ``AdaptiveKLController``:
+    ``n_steps`` counts samples (the rows of the global batch the KL was measured on), so with the
+    default horizon of 10,000 samples beta can move by up to 20% per 10,000 samples. ``current_kl``
+    should be the logged KL (``kl/ref``, see the module docstring).
     """
 
     def __init__(self, init_beta: float, target: float, horizon: float) -> None:

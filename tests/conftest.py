@@ -17,3 +17,19 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     cache = tmp_path_factory.getbasetemp() / "refexp-cache"
     monkeypatch.setenv("REFEXP_CACHE", str(cache))
     monkeypatch.setenv("WANDB_DIR", str(tmp_path_factory.getbasetemp() / "wandb"))
+
+
+@pytest.fixture
+def dense_reward(monkeypatch):
+    """A reward with signal even for a 30-step SFT model (which never gets an answer exactly right):
+    the number of '1' digits, so advantages are non-zero and the policy moves."""
+    import refexp.tasks as tasks_mod
+
+    original = tasks_mod.build_task
+
+    def build(*a, **k):
+        task = original(*a, **k)
+        task.reward = lambda completion, answer: float(completion.count("1"))
+        return task
+
+    monkeypatch.setattr(tasks_mod, "build_task", build)

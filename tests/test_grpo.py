@@ -40,22 +40,6 @@ def test_grpo_runs_and_logs_the_contract_metrics(tmp_path, strategy):
     assert (tmp_path / "checkpoint" / "step-4" / ".metadata").is_file()
 
 
-@pytest.fixture
-def dense_reward(monkeypatch):
-    """A reward with signal even for a 30-step SFT model (which never gets an answer exactly right):
-    the number of '1' digits, so advantages are non-zero and the policy moves."""
-    import refexp.tasks as tasks_mod
-
-    original = tasks_mod.build_task
-
-    def build(*a, **k):
-        task = original(*a, **k)
-        task.reward = lambda completion, answer: float(completion.count("1"))
-        return task
-
-    monkeypatch.setattr(tasks_mod, "build_task", build)
-
-
 def test_periodic_reset_changes_reference_exactly_every_n_steps(tmp_path, dense_reward):
     run(compose_cfg(tmp_path, *GRPO, "training.steps=7", "reference=periodic_reset", "reference.reset_every=3"))
     rows = {r["step"]: r for r in read_metrics(tmp_path / "metrics.jsonl")}

@@ -12,10 +12,12 @@ Departures and choices:
   Data-parallel ranks take whole prompt groups, so group statistics never cross ranks.
 - ``kl/ref`` is the mean over completion tokens of the k3 estimate on the training batch, the
   same quantity ``kl/init`` measures against the initial model on held-out prompts.
-- ``algo.kl_in_reward``: the per-sequence KL (sum over tokens, configured estimator) times beta is
+- Reference log-probs are tempered with ``algo.temperature`` like the policy's and the behaviour ones.
+- ``algo.kl_in_reward``: the per-sequence k1 KL (sum over tokens of log pi - log ref) times beta is
   subtracted from the reward before advantages (the PPO-RLHF form, Ouyang et al. 2022), and the
-  loss then has no KL term.
-- ``algo.kl_target``: beta follows the adaptive controller of Ziegler et al. 2019 fed with ``kl/ref``.
+  loss then has no KL term; ``algo.kl_estimator`` only chooses the loss term's estimator.
+- ``algo.kl_target``: beta follows the adaptive controller of Ziegler et al. 2019 fed with ``kl/ref``,
+  counting the global batch's samples against ``algo.kl_horizon``.
 """
 
 from __future__ import annotations
@@ -71,13 +73,17 @@ class GRPOStep:
         # G completions of a prompt share one pass over it (refexp/algos/shared_prompt.py)
         shared = share_groups(tokens, mask, G, task.tokenizer.pad_id) if a.share_prompt else None
         t1 = time.perf_counter()
-        ref_logp = row_logprobs(self.strategy.logprobs, tokens, mask, shared)
+        # tempered like the policy's and the behaviour log-probs (TRL tempers the reference too): at policy ==
+        # reference the KL is then exactly 0 at any algo.temperature
+        ref_logp = row_logprobs(self.strategy.logprobs, tokens, mask, shared, temperature=a.temperature)
         ref_s = time.perf_counter() - t1
 
         beta = self.kl_ctl.beta
         shaped = rewards
         if a.kl_in_reward and ref_logp is not None and beta > 0:
-            shaped = rewards - beta * sequence_kl(old_logp, ref_logp, mask, a.kl_estimator)
+            # k1 whatever algo.kl_estimator says: as a (detached) reward only k1 = log(pi/ref) gives, through the
+            # policy gradient, the score-function gradient of KL(pi||ref) (refexp/kl.py; TRL's RLOO does the same)
+            shaped = rewards - beta * sequence_kl(old_logp, ref_logp, mask, "k1")
         # "batch" scaling divides by the std of the global batch (over data-parallel ranks)
         adv = group_advantages(shaped, G, scale=a.advantage_scale, batch_sum=partial(rdist.dp_sum, pd))
 
@@ -108,16 +114,16 @@ class GRPOStep:
             "reward/shaped_mean": float(shaped.mean()),
             "policy/entropy": ent,
             "policy/completion_len": float(n_tok) / float(n_rows),
-            "kl/beta": beta,
             "perf/gen_s": gen_s,
             "perf/ref_fwd_s": ref_s,
             "perf/tokens_per_s": float(tokens.numel()) / max(time.perf_counter() - t0, 1e-9),
         }
-        if kl_ref is not None:
-            out["kl/ref"] = kl_ref
+        if kl_ref is not None:  # kl/beta too: without a reference there is no KL term to weigh
+            out["kl/ref"], out["kl/beta"] = kl_ref, beta
         out = rdist.dp_mean_metrics(pd, out, self._dp_weights(out, n_rows, n_tok), device=ctx.device)
         # the controller sees the global kl/ref, so beta stays the same on every rank
-        self.kl_ctl.update(out["kl/ref"] if kl_ref is not None else 0.0, 1)
+        # and, as in Ziegler et al. 2019 and TRL, it counts samples (the global batch's rows) against kl_horizon
+        self.kl_ctl.update(out["kl/ref"] if kl_ref is not None else 0.0, a.prompts_per_step * G)
         # reward statistics over the global batch (exact at any world size)
         s1, s2 = rdist.dp_sum(pd, rewards.sum()), rdist.dp_sum(pd, (rewards * rewards).sum())
         mean = s1 / g_rows

@@ -40,7 +40,9 @@ class GRPOConfig(AlgoConfig):
     """KL coefficient (0 = no KL term even with a reference). 1, not TRL's 0.04, so that the penalty binds
     on the embedded task: with a small beta every reference strategy drifted alike."""
     kl_estimator: str = "k3"
-    """k1 | k2 | k3 (Schulman, 'Approximating KL divergence', 2020)."""
+    """k3 | k2: the per-token estimator in the loss's KL term (Schulman, 'Approximating KL divergence', 2020).
+    k3's expected gradient is that of KL(ref||policy), k2's that of KL(policy||ref) (refexp/kl.py); k1 is refused
+    (zero expected gradient as a loss term). The reward penalty of ``kl_in_reward`` always uses k1."""
     loss_agg: str = "grpo"
     """grpo | dr_grpo | dapo."""
     eps_low: float = 0.2
@@ -62,18 +64,22 @@ class GRPOConfig(AlgoConfig):
     the prompt (refexp/algos/shared_prompt.py; same log-probs, fewer tokens; a dense mask, so set false for
     many long rollouts per prompt). Needs model.attn_backend=sdpa."""
     kl_in_reward: bool = False
-    """Subtract beta * KL(sequence) from the reward instead of adding a KL loss term."""
+    """Subtract beta * KL(sequence) (k1, summed over the completion) from the reward instead of adding a KL
+    loss term."""
     kl_target: Optional[float] = None
     """Adaptive KL coefficient towards this KL (Ziegler et al. 2019's controller)."""
     kl_horizon: int = 10000
-    """Horizon of the adaptive controller (how fast beta moves towards ``kl_target``)."""
+    """Horizon of the adaptive controller in samples (each step counts its global batch's rows, as Ziegler et
+    al. 2019 and TRL): beta moves by at most 20% per ``kl_horizon`` samples."""
 
     def __post_init__(self) -> None:
         positive_int("algo.prompts_per_step", self.prompts_per_step)
         check(isinstance(self.group_size, int) and self.group_size >= 2, "algo.group_size", self.group_size,
               "an integer >= 2 (advantages are relative within a group)")
         non_negative("algo.beta", self.beta)
-        one_of("algo.kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
+        check(self.kl_estimator in ("k2", "k3"), "algo.kl_estimator", self.kl_estimator,
+              "k3 or k2 (k1 = log pi - log ref has zero expected gradient as a loss term, E_pi[grad log pi] = 0, "
+              "so it would not regularise; algo.kl_in_reward=true penalises the reward with k1)")
         one_of("algo.loss_agg", self.loss_agg, ("grpo", "dr_grpo", "dapo"))
         non_negative("algo.eps_low", self.eps_low)
         non_negative("algo.eps_high", self.eps_high)
@@ -85,6 +91,7 @@ class GRPOConfig(AlgoConfig):
             positive_int("algo.max_new_tokens", self.max_new_tokens)
         if self.kl_target is not None:
             check(self.kl_target > 0, "algo.kl_target", self.kl_target, "a number > 0 or null")
+        positive_int("algo.kl_horizon", self.kl_horizon)
 
 
 DPO_REFERENCE_FREE_LOSSES = ("simpo", "orpo")

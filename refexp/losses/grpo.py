@@ -110,14 +110,15 @@ def grpo_loss(
     max_completion_length: int | None = None,
     num_active_tokens: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
-    """Clipped-surrogate GRPO loss with a KL(policy || ref) penalty (Shao et al. 2024, eq. 3).
+    """Clipped-surrogate GRPO loss with a KL penalty towards the reference (Shao et al. 2024, eq. 3).
 
     Per completion token (b, t), with ``r = exp(logp - old_logp)`` and ``A = advantages[b]``::
 
         l[b, t] = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) + beta * kl[b, t]
 
     ``kl`` is ``kl_estimate(logp, ref_logp, kl_estimator)`` (k3 by default, as GRPO/TRL); there is
-    no KL term when ``ref_logp`` is None or ``beta == 0``. ``eps_high > eps_low`` is DAPO's
+    no KL term when ``ref_logp`` is None or ``beta == 0``. Its expected gradient is that of
+    KL(ref || policy) for k3, KL(policy || ref) for k2 and zero for k1 (refexp/kl.py). ``eps_high > eps_low`` is DAPO's
     clip-higher (Yu et al. 2025, arXiv:2503.14476). The scalar loss aggregates ``l`` over the mask:
 
     * ``"grpo"``: mean over sequences of each sequence's token mean (the paper's 1/G sum 1/|o_i|),

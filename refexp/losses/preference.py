@@ -92,8 +92,10 @@ def dpo_loss(
     (fraction of pairs with chosen reward strictly greater), ``logps/chosen``, ``logps/rejected``
     (policy, as used in the loss, i.e. averaged for IPO with lengths), ``loss/total``.
 
-    Departures from TRL: ``label_smoothing != 0`` with ``ipo``/``hinge`` raises (TRL ignores it);
-    ``robust`` requires ``0 <= label_smoothing < 1/2`` (TRL's newest versions check the same).
+    Departures from TRL 1.16: ``"sigmoid"`` with ``label_smoothing > 0`` is conservative DPO (cDPO, the
+    form above and of earlier TRL releases); TRL 1.16's sigmoid ignores ``label_smoothing``, so the two agree
+    only at ``label_smoothing = 0``. ``label_smoothing != 0`` with ``ipo``/``hinge`` raises (TRL ignores
+    it); ``robust`` requires ``0 <= label_smoothing < 1/2`` (TRL checks the same).
     """
     shape_B = tuple(policy_chosen_logps.shape)
     if len(shape_B) != 1:
