@@ -6,27 +6,42 @@
   with one completion per prompt sampled from the policy; the per-token k3 estimator averaged over
   completion tokens (the same estimator and averaging as ``kl/ref``, refexp.kl.mean_token_kl).
   The sampling uniforms are keyed to the prompt only (common random numbers), so successive evals
-  differ by the policy, not by sampling noise.
+  differ by the policy, not by sampling noise. Completions are sampled, and every model's log-probs
+  are taken, at the run's sampling temperature (GRPO's ``algo.temperature``; 1 for DPO), so a model
+  equal to the policy is at KL 0 at any temperature.
+- ``kl/ref`` (only when the caller passes a reference, DPO): the same estimate on the *same* samples
+  against the current reference. GRPO logs its own ``kl/ref`` on the training batch instead.
+- ``eval/logp_correct`` (only when asked, DPO): the policy's mean per-sequence log-prob (summed over
+  completion tokens, EOS included, as SFT's targets) of the task's reference completion on the same
+  ``eval.kl_prompts`` held-out prompts. A fall flags likelihood displacement (Pal et al. 2024, "Smaug";
+  Razin et al. 2024, "Unintentional Unalignment").
 
 Every rank evaluates the whole held-out set (all ranks must join the sharded forwards anyway),
 so the numbers do not depend on the world size.
 
-``evaluate`` makes both for the RL loop; ``InitAnchor`` is the initial model ``kl/init`` is measured
+``evaluate`` makes them for the RL loop; ``InitAnchor`` is the initial model ``kl/init`` is measured
 against.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Callable
+import gc
+from contextlib import ExitStack, contextmanager
+from typing import Callable, Mapping
 
 import torch
 
 from refexp import sampler, titan
 from refexp.context import RunContext
-from refexp.kl import mean_token_kl
+from refexp.kl import masked_sum, mean_token_kl
+from refexp.reference import ReferenceStrategy
+from refexp.tasks.batching import pack_sequences
 
 KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
+
+LogprobFn = Callable[..., torch.Tensor]
+"""``fn(tokens_BT, **kwargs) -> [B, T-1]`` float32 log-probs; kwargs go to ``titan.token_logprobs``
+(``temperature``, ``positions_BT``, ``allowed_BTT``)."""
 
 
 def _batches(n: int, size: int):
@@ -50,22 +65,39 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256) -> 
 
 
 @torch.no_grad()
-def kl_to_anchor(policy, anchor_logprobs: Callable[[torch.Tensor], torch.Tensor], task, num_prompts: int, *,
-                 seed: int, temperature: float = 1.0, batch_size: int = 256) -> float:
-    """Mean per-token k3 KL(policy || anchor) over completions sampled from the policy."""
+def kl_to_anchor(policy, anchors: Mapping[str, LogprobFn], task, num_prompts: int, *,
+                 seed: int, temperature: float = 1.0, batch_size: int = 256) -> dict[str, float]:
+    """Mean per-token k3 KL(policy || anchor) for every ``name -> fn`` of ``anchors``, over one set of
+    completions sampled from the policy: ``{name: kl}``. Each ``fn`` is called with ``temperature=``,
+    so the anchors' log-probs are tempered like the policy's."""
     rows = task.eval.select(range(min(num_prompts, len(task.eval))))
     prompts = rows["prompt"]
-    kl_sum, tok_sum = 0.0, 0
+    kl_sum, tok_sum = dict.fromkeys(anchors, 0.0), 0
     for sl in _batches(len(prompts), batch_size):
         keys = [(seed, KL_INIT_KEY, i) for i in range(sl.start, sl.stop)]
         r = sampler.generate(policy, task.tokenizer, prompts[sl], max_new_tokens=task.max_new_tokens,
                              temperature=temperature, keys=keys)
         pol = titan.token_logprobs(policy, r.tokens_BT, temperature=temperature)
-        ref = anchor_logprobs(r.tokens_BT)
         n = int(r.mask_BT.sum())
-        kl_sum += float(mean_token_kl(pol, ref, r.mask_BT)) * n
+        for name, fn in anchors.items():
+            kl_sum[name] += float(mean_token_kl(pol, fn(r.tokens_BT, temperature=temperature), r.mask_BT)) * n
         tok_sum += n
-    return kl_sum / max(1, tok_sum)
+    return {name: s / max(1, tok_sum) for name, s in kl_sum.items()}
+
+
+@torch.inference_mode()
+def logp_correct(policy, task, num_prompts: int, *, batch_size: int = 256) -> float:
+    """Mean over the first ``num_prompts`` held-out rows of the policy's summed log-prob of the row's
+    reference ``completion`` + EOS (packed as SFT's targets, refexp/algos/sft.py)."""
+    rows = task.eval.select(range(min(num_prompts, len(task.eval))))
+    device = next(policy.parameters()).device
+    total = 0.0
+    for sl in _batches(len(rows), batch_size):
+        tokens, completion = pack_sequences(task.tokenizer, rows["prompt"][sl], rows["completion"][sl], add_eos=True)
+        mask = completion[:, 1:].to(device)  # completion token t+1 is predicted at log-prob column t
+        logp = titan.token_logprobs(policy, tokens.to(device))
+        total += float(masked_sum(logp, mask, dim=-1).sum())
+    return total / max(1, len(rows))
 
 
 class InitAnchor:
@@ -82,15 +114,16 @@ class InitAnchor:
 
     @contextmanager
     def logprobs(self):
-        """``with anchor.logprobs() as fn:`` ``fn(tokens_BT) -> [B, T-1]`` log-probs under the initial model."""
+        """``with anchor.logprobs() as fn:`` ``fn(tokens_BT, **kwargs) -> [B, T-1]`` log-probs under the
+        initial model (kwargs: ``titan.token_logprobs``'s ``temperature``, positions, attention mask)."""
         if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
             yield self.shared.logprobs
             return
         model = self.build_frozen()
 
-        def fn(tokens_BT):
+        def fn(tokens_BT, **kwargs):
             with torch.inference_mode():
-                return titan.token_logprobs(model, tokens_BT).clone()
+                return titan.token_logprobs(model, tokens_BT, **kwargs).clone()
 
         try:
             yield fn
@@ -98,10 +131,41 @@ class InitAnchor:
             del model
 
 
-def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor) -> dict[str, float]:
-    """``eval/accuracy`` and ``kl/init`` of ``policy`` with the run's ``eval`` settings."""
+@contextmanager
+def reference_logprobs(strategy: ReferenceStrategy):
+    """``with reference_logprobs(strategy) as fn:`` the strategy's log-prob function (``fn`` as
+    ``InitAnchor.logprobs``'). A fixed reference whose model was released (DPO's precomputed table,
+    refexp/algos/dpo.py ``build_ref_source``) is built for the measurement and released after it."""
+    built = strategy.model is None
+    if built:
+        strategy.ensure_model()
+    try:
+        yield strategy.logprobs
+    finally:
+        if built:
+            strategy.release_model()
+            gc.collect()
+
+
+def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
+             reference: ReferenceStrategy | None = None, with_logp_correct: bool = False) -> dict[str, float]:
+    """``eval/accuracy`` and ``kl/init`` of ``policy`` with the run's ``eval`` settings; with a
+    ``reference`` that holds a model also ``kl/ref`` on the same samples, and ``eval/logp_correct``
+    when ``with_logp_correct``."""
     ecfg = ctx.cfg.eval
+    temperature = getattr(ctx.cfg.algo, "temperature", 1.0)  # GRPO samples at algo.temperature; DPO has none
     out = {"eval/accuracy": greedy_accuracy(policy, ctx.task, ecfg.num_prompts)}
-    with anchor.logprobs() as ref_fn:
-        out["kl/init"] = kl_to_anchor(policy, ref_fn, ctx.task, ecfg.kl_prompts, seed=ctx.cfg.training.seed)
+    measure_ref = reference is not None and reference.holds_model
+    # the fixed reference on the start checkpoint is the anchor (InitAnchor.shared): its kl/ref is kl/init
+    ref_is_anchor = measure_ref and reference is anchor.shared
+    with ExitStack() as stack:
+        fns = {"kl/init": stack.enter_context(anchor.logprobs())}
+        if measure_ref and not ref_is_anchor:
+            fns["kl/ref"] = stack.enter_context(reference_logprobs(reference))
+        out.update(kl_to_anchor(policy, fns, ctx.task, ecfg.kl_prompts, seed=ctx.cfg.training.seed,
+                                temperature=temperature))
+    if ref_is_anchor:
+        out["kl/ref"] = out["kl/init"]
+    if with_logp_correct:
+        out["eval/logp_correct"] = logp_correct(policy, ctx.task, ecfg.kl_prompts)
     return out

@@ -97,7 +97,8 @@ def test_fixed_reference_kl_ref_equals_kl_init_on_the_same_prompts(tmp_path):
         assert anchor.shared is strategy  # fixed on the start checkpoint: no second copy
         prompts = ctx.task.eval.select(range(8))["prompt"]
         with anchor.logprobs() as ref_fn:
-            kl_init = kl_to_anchor(policy.model, ref_fn, ctx.task, 8, seed=ctx.cfg.training.seed)
+            kl_init = kl_to_anchor(policy.model, {"kl/init": ref_fn}, ctx.task, 8,
+                                   seed=ctx.cfg.training.seed)["kl/init"]
         keys = [(ctx.cfg.training.seed, KL_INIT_KEY, i) for i in range(8)]
         r = sampler.generate(policy.model, ctx.task.tokenizer, prompts, max_new_tokens=ctx.task.max_new_tokens,
                              keys=keys)

@@ -16,12 +16,27 @@ Departures and choices:
 - ``algo.precompute_ref``: a fixed reference's log-probs of the whole set are computed once and
   cached on disk (``refexp.refcache``), and the reference model is then freed (or never built when
   the file exists); a moving reference's are memoised per reference version.
-- ``kl/ref`` is the mean over chosen-completion tokens of the k3 estimate between policy and
-  reference (``refexp.kl.mean_token_kl``). The chosen tokens are data, not samples of the policy,
-  so this is a drift diagnostic (how far the two models' log-probs have moved apart on the data);
-  ``kl/init`` (from the loop) is the sampled estimate against the SFT model. ``kl_triggered`` reads it.
+- ``kl/ref`` is GRPO's quantity: KL(policy || current reference), the per-token k3 estimate
+  (``refexp.kl.mean_token_kl``) averaged over completion tokens the policy *sampled*. DPO has no
+  rollouts, so it is measured on the evaluation schedule (step 0, every ``eval.every`` steps, the
+  end), on the held-out prompts and the very samples of ``kl/init`` (``refexp.evaluation.evaluate``),
+  never in the training step. The loop measures before the reference update of that step, so
+  ``kl_triggered`` decides on it at eval steps only. A fixed reference on the start checkpoint is the
+  ``kl/init`` anchor, so its ``kl/ref`` is ``kl/init``; a fixed reference released after precomputing
+  (``algo.precompute_ref``) on another checkpoint or dtype is built for the measurement and released
+  again.
+- ``kl/ref_chosen_tokens`` (every step) is the k3 estimate between policy and reference log-probs on the
+  batch's *chosen* completions. Those tokens are data, not samples of the policy, so it is not a KL
+  of the policy's own samples: a per-step diagnostic of how far the two models' log-probs have moved
+  apart on the data, not comparable with GRPO's ``kl/ref``.
+- Likelihood displacement (Pal et al. 2024, "Smaug"; Razin et al. 2024, "Unintentional Unalignment"):
+  DPO can raise the margin while the chosen completions' likelihood falls. On the evaluation
+  schedule ``logps/chosen_delta`` is the policy's mean summed log-prob of the chosen completions of
+  the first ``eval.kl_prompts`` pairs minus its step-0 value (``DPOEval``; the step-0 value is
+  checkpointed), and ``eval/logp_correct`` the mean summed log-prob of the task's reference
+  completions of the ``kl/init`` held-out prompts. Falling values flag displacement.
 - SimPO/ORPO ignore the reference in the loss; with a reference strategy other than ``none`` it is
-  still run, for ``kl/ref`` only.
+  still run, for ``kl/ref`` and ``kl/ref_chosen_tokens`` only.
 - ORPO's NLL term is the token mean over the chosen completions of the local batch (TRL's); ranks are
   weighted by pairs, exact when they hold equal token counts (the embedded task's fixed widths).
 - FSDP sums gradients over ranks (docs/torchtitan-notes.md §5): each rank's mean loss is weighted by
@@ -47,6 +62,7 @@ from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompt
 from refexp.config import DPOConfig
 from refexp.context import RunContext
 from refexp.data_order import batch_ids
+from refexp.evaluation import InitAnchor, evaluate
 from refexp.kl import masked_sum, mean_token_kl
 from refexp.losses import dpo_loss, orpo_loss, sft_loss, simpo_loss
 from refexp.refcache import RefLogps
@@ -158,7 +174,7 @@ class DPOStep:
             with torch.no_grad():  # exact over ranks: token-weighted sums, not a mean of rank means
                 n_tok = mask[:B].sum().to(torch.float32)
                 kl = mean_token_kl(logp[:B].detach(), ref.chosen_tok_BT(mask[:B]), mask[:B]) * n_tok
-                out["kl/ref"] = float(rdist.dp_sum(pd, kl) / rdist.dp_sum(pd, n_tok).clamp(min=1))
+                out["kl/ref_chosen_tokens"] = float(rdist.dp_sum(pd, kl) / rdist.dp_sum(pd, n_tok).clamp(min=1))
         if isinstance(self.ref_source, (refcache.PrecomputedRefLogps, refcache.VersionedRefLogps)):
             counts = rdist.dp_sum(pd, torch.tensor([float(hits), float(misses)], device=ctx.device))
             out["refcache/hits"], out["refcache/misses"] = float(counts[0]), float(counts[1])
@@ -175,6 +191,45 @@ class DPOStep:
         return out
 
 
+# ---------------------------------------------------------------- the held-out measurements
+class DPOEval:
+    """The loop's ``measure`` for the DPO family: ``evaluation.evaluate`` (``eval/accuracy``, ``kl/init``,
+    ``kl/ref`` against the current reference on the same samples, ``eval/logp_correct``) plus
+    ``logps/chosen_delta``. Its step-0 chosen log-prob is state, checkpointed (torch Stateful), so a
+    resumed run's delta is against the same start."""
+
+    def __init__(self, ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, anchor: InitAnchor,
+                 pairs: datasets.Dataset):
+        self.ctx, self.policy, self.strategy, self.anchor = ctx, policy, strategy, anchor
+        self.ids = list(range(min(ctx.cfg.eval.kl_prompts, len(pairs))))
+        self.pairs = pairs
+        self.chosen_logp0: float | None = None
+
+    def chosen_logp(self) -> float:
+        """The policy's mean over the fixed pairs of the summed log-prob of the chosen completion (EOS
+        included), packed as the step packs them (``pack``, ``pair_logprobs``)."""
+        batch, shared = pack(self.ctx, self.pairs, self.ids)
+        B = batch.num_pairs
+        with torch.inference_mode():
+            logp = pair_logprobs(partial(titan.token_logprobs, self.policy.model), batch, shared)  # [2B, T-1]
+            return float(masked_sum(logp[:B], batch.mask_BT[:B], dim=-1).mean())
+
+    def __call__(self) -> dict[str, float]:
+        out = evaluate(self.ctx, self.policy.model, self.anchor, reference=self.strategy, with_logp_correct=True)
+        chosen = self.chosen_logp()
+        if self.chosen_logp0 is None:  # the first measurement is step 0's (a resumed run loads it)
+            self.chosen_logp0 = chosen
+        out["logps/chosen_delta"] = chosen - self.chosen_logp0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"chosen_logp0": float("nan") if self.chosen_logp0 is None else self.chosen_logp0}
+
+    def load_state_dict(self, sd: dict) -> None:
+        v = float(sd["chosen_logp0"])
+        self.chosen_logp0 = None if v != v else v  # NaN: saved before the step-0 measurement
+
+
 def train_dpo(ctx: RunContext, sft_dir: Path) -> dict:
     pairs = load_pairs(ctx, sft_dir)
     policy = build_policy(ctx, sft_dir)
@@ -185,4 +240,6 @@ def train_dpo(ctx: RunContext, sft_dir: Path) -> dict:
         print(f"[refexp] DPO: {len(pairs)} pairs, loss {ctx.cfg.algo.loss_type}, reference {strategy.name}, "
               f"reference log-probs: {src}")
     step_fn = DPOStep(ctx, policy, strategy, pairs, ref_source, stats)
-    return run_loop(ctx, policy, strategy, anchor, step_fn, desc="dpo")
+    measure = DPOEval(ctx, policy, strategy, anchor, pairs)
+    return run_loop(ctx, policy, strategy, anchor, step_fn, extra_states={"dpo_eval": measure}, measure=measure,
+                    desc="dpo")

@@ -1,11 +1,15 @@
 """The RL loop both algorithms share; they differ in the step function they pass in.
 
-Per step (docs/architecture.md, "One GRPO step"): the algorithm's step -> the reference strategy's
-``after_step`` (reset / EMA / KL-triggered) -> every ``eval.every`` steps the held-out
-measurements -> log -> checkpoint. Around it: resume from the run dir's latest checkpoint, the
-step-0 measurement on a fresh start, a SIGTERM handler that saves before exiting (SLURM
-preemption), a non-finite guard that stops the run and leaves the last good checkpoint, and a
-final checkpoint at the end of every run.
+Per step (docs/architecture.md, "One GRPO step"): the algorithm's step -> every ``eval.every`` steps
+the held-out measurements -> the reference strategy's ``after_step`` (reset / EMA / KL-triggered) ->
+log -> checkpoint. The measurements come before ``after_step`` so that a strategy sees the ones of
+its own step: DPO's ``kl_triggered`` reads the eval-time ``kl/ref`` (refexp/algos/dpo.py). They
+measure the policy (and, for DPO, the reference as it was during the step), which ``after_step``
+does not change, so for GRPO the order does not change a number.
+
+Around it: resume from the run dir's latest checkpoint, the step-0 measurement on a fresh start, a
+SIGTERM handler that saves before exiting (SLURM preemption), a non-finite guard that stops the run
+and leaves the last good checkpoint, and a final checkpoint at the end of every run.
 """
 
 from __future__ import annotations
@@ -93,9 +97,15 @@ def optimizer_step(ctx: RunContext, policy: Policy, loss: torch.Tensor, step: in
 
 def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, anchor: InitAnchor,
              step_fn: Callable[[int, "Checkpointer"], dict], *, extra_states: dict | None = None,
-             desc: str = "train") -> dict:
-    """Drive ``step_fn(step, ckpt) -> metrics`` from the resumed step to ``training.steps``."""
+             measure: Callable[[], dict] | None = None, desc: str = "train") -> dict:
+    """Drive ``step_fn(step, ckpt) -> metrics`` from the resumed step to ``training.steps``.
+
+    ``measure() -> metrics``: the held-out measurements at step 0, every ``eval.every`` steps and at
+    the end (default: ``evaluation.evaluate`` of the policy against ``anchor``).
+    """
     cfg = ctx.cfg
+    if measure is None:
+        measure = lambda: evaluate(ctx, policy.model, anchor)  # noqa: E731
     state = TrainState()
     states = {"train_state": state, "reference": strategy, **(extra_states or {})}
     ckpt = Checkpointer(cfg.checkpoint, ctx.run_dir, model=policy.model, optimizers=policy.optimizers,
@@ -110,7 +120,7 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
         if ctx.dist.is_rank0:
             print(f"[refexp] resumed {ctx.run_dir} at step {start}")
     else:
-        last_eval = evaluate(ctx, policy.model, anchor)
+        last_eval = measure()
         ctx.logger.log({**last_eval, **strategy.metrics()}, step=0)
 
     preempted: dict = {"signum": None}
@@ -124,18 +134,21 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
         for step in range(start + 1, cfg.training.steps + 1):
             t0 = time.perf_counter()
             metrics = step_fn(step, ckpt)
+            eval_s = 0.0
+            if step % cfg.eval.every == 0 or step == cfg.training.steps:
+                t_eval = time.perf_counter()
+                last_eval = measure()
+                metrics.update(last_eval)
+                eval_s = time.perf_counter() - t_eval
             strategy.after_step(step, policy.model, metrics)
             if strategy.reset_optimizer_requested:
                 reset_optimizer_state(policy.optimizers)
                 strategy.reset_optimizer_requested = False
             metrics.update(strategy.metrics())
-            metrics["perf/step_s"] = time.perf_counter() - t0
+            metrics["perf/step_s"] = time.perf_counter() - t0 - eval_s  # the step and its reference update
             metrics["mem/peak_rss_mb"] = peak_rss_mb()
             if ctx.device.type == "cuda":
                 metrics["mem/peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
-            if step % cfg.eval.every == 0 or step == cfg.training.steps:
-                last_eval = evaluate(ctx, policy.model, anchor)
-                metrics.update(last_eval)
             ctx.logger.log(metrics, step=step)
             state.step = step
             bar.update(1)
@@ -154,7 +167,8 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
         if cfg.checkpoint.enable and ckpt.latest_step() != step:
             ckpt.save(step, force=True)  # the end of a run always writes a checkpoint
         if cfg.checkpoint.last_save_in_hf:
-            titan.export_hf(policy.model, cfg.model, str(ctx.run_dir / cfg.checkpoint.folder / "hf"))
+            titan.export_hf(policy.model, cfg.model, str(ctx.run_dir / cfg.checkpoint.folder / "hf"),
+                            tokenizer=ctx.task.tokenizer)
     finally:
         bar.close()
         for s, handler in prev.items():
@@ -162,7 +176,7 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
         ckpt.close()
     final = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
     if not metrics:  # resumed at the end: no step ran in this process, so measure the final policy here
-        last_eval = evaluate(ctx, policy.model, anchor)
+        last_eval = measure()
     final.update(last_eval)
     final["step"] = step
     return final

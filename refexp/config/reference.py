@@ -89,8 +89,9 @@ class EMAReferenceConfig(ReferenceConfig):
 
 @dataclass
 class KLTriggeredReferenceConfig(ReferenceConfig):
-    """``reference=kl_triggered``: reset to the policy when the batch's kl/ref exceeds ``kl_threshold``,
-    at least ``min_gap`` steps after the previous reset."""
+    """``reference=kl_triggered``: reset to the policy when kl/ref exceeds ``kl_threshold``, at least
+    ``min_gap`` steps after the previous reset. GRPO's kl/ref is the training batch's, every step; DPO's is
+    measured on the eval schedule only (refexp/algos/dpo.py), so a DPO reset can happen at eval steps only."""
 
     name: str = "kl_triggered"
     """Always kl_triggered."""
