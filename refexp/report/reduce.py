@@ -5,7 +5,8 @@ Definitions (the "how to read this" paragraph of report.md repeats them):
   few steps, so "final" is the last logged value and "best" the maximum over the run;
 - per-step training metrics (``reward/mean``, ``rewards/*``, ``kl/ref``) are batch estimates, noisy
   and, for ``kl/ref`` under a resetting strategy, saw-toothed; "final" is the mean of the last
-  ``TAIL`` logged values so the number does not depend on where in a reset cycle the run ended;
+  ``TAIL`` logged values so the number does not depend on where in a reset cycle the run ended
+  (DPO logs ``kl/ref`` on the eval schedule, so there it is the mean of the last ``TAIL`` evaluations);
 - steps to target: the first logged step whose ``eval/accuracy`` >= target (inf = never);
 - reference cost: sum(perf/ref_fwd_s) / sum(perf/step_s) over the logged steps (a step that logs
   no ``perf/ref_fwd_s`` did no reference forward: it counts 0);
