@@ -84,10 +84,9 @@ def validate(dcfg: DictConfig) -> RootConfig:
                           ("sft.checkpoint", cfg.sft.checkpoint)):
         if p and not Path(p).is_dir():
             raise ConfigError(f"{field_name}={p!r} is not a directory (expected a checkpoint directory)")
-    for field_name, p in (("task.train_path", cfg.task.train_path), ("task.eval_path", cfg.task.eval_path),
-                          ("task.preference_path", cfg.task.preference_path)):
-        if p and not Path(p).exists():
-            raise ConfigError(f"{field_name}={p!r} does not exist (nothing is downloaded at run time)")
+    from refexp.tasks.sources import check_sources
+
+    check_sources(cfg.task)  # local paths, Hub ids (reachable?), the task.reward hook
     return cfg
 
 
@@ -131,9 +130,9 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
 
     datasets.disable_progress_bars()  # one tqdm line per saved split drowns the run's own output
     cache_dir = Path(os.path.expanduser(cfg.sft.cache_dir))
-    task = build_task(cfg.task, str(cache_dir)) if info.is_rank0 else None
+    task = build_task(cfg.task, str(cache_dir), algo=cfg.algo.name) if info.is_rank0 else None
     rdist.barrier()
-    task = task or build_task(cfg.task, str(cache_dir))  # other ranks read rank 0's cached data
+    task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name)  # other ranks read rank 0's cache
 
     resolved = resolved_container(dcfg)
     if info.is_rank0:

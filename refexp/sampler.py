@@ -41,10 +41,11 @@ class Rollout:
     """Completions of a batch of prompts, in the training layout.
 
     tokens_BT:      [N, T] prompt (true length, no left pad) + completion + right padding
-    mask_BT:        [N, T-1] bool, True where tokens[:, t+1] is a completion token (EOS included)
+    mask_BT:        [N, T-1] bool, True where tokens[:, t+1] is a completion token (the stop id included)
     behaviour_logp: [N, T-1] float32 log-probs of those tokens under the sampling policy (0 elsewhere)
-    completion_ids: list of N lists of sampled ids (EOS included when produced)
-    texts:          N decoded completions (EOS and padding removed)
+    completion_ids: list of N lists of sampled ids (the stop id, any of ``tokenizer.stop_ids``, included
+                    when produced)
+    texts:          N decoded completions (the stop id and padding removed)
     """
 
     tokens_BT: torch.Tensor
@@ -114,7 +115,9 @@ def generate(
             raise ValueError("generate(): keys (one per row) are required for sampling")
         u_BT = row_uniforms(keys, max_new_tokens).to(device)
 
-    eos, pad = tokenizer.eos_id, tokenizer.pad_id
+    pad = tokenizer.pad_id
+    # Every eos id of the checkpoint's generation_config.json ends a row (TextTokenizer.stop_ids).
+    stop_S = torch.tensor(getattr(tokenizer, "stop_ids", (tokenizer.eos_id,)), dtype=torch.long, device=device)
     out = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
     logp_out = torch.zeros(n, max_new_tokens, dtype=torch.float32, device=device)
     done = torch.zeros(n, dtype=torch.bool, device=device)
@@ -140,7 +143,7 @@ def generate(
             out[:, t] = tok
             logp_out[:, t] = torch.where(done, torch.zeros_like(logp), logp)
             lengths += (~done).long()
-            done |= tok == eos
+            done |= torch.isin(tok, stop_S)
             # Stop when every row has finished; a collective decision under FSDP/TP, where all
             # ranks hold the same rows' state only if they decode the same number of steps.
             if _all_done(done) or t == max_new_tokens - 1:

@@ -61,19 +61,23 @@ def test_pairs_are_deterministic_correct_vs_own_error(tmp_path):
         row = task.train[pid]
         assert (prompt, chosen) == (row["prompt"], row["completion"])
         assert task.reward(chosen, row["answer"]) == 1.0 and task.reward(rejected, row["answer"]) < 1.0
-    # a pair set is stored per (num_pairs, pair_seed, max_new_tokens) next to its SFT model
-    dirs = {pairs_dir(tmp_path, n, s, m) for n, s, m in [(40, 3, 8), (41, 3, 8), (40, 4, 8), (40, 3, 9)]}
-    assert len(dirs) == 4 and all(d.parent == tmp_path for d in dirs)
+    # a pair set is stored under the cache dir, one per value of anything in its key
+    key = {"task": "t", "start": {"path": "/ckpt", "stamp": []}, "num_pairs": 40, "pair_seed": 3, "max_new_tokens": 8}
+    changes = [{}, {"num_pairs": 41}, {"pair_seed": 4}, {"max_new_tokens": 9}, {"task": "u"},
+               {"start": {"path": "/other", "stamp": []}}]
+    dirs = {pairs_dir(tmp_path, {**key, **c}) for c in changes}
+    assert len(dirs) == len(changes) and all(d.parent == tmp_path / "pairs" for d in dirs)
 
 
 # ---------------------------------------------------------------- end to end
 def test_dpo_fixed_reference_live_then_precomputed(tmp_path):
     _, live = run_dpo(tmp_path / "live")
-    assert live[1]["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # step 1: the policy is the reference
+    assert live[1]["kl/ref_chosen_tokens"] == pytest.approx(0.0, abs=1e-6)  # step 1: the policy is the reference
     assert live[1]["loss/total"] == pytest.approx(0.6931472, abs=1e-5)  # -log sigmoid(0)
-    assert live[3]["kl/ref"] > 0 and live[3]["mem/ref_params"] > 0 and "refcache/hits" not in live[1]
-    stored = list(Path(os.environ["REFEXP_CACHE"]).glob("sft/*/pairs-*/pairs.json"))
-    assert any(json.loads(p.read_text())["made"] == 64 for p in stored)  # next to the SFT model
+    assert live[3]["kl/ref_chosen_tokens"] > 0 and live[3]["mem/ref_params"] > 0 and "refcache/hits" not in live[1]
+    stored = list(Path(os.environ["REFEXP_CACHE"]).glob("pairs/*/pairs.json"))
+    assert any(json.loads(p.read_text())["made"] == 64 for p in stored)  # in the cache, not the SFT dir
+    assert not list(Path(os.environ["REFEXP_CACHE"]).glob("sft/*/pairs-*"))
 
     _, first = run_dpo(tmp_path / "a", "algo.precompute_ref=true")
     _, second = run_dpo(tmp_path / "b", "algo.precompute_ref=true")
@@ -82,7 +86,7 @@ def test_dpo_fixed_reference_live_then_precomputed(tmp_path):
         assert (r["refcache/hits"], r["refcache/misses"], r["mem/ref_params"]) == (16.0, 0.0, 0.0)
     for c, l in zip(second[1:], live[1:]):  # cached reference log-probs train exactly like live ones
         assert c["loss/total"] == pytest.approx(l["loss/total"], abs=1e-5)
-        assert c["kl/ref"] == pytest.approx(l["kl/ref"], abs=1e-5)
+        assert c["kl/ref_chosen_tokens"] == pytest.approx(l["kl/ref_chosen_tokens"], abs=1e-5)
     assert second[3]["kl/init"] == pytest.approx(live[3]["kl/init"], abs=1e-5)  # anchor rebuilt for kl/init
 
 
@@ -90,7 +94,7 @@ def test_dpo_fixed_reference_live_then_precomputed(tmp_path):
 def test_dpo_reference_free_losses_hold_no_reference(tmp_path, loss):
     _, rows = run_dpo(tmp_path / loss, "reference=none", f"algo.loss_type={loss}")
     for r in rows[1:]:
-        assert r["mem/ref_params"] == 0.0 and "kl/ref" not in r
+        assert r["mem/ref_params"] == 0.0 and "kl/ref" not in r and "kl/ref_chosen_tokens" not in r
     if loss == "orpo":
         assert {"loss/nll", "loss/or"} <= rows[1].keys()
 
@@ -100,7 +104,7 @@ def test_dpo_periodic_reset_invalidates_the_reference_cache(tmp_path):
                       "algo.precompute_ref=true")
     assert [r["ref/version"] for r in rows[1:]] == [0.0, 1.0, 1.0]  # reset after step 2
     assert [r["refcache/misses"] for r in rows[1:]] == [16.0, 16.0, 16.0]  # distinct pairs every step
-    assert rows[3]["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # the reference was just reset to the policy
+    assert rows[3]["kl/ref_chosen_tokens"] == pytest.approx(0.0, abs=1e-6)  # the reference was just reset
     assert rows[3]["loss/total"] == pytest.approx(0.6931472, abs=1e-5)
 
 

@@ -8,10 +8,14 @@ first *incorrect* completion among ``TRIES`` samples of the SFT model itself (te
 gets right gives no pair and is skipped. Sampling stops at ``algo.num_pairs`` pairs (or the end of
 the train split, with a warning).
 
-The set is generated once and stored as a ``datasets`` dataset next to the SFT checkpoint
-(``<sft_dir>/pairs-<hash of (num_pairs, pair_seed, max_new_tokens)>/``), since it is a function of
-that model; it is written to a temporary directory and renamed into place, so concurrent jobs of a
-sweep never see half a set (the loser of a race loads the winner's, which is identical).
+The set is generated once and stored as a ``datasets`` dataset in the cache dir
+(``<cache_dir>/pairs/<hash>/``), keyed by everything it is a function of: the task
+(``task_fingerprint``, reward hook included), the start checkpoint's identity (resolved path and the
+stamp of its weights, ``refcache.checkpoint_stamp``), the model config and dtype it is loaded into,
+and ``num_pairs``, ``pair_seed``, ``max_new_tokens``. Never in the checkpoint folder: a user's
+``sft.checkpoint`` may be read-only or shared. It is written to a temporary directory and renamed
+into place, so concurrent jobs of a sweep never see half a set (the loser of a race loads the
+winner's, which is identical).
 
 With ``task.preference_path`` the pairs are that file's (``refexp.tasks.preference``) instead.
 
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import datasets
@@ -34,6 +38,8 @@ from refexp.context import RunContext
 from refexp.hashing import digest, stable_hash
 from refexp.io import atomic_dir
 from refexp.models import build_frozen
+from refexp.refcache import checkpoint_stamp
+from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
 
 PAIRS_FORMAT = 1
@@ -52,7 +58,7 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
     if ctx.task.preference is not None:
         return ctx.task.preference
     a = ctx.cfg.algo
-    out = pairs_dir(sft_dir, a.num_pairs, a.pair_seed, ctx.task.max_new_tokens)
+    out = pairs_dir(ctx.cache_dir, pairs_key(ctx, sft_dir))
     # All ranks agree on rank 0's view: every rank must join the sharded forwards of generation.
     if rdist.broadcast_object(not _complete(out)):
         model = build_frozen(ctx, sft_dir)
@@ -75,11 +81,18 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
     return pairs
 
 
-def pairs_dir(sft_dir: Path, num_pairs: int, pair_seed: int, max_new_tokens: int) -> Path:
-    """``<sft_dir>/pairs-<hash>``: the SFT dir already names the model and the task's data."""
-    key = {"num_pairs": num_pairs, "pair_seed": pair_seed, "max_new_tokens": max_new_tokens, "tries": TRIES,
-           "format": PAIRS_FORMAT}
-    return Path(sft_dir) / f"pairs-{stable_hash(key, 12)}"
+def pairs_key(ctx: RunContext, sft_dir: Path) -> dict:
+    """What the pairs sampled from the model at ``sft_dir`` are a function of (see the module doc)."""
+    a = ctx.cfg.algo
+    return {"task": task_fingerprint(ctx.cfg.task),
+            "start": {"path": str(Path(sft_dir).resolve()), "stamp": checkpoint_stamp(sft_dir)},
+            "model": asdict(ctx.cfg.model), "dtype": ctx.cfg.training.dtype,
+            "num_pairs": a.num_pairs, "pair_seed": a.pair_seed, "max_new_tokens": ctx.task.max_new_tokens}
+
+
+def pairs_dir(cache_dir: Path, key: dict) -> Path:
+    """``<cache_dir>/pairs/<hash of key, TRIES and PAIRS_FORMAT>``."""
+    return Path(cache_dir) / "pairs" / stable_hash({**key, "tries": TRIES, "format": PAIRS_FORMAT}, 16)
 
 
 @torch.no_grad()

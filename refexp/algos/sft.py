@@ -42,7 +42,8 @@ from refexp.tasks.batching import pack_sequences
 def sft_fingerprint(ctx: RunContext) -> str:
     """Hash of what determines the SFT model: model shape, task data, the sft block, dtype."""
     cfg = ctx.cfg
-    sft = {k: v for k, v in asdict(cfg.sft).items() if k not in ("cache_dir", "checkpoint")}
+    # enable is always true here; leaving it out keeps the keys of caches made before it existed.
+    sft = {k: v for k, v in asdict(cfg.sft).items() if k not in ("cache_dir", "checkpoint", "enable")}
     key = {"model": asdict(cfg.model), "task": task_fingerprint(cfg.task), "sft": sft, "dtype": cfg.training.dtype,
            "vocab": ctx.task.tokenizer.vocab_size, "version": 1}
     return stable_hash(key, 16)
@@ -60,7 +61,11 @@ def _file_lock(path: Path):
 
 
 def ensure_sft(ctx: RunContext) -> Path:
-    """The SFT output dir for this config: ``sft.checkpoint`` if given, else cached or trained now."""
+    """The dir the RL stage starts from: ``model.hf_assets_path`` when ``sft.enable=false`` (a pretrained
+    HF checkpoint; ``titan.load_weights`` recognises it), ``sft.checkpoint`` if given, else the SFT
+    output, cached or trained now."""
+    if not ctx.cfg.sft.enable:  # RootConfig's checks guarantee hf_assets_path is set
+        return Path(ctx.cfg.model.hf_assets_path)
     if ctx.cfg.sft.checkpoint:
         p = Path(ctx.cfg.sft.checkpoint)
         if not p.is_dir():
@@ -139,7 +144,7 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     save_model_weights(model, out_dir / "model")
     if ctx.dist.is_rank0:
         tok.save(str(out_dir))
-    titan.export_hf(model, cfg.model, str(out_dir / "hf"))
+    titan.export_hf(model, cfg.model, str(out_dir / "hf"), tokenizer=tok)
     summary = {"steps": step, "eval_accuracy": acc, "wall_s": wall, "reached_target": acc >= sft.target_accuracy}
     if ctx.dist.is_rank0:
         write_json_atomic(out_dir / "sft.json", summary)

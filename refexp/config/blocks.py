@@ -30,6 +30,9 @@ class SFTConfig:
     """The SFT stage that makes the starting policy and the fixed reference. Cached by a hash of
     everything that determines it (model, task, this block), so a sweep trains it once."""
 
+    enable: bool = True
+    """False skips the stage: the policy, the reference and the ``kl/init`` anchor all start from the
+    pretrained checkpoint ``model.hf_assets_path`` (which must then be set; nothing to do for ``algo=sft``)."""
     steps: int = 3000
     """Step cap; training stops earlier once ``target_accuracy`` is reached."""
     target_accuracy: float = 0.4
@@ -52,6 +55,9 @@ class SFTConfig:
     """Cache of generated task data and SFT outputs ($REFEXP_CACHE, else ~/.cache/refexp)."""
 
     def __post_init__(self) -> None:
+        check(isinstance(self.enable, bool), "sft.enable", self.enable, "true or false")
+        check(self.enable or self.checkpoint is None, "sft.checkpoint", self.checkpoint,
+              "None when sft.enable=false (the run starts from model.hf_assets_path, not an SFT output)")
         check(isinstance(self.steps, int) and self.steps >= 0, "sft.steps", self.steps, "an integer >= 0")
         check(0.0 <= self.target_accuracy <= 1.0, "sft.target_accuracy", self.target_accuracy, "a number in [0, 1]")
         positive_int("sft.eval_every", self.eval_every)

@@ -152,6 +152,13 @@ def _describe(path: str, schema: type) -> str:
 
 def check_cross_fields(cfg: RootConfig) -> None:
     """Checks that need more than one group."""
+    if not cfg.sft.enable:
+        if cfg.algo.name == "sft":
+            raise ConfigError("sft.enable=false is invalid with algo=sft: the SFT stage is all that algo runs "
+                              "(use algo=grpo or algo=dpo to start from model.hf_assets_path)")
+        if not cfg.model.hf_assets_path:
+            raise ConfigError("sft.enable=false needs model.hf_assets_path: a pretrained HF checkpoint dir for "
+                              "the policy, the reference and the kl/init anchor to start from (or sft.enable=true)")
     if getattr(cfg.algo, "share_prompt", False) and cfg.model.attn_backend != "sdpa":
         raise ConfigError(f"algo.share_prompt=true needs model.attn_backend=sdpa (got {cfg.model.attn_backend!r}): "
                           f"set algo.share_prompt=false to use the {cfg.model.attn_backend} backend")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .errors import check, one_of, positive_int
 
@@ -14,7 +14,7 @@ class TaskConfig:
     arithmetic task (``task/arithmetic.yaml``); ``task/gsm8k.yaml`` sets the real-data fields."""
 
     name: str = "arithmetic"
-    """arithmetic (embedded, generated) | gsm8k (local files of the GSM8K schema)."""
+    """arithmetic (embedded, generated) | gsm8k (data of the GSM8K schema: question + worked solution)."""
     digits: int = 3
     """arithmetic: digits of each (zero-padded) operand."""
     ops: list[str] = field(default_factory=lambda: ["+"])
@@ -26,13 +26,51 @@ class TaskConfig:
     data_seed: int = 1234
     """Seeds problem generation and the held-out split."""
     train_path: Optional[str] = None
-    """A local .jsonl/.json/.parquet file (or a saved ``datasets`` dir) with question/answer columns."""
+    """What ``datasets.load_dataset`` accepts: a local .jsonl/.json/.parquet/.csv file, a folder
+    (``save_to_disk``'s or a data dir) or a Hugging Face Hub id (``openai/gsm8k``; needs a network)."""
     eval_path: Optional[str] = None
-    """A local held-out file (None: split ``num_eval`` rows off ``train_path``)."""
+    """Held-out data, any form ``train_path`` takes (None: split ``num_eval`` rows off ``train_path``)."""
+    val_path: Optional[str] = None
+    """Validation data (e.g. for SFT stopping), any form ``train_path`` takes; excludes ``val_fraction``."""
+    val_fraction: float = 0.0
+    """Share of the training rows carved off (seeded by ``data_seed``) as ``Task.val``; 0 = no validation
+    split unless ``val_path`` is set."""
     preference_path: Optional[str] = None
-    """DPO on a public preference dataset: prompt/chosen/rejected strings or chat ``messages``."""
+    """DPO on a preference dataset (any form ``train_path`` takes): prompt/chosen/rejected strings or chat
+    ``messages``."""
+    dataset_config: Optional[str] = None
+    """The config name of a Hub dataset (``main`` for openai/gsm8k); None = its default."""
+    train_split: str = "train"
+    """The split of ``train_path`` (and ``preference_path``) used when it has several."""
+    eval_split: str = "test"
+    """The split of ``eval_path`` used when it has several."""
+    val_split: str = "validation"
+    """The split of ``val_path`` used when it has several."""
+    question_column: str = "question"
+    """GSM8K-format data: the column holding the question."""
+    answer_column: str = "answer"
+    """GSM8K-format data: the column holding the worked solution ending in ``#### <number>``."""
+    prompt_column: str = "prompt"
+    """Preference data: the prompt column (text or chat messages)."""
+    chosen_column: str = "chosen"
+    """Preference data: the preferred completion column."""
+    rejected_column: str = "rejected"
+    """Preference data: the dispreferred completion column."""
+    reward: Optional[str] = None
+    """A reward function ``(completion: str, answer: str) -> float`` by dotted path
+    (``package.module:function`` or ``package.module.function``), imported when the config is
+    validated; None = the task's own (exact integer match for arithmetic, the final number for gsm8k)."""
     tokenizer_path: Optional[str] = None
     """HF tokenizer dir (tokenizer.json); None = refexp's character tokenizer for the embedded task."""
+    chat_template: bool = False
+    """Render every prompt (GRPO, evaluation, DPO) with the tokenizer's own chat template, the question as
+    the user message and the assistant turn opened (``apply_chat_template(add_generation_prompt=True)``);
+    false = the task's plain format (``Question: ...\nAnswer:`` for gsm8k)."""
+    system_prompt: Optional[str] = None
+    """With ``chat_template``: a leading system message of every prompt; None = none."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """With ``chat_template``: extra variables of the template (``{enable_thinking: false}`` for Qwen3; on the
+    command line a new key takes Hydra's ``+``: ``+task.chat_template_kwargs.enable_thinking=false``)."""
     max_prompt_len: int = 64
     """Prompts longer than this (in tokens) are rejected when the task is built."""
     max_new_tokens: int = 6
@@ -47,6 +85,17 @@ class TaskConfig:
         positive_int("task.num_eval", self.num_eval)
         positive_int("task.max_prompt_len", self.max_prompt_len)
         positive_int("task.max_new_tokens", self.max_new_tokens)
+        check(isinstance(self.val_fraction, (int, float)) and 0 <= self.val_fraction < 1, "task.val_fraction",
+              self.val_fraction, "a number in [0, 1)")
+        check(not (self.val_path and self.val_fraction), "task.val_fraction", self.val_fraction,
+              "0 when task.val_path is set (one validation source)")
+        for name in ("train_split", "eval_split", "val_split", "question_column", "answer_column",
+                     "prompt_column", "chosen_column", "rejected_column"):
+            check(isinstance(getattr(self, name), str) and getattr(self, name) != "", f"task.{name}",
+                  getattr(self, name), "a non-empty name")
+        for name in ("system_prompt", "chat_template_kwargs"):  # silently unused otherwise
+            check(self.chat_template or not getattr(self, name), f"task.{name}", getattr(self, name),
+                  "unset unless task.chat_template=true")
         if self.name == "gsm8k":
             check(self.train_path is not None, "task.train_path", self.train_path,
-                  "a local GSM8K-format file when task.name=gsm8k (nothing is downloaded at run time)")
+                  "GSM8K-format data (a local file or folder, or a Hub id) when task.name=gsm8k")

@@ -1,18 +1,14 @@
 """Render chat ``messages`` (lists of ``{"role", "content"}``) to text.
 
-With a tokenizer that carries a chat template, the template is rendered the way
-``transformers``' ``apply_chat_template`` does it (a sandboxed Jinja environment with
-``trim_blocks``/``lstrip_blocks``, ``raise_exception``, ``tojson``, ``strftime_now``, and the special
-tokens as variables), so a checkpoint's own format is reproduced without importing transformers.
-Without one, the documented fallback is one ``role: content\\n`` line per message, and the generation
-prompt is ``assistant: ``.
+With a tokenizer that carries a chat template, ``transformers``' ``apply_chat_template`` renders it
+(``TextTokenizer.hf()``: the checkpoint's own tokenizer), with the tokenizer's ``system_prompt`` as a
+leading system message and its ``chat_template_kwargs`` as template variables (``task.*``). Without
+one, the documented fallback is one ``role: content\\n`` line per message, and the generation prompt
+is ``assistant: `` (preference data in chat form still needs some text).
 """
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
-from functools import lru_cache
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
@@ -25,35 +21,53 @@ def render_chat(
     messages: list[dict], tokenizer: Optional["TextTokenizer"] = None, *, add_generation_prompt: bool = False
 ) -> str:
     """Text of ``messages``; ``add_generation_prompt`` appends what opens the assistant's turn."""
-    template = getattr(tokenizer, "chat_template", None)
-    if template is None:
+    if getattr(tokenizer, "chat_template", None) is None:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
         return text + (FALLBACK_GENERATION_PROMPT if add_generation_prompt else "")
-    return _compile(template).render(
-        messages=messages,
-        add_generation_prompt=add_generation_prompt,
-        bos_token=tokenizer.token(tokenizer.bos_id) or "",
-        eos_token=tokenizer.token(tokenizer.eos_id),
-        pad_token=tokenizer.token(tokenizer.pad_id),
-    )
+    system = tokenizer.system_prompt
+    if system is not None and not (messages and messages[0]["role"] == "system"):
+        messages = [{"role": "system", "content": system}, *messages]
+    return tokenizer.hf().apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                              **tokenizer.chat_template_kwargs)
 
 
-@lru_cache(maxsize=8)
-def _compile(template: str):
-    # Templates from the Hub are untrusted code: the immutable sandbox is what transformers uses.
-    import jinja2
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+def chat_prompt(text: str, tokenizer: "TextTokenizer") -> str:
+    """A prompt with ``text`` as the user message, the assistant's turn opened (a task's question)."""
+    return render_chat([{"role": "user", "content": text}], tokenizer, add_generation_prompt=True)
 
-    def raise_exception(message: str):
-        raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # Jinja's own tojson escapes HTML characters, which changes the rendered prompt.
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def configure_chat(tokenizer: "TextTokenizer", task_cfg) -> None:
+    """Give ``tokenizer`` the ``task.system_prompt`` / ``task.chat_template_kwargs`` it renders with; with
+    ``task.chat_template=true`` a tokenizer without a template is a ConfigError."""
+    if not task_cfg.chat_template:
+        return
+    if tokenizer.chat_template is None:
+        from refexp.config import ConfigError
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
+        where = (f"task.tokenizer_path={task_cfg.tokenizer_path!r} has" if task_cfg.tokenizer_path
+                 else "refexp's character tokenizer (task.tokenizer_path=None) has")
+        raise ConfigError(f"task.chat_template=true is invalid: {where} no chat template (chat_template in "
+                          f"tokenizer_config.json or chat_template.jinja); expected task.chat_template=false")
+    tokenizer.system_prompt = task_cfg.system_prompt
+    tokenizer.chat_template_kwargs = dict(task_cfg.chat_template_kwargs)
+
+
+GSM8K_PROMPT = ("Question: ", "\nAnswer:")
+"""The plain GSM8K prompt around the question (``refexp/tasks/gsm8k.py``'s documented format)."""
+
+
+def chat_rows(ds, tokenizer: "TextTokenizer", task_name: str):
+    """``ds`` with every ``prompt`` rendered by ``chat_prompt``: the task's question as the user message
+    (gsm8k: the question without ``GSM8K_PROMPT``; arithmetic: the prompt itself). The completion loses
+    gsm8k's opening space, which only separates it from a plain prompt's ``Answer:``."""
+    head, tail = GSM8K_PROMPT
+
+    def render(row: dict) -> dict:
+        prompt, completion = row["prompt"], row["completion"]
+        if task_name == "gsm8k":
+            if not (prompt.startswith(head) and prompt.endswith(tail)):
+                raise ValueError(f"gsm8k prompt {prompt[:80]!r} is not in the format {head!r}...{tail!r}")
+            prompt, completion = prompt[len(head):-len(tail)], completion.removeprefix(" ")
+        return {"prompt": chat_prompt(prompt, tokenizer), "completion": completion}
+
+    return ds.map(render, keep_in_memory=True)

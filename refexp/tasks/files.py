@@ -1,5 +1,7 @@
-"""Open a local data file as a ``datasets.Dataset``: ``.jsonl``/``.json``/``.parquet``, or a directory
-written by ``save_to_disk``. Nothing is downloaded; every failure is a ``ConfigError`` naming the path.
+"""Open a task's data as a ``datasets.Dataset``: whatever ``datasets.load_dataset`` accepts. A local
+``.jsonl``/``.json``/``.parquet``/``.csv`` file, a directory written by ``save_to_disk``, a data
+directory (``load_dataset(dir)``), or a Hugging Face Hub dataset id (``refexp.tasks.sources`` checks
+before any model is built that the Hub can be reached). Every failure is a ``ConfigError`` naming the path.
 """
 
 from __future__ import annotations
@@ -12,21 +14,30 @@ import datasets
 
 from refexp.config import ConfigError
 
-_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-def load_table(path: str, *, cache_dir: Optional[str] = None) -> datasets.Dataset:
-    """The rows of ``path``. ``cache_dir`` is where ``datasets`` keeps its Arrow copy of a file
-    (None = its default, ``~/.cache/huggingface/datasets``)."""
+def load_table(path: str, *, split: Optional[str] = None, config: Optional[str] = None,
+               cache_dir: Optional[str] = None) -> datasets.Dataset:
+    """The rows of ``path``. ``split`` picks one split of a source that has several (a saved
+    ``DatasetDict``, a data directory, a Hub dataset; None: the only one); a single file is one split.
+    ``config`` is a Hub dataset's config name. ``cache_dir`` is where ``datasets`` keeps its Arrow
+    copy (None = its default, ``~/.cache/huggingface/datasets``)."""
     if os.path.isdir(path):
-        return _load_saved(path)
+        if _is_saved(path):
+            return _load_saved(path, split)
+        return _load_dataset(path, path, config=config, split=split, cache_dir=cache_dir)
     if not os.path.isfile(path):
-        raise ConfigError(f"data file {path!r} does not exist")
+        from refexp.tasks.sources import looks_like_hub_id
+
+        if not looks_like_hub_id(path):
+            raise ConfigError(f"data file {path!r} does not exist")
+        return _load_dataset(path, path, config=config, split=split, cache_dir=cache_dir)
     builder = _BUILDERS.get(os.path.splitext(path)[1].lower())
     if builder is None:
         raise ConfigError(
-            f"data file {path!r} has an unknown extension: expected .jsonl, .json, .parquet "
-            f"or a directory written by datasets' save_to_disk"
+            f"data file {path!r} has an unknown extension: expected .jsonl, .json, .parquet, .csv, "
+            f"a directory (save_to_disk's or a data directory) or a Hugging Face Hub dataset id"
         )
     try:
         return datasets.load_dataset(builder, data_files=path, split="train", cache_dir=cache_dir)
@@ -79,12 +90,36 @@ def _json_rows(path: str):
                     yield e
 
 
-def _load_saved(path: str) -> datasets.Dataset:
+def _load_dataset(path: str, source: str, *, config: Optional[str], split: Optional[str],
+                  cache_dir: Optional[str]) -> datasets.Dataset:
+    """``datasets.load_dataset`` of a data directory or Hub id, one split of it."""
+    try:
+        loaded = datasets.load_dataset(source, config, cache_dir=cache_dir)
+    except Exception as e:  # no data files, an unknown config, the Hub gone since validate, ...
+        raise ConfigError(f"{path!r} could not be loaded by datasets.load_dataset: {type(e).__name__}: {e}") from e
+    return _one_split(path, loaded, split)
+
+
+def _is_saved(path: str) -> bool:
+    """A directory ``save_to_disk`` wrote: a ``DatasetDict`` (``dataset_dict.json``) or a ``Dataset``."""
+    return any(os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json"))
+
+
+def _load_saved(path: str, split: Optional[str] = None) -> datasets.Dataset:
     try:
         saved = datasets.load_from_disk(path)
     except FileNotFoundError as e:
         raise ConfigError(f"directory {path!r} is not a dataset written by save_to_disk ({e})") from e
+    return _one_split(path, saved, split)
+
+
+def _one_split(path: str, saved, split: Optional[str]) -> datasets.Dataset:
     if isinstance(saved, datasets.DatasetDict):
+        if split is not None and (split in saved or len(saved) > 1):  # a lone split is the data, any name
+            if split not in saved:
+                raise ConfigError(f"{path!r} has no split {split!r}: expected one of {', '.join(saved)} "
+                                  f"(task.train_split, task.eval_split and task.val_split choose it)")
+            return saved[split]
         if len(saved) != 1:
             splits = ", ".join(os.path.join(path, s) for s in saved)
             raise ConfigError(f"{path!r} holds several splits; point at one of them: {splits}")

@@ -3,7 +3,8 @@ key caches (the SFT checkpoint, precomputed reference log-probs).
 
 Local files are identified by absolute path, size and modification time rather than by content:
 hashing a multi-GB preference set on every start would cost more than it saves, and a file
-edited in place (new mtime) still gets a new fingerprint.
+edited in place (new mtime) still gets a new fingerprint. A Hub dataset is identified by its id
+(with the config and split fields).
 """
 
 from __future__ import annotations
@@ -27,14 +28,30 @@ def task_fingerprint(task_cfg: TaskConfig) -> str:
             eval=_path_identity(task_cfg.eval_path),
             # Without an eval file the held-out slice is cut from train by these two.
             holdout=None if task_cfg.eval_path else [task_cfg.num_eval, task_cfg.data_seed],
+            source=[task_cfg.dataset_config, task_cfg.train_split, task_cfg.eval_split,
+                    task_cfg.question_column, task_cfg.answer_column],
         )
+    if task_cfg.preference_path is not None:
+        key["preference_source"] = [task_cfg.dataset_config, task_cfg.train_split, task_cfg.prompt_column,
+                                    task_cfg.chosen_column, task_cfg.rejected_column]
+    # Added only when set, so the default embedded task keeps its key (and its cached SFT model).
+    if task_cfg.val_path is not None or task_cfg.val_fraction:
+        # A carved validation slice changes the training rows; a val file changes what SFT stops on.
+        key["val"] = [_path_identity(task_cfg.val_path), task_cfg.val_split, task_cfg.val_fraction,
+                      task_cfg.data_seed]
+    if task_cfg.chat_template:  # the rendered prompts are the data; added only when set (keys above stay)
+        key["chat"] = [task_cfg.system_prompt, task_cfg.chat_template_kwargs]
+    if task_cfg.reward is not None:
+        key["reward"] = task_cfg.reward  # held-out accuracy, hence SFT's early stop, is measured with it
     # None = the char tokenizer, whose vocabulary is versioned with the arithmetic format.
     key["tokenizer"] = _path_identity(task_cfg.tokenizer_path, only=TOKENIZER_FILES)
     return stable_hash(key, 16)
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-"""What ``TextTokenizer.from_dir`` reads: a checkpoint dir's weights do not change the tokens."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json")
+"""What ``TextTokenizer.from_dir`` reads (``generation_config.json``: the stop ids): a checkpoint dir's
+weights do not change the tokens."""
 
 
 def _path_identity(path: Optional[str], only: Optional[tuple[str, ...]] = None):
@@ -42,6 +59,8 @@ def _path_identity(path: Optional[str], only: Optional[tuple[str, ...]] = None):
     ``only`` restricts a directory to those file names."""
     if path is None:
         return None
+    if not os.path.exists(path):
+        return ["hub", path]  # refexp.tasks.sources has checked that it is a Hub id
     path = os.path.abspath(path)
     if os.path.isfile(path):
         st = os.stat(path)

@@ -1,5 +1,6 @@
-"""GSM8K-format data (Cobbe et al. 2021) from local files: ``question`` + ``answer``, where the answer
-is a worked solution whose last line is ``#### <number>``.
+"""GSM8K-format data (Cobbe et al. 2021): ``question`` + ``answer`` columns (names configurable), where
+the answer is a worked solution whose last line is ``#### <number>``; any source ``files.load_table``
+opens (local file or folder, Hub id).
 
 Output columns:
 - ``prompt``: ``"Question: <question>\\nAnswer:"``
@@ -23,21 +24,25 @@ from refexp.config import ConfigError
 from refexp.tasks.files import load_table, require_columns
 
 _FINAL = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
-_EXPECTED = "GSM8K columns question (non-empty text) and answer (a solution ending in '#### <number>')"
+_EXPECTED = "GSM8K columns {q} (non-empty text) and {a} (a solution ending in '#### <number>')"
 
 
-def load_gsm8k(path: str, *, cache_dir: Optional[str] = None) -> datasets.Dataset:
-    """``prompt``/``completion``/``answer`` rows of a GSM8K-format file (see ``files.load_table``);
-    a malformed row raises ConfigError naming the file, the row index and what was expected."""
-    ds = load_table(path, cache_dir=cache_dir)
-    require_columns(ds, path, ("question", "answer"), _EXPECTED)
+def load_gsm8k(path: str, *, split: Optional[str] = None, config: Optional[str] = None,
+               question_column: str = "question", answer_column: str = "answer",
+               cache_dir: Optional[str] = None) -> datasets.Dataset:
+    """``prompt``/``completion``/``answer`` rows of GSM8K-format data (see ``files.load_table`` for
+    ``split``/``config``); a malformed row raises ConfigError naming the source, the row index and
+    what was expected."""
+    ds = load_table(path, split=split, config=config, cache_dir=cache_dir)
+    q, a = question_column, answer_column
+    require_columns(ds, path, (q, a), _EXPECTED.format(q=q, a=a))
 
     def convert(row: dict, index: int) -> dict:
-        question, solution = row["question"], row["answer"]
+        question, solution = row[q], row[a]
         if not isinstance(question, str) or not question.strip():
-            raise ConfigError(f"{path}: row {index}: question is {question!r}; expected non-empty text")
+            raise ConfigError(f"{path}: row {index}: {q} is {question!r}; expected non-empty text")
         if not isinstance(solution, str) or "####" not in solution:
-            raise ConfigError(f"{path}: row {index}: answer {_clip(solution)!r} has no '####'; expected "
+            raise ConfigError(f"{path}: row {index}: {a} {_clip(solution)!r} has no '####'; expected "
                               f"a worked solution ending in '#### <number>'")
         final = solution.rsplit("####", 1)[1].strip().replace(",", "")
         if not _FINAL.fullmatch(final):

@@ -1,4 +1,5 @@
-"""Preference pairs for DPO from local files, as ``prompt``/``chosen``/``rejected`` strings.
+"""Preference pairs for DPO, as ``prompt``/``chosen``/``rejected`` strings, from any source
+``files.load_table`` opens (local file or folder, Hub id); the three column names are configurable.
 
 Two row formats are accepted (TRL's names: "standard" and "conversational"):
 (a) ``prompt``, ``chosen``, ``rejected`` are text; the completions continue the prompt.
@@ -29,12 +30,19 @@ _EXPECTED = ("columns prompt/chosen/rejected as non-empty text, or chosen/reject
 
 
 def load_preference(
-    path: str, tokenizer: Optional[TextTokenizer] = None, *, cache_dir: Optional[str] = None
+    path: str, tokenizer: Optional[TextTokenizer] = None, *, split: Optional[str] = None,
+    config: Optional[str] = None, columns: tuple[str, str, str] = ("prompt", "chosen", "rejected"),
+    cache_dir: Optional[str] = None,
 ) -> datasets.Dataset:
-    """``prompt``/``chosen``/``rejected`` text rows of a preference file (see ``files.load_table``);
-    a malformed row raises ConfigError naming the file, the row index and what was expected."""
-    ds = load_table(path, cache_dir=cache_dir)
-    require_columns(ds, path, ("chosen", "rejected"), _EXPECTED)
+    """``prompt``/``chosen``/``rejected`` text rows of preference data (see ``files.load_table`` for
+    ``split``/``config``); ``columns`` are the source's names of those three. A malformed row raises
+    ConfigError naming the source, the row index and what was expected."""
+    ds = load_table(path, split=split, config=config, cache_dir=cache_dir)
+    renames = {c: std for c, std in zip(columns, ("prompt", "chosen", "rejected")) if c != std and c in ds.column_names}
+    # Clear the standard names first: a source may hold both (e.g. a "prompt" id next to a "question" text).
+    ds = ds.remove_columns([std for std in renames.values() if std in ds.column_names]).rename_columns(renames)
+    require_columns(ds, path, ("chosen", "rejected"), _EXPECTED if columns == ("prompt", "chosen", "rejected")
+                    else f"{_EXPECTED} (here named {', '.join(columns)})")
 
     def convert(row: dict, index: int) -> dict:
         def fail(problem: str) -> ConfigError:

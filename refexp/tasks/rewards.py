@@ -1,19 +1,28 @@
 """Verifiable rewards: parse a number out of model text (with regular expressions, never ``eval``)
-and compare it with the reference answer. Every function here takes arbitrary model output and
+and compare it with the reference answer. Every reward here takes arbitrary model output and
 never raises: malformed text parses to None and earns 0.0.
+
+``load_reward`` imports a user's reward named by ``task.reward`` instead.
 """
 
 from __future__ import annotations
 
 import re
+import importlib
+import inspect
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Optional
+
+from refexp.config import ConfigError
 
 _INTEGER = re.compile(r"-?[0-9]+")
 # A GSM8K number: thousands groups with commas ("1,234") or plain digits, an optional decimal part.
 # The grouped form is tried first and demands exact groups of three, so "1,2,3" is not 123.
 _NUMBER = re.compile(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?")
 _GSM8K_MARK = "####"
+# The content of the last \boxed{...} (one level of nested braces, e.g. \boxed{\text{72}}).
+_BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
 
 
 def parse_integer(text: str) -> Optional[int]:
@@ -40,12 +49,16 @@ def exact_match_reward(completion: str, answer: str) -> float:
 
 
 def extract_gsm8k_number(text: str) -> Optional[Decimal]:
-    """The number after the last ``####`` if there is one (None when nothing numeric follows it),
-    else the last number in the text; commas are thousands separators."""
+    """The final answer of a GSM8K-style solution, in this order: the first number after the last
+    ``####``, else the first number inside the last ``\\boxed{...}`` (None when a marker is there but
+    nothing numeric follows it), else, as a fallback for unmarked text, the last number in the text.
+    Commas are thousands separators; ``$`` and units around the number are ignored."""
     if not isinstance(text, str):
         return None
     if _GSM8K_MARK in text:
         match = _NUMBER.search(text.rsplit(_GSM8K_MARK, 1)[1])
+    elif boxed := _BOXED.findall(text):
+        match = _NUMBER.search(boxed[-1])
     else:
         matches = _NUMBER.findall(text)
         match = matches[-1] if matches else None
@@ -66,3 +79,29 @@ def gsm8k_reward(completion: str, answer: str) -> float:
     """
     got, want = extract_gsm8k_number(completion), extract_gsm8k_number(answer)
     return 1.0 if got is not None and got == want else 0.0
+
+
+def load_reward(spec: str) -> Callable[[str, str], float]:
+    """The function ``spec`` names: ``package.module:function`` or ``package.module.function``,
+    called as ``reward(completion, answer) -> float``. ConfigError naming ``task.reward`` when it
+    does not import, is not callable, or cannot take those two arguments."""
+    module_name, sep, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(f"task.reward={spec!r} is invalid: expected package.module:function "
+                          f"or package.module.function")
+    try:
+        fn = importlib.import_module(module_name)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    except Exception as e:  # ImportError, AttributeError, or the module's own import-time error
+        raise ConfigError(f"task.reward={spec!r} could not be imported: {type(e).__name__}: {e}") from e
+    if not callable(fn):
+        raise ConfigError(f"task.reward={spec!r} is a {type(fn).__name__}: expected a function "
+                          f"(completion: str, answer: str) -> float")
+    try:
+        inspect.signature(fn).bind("completion", "answer")
+    except TypeError as e:
+        raise ConfigError(f"task.reward={spec!r} cannot be called as reward(completion, answer): {e}") from e
+    except ValueError:  # a builtin without a signature: trust it
+        pass
+    return fn

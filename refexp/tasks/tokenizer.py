@@ -1,8 +1,9 @@
 """``TextTokenizer``: a ``tokenizers.Tokenizer`` plus the special ids the trainer needs.
 
 Two ways in: ``build_char_tokenizer`` (the embedded arithmetic task's ~17-token vocabulary) and
-``TextTokenizer.from_dir`` (an HF checkpoint directory's ``tokenizer.json``). ``save`` writes a
-directory that ``from_dir`` (and ``transformers.AutoTokenizer``) can load back.
+``TextTokenizer.from_dir`` (an HF checkpoint directory's ``tokenizer.json``). ``hf()`` is the same
+tokenizer as ``transformers`` loads it (chat templates are rendered by it, ``refexp.tasks.chat``);
+``save`` writes a directory that ``from_dir`` and ``transformers.AutoTokenizer`` load back.
 
 Encoding never adds the tokenizer's own post-processor specials (a Llama-3 ``tokenizer.json`` adds
 ``<|begin_of_text|>`` to every call): prompt and completion are encoded separately and
@@ -28,8 +29,11 @@ ARITHMETIC_ALPHABET = "0123456789+-*="
 class TextTokenizer:
     """Text <-> token ids, with ``eos_id``, ``pad_id`` (falls back to eos) and ``bos_id`` (may be None).
 
-    ``chat_template`` is the Jinja chat template from the checkpoint's tokenizer config, if any
-    (rendered by ``refexp.tasks.chat``).
+    ``stop_ids`` end generation: ``eos_id`` first, then every other ``eos_token_id`` of the checkpoint's
+    ``generation_config.json`` (chat models end a turn with a token other than the tokenizer's eos).
+    ``chat_template`` is the Jinja chat template from the checkpoint's tokenizer config, if any;
+    ``system_prompt`` and ``chat_template_kwargs`` (``task.*``) are how ``refexp.tasks.chat`` renders it.
+    ``directory`` is the checkpoint dir it was loaded from (None for the character tokenizer).
     """
 
     def __init__(
@@ -40,9 +44,16 @@ class TextTokenizer:
         pad_id: Optional[int] = None,
         bos_id: Optional[int] = None,
         chat_template: Optional[str] = None,
+        stop_ids: Iterable[int] = (),
+        directory: Optional[str] = None,
     ) -> None:
         self.backend = backend
         self.eos_id = eos_id
+        self.stop_ids = tuple(dict.fromkeys([eos_id, *stop_ids]))
+        self.directory = directory
+        self.system_prompt: Optional[str] = None
+        self.chat_template_kwargs: dict = {}
+        self._hf = None
         # Padding positions are masked out everywhere, so any id works; eos is what most
         # HF causal-LM checkpoints without a pad token use.
         self.pad_id = eos_id if pad_id is None else pad_id
@@ -75,26 +86,42 @@ class TextTokenizer:
         if hasattr(ids, "tolist"):  # a tensor or array
             ids = ids.tolist()
         ids = list(ids)
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
+        stops = [i for i, t in enumerate(ids) if t in self.stop_ids]
+        if stops:
+            ids = ids[: stops[0]]
         return self.backend.decode(ids, skip_special_tokens=True)
 
+    def hf(self):
+        """This tokenizer as ``transformers`` has it: ``AutoTokenizer.from_pretrained(directory)`` (the
+        checkpoint's own class, files and template), else a ``PreTrainedTokenizerFast`` around the backend."""
+        if self._hf is None:
+            from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+            if self.directory is not None:
+                self._hf = AutoTokenizer.from_pretrained(self.directory, local_files_only=True)
+            else:
+                specials = {"eos_token": self.token(self.eos_id), "pad_token": self.token(self.pad_id)}
+                if self.bos_id is not None:
+                    specials["bos_token"] = self.token(self.bos_id)
+                self._hf = PreTrainedTokenizerFast(tokenizer_object=self.backend, chat_template=self.chat_template,
+                                                   **specials)
+        return self._hf
+
     def save(self, directory: str) -> None:
-        """Write ``tokenizer.json`` and a ``tokenizer_config.json`` naming the special tokens, so
-        ``from_dir`` and ``transformers.AutoTokenizer`` both load the directory back."""
+        """Write every tokenizer file (``tokenizer.json``, ``tokenizer_config.json`` with the special
+        tokens and the chat template, ...) through ``hf().save_pretrained``, so ``from_dir`` and
+        ``transformers.AutoTokenizer`` both load the directory back."""
         os.makedirs(directory, exist_ok=True)
-        self.backend.save(os.path.join(directory, "tokenizer.json"))
-        config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "eos_token": self.token(self.eos_id),
-            "pad_token": self.token(self.pad_id),
-        }
-        if self.bos_id is not None:
-            config["bos_token"] = self.token(self.bos_id)
-        if self.chat_template is not None:
-            config["chat_template"] = self.chat_template
-        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-            json.dump(config, f, indent=2)
+        self.hf().save_pretrained(directory)
+
+    def generation_ids(self) -> dict:
+        """``eos_token_id`` (every stop id; an int when there is one), ``pad_token_id`` and ``bos_token_id``
+        for a ``generation_config.json``."""
+        eos = self.stop_ids[0] if len(self.stop_ids) == 1 else list(self.stop_ids)
+        return {"eos_token_id": eos, "pad_token_id": self.pad_id, "bos_token_id": self.bos_id}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_hf": None}  # rebuilt on demand; keeps copies and pickles small
 
     @classmethod
     def from_dir(cls, directory: str) -> "TextTokenizer":
@@ -138,6 +165,8 @@ class TextTokenizer:
             pad_id=token_id("pad_token"),
             bos_id=token_id("bos_token"),
             chat_template=_chat_template(directory, config),
+            stop_ids=_generation_eos_ids(directory, backend.get_vocab_size(with_added_tokens=True)),
+            directory=directory,
         )
 
 
@@ -165,6 +194,17 @@ def _read_json(directory: str, name: str) -> dict:
             return json.load(f)
     except json.JSONDecodeError as e:
         raise ConfigError(f"tokenizer directory {directory!r}: {name} is not valid JSON ({e})") from e
+
+
+def _generation_eos_ids(directory: str, vocab_size: int) -> list[int]:
+    """``eos_token_id`` of ``generation_config.json`` (an int or a list; none when the file is absent)."""
+    eos = _read_json(directory, "generation_config.json").get("eos_token_id")
+    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    for i in ids:
+        if not (isinstance(i, int) and 0 <= i < vocab_size):
+            raise ConfigError(f"tokenizer directory {directory!r}: generation_config.json eos_token_id={eos!r} "
+                              f"is invalid: expected ids in [0, {vocab_size})")
+    return ids
 
 
 def _chat_template(directory: str, config: dict) -> Optional[str]:

@@ -216,14 +216,20 @@ def _hf_config_dict(name: str, a: _Arch, dtype: torch.dtype) -> dict:
     return config
 
 
-_HF_SIDECAR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                       "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
 
 
-def export_hf(model: nn.Module, model_cfg: ModelConfig, out_dir: str) -> None:
-    """Write ``model`` as an HF checkpoint (model.safetensors + config.json) into ``out_dir``.
+def export_hf(model: nn.Module, model_cfg: ModelConfig, out_dir: str, *, tokenizer=None) -> None:
+    """Write ``model`` as an HF checkpoint that ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``
+    load and ``generate`` runs on: model.safetensors, config.json, the tokenizer files and
+    generation_config.json.
 
     Collective: call on every rank; sharded tensors are gathered one at a time and rank 0 writes.
-    Tokenizer files are copied from ``model.hf_assets_path`` when it has them.
+    The tokenizer files come from ``tokenizer`` (a ``refexp.tasks.TextTokenizer``: what the run
+    tokenized with, chat template included) when given, else are copied from ``model.hf_assets_path``.
+    generation_config.json is copied from ``model.hf_assets_path`` (its sampling defaults and every eos
+    id), else written from ``tokenizer``'s eos/pad/bos ids.
     """
     from safetensors.torch import save_file
 
@@ -244,12 +250,25 @@ def export_hf(model: nn.Module, model_cfg: ModelConfig, out_dir: str) -> None:
         dtype = next(iter(hf_state.values())).dtype
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(_hf_config_dict(model_cfg.name, _arch_from_model_config(dec.config), dtype), f, indent=2)
-        src = model_cfg.hf_assets_path
-        for fname in _HF_SIDECAR_FILES:
-            if src and os.path.isfile(os.path.join(src, fname)):
-                shutil.copy(os.path.join(src, fname), os.path.join(out_dir, fname))
+        _export_sidecars(model_cfg.hf_assets_path, out_dir, tokenizer)
     if dist.is_initialized():
         dist.barrier()
+
+
+def _export_sidecars(src: str | None, out_dir: str, tokenizer) -> None:
+    """The tokenizer files and generation_config.json of an export (see ``export_hf``)."""
+    if tokenizer is not None:
+        tokenizer.save(out_dir)
+    else:
+        for fname in _HF_TOKENIZER_FILES:
+            if src and os.path.isfile(os.path.join(src, fname)):
+                shutil.copy(os.path.join(src, fname), os.path.join(out_dir, fname))
+    if src and os.path.isfile(os.path.join(src, "generation_config.json")):
+        shutil.copy(os.path.join(src, "generation_config.json"), os.path.join(out_dir, "generation_config.json"))
+    elif tokenizer is not None:
+        from transformers import GenerationConfig
+
+        GenerationConfig(**tokenizer.generation_ids()).save_pretrained(out_dir)
 
 
 # --------------------------------------------------------------------------- checkpoint directories

@@ -1,0 +1,93 @@
+"""A task's train / held-out / validation splits, and the length checks they must pass.
+
+- held-out (``Task.eval``): ``task.eval_path``, else ``task.num_eval`` rows held out of train (seeded
+  by ``task.data_seed``); the embedded task generates its own.
+- validation (``Task.val``): ``task.val_path``, else ``task.val_fraction`` of the remaining training
+  rows (seeded by ``task.data_seed``), else None. It is cut after the held-out split, so adding one
+  never changes ``Task.eval``; with the defaults there is none and the training rows are untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import datasets
+
+from refexp.config import ConfigError, TaskConfig
+from refexp.tasks.gsm8k import load_gsm8k
+from refexp.tasks.tokenizer import TextTokenizer
+
+TARGET_ALGOS = ("sft", "dpo")
+"""Algorithms that train on the reference answers as targets (SFT's demonstrations, DPO's chosen side),
+so the longest one must fit ``task.max_new_tokens``. GRPO generates its completions, which may be
+truncated at the budget: its answers are only compared with, never decoded to."""
+
+
+def gsm8k_splits(task_cfg: TaskConfig, hf_cache: str) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """``(train, eval)`` of GSM8K-format data."""
+    train = _load(task_cfg, task_cfg.train_path, task_cfg.train_split, hf_cache)
+    if task_cfg.eval_path is not None:
+        return train, _load(task_cfg, task_cfg.eval_path, task_cfg.eval_split, hf_cache)
+    # No eval file: hold out a seeded random slice of train (the file may be sorted, so not its tail).
+    if task_cfg.num_eval >= len(train):
+        raise ConfigError(
+            f"task.num_eval={task_cfg.num_eval} is invalid: expected fewer than the {len(train)} rows of "
+            f"task.train_path={task_cfg.train_path!r} (held out from it because task.eval_path is unset)"
+        )
+    split = train.train_test_split(test_size=task_cfg.num_eval, shuffle=True, seed=task_cfg.data_seed)
+    return split["train"], split["test"]
+
+
+def val_split(task_cfg: TaskConfig, train: datasets.Dataset, hf_cache: str
+              ) -> tuple[datasets.Dataset, Optional[datasets.Dataset]]:
+    """``(train, val)``: ``val`` read from ``task.val_path`` (train untouched), carved off ``train``
+    by ``task.val_fraction``, or None."""
+    if task_cfg.val_path is not None:
+        if task_cfg.name != "gsm8k":
+            raise ConfigError(f"task.val_path={task_cfg.val_path!r} is invalid for task.name={task_cfg.name}: "
+                              f"expected None (use task.val_fraction for the embedded task)")
+        return train, _load(task_cfg, task_cfg.val_path, task_cfg.val_split, hf_cache)
+    if not task_cfg.val_fraction:
+        return train, None
+    n_val = int(round(task_cfg.val_fraction * len(train)))
+    if not 0 < n_val < len(train):
+        raise ConfigError(f"task.val_fraction={task_cfg.val_fraction} is invalid: it leaves {n_val} of the "
+                          f"{len(train)} training rows for validation; expected a share giving at least one "
+                          f"row to each side")
+    split = train.train_test_split(test_size=n_val, shuffle=True, seed=task_cfg.data_seed)
+    return split["train"], split["test"]
+
+
+def check_lengths(task_cfg: TaskConfig, tokenizer: TextTokenizer, splits: dict[str, datasets.Dataset],
+                  algo: str) -> None:
+    """Fail before any model is built when a prompt exceeds ``task.max_prompt_len`` or, for an
+    algorithm in ``TARGET_ALGOS``, a demonstration (+ EOS) exceeds ``task.max_new_tokens``; the
+    messages give the value that fits."""
+    checks = [("prompt", "task.max_prompt_len", task_cfg.max_prompt_len,
+               lambda t: len(tokenizer.encode(t, add_bos=True)))]
+    if algo in TARGET_ALGOS:
+        checks.append(("completion", "task.max_new_tokens", task_cfg.max_new_tokens,
+                       lambda t: len(tokenizer.encode(t)) + 1))
+    for column, field, limit, count in checks:
+        longest = (0, "", -1)
+        for split, ds in splits.items():
+            for i, text in enumerate(ds[column]):
+                if (n := count(text)) > longest[0]:
+                    longest = (n, split, i)
+        n, split, i = longest
+        if n > limit:
+            if column == "prompt":
+                raise ConfigError(
+                    f"{field}={limit} is invalid: expected at least {n} (the prompt of {split} row {i} "
+                    f"has {n} tokens, BOS included where the tokenizer has one)"
+                )
+            raise ConfigError(
+                f"{field}={limit} is invalid: expected at least {n}, the longest reference answer ({split} "
+                f"row {i} has {n} tokens, EOS included), since algo={algo} trains on the answers (GRPO "
+                f"does not: it generates and truncates at the budget)"
+            )
+
+
+def _load(task_cfg: TaskConfig, path: str, split: str, hf_cache: str) -> datasets.Dataset:
+    return load_gsm8k(path, split=split, config=task_cfg.dataset_config, question_column=task_cfg.question_column,
+                      answer_column=task_cfg.answer_column, cache_dir=hf_cache)
