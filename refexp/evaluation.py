@@ -148,13 +148,14 @@ def reference_logprobs(strategy: ReferenceStrategy):
 
 
 def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
-             reference: ReferenceStrategy | None = None, with_logp_correct: bool = False) -> dict[str, float]:
-    """``eval/accuracy`` and ``kl/init`` of ``policy`` with the run's ``eval`` settings; with a
-    ``reference`` that holds a model also ``kl/ref`` on the same samples, and ``eval/logp_correct``
-    when ``with_logp_correct``."""
+             reference: ReferenceStrategy | None = None, with_logp_correct: bool = False,
+             with_accuracy: bool = True) -> dict[str, float]:
+    """``eval/accuracy`` (unless not ``with_accuracy``: a task without a reward) and ``kl/init`` of
+    ``policy`` with the run's ``eval`` settings; with a ``reference`` that holds a model also ``kl/ref``
+    on the same samples, and ``eval/logp_correct`` when ``with_logp_correct``."""
     ecfg = ctx.cfg.eval
     temperature = getattr(ctx.cfg.algo, "temperature", 1.0)  # GRPO samples at algo.temperature; DPO has none
-    out = {"eval/accuracy": greedy_accuracy(policy, ctx.task, ecfg.num_prompts)}
+    out = {"eval/accuracy": greedy_accuracy(policy, ctx.task, ecfg.num_prompts)} if with_accuracy else {}
     measure_ref = reference is not None and reference.holds_model
     # the fixed reference on the start checkpoint is the anchor (InitAnchor.shared): its kl/ref is kl/init
     ref_is_anchor = measure_ref and reference is anchor.shared

@@ -33,6 +33,9 @@ REQUIRED = {
     ("model", "qwen3_0.6b"): ["model.hf_assets_path=/nonexistent"],
     ("model", "llama3_8b"): ["model.hf_assets_path=/nonexistent"],
     ("task", "gsm8k"): ["task.train_path=/x.jsonl", "task.tokenizer_path=/tok"],
+    # Pairs only: DPO from a pretrained checkpoint (the SFT stage would need demonstrations).
+    ("task", "preference"): ["task.preference_path=/x.jsonl", "task.tokenizer_path=/tok", "algo=dpo",
+                             "sft.enable=false", "model.hf_assets_path=/nonexistent"],
 }
 # Groups whose schema defaults are deliberately no option: ModelConfig's None fields keep the torchtitan
 # flavor's values (every option picks a model), and ParallelismConfig's data_parallel_shard_degree=-1 is

@@ -385,3 +385,40 @@ def test_wandb_failure_never_breaks_the_report(sweep, monkeypatch):
     assert log_to_wandb(report) is True
     columns, data = _rows(report)
     assert logged["report/table"]["columns"] == columns and len(data) == 7
+
+
+def _preference_rows(strategy: str, seed: int) -> list[dict]:
+    """A ``task=preference`` DPO run: held-out pair metrics on the eval schedule, no ``eval/accuracy``."""
+    rows = _dpo_rows(strategy, seed)
+    for row in rows:
+        if row.pop("eval/accuracy", None) is not None:
+            row["eval/pref_accuracy"] = 0.5 + 0.02 * row["step"] + 0.01 * seed
+            row["eval/pref_margin"] = 0.1 * row["step"] + 0.01 * seed
+    return rows
+
+
+def test_runs_without_task_accuracy_show_heldout_pair_columns(tmp_path, capsys):
+    expected = {}
+    for i, (strategy, seed) in enumerate([("fixed", 0), ("fixed", 1), ("none", 0)]):
+        rows = _preference_rows(strategy, seed)
+        _write_run(tmp_path / str(i), algo="dpo", strategy=strategy, seed=seed, rows=rows,
+                   overrides=["algo=dpo", "task=preference", f"reference={strategy}", f"training.seed={seed}"])
+        expected.setdefault(strategy, []).append(rows)
+    report = build_report(tmp_path)
+    table = report.tables["dpo"]
+    cols = [c.key for c in table.columns]
+    assert {"heldout_pref_final", "heldout_pref_best", "heldout_margin"} <= set(cols)
+    assert "acc_final" not in cols and "acc_best" not in cols and table.target is None
+    row = _row(report, "dpo", "fixed")
+    pref = _col(expected["fixed"], "eval/pref_accuracy")
+    assert row.cells["heldout_pref_final"].mean == pytest.approx(np.mean([a[-1] for a in pref]))
+    assert row.cells["heldout_pref_best"].mean == pytest.approx(np.mean([max(a) for a in pref]))
+    assert row.to_target is None
+    header, _ = header_and_cells(table)
+    assert "final held-out pref acc" in header and not any(h.startswith("steps to") for h in header)
+    assert set(report.plots["dpo"]) == {"reward", "accuracy", "frontier", "kl_ref", "ref_cost"}
+    md = report.markdown_path.read_text()
+    assert "final held-out pref acc" in md and "No held-out accuracy" in md
+    summary = json.loads(report.summary_path.read_text())
+    assert summary["algos"]["dpo"]["groups"][0]["metrics"]["acc_final"] is None
+    assert "final held-out pref acc" in format_table(report)

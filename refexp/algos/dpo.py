@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import ExitStack
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -62,7 +63,7 @@ from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompt
 from refexp.config import DPOConfig
 from refexp.context import RunContext
 from refexp.data_order import batch_ids
-from refexp.evaluation import InitAnchor, evaluate
+from refexp.evaluation import InitAnchor, evaluate, reference_logprobs
 from refexp.kl import masked_sum, mean_token_kl
 from refexp.losses import dpo_loss, orpo_loss, sft_loss, simpo_loss
 from refexp.refcache import RefLogps
@@ -192,11 +193,38 @@ class DPOStep:
 
 
 # ---------------------------------------------------------------- the held-out measurements
+@torch.inference_mode()
+def heldout_pair_metrics(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy,
+                         pairs: datasets.Dataset) -> dict[str, float]:
+    """``eval/pref_accuracy`` and ``eval/pref_margin``: the step's ``rewards/accuracy`` and ``rewards/margin``
+    (the loss's implicit rewards, TRL's definitions) over the first ``eval.num_prompts`` held-out pairs,
+    from the policy and the current reference (none for the reference-free SimPO/ORPO). Every rank
+    measures every pair, in batches of ``algo.pairs_per_step``, so the numbers do not depend on the world size."""
+    a: DPOConfig = ctx.cfg.algo
+    n = min(ctx.cfg.eval.num_prompts, len(pairs))
+    acc = margin = 0.0
+    with ExitStack() as stack:
+        ref_fn = None if a.reference_free else stack.enter_context(reference_logprobs(strategy))
+        for start in range(0, n, a.pairs_per_step):
+            batch, shared = pack(ctx, pairs, list(range(start, min(n, start + a.pairs_per_step))))
+            B, mask = batch.num_pairs, batch.mask_BT
+            logp = pair_logprobs(partial(titan.token_logprobs, policy.model), batch, shared)  # [2B, T-1]
+            seq_B = masked_sum(logp, mask, dim=-1)
+            ref = None if ref_fn is None else RefLogps.from_logprobs(pair_logprobs(ref_fn, batch, shared), mask)
+            chosen_nll = sft_loss(logp[:B], mask[:B])[0] if a.loss_type == "orpo" else None
+            _, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:], ref, chosen_nll)
+            acc += float(m["rewards/accuracy"]) * B  # both are means over pairs: weight by the batch's pairs
+            margin += float(m["rewards/margin"]) * B
+    return {"eval/pref_accuracy": acc / max(1, n), "eval/pref_margin": margin / max(1, n)}
+
+
 class DPOEval:
     """The loop's ``measure`` for the DPO family: ``evaluation.evaluate`` (``eval/accuracy``, ``kl/init``,
     ``kl/ref`` against the current reference on the same samples, ``eval/logp_correct``) plus
-    ``logps/chosen_delta``. Its step-0 chosen log-prob is state, checkpointed (torch Stateful), so a
-    resumed run's delta is against the same start."""
+    ``logps/chosen_delta``; on ``task=preference`` (no answers) ``heldout_pair_metrics`` instead of
+    ``eval/accuracy`` and ``eval/logp_correct``, the ``kl/*`` samples drawn from the held-out pairs' prompts.
+    Its step-0 chosen log-prob is state, checkpointed (torch Stateful), so a resumed run's delta is against
+    the same start."""
 
     def __init__(self, ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, anchor: InitAnchor,
                  pairs: datasets.Dataset):
@@ -215,7 +243,12 @@ class DPOEval:
             return float(masked_sum(logp[:B], batch.mask_BT[:B], dim=-1).mean())
 
     def __call__(self) -> dict[str, float]:
-        out = evaluate(self.ctx, self.policy.model, self.anchor, reference=self.strategy, with_logp_correct=True)
+        # The preference task has pairs, not answers: held-out pair metrics stand in for accuracy.
+        pairs_only = self.ctx.task.name == "preference"
+        out = evaluate(self.ctx, self.policy.model, self.anchor, reference=self.strategy,
+                       with_logp_correct=not pairs_only, with_accuracy=not pairs_only)
+        if pairs_only:
+            out.update(heldout_pair_metrics(self.ctx, self.policy, self.strategy, self.ctx.task.eval))
         chosen = self.chosen_logp()
         if self.chosen_logp0 is None:  # the first measurement is step 0's (a resumed run loads it)
             self.chosen_logp0 = chosen

@@ -152,6 +152,15 @@ def _describe(path: str, schema: type) -> str:
 
 def check_cross_fields(cfg: RootConfig) -> None:
     """Checks that need more than one group."""
+    # First: with the wrong algorithm every other message about the pair would mislead.
+    if cfg.task.name == "preference":
+        if cfg.algo.name != "dpo":
+            raise ConfigError(
+                f"task=preference is invalid with algo={cfg.algo.name}: the preference task has pairs only, no "
+                f"reward or verifier for GRPO and no demonstrations for SFT; expected algo=dpo (or another task)")
+        if cfg.sft.enable and not cfg.sft.checkpoint:
+            raise ConfigError("task=preference needs sft.enable=false (start from model.hf_assets_path) or "
+                              "sft.checkpoint=DIR: the SFT stage needs demonstrations, which preference pairs are not")
     if not cfg.sft.enable:
         if cfg.algo.name == "sft":
             raise ConfigError("sft.enable=false is invalid with algo=sft: the SFT stage is all that algo runs "

@@ -7,14 +7,19 @@ from typing import Any, Optional
 
 from .errors import check, one_of, positive_int
 
+TASK_NAMES = ("arithmetic", "gsm8k", "preference")
+"""The ``task/`` options' names."""
+
 
 @dataclass
 class TaskConfig:
     """Where prompts, answers and the verifiable reward come from. The defaults are the embedded
-    arithmetic task (``task/arithmetic.yaml``); ``task/gsm8k.yaml`` sets the real-data fields."""
+    arithmetic task (``task/arithmetic.yaml``); ``task/gsm8k.yaml`` and ``task/preference.yaml`` set the
+    real-data fields."""
 
     name: str = "arithmetic"
-    """arithmetic (embedded, generated) | gsm8k (data of the GSM8K schema: question + worked solution)."""
+    """arithmetic (embedded, generated) | gsm8k (data of the GSM8K schema: question + worked solution) |
+    preference (only preference pairs from ``preference_path``: no reward, no verifier; DPO-family only)."""
     digits: int = 3
     """arithmetic: digits of each (zero-padded) operand."""
     ops: list[str] = field(default_factory=lambda: ["+"])
@@ -22,14 +27,16 @@ class TaskConfig:
     num_train: int = 20000
     """arithmetic: generated training problems."""
     num_eval: int = 500
-    """Held-out problems (split off the training file when ``eval_path`` is None)."""
+    """Held-out problems (split off the training file when ``eval_path`` is None); for ``preference``, held-out
+    pairs split off ``preference_path`` (seeded by ``data_seed``) when ``eval_path`` is None."""
     data_seed: int = 1234
     """Seeds problem generation and the held-out split."""
     train_path: Optional[str] = None
     """What ``datasets.load_dataset`` accepts: a local .jsonl/.json/.parquet/.csv file, a folder
     (``save_to_disk``'s or a data dir) or a Hugging Face Hub id (``openai/gsm8k``; needs a network)."""
     eval_path: Optional[str] = None
-    """Held-out data, any form ``train_path`` takes (None: split ``num_eval`` rows off ``train_path``)."""
+    """Held-out data, any form ``train_path`` takes (None: split ``num_eval`` rows off ``train_path``, or off
+    ``preference_path`` for ``preference``, whose held-out data is a preference file of the same format)."""
     val_path: Optional[str] = None
     """Validation data (e.g. for SFT stopping), any form ``train_path`` takes; excludes ``val_fraction``."""
     val_fraction: float = 0.0
@@ -77,7 +84,7 @@ class TaskConfig:
     """Generation budget; 6 fits a 3-digit sum's 4 digits + EOS with one token to spare."""
 
     def __post_init__(self) -> None:
-        one_of("task.name", self.name, ("arithmetic", "gsm8k"))
+        one_of("task.name", self.name, TASK_NAMES)
         positive_int("task.digits", self.digits)
         for op in self.ops:
             one_of("task.ops[]", op, ("+", "-", "*"))
@@ -99,3 +106,15 @@ class TaskConfig:
         if self.name == "gsm8k":
             check(self.train_path is not None, "task.train_path", self.train_path,
                   "GSM8K-format data (a local file or folder, or a Hub id) when task.name=gsm8k")
+        if self.name == "preference":
+            self._check_preference()
+
+    def _check_preference(self) -> None:
+        """``preference`` reads pairs only: a field for questions, answers or their reward would be silently unused."""
+        check(self.preference_path is not None, "task.preference_path", self.preference_path,
+              "a preference dataset (a local file or folder, or a Hub id) when task.name=preference")
+        for name in ("train_path", "val_path", "reward"):
+            check(getattr(self, name) is None, f"task.{name}", getattr(self, name),
+                  "None when task.name=preference (pairs come from task.preference_path; there is no reward)")
+        check(not self.val_fraction, "task.val_fraction", self.val_fraction,
+              "0 when task.name=preference (held-out pairs: task.eval_path, else task.num_eval pairs)")

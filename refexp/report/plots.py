@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .group import Group
-from .reduce import ACC, ref_cost
+from .reduce import ACC, PREF_ACC, ref_cost
 from .stats import mean_ci, seed_band
 
 _STRATEGY_COLOURS = {"fixed": "C0", "periodic_reset": "C1", "ema": "C2", "kl_triggered": "C3", "none": "C7"}
@@ -85,12 +85,12 @@ def plot_vs_step(path: Path, algo: str, groups: list[Group], key: str, ylabel: s
     return _save(fig, ax, path) if drawn else None
 
 
-def _frontier_points(group: Group) -> tuple[np.ndarray, np.ndarray]:
-    """(mean kl/init, mean eval/accuracy) at each eval step, averaged over the seeds that logged both."""
+def _frontier_points(group: Group, acc_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(mean kl/init, mean ``acc_key``) at each eval step, averaged over the seeds that logged both."""
     per_step: dict[float, list[tuple[float, float]]] = {}
     for r in group.completed:
         ks, kv = r.series("kl/init")
-        acc = dict(zip(*r.series(ACC)))
+        acc = dict(zip(*r.series(acc_key)))
         for s, k in zip(ks, kv):
             if s in acc:
                 per_step.setdefault(s, []).append((k, acc[s]))
@@ -99,15 +99,15 @@ def _frontier_points(group: Group) -> tuple[np.ndarray, np.ndarray]:
     return pts[:, 0], pts[:, 1]
 
 
-def plot_frontier(path: Path, algo: str, groups: list[Group]) -> Optional[Path]:
-    """Held-out accuracy against drift from the SFT start: one curve per group through its eval
-    points in step order, the last point starred. Up and to the left is better."""
+def plot_frontier(path: Path, algo: str, groups: list[Group], acc_key: str = ACC) -> Optional[Path]:
+    """Held-out accuracy (``acc_key``) against drift from the SFT start: one curve per group through its
+    eval points in step order, the last point starred. Up and to the left is better."""
     st = styles(groups)
     fig, ax = _figure(f"{algo.upper()}: accuracy vs drift from init (eval points, mean over seeds)",
-                      "kl/init", "eval/accuracy")
+                      "kl/init", acc_key)
     drawn = False
     for g in groups:
-        kl, acc = _frontier_points(g)
+        kl, acc = _frontier_points(g, acc_key)
         if not len(kl):
             continue
         colour, ls = st[g.label]
@@ -144,11 +144,14 @@ def make_plots(algo: str, groups: list[Group], out_dir: Path) -> dict[str, Path]
     out_dir.mkdir(parents=True, exist_ok=True)
     logged = {k for g in groups for r in g.completed for k in r.metric_names()}
     reward_key = next((k for k in REWARD_KEYS if k in logged), None)
+    # task=preference has no task accuracy: its held-out pair accuracy takes the accuracy plots' place
+    acc_key = PREF_ACC if PREF_ACC in logged and ACC not in logged else ACC
+    acc_label = "held-out preference accuracy" if acc_key == PREF_ACC else "held-out accuracy"
     made = {
         "reward": reward_key and plot_vs_step(out_dir / f"{algo}_reward.png", algo, groups, reward_key,
                                               reward_key),
-        "accuracy": plot_vs_step(out_dir / f"{algo}_accuracy.png", algo, groups, ACC, "held-out accuracy"),
-        "frontier": plot_frontier(out_dir / f"{algo}_frontier.png", algo, groups),
+        "accuracy": plot_vs_step(out_dir / f"{algo}_accuracy.png", algo, groups, acc_key, acc_label),
+        "frontier": plot_frontier(out_dir / f"{algo}_frontier.png", algo, groups, acc_key),
         "kl_ref": plot_vs_step(out_dir / f"{algo}_kl_ref.png", algo, groups, "kl/ref", "kl/ref",
                                seed_lines=True),
         "ref_cost": plot_ref_cost(out_dir / f"{algo}_ref_cost.png", algo, groups),

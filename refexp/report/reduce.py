@@ -1,8 +1,9 @@
 """One number per run and metric: the definitions behind every table cell.
 
 Definitions (the "how to read this" paragraph of report.md repeats them):
-- eval-cadence metrics (``eval/accuracy``, ``kl/init``) are measured on a fixed held-out set every
-  few steps, so "final" is the last logged value and "best" the maximum over the run;
+- eval-cadence metrics (``eval/accuracy``, ``kl/init``; on ``task=preference``, which has no task
+  accuracy, ``eval/pref_accuracy`` and ``eval/pref_margin`` on held-out pairs) are measured on a fixed
+  held-out set every few steps, so "final" is the last logged value and "best" the maximum over the run;
 - per-step training metrics (``reward/mean``, ``rewards/*``, ``kl/ref``) are batch estimates, noisy
   and, for ``kl/ref`` under a resetting strategy, saw-toothed; "final" is the mean of the last
   ``TAIL`` logged values so the number does not depend on where in a reset cycle the run ended
@@ -28,6 +29,8 @@ TAIL = 5
 """How many last logged values a per-step training metric's "final" averages."""
 
 ACC = "eval/accuracy"
+PREF_ACC = "eval/pref_accuracy"
+"""Held-out implicit-reward accuracy: a ``task=preference`` run's stand-in for ``eval/accuracy``."""
 
 
 def last(run: Run, key: str) -> Optional[float]:
@@ -95,6 +98,10 @@ class Column:
 COLUMNS: tuple[Column, ...] = (
     Column("acc_final", "final acc", lambda r: last(r, ACC), doc="last eval/accuracy"),
     Column("acc_best", "best acc", lambda r: best(r, ACC), doc="max eval/accuracy"),
+    Column("heldout_pref_final", "final held-out pref acc", lambda r: last(r, PREF_ACC), doc=f"last {PREF_ACC}"),
+    Column("heldout_pref_best", "best held-out pref acc", lambda r: best(r, PREF_ACC), doc=f"max {PREF_ACC}"),
+    Column("heldout_margin", "final held-out margin", lambda r: last(r, "eval/pref_margin"),
+           doc="last eval/pref_margin"),
     Column("reward", "reward", lambda r: tail_mean(r, "reward/mean"),
            doc=f"reward/mean, mean of last {TAIL} logged"),
     Column("pref_acc", "pref acc", lambda r: tail_mean(r, "rewards/accuracy"),
@@ -108,4 +115,5 @@ COLUMNS: tuple[Column, ...] = (
            doc="max mem/peak_rss_mb"),
 )
 """Every column a table can have; a table shows only those some group of its algorithm has data
-for (so GRPO shows reward, DPO shows pref acc and margin)."""
+for (so GRPO shows reward, DPO shows pref acc and margin, and DPO on ``task=preference`` its held-out
+pair columns instead of accuracy)."""

@@ -23,7 +23,10 @@ HOW_TO_READ = (
     "completed seeds ± the half-width of a 95% Student-t confidence interval (t with n−1 degrees of "
     "freedom × sample std / √n); \"(n=1)\" means one seed, so no interval. Where two groups' intervals "
     "overlap, this sweep does not separate them: add seeds before reading a ranking into it. "
-    "*final acc* is the last held-out `eval/accuracy` and *best acc* its maximum over the run; "
+    "*final acc* is the last held-out `eval/accuracy` and *best acc* its maximum over the run; runs on "
+    "preference data alone (`task=preference`) have no task accuracy and show *final/best held-out pref acc* "
+    "(`eval/pref_accuracy`: the share of held-out pairs whose implicit reward ranks chosen above rejected) "
+    "and *final held-out margin* (`eval/pref_margin`) instead, which also take accuracy's place in the plots; "
     f"*reward* (GRPO `reward/mean`; DPO `rewards/accuracy` and `rewards/margin`) and *kl/ref* average the "
     f"last {TAIL} logged steps, so a resetting strategy's saw-tooth does not decide the number; *kl/init* "
     "is the last measured drift from the SFT start the run began from. *steps to acc≥T* is the first "
@@ -64,7 +67,7 @@ def _counts(report) -> str:
 
 def _target_line(table) -> str:
     if table.target is None:
-        return "No held-out accuracy logged: no steps-to-target column."
+        return "No held-out accuracy (`eval/accuracy`) logged: no steps-to-target column."
     return f"Target accuracy T = {table.target:.3g} ({table.target_note})."
 
 

@@ -1,10 +1,12 @@
 """Tasks: the data, the tokenizer and the verifiable reward a run trains and evaluates on.
 
 ``build_task(cfg.task, cache_dir, algo=...)`` is the one entry point: the embedded arithmetic task
-(generated and cached, character tokenizer) or GSM8K-format data from local files, folders or the Hub
-(HF tokenizer from ``task.tokenizer_path``). Either way every split has ``prompt``/``completion``/
-``answer`` columns, and ``Task.reward(completion_text, answer)`` scores decoded model output: the
-task's own reward never raises; a ``task.reward`` hook that does is named with its sample by ``Task.score``.
+(generated and cached, character tokenizer), GSM8K-format data from local files, folders or the Hub
+(HF tokenizer from ``task.tokenizer_path``), or preference pairs only (``task.name=preference``: its
+``train`` and ``eval`` rows are ``prompt``/``chosen``/``rejected`` pairs, and it has no reward).
+Otherwise every split has ``prompt``/``completion``/``answer`` columns, and
+``Task.reward(completion_text, answer)`` scores decoded model output: the task's own reward never raises;
+a ``task.reward`` hook that does is named with its sample by ``Task.score``.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from refexp.tasks.arithmetic import load_arithmetic
 from refexp.tasks.chat import chat_rows, configure_chat
 from refexp.tasks.fingerprint import task_fingerprint
 from refexp.tasks.preference import load_preference
-from refexp.tasks.rewards import exact_match_reward, gsm8k_reward, load_reward
-from refexp.tasks.splits import check_lengths, gsm8k_splits, val_split
+from refexp.tasks.rewards import exact_match_reward, gsm8k_reward, load_reward, no_reward
+from refexp.tasks.splits import check_lengths, gsm8k_splits, preference_splits, val_split
 from refexp.tasks.tokenizer import TextTokenizer, build_char_tokenizer
 
 __all__ = ["Task", "TextTokenizer", "build_task", "task_fingerprint"]
@@ -31,7 +33,7 @@ __all__ = ["Task", "TextTokenizer", "build_task", "task_fingerprint"]
 @dataclass
 class Task:
     """A built task. ``train``/``eval`` rows: ``prompt``, ``completion`` (demonstration, no EOS),
-    ``answer`` (what ``reward`` compares against)."""
+    ``answer`` (what ``reward`` compares against); for ``preference``, ``prompt``/``chosen``/``rejected``."""
 
     name: str
     tokenizer: TextTokenizer
@@ -45,7 +47,8 @@ class Task:
     max_prompt_len: int = 64
     """Every prompt (+ BOS) has at most this many tokens (checked by ``build_task``)."""
     preference: Optional[datasets.Dataset] = None
-    """``prompt``/``chosen``/``rejected`` text pairs from ``task.preference_path``, when set."""
+    """``prompt``/``chosen``/``rejected`` text pairs from ``task.preference_path``, when set (for
+    ``preference``: ``train``)."""
     val: Optional[datasets.Dataset] = None
     """Validation rows (``task.val_path`` or ``task.val_fraction``, see ``refexp.tasks.splits``), same
     columns as ``train``; None when neither is set."""
@@ -77,17 +80,21 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft") -> Ta
     elif task_cfg.name == "gsm8k":
         train, held_out = gsm8k_splits(task_cfg, hf_cache)
         reward = gsm8k_reward
+    elif task_cfg.name == "preference":  # pairs rendered as they load (refexp.tasks.preference)
+        train, held_out = preference_splits(task_cfg, tokenizer, hf_cache)
+        reward = no_reward
     else:  # TaskConfig.__post_init__ already rejects other names
-        raise ConfigError(f"task.name={task_cfg.name!r} is invalid: expected one of arithmetic, gsm8k")
+        raise ConfigError(f"task.name={task_cfg.name!r} is invalid: expected one of arithmetic, gsm8k, preference")
     train, val = val_split(task_cfg, train, hf_cache)
-    if task_cfg.chat_template:  # before the length checks: they count the rendered prompts
+    # Before the length checks, which count the rendered prompts. Preference chats are rendered as they load.
+    if task_cfg.chat_template and task_cfg.name != "preference":
         train, held_out, val = (None if ds is None else chat_rows(ds, tokenizer, task_cfg.name)
                                 for ds in (train, held_out, val))
     if task_cfg.reward is not None:
         reward = load_reward(task_cfg.reward)
     check_lengths(task_cfg, tokenizer, {"train": train, "eval": held_out, **({"val": val} if val is not None else {})}, algo)
-    preference = None
-    if task_cfg.preference_path is not None:
+    preference = train if task_cfg.name == "preference" else None
+    if preference is None and task_cfg.preference_path is not None:
         preference = load_preference(
             task_cfg.preference_path, tokenizer, split=task_cfg.train_split, config=task_cfg.dataset_config,
             columns=(task_cfg.prompt_column, task_cfg.chosen_column, task_cfg.rejected_column), cache_dir=hf_cache)

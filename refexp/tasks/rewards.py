@@ -81,6 +81,12 @@ def gsm8k_reward(completion: str, answer: str) -> float:
     return 1.0 if got is not None and got == want else 0.0
 
 
+def no_reward(completion: str, answer: str) -> float:
+    """The ``preference`` task's: it has pairs, not answers, so nothing may score against it (its
+    config refuses GRPO and SFT before this could be reached)."""
+    raise RuntimeError("task=preference has no reward: it holds preference pairs only (use algo=dpo)")
+
+
 def load_reward(spec: str) -> Callable[[str, str], float]:
     """The function ``spec`` names: ``package.module:function`` or ``package.module.function``,
     called as ``reward(completion, answer) -> float``. ConfigError naming ``task.reward`` when it

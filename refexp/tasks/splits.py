@@ -1,7 +1,8 @@
 """A task's train / held-out / validation splits, and the length checks they must pass.
 
 - held-out (``Task.eval``): ``task.eval_path``, else ``task.num_eval`` rows held out of train (seeded
-  by ``task.data_seed``); the embedded task generates its own.
+  by ``task.data_seed``); the embedded task generates its own. The ``preference`` task's held-out rows
+  are pairs, by the same rule applied to ``task.preference_path`` (``preference_splits``).
 - validation (``Task.val``): ``task.val_path``, else ``task.val_fraction`` of the remaining training
   rows (seeded by ``task.data_seed``), else None. It is cut after the held-out split, so adding one
   never changes ``Task.eval``; with the defaults there is none and the training rows are untouched.
@@ -15,6 +16,7 @@ import datasets
 
 from refexp.config import ConfigError, TaskConfig
 from refexp.tasks.gsm8k import load_gsm8k
+from refexp.tasks.preference import load_preference
 from refexp.tasks.tokenizer import TextTokenizer
 
 TARGET_ALGOS = ("sft", "dpo")
@@ -28,11 +30,30 @@ def gsm8k_splits(task_cfg: TaskConfig, hf_cache: str) -> tuple[datasets.Dataset,
     train = _load(task_cfg, task_cfg.train_path, task_cfg.train_split, hf_cache)
     if task_cfg.eval_path is not None:
         return train, _load(task_cfg, task_cfg.eval_path, task_cfg.eval_split, hf_cache)
-    # No eval file: hold out a seeded random slice of train (the file may be sorted, so not its tail).
+    return _hold_out(task_cfg, train, "task.train_path", task_cfg.train_path)
+
+
+def preference_splits(task_cfg: TaskConfig, tokenizer: TextTokenizer, hf_cache: str
+                      ) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """``(train, eval)`` pairs of the ``preference`` task: ``task.eval_path`` as the held-out pairs, else
+    ``task.num_eval`` pairs held out of ``task.preference_path``."""
+    def load(path: str, split: str) -> datasets.Dataset:
+        return load_preference(path, tokenizer, split=split, config=task_cfg.dataset_config, cache_dir=hf_cache,
+                               columns=(task_cfg.prompt_column, task_cfg.chosen_column, task_cfg.rejected_column))
+
+    train = load(task_cfg.preference_path, task_cfg.train_split)
+    if task_cfg.eval_path is not None:
+        return train, load(task_cfg.eval_path, task_cfg.eval_split)
+    return _hold_out(task_cfg, train, "task.preference_path", task_cfg.preference_path)
+
+
+def _hold_out(task_cfg: TaskConfig, train: datasets.Dataset, field: str, path: str
+              ) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """``task.num_eval`` rows of ``train`` held out, a seeded random slice (the file may be sorted, so not its tail)."""
     if task_cfg.num_eval >= len(train):
         raise ConfigError(
             f"task.num_eval={task_cfg.num_eval} is invalid: expected fewer than the {len(train)} rows of "
-            f"task.train_path={task_cfg.train_path!r} (held out from it because task.eval_path is unset)"
+            f"{field}={path!r} (held out from it because task.eval_path is unset)"
         )
     split = train.train_test_split(test_size=task_cfg.num_eval, shuffle=True, seed=task_cfg.data_seed)
     return split["train"], split["test"]
@@ -63,20 +84,21 @@ def check_lengths(task_cfg: TaskConfig, tokenizer: TextTokenizer, splits: dict[s
     """Fail before any model is built when a prompt exceeds ``task.max_prompt_len`` or, for an
     algorithm in ``TARGET_ALGOS``, a demonstration (+ EOS) exceeds ``task.max_new_tokens``; the
     messages give the value that fits."""
-    checks = [("prompt", "task.max_prompt_len", task_cfg.max_prompt_len,
+    checks = [(("prompt",), "task.max_prompt_len", task_cfg.max_prompt_len,
                lambda t: len(tokenizer.encode(t, add_bos=True)))]
-    if algo in TARGET_ALGOS:
-        checks.append(("completion", "task.max_new_tokens", task_cfg.max_new_tokens,
+    if algo in TARGET_ALGOS:  # a preference task's rows hold chosen/rejected instead of one completion
+        checks.append((("completion", "chosen", "rejected"), "task.max_new_tokens", task_cfg.max_new_tokens,
                        lambda t: len(tokenizer.encode(t)) + 1))
-    for column, field, limit, count in checks:
+    for columns, field, limit, count in checks:
         longest = (0, "", -1)
         for split, ds in splits.items():
-            for i, text in enumerate(ds[column]):
-                if (n := count(text)) > longest[0]:
-                    longest = (n, split, i)
+            for column in (c for c in columns if c in ds.column_names):
+                for i, text in enumerate(ds[column]):
+                    if (n := count(text)) > longest[0]:
+                        longest = (n, split, i)
         n, split, i = longest
         if n > limit:
-            if column == "prompt":
+            if field == "task.max_prompt_len":
                 raise ConfigError(
                     f"{field}={limit} is invalid: expected at least {n} (the prompt of {split} row {i} "
                     f"has {n} tokens, BOS included where the tokenizer has one)"
