@@ -33,3 +33,13 @@ def dense_reward(monkeypatch):
         return task
 
     monkeypatch.setattr(tasks_mod, "build_task", build)
+
+
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory):
+    """A tiny Qwen3 HF checkpoint with a chat template (tests/tiny_qwen3.py), written once per session."""
+    from tests.tiny_qwen3 import qwen3_checkpoint
+
+    path = tmp_path_factory.mktemp("pretrained") / "qwen3"
+    qwen3_checkpoint(path)
+    return path

@@ -13,20 +13,13 @@ from refexp.config.root import to_object
 from refexp.logging import read_metrics
 from refexp.run import run
 from tests.helpers import compose_cfg, compose_root
-from tests.test_pretrained_start import MODEL, QUESTIONS, _qwen3_checkpoint
+from tests.tiny_qwen3 import MODEL, QUESTIONS
 
 transformers = pytest.importorskip("transformers")
 
 
 def _answer(solution: str) -> str:
     return solution.rsplit("#### ", 1)[1]
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("pretrained") / "qwen3"
-    _qwen3_checkpoint(path)
-    return path
 
 
 @pytest.fixture(scope="module")
