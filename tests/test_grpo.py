@@ -28,6 +28,12 @@ def test_grpo_runs_and_logs_the_contract_metrics(tmp_path, strategy):
     for key in ("loss/total", "reward/mean", "reward/std", "perf/step_s", "perf/gen_s", "perf/ref_fwd_s",
                 "perf/tokens_per_s", "mem/peak_rss_mb", "ref/version", "ref/last_update_step"):
         assert all(key in r for r in rows[1:]), key
+    for r in rows[1:]:  # TRL's names (README's metric table)
+        assert 0.0 <= r["frac_reward_zero_std"] <= 1.0 and 0.0 <= r["completions/clipped_ratio"] <= 1.0
+        if r["reward/std"] == 0.0:  # every reward equal across the batch: every group has zero std
+            assert r["frac_reward_zero_std"] == 1.0
+    # step 1 samples the tiny SFT model, which scores 0 on every completion, so the check above is exercised
+    assert rows[1]["reward/std"] == 0.0 and rows[1]["frac_reward_zero_std"] == 1.0
     assert all("eval/accuracy" in rows[i] and "kl/init" in rows[i] for i in (0, 2, 4))
     assert rows[0]["kl/init"] == pytest.approx(0.0, abs=1e-6)  # the policy starts as the initial model
     if strategy == "none":

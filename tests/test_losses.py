@@ -306,8 +306,8 @@ def test_dpo_metrics():
     rejected = [0.5 * (PR[i] - RR[i]) for i in range(2)]  # [-0.25, 0.25]
     assert m["rewards/chosen"].item() == pytest.approx(sum(chosen) / 2)
     assert m["rewards/rejected"].item() == pytest.approx(sum(rejected) / 2)
-    assert m["rewards/margin"].item() == pytest.approx((sum(chosen) - sum(rejected)) / 2)
-    assert m["rewards/accuracy"].item() == pytest.approx(0.5)
+    assert m["rewards/margins"].item() == pytest.approx((sum(chosen) - sum(rejected)) / 2)
+    assert m["rewards/accuracies"].item() == pytest.approx(0.5)
     assert m["logps/chosen"].item() == pytest.approx(-2.0)
     assert m["logps/rejected"].item() == pytest.approx(-1.5)
     assert m["loss/total"].item() == pytest.approx(_dpo()[0].item())
@@ -355,8 +355,8 @@ def test_simpo_loss_and_metrics():
     assert loss.item() == pytest.approx((softplus(1.0) + softplus(-1.0)) / 2)
     assert m["rewards/chosen"].item() == pytest.approx(2 * (-2 + -1) / 2)
     assert m["rewards/rejected"].item() == pytest.approx(2 * (-2 + -2) / 2)
-    assert m["rewards/margin"].item() == pytest.approx(1.0)
-    assert m["rewards/accuracy"].item() == pytest.approx(0.5)  # a tie (-4 vs -4) is not a win
+    assert m["rewards/margins"].item() == pytest.approx(1.0)
+    assert m["rewards/accuracies"].item() == pytest.approx(0.5)  # a tie (-4 vs -4) is not a win
     assert m["logps/chosen"].item() == pytest.approx(-1.5) and m["logps/rejected"].item() == pytest.approx(-2.0)
     assert_metrics_detached_scalars(m)
     eps = 0.2
@@ -392,7 +392,7 @@ def test_orpo_loss_and_metrics():
     assert m["orpo/log_sigmoid_odds"].item() == pytest.approx(-sum(softplus(-lo) for lo in log_odds) / 2)
     assert m["rewards/chosen"].item() == pytest.approx(0.1 * (-0.5 + -1.0) / 2)
     assert m["rewards/rejected"].item() == pytest.approx(0.1 * (-1.0 + -0.5) / 2)
-    assert m["rewards/accuracy"].item() == pytest.approx(0.5)
+    assert m["rewards/accuracies"].item() == pytest.approx(0.5)
     assert_metrics_detached_scalars(m)
     loss.backward()
     assert nll.grad.item() == pytest.approx(1.0)

@@ -65,8 +65,8 @@ def _dpo_rows(strategy: str, seed: int) -> list[dict]:
     rows = []
     for step in range(0, 21):
         row = {"step": step, "loss/total": 0.69 - 0.01 * step,
-               "rewards/accuracy": 0.5 + 0.02 * step + 0.02 * rng.random(),
-               "rewards/margin": 0.05 * step + 0.01 * rng.random(),
+               "rewards/accuracies": 0.5 + 0.02 * step + 0.02 * rng.random(),
+               "rewards/margins": 0.05 * step + 0.01 * rng.random(),
                "rewards/chosen": 0.1, "rewards/rejected": -0.1,
                "perf/step_s": 0.5, "mem/peak_rss_mb": 800.0 + step}
         if strategy != "none":
@@ -281,11 +281,30 @@ def test_dpo_has_its_own_table(sweep):
     assert "pref_acc" in dpo_cols and "margin" in dpo_cols and "reward" not in dpo_cols
     assert "reward" in grpo_cols and "pref_acc" not in grpo_cols
     row = _row(report, "dpo", "fixed")
-    direct = [np.mean(a[-5:]) for a in _col(expected[("dpo", "fixed")], "rewards/margin")]
+    direct = [np.mean(a[-5:]) for a in _col(expected[("dpo", "fixed")], "rewards/margins")]
     assert row.cells["margin"].mean == pytest.approx(np.mean(direct))
     assert _row(report, "dpo", "none").cells["ref_cost"].mean == 0.0  # no reference forward logged
     md = report.markdown_path.read_text()
     assert "## GRPO" in md and "## DPO" in md
+
+
+def test_dpo_runs_logged_under_the_old_names_read_like_new_ones(tmp_path):
+    """Runs logged before the rename to TRL's names (rewards/accuracy, rewards/margin) give the same columns."""
+    old_names = {"rewards/accuracies": "rewards/accuracy", "rewards/margins": "rewards/margin"}
+    cells = {}
+    for naming in ("old", "new"):
+        root = tmp_path / naming
+        for seed in (0, 1):
+            rows = _dpo_rows("fixed", seed)
+            if naming == "old":
+                rows = [{old_names.get(k, k): v for k, v in r.items()} for r in rows]
+            _write_run(root / str(seed), algo="dpo", strategy="fixed", seed=seed, overrides=[f"training.seed={seed}"],
+                       rows=rows)
+        row = _row(build_report(root), "dpo", "fixed")
+        cells[naming] = {k: (row.cells[k].mean, row.cells[k].half_width) for k in ("pref_acc", "margin")}
+    direct = [np.mean([r["rewards/accuracies"] for r in _dpo_rows("fixed", seed)][-5:]) for seed in (0, 1)]
+    assert cells["new"]["pref_acc"][0] == pytest.approx(np.mean(direct))
+    assert cells["old"] == cells["new"]
 
 
 # ---------------------------------------------------------------- files

@@ -147,7 +147,7 @@ def test_runs_with_and_without_sharing_agree(tmp_path, algo):
         run(compose_cfg(tmp_path / share, *extra, f"algo.share_prompt={share}"))
         rows[share] = read_metrics(tmp_path / share / "metrics.jsonl")
     keys = (["loss/total", "reward/mean", "kl/ref"] if algo == "grpo"
-            else ["loss/total", "rewards/margin", "kl/ref_chosen_tokens"])
+            else ["loss/total", "rewards/margins", "kl/ref_chosen_tokens"])
     assert [r["step"] for r in rows["true"]] == [r["step"] for r in rows["false"]]
     for a, b in zip(rows["true"][1:], rows["false"][1:]):
         for k in keys:

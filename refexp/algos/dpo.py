@@ -196,7 +196,7 @@ class DPOStep:
 @torch.inference_mode()
 def heldout_pair_metrics(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy,
                          pairs: datasets.Dataset) -> dict[str, float]:
-    """``eval/pref_accuracy`` and ``eval/pref_margin``: the step's ``rewards/accuracy`` and ``rewards/margin``
+    """``eval/pref_accuracy`` and ``eval/pref_margin``: the step's ``rewards/accuracies`` and ``rewards/margins``
     (the loss's implicit rewards, TRL's definitions) over the first ``eval.num_prompts`` held-out pairs,
     from the policy and the current reference (none for the reference-free SimPO/ORPO). Every rank
     measures every pair, in batches of ``algo.pairs_per_step``, so the numbers do not depend on the world size."""
@@ -213,8 +213,8 @@ def heldout_pair_metrics(ctx: RunContext, policy: Policy, strategy: ReferenceStr
             ref = None if ref_fn is None else RefLogps.from_logprobs(pair_logprobs(ref_fn, batch, shared), mask)
             chosen_nll = sft_loss(logp[:B], mask[:B])[0] if a.loss_type == "orpo" else None
             _, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:], ref, chosen_nll)
-            acc += float(m["rewards/accuracy"]) * B  # both are means over pairs: weight by the batch's pairs
-            margin += float(m["rewards/margin"]) * B
+            acc += float(m["rewards/accuracies"]) * B  # both are means over pairs: weight by the batch's pairs
+            margin += float(m["rewards/margins"]) * B
     return {"eval/pref_accuracy": acc / max(1, n), "eval/pref_margin": margin / max(1, n)}
 
 

@@ -129,6 +129,17 @@ class GRPOStep:
         mean = s1 / g_rows
         out["reward/mean"] = float(mean)
         out["reward/std"] = float((s2 / g_rows - mean * mean).clamp(min=0).sqrt())
+        # TRL's frac_reward_zero_std and completions/clipped_ratio, as global counts: a rank holds whole groups,
+        # so summing its counts over ranks is exact. A group whose rewards are all equal has zero advantage
+        # (no learning signal); a completion is clipped when it ends without a stop id (it ran to max_new_tokens).
+        spread = rewards.view(-1, G)
+        zero_std = (spread.max(dim=1).values - spread.min(dim=1).values).abs() <= 1e-8
+        stops = set(getattr(task.tokenizer, "stop_ids", (task.tokenizer.eos_id,)))
+        clipped = torch.tensor(float(sum(not ids or ids[-1] not in stops for ids in r.completion_ids)),
+                               device=ctx.device)
+        n_groups = rdist.dp_sum(pd, torch.tensor(float(spread.shape[0]), device=ctx.device))
+        out["frac_reward_zero_std"] = float(rdist.dp_sum(pd, zero_std.sum().to(torch.float32)) / n_groups)
+        out["completions/clipped_ratio"] = float(rdist.dp_sum(pd, clipped) / g_rows)
         return out
 
     TOKEN_MEANS = ("kl/ref", "clip/low", "clip/high", "clip/ratio", "policy/entropy")

@@ -152,7 +152,7 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
             ctx.logger.log(metrics, step=step)
             state.step = step
             bar.update(1)
-            bar.set_postfix(reward=f"{metrics.get('reward/mean', metrics.get('rewards/accuracy', 0.0)):.2f}")
+            bar.set_postfix(reward=f"{metrics.get('reward/mean', metrics.get('rewards/accuracies', 0.0)):.2f}")
             if step < cfg.training.steps:
                 ckpt.save(step)
             # a signal can reach ranks at different steps, and the save that follows is a collective

@@ -23,12 +23,12 @@ def _preference_metrics(
     chosen_logps: torch.Tensor,
     rejected_logps: torch.Tensor,
 ) -> Metrics:
-    """TRL's ``rewards/*`` and ``logps/*`` (with ``margin``/``accuracy`` in the singular)."""
+    """TRL's ``rewards/*`` and ``logps/*``, under TRL's names."""
     return {
         "rewards/chosen": metric(chosen_rewards.mean()),
         "rewards/rejected": metric(rejected_rewards.mean()),
-        "rewards/margin": metric((chosen_rewards - rejected_rewards).mean()),
-        "rewards/accuracy": metric((chosen_rewards > rejected_rewards).to(chosen_rewards.dtype).mean()),
+        "rewards/margins": metric((chosen_rewards - rejected_rewards).mean()),
+        "rewards/accuracies": metric((chosen_rewards > rejected_rewards).to(chosen_rewards.dtype).mean()),
         "logps/chosen": metric(chosen_logps.mean()),
         "logps/rejected": metric(rejected_logps.mean()),
     }
@@ -88,7 +88,7 @@ def dpo_loss(
         chosen_lengths, rejected_lengths: [B] completion token counts (IPO only).
 
     Metrics (detached 0-dim), TRL's: ``rewards/chosen`` = mean of beta (pi_c - ref_c),
-    ``rewards/rejected``, ``rewards/margin`` (mean chosen - rejected reward), ``rewards/accuracy``
+    ``rewards/rejected``, ``rewards/margins`` (mean chosen - rejected reward), ``rewards/accuracies``
     (fraction of pairs with chosen reward strictly greater), ``logps/chosen``, ``logps/rejected``
     (policy, as used in the loss, i.e. averaged for IPO with lengths), ``loss/total``.
 
@@ -172,7 +172,7 @@ def simpo_loss(
         beta: > 0 (the paper uses 2-10); gamma: target margin (paper: 0.3-1.6).
 
     Metrics (detached 0-dim): ``rewards/chosen`` = mean beta a, ``rewards/rejected`` = mean beta b,
-    ``rewards/margin``, ``rewards/accuracy``, ``logps/chosen`` = mean a, ``logps/rejected`` =
+    ``rewards/margins``, ``rewards/accuracies``, ``logps/chosen`` = mean a, ``logps/rejected`` =
     mean b (average log-probs, as TRL logs them), ``loss/total``.
     """
     if policy_chosen_logps.dim() != 1:
@@ -232,7 +232,7 @@ def orpo_loss(
         lam: weight of the odds-ratio term (the paper's lambda; TRL's default 0.1).
 
     Metrics (detached 0-dim): ``rewards/chosen`` = mean lam a, ``rewards/rejected`` = mean lam b,
-    ``rewards/margin``, ``rewards/accuracy``, ``logps/chosen`` = mean a, ``logps/rejected`` = mean b,
+    ``rewards/margins``, ``rewards/accuracies``, ``logps/chosen`` = mean a, ``logps/rejected`` = mean b,
     ``orpo/log_odds_ratio`` = mean log_odds (TRL calls this ``log_odds_chosen``; TRL's
     ``log_odds_ratio`` is our ``orpo/log_sigmoid_odds`` = mean logsigmoid(log_odds)),
     ``loss/nll``, ``loss/or`` (= lam * mean(-logsigmoid(log_odds))), ``loss/total``.

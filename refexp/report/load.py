@@ -25,6 +25,9 @@ import yaml
 _MARKERS = (".hydra", "metrics.jsonl", "status.json")
 _NOT_RUNS = {"wandb", "report_plots", "__pycache__"}
 """Folders in a sweep dir that are never runs: W&B's local files and this report's own plots."""
+RENAMED = {"rewards/accuracy": "rewards/accuracies", "rewards/margin": "rewards/margins"}
+"""Old metric name -> the name logged now (TRL's, README's metric table): runs logged before the rename
+read as if they had logged the new name, so committed sweeps stay comparable with new ones."""
 
 
 def is_run_dir(path: Path) -> bool:
@@ -228,6 +231,10 @@ class Run:
         for row in self.rows:
             step = row["step"]
             for k, v in row.items():
+                if k in RENAMED:
+                    if RENAMED[k] in row:  # a row with both names: the new one is the measurement
+                        continue
+                    k = RENAMED[k]
                 if k != "step" and _is_number(v):
                     per_key.setdefault(k, {})[step] = float(v)
         out = {}
@@ -246,7 +253,10 @@ class Run:
 
     def final_from_status(self, key: str) -> Optional[float]:
         """status.json's ``final`` value of a metric, the fallback when metrics.jsonl lacks it."""
-        v = ((self.status or {}).get("final") or {}).get(key)
+        final = (self.status or {}).get("final") or {}
+        v = final.get(key)
+        if v is None:  # a run logged before a rename wrote the old name
+            v = next((final[old] for old, new in RENAMED.items() if new == key and old in final), None)
         return float(v) if _is_number(v) and math.isfinite(v) else None
 
 

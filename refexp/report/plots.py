@@ -20,7 +20,7 @@ from .stats import mean_ci, seed_band
 _STRATEGY_COLOURS = {"fixed": "C0", "periodic_reset": "C1", "ema": "C2", "kl_triggered": "C3", "none": "C7"}
 _SPARE_COLOURS = ("C4", "C5", "C6", "C8", "C9")
 _LINESTYLES = ("-", "--", ":", "-.")
-REWARD_KEYS = ("reward/mean", "rewards/margin", "rewards/accuracy")
+REWARD_KEYS = ("reward/mean", "rewards/margins", "rewards/accuracies")
 """The reward curve plots the first of these the algorithm logs (GRPO: reward/mean; DPO: margin)."""
 
 

@@ -27,7 +27,7 @@ HOW_TO_READ = (
     "preference data alone (`task=preference`) have no task accuracy and show *final/best held-out pref acc* "
     "(`eval/pref_accuracy`: the share of held-out pairs whose implicit reward ranks chosen above rejected) "
     "and *final held-out margin* (`eval/pref_margin`) instead, which also take accuracy's place in the plots; "
-    f"*reward* (GRPO `reward/mean`; DPO `rewards/accuracy` and `rewards/margin`) and *kl/ref* average the "
+    f"*reward* (GRPO `reward/mean`; DPO `rewards/accuracies` and `rewards/margins`) and *kl/ref* average the "
     f"last {TAIL} logged steps, so a resetting strategy's saw-tooth does not decide the number; *kl/init* "
     "is the last measured drift from the SFT start the run began from. *steps to acc≥T* is the first "
     "step whose held-out accuracy reached the target T (\"never\" when no seed did; \"k/n seeds\" when "
