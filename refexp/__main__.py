@@ -16,9 +16,22 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _app(cfg: DictConfig) -> float | None:
-    from refexp.run import run_from_hydra  # imported late: `refexp --help` stays fast
+    from hydra.core.hydra_config import HydraConfig
 
-    return run_from_hydra(cfg)
+    from refexp.config import ConfigError, to_object
+
+    if HydraConfig.get().mode.name == "MULTIRUN":  # a failing job is recorded and the sweep goes on (run.py)
+        from refexp.run import run_from_hydra
+
+        return run_from_hydra(cfg)
+    try:
+        to_object(cfg)  # every schema and cross-field check, before torch is imported
+        from refexp.run import run_from_hydra  # imported late: `refexp --help` and config errors stay fast
+
+        return run_from_hydra(cfg)
+    except ConfigError as e:  # bad input is the user's to fix: one line, no traceback (exit 2, as argparse)
+        print(f"refexp: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def main() -> None:

@@ -100,3 +100,24 @@ def test_missing_checkpoint_directory_is_named(tmp_path):
 def test_gsm8k_needs_a_local_file():
     with pytest.raises(ConfigError, match="task.train_path"):
         to_object(compose_root("task=gsm8k", "task.train_path=null"))
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["training.steps=-1"], "training.steps"),
+    (["algo=grpo", "algo.group_size=1"], "algo.group_size"),
+])
+def test_cli_config_error_is_one_line_exit_2_without_traceback(tmp_path, overrides, field):
+    """Like a CLI (argparse): the message alone on stderr, exit status 2, found before torch is imported."""
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "refexp", *overrides, "logger=none", f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - t0
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2, out.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"refexp: error: {field}="), out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert elapsed < 10, elapsed
