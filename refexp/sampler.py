@@ -117,7 +117,7 @@ def generate(
 
     pad = tokenizer.pad_id
     # Every eos id of the checkpoint's generation_config.json ends a row (TextTokenizer.stop_ids).
-    stop_S = torch.tensor(getattr(tokenizer, "stop_ids", (tokenizer.eos_id,)), dtype=torch.long, device=device)
+    stop_S = torch.tensor(tokenizer.stop_ids, dtype=torch.long, device=device)
     out = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
     logp_out = torch.zeros(n, max_new_tokens, dtype=torch.float32, device=device)
     done = torch.zeros(n, dtype=torch.bool, device=device)

@@ -204,6 +204,7 @@ def heldout_pair_metrics(ctx: RunContext, policy: Policy, strategy: ReferenceStr
     n = min(ctx.cfg.eval.num_prompts, len(pairs))
     acc = margin = 0.0
     with ExitStack() as stack:
+        stack.enter_context(torch.no_grad())  # a measurement: no graph for the policy's forwards
         ref_fn = None if a.reference_free else stack.enter_context(reference_logprobs(strategy))
         for start in range(0, n, a.pairs_per_step):
             batch, shared = pack(ctx, pairs, list(range(start, min(n, start + a.pairs_per_step))))

@@ -134,12 +134,13 @@ class GRPOStep:
         # (no learning signal); a completion is clipped when it ends without a stop id (it ran to max_new_tokens).
         spread = rewards.view(-1, G)
         zero_std = (spread.max(dim=1).values - spread.min(dim=1).values).abs() <= 1e-8
-        stops = set(getattr(task.tokenizer, "stop_ids", (task.tokenizer.eos_id,)))
-        clipped = torch.tensor(float(sum(not ids or ids[-1] not in stops for ids in r.completion_ids)),
-                               device=ctx.device)
-        n_groups = rdist.dp_sum(pd, torch.tensor(float(spread.shape[0]), device=ctx.device))
-        out["frac_reward_zero_std"] = float(rdist.dp_sum(pd, zero_std.sum().to(torch.float32)) / n_groups)
-        out["completions/clipped_ratio"] = float(rdist.dp_sum(pd, clipped) / g_rows)
+        stops = set(task.tokenizer.stop_ids)
+        clipped = float(sum(not ids or ids[-1] not in stops for ids in r.completion_ids))
+        # one collective for both counts; the global number of groups is algo.prompts_per_step
+        zero_groups, clipped_rows = rdist.dp_sum(
+            pd, torch.stack([zero_std.sum().to(torch.float32), torch.tensor(clipped, device=ctx.device)]))
+        out["frac_reward_zero_std"] = float(zero_groups) / a.prompts_per_step
+        out["completions/clipped_ratio"] = float(clipped_rows / g_rows)
         return out
 
     TOKEN_MEANS = ("kl/ref", "clip/low", "clip/high", "clip/ratio", "policy/entropy")
