@@ -42,9 +42,9 @@ def test_wrong_type_fails_atcompose_root():
 
 
 @pytest.mark.parametrize("choice, key, schema, fields", [
-    ("reference=fixed", "reference.reset_every", "FixedReferenceConfig", "name, checkpoint, dtype, compile"),
-    ("reference=ema", "reference.reset_optimizer", "EMAReferenceConfig", "name, checkpoint, dtype, compile, sync_every, alpha"),
-    ("reference=none", "reference.alpha", "NoReferenceConfig", "name, checkpoint, dtype, compile"),
+    ("reference=fixed", "reference.reset_every", "FixedReferenceConfig", "name, checkpoint, dtype, compile, offload"),
+    ("reference=ema", "reference.reset_optimizer", "EMAReferenceConfig", "name, checkpoint, dtype, compile, offload, sync_every, alpha"),
+    ("reference=none", "reference.alpha", "NoReferenceConfig", "name, checkpoint, dtype, compile, offload"),
     ("algo=dpo", "algo.group_size", "DPOConfig", "name, loss_type, beta"),
     ("algo=grpo", "algo.precompute_ref", "GRPOConfig", "name, prompts_per_step, group_size"),
 ])

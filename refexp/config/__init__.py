@@ -38,11 +38,11 @@ from .root import (
     schema_name,
     to_object,
 )
-from .runtime import CheckpointConfig, CommConfig, TrainingConfig
+from .runtime import ActivationCheckpointConfig, CheckpointConfig, CommConfig, TrainingConfig
 from .task import TaskConfig
 
 __all__ = [
-    "ALGO_SCHEMAS", "DPO_REFERENCE_FREE_LOSSES", "GROUP_SCHEMAS", "OPTION_SCHEMAS", "REFERENCE_SCHEMAS",
+    "ALGO_SCHEMAS", "ActivationCheckpointConfig", "DPO_REFERENCE_FREE_LOSSES", "GROUP_SCHEMAS", "OPTION_SCHEMAS", "REFERENCE_SCHEMAS",
     "REFERENCE_STRATEGIES", "AlgoConfig", "CheckpointConfig", "CommConfig", "CompileConfig", "ConfigError",
     "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig",
     "KLTriggeredReferenceConfig", "LoggerConfig", "ModelConfig", "NoReferenceConfig", "ParallelismConfig",

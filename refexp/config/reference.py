@@ -32,6 +32,9 @@ class ReferenceConfig:
     """None = training.dtype."""
     compile: Optional[bool] = None
     """None = compile.enable."""
+    offload: bool = False
+    """Keep the frozen reference (and the kl/init anchor) in host memory between uses, moved to the
+    device only for its forwards: device memory for time (one host-to-device copy per use)."""
 
     def __post_init__(self) -> None:
         # The base instance in RootConfig's default has no strategy yet; to_object rejects it if none is chosen.

@@ -20,7 +20,7 @@ from .errors import ConfigError
 from .logger import LoggerConfig
 from .model import CompileConfig, ModelConfig, ParallelismConfig
 from .reference import REFERENCE_SCHEMAS, ReferenceConfig
-from .runtime import CheckpointConfig, CommConfig, TrainingConfig
+from .runtime import ActivationCheckpointConfig, CheckpointConfig, CommConfig, TrainingConfig
 from .task import TaskConfig
 
 
@@ -40,6 +40,8 @@ class RootConfig:
     """``comm=<option>``: process-group backend and timeouts."""
     training: TrainingConfig = field(default_factory=TrainingConfig)
     """``training=<option>``: optimisation of the RL stage."""
+    activation_checkpoint: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
+    """``activation_checkpoint=<option>``: none | selective | full."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """``task=<option>``: prompts, answers, reward."""
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -54,6 +56,9 @@ class RootConfig:
     """The SFT stage (set in place: ``sft.steps=500``)."""
     experiment_name: str = "default"
     """Names the comparison (W&B group prefix, report title)."""
+    dry_run: bool = False
+    """Print the per-rank memory plan of the configured run (models on the meta device: no checkpoint,
+    no data) and exit (refexp/dry_run.py)."""
     run_dir: Optional[str] = None
     """Where this run's files go (metrics.jsonl, status.json, checkpoint/); None = Hydra's output dir
     (set it with hydra.run.dir=DIR)."""
@@ -66,6 +71,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "compile": CompileConfig,
     "comm": CommConfig,
     "training": TrainingConfig,
+    "activation_checkpoint": ActivationCheckpointConfig,
     "task": TaskConfig,
     "logger": LoggerConfig,
 }

@@ -56,6 +56,25 @@ class CommConfig:
 
 
 @dataclass
+class ActivationCheckpointConfig:
+    """Mirrors torchtitan's ``ActivationCheckpointConfig``: recompute activations in backward instead of
+    keeping them (the policy only; frozen models keep none)."""
+
+    mode: str = "none"
+    """none | selective | full (torchtitan's names)."""
+    selective_ac_option: str = "op"
+    """With mode=selective: ``op`` (per-op policy: keep matmul outputs, recompute the rest) or an
+    integer N as a string (checkpoint every N-th block)."""
+
+    def __post_init__(self) -> None:
+        one_of("activation_checkpoint.mode", self.mode, ("none", "selective", "full"))
+        check(self.selective_ac_option == "op" or (self.selective_ac_option.isdigit()
+                                                    and int(self.selective_ac_option) > 0),
+              "activation_checkpoint.selective_ac_option", self.selective_ac_option,
+              "'op' or a positive integer (checkpoint every N-th block)")
+
+
+@dataclass
 class TrainingConfig:
     """Optimisation of the RL stage (the SFT stage has its own ``sft`` block). Mirrors torchtitan's
     ``TrainingConfig`` names (``steps``, ``max_norm``, ``dtype``, ``mixed_precision_*``)."""
@@ -81,15 +100,26 @@ class TrainingConfig:
     max_norm: float = 1.0
     """Gradient-norm clip (torchtitan's name)."""
     dtype: str = "float32"
-    """Parameter dtype of the policy (and of the reference unless ``reference.dtype`` says otherwise)."""
-    mixed_precision_param: str = "float32"
-    """float32 on CPU: bf16 there is much slower and numerically different (docs/torchtitan-notes.md §6)."""
+    """Storage dtype of the policy's parameters (the optimizer's master copy; and of the reference unless
+    ``reference.dtype`` says otherwise)."""
+    mixed_precision_param: str = "auto"
+    """dtype the forward and backward compute in (FSDP2's MixedPrecisionPolicy, at every world size):
+    auto = bfloat16 on CUDA, float32 on CPU (bf16 there is much slower, docs/torchtitan-notes.md §6)."""
     mixed_precision_reduce: str = "float32"
     """dtype of FSDP's gradient reduction."""
+    micro_batch_size: Optional[int] = None
+    """Rows per forward/backward chunk of a step, gradients accumulated over the chunks (GRPO: completions,
+    a multiple of ``algo.group_size`` when prompts are shared; DPO: pairs). None = the whole step at once."""
     num_threads: int = 0
     """torch intra-op threads per process (0 = torch's default)."""
     device: str = "auto"
     """auto = cuda when available, else cpu."""
+
+    def compute_dtype(self, device_type: str) -> str:
+        """``mixed_precision_param`` with ``auto`` resolved for ``device_type`` (cuda -> bfloat16)."""
+        if self.mixed_precision_param != "auto":
+            return self.mixed_precision_param
+        return "bfloat16" if device_type == "cuda" else "float32"
 
     def __post_init__(self) -> None:
         check(isinstance(self.steps, int) and not isinstance(self.steps, bool) and self.steps >= 0,
@@ -101,7 +131,10 @@ class TrainingConfig:
         non_negative("training.warmup_steps", self.warmup_steps)
         check(self.max_norm > 0, "training.max_norm", self.max_norm, "a number > 0")
         one_of("training.dtype", self.dtype, ("float32", "bfloat16"))
-        one_of("training.mixed_precision_param", self.mixed_precision_param, ("float32", "bfloat16"))
+        one_of("training.mixed_precision_param", self.mixed_precision_param, ("auto", "float32", "bfloat16"))
+        one_of("training.mixed_precision_reduce", self.mixed_precision_reduce, ("float32", "bfloat16"))
+        if self.micro_batch_size is not None:
+            positive_int("training.micro_batch_size", self.micro_batch_size)
         one_of("training.device", self.device, ("auto", "cpu", "cuda"))
         check(isinstance(self.num_threads, int) and self.num_threads >= 0, "training.num_threads",
               self.num_threads, "an integer >= 0")

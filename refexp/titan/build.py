@@ -206,7 +206,7 @@ def build_model(
             model,
             parallel_dims=mesh,
             training=TTTrainingConfig(
-                mixed_precision_param=training_cfg.mixed_precision_param,
+                mixed_precision_param=training_cfg.compute_dtype(device.type),
                 mixed_precision_reduce=training_cfg.mixed_precision_reduce,
             ),
             parallelism=_titan_parallelism(parallelism),
