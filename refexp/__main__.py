@@ -25,6 +25,11 @@ def _app(cfg: DictConfig) -> float | None:
 
         return run_from_hydra(cfg)
     try:
+        if cfg.get("dry_run"):  # the memory plan: meta-device models, no data, no accelerator (refexp/dry_run.py)
+            from refexp.dry_run import dry_run
+
+            dry_run(cfg)
+            return None
         to_object(cfg)  # every schema and cross-field check, before torch is imported
         from refexp.run import run_from_hydra  # imported late: `refexp --help` and config errors stay fast
 

@@ -91,6 +91,10 @@ def validate(dcfg: DictConfig) -> RootConfig:
 
 
 def run(dcfg: DictConfig) -> dict:
+    if dcfg.get("dry_run"):  # the memory plan only (refexp/dry_run.py): {line: bytes}
+        from refexp.dry_run import dry_run
+
+        return dry_run(dcfg)
     cfg = validate(dcfg)
     if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
         from refexp.launcher import spawn_workers

@@ -1,0 +1,89 @@
+"""``dry_run=true``: the memory plan runs for every shipped model preset, with the README's own commands,
+on this CPU-only machine, and the memory controls lower the printed peak."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from refexp.dry_run import dry_run
+from tests.helpers import CONF, compose_root, conf_options
+
+README = CONF.parent / "README.md"
+PEAK = "per-rank peak estimate"
+
+
+def readme_dry_run_commands() -> list[list[str]]:
+    """The overrides of every ``refexp dry_run=true ...`` command in the README (continuation lines joined)."""
+    text = README.read_text().replace("\\\n", " ")
+    return [shlex.split(m.group(1)) for m in re.finditer(r"^\s*refexp (dry_run=true[^\n#]*)", text, re.M)]
+
+
+def _model(overrides: list[str]) -> str:
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith("model=")), "tiny")
+
+
+def test_the_readme_gives_a_dry_run_command_for_every_model_preset():
+    covered = {_model(o) for o in readme_dry_run_commands()}
+    assert set(conf_options("model")) <= covered, f"presets without a README dry-run command: " \
+                                                  f"{sorted(set(conf_options('model')) - covered)}"
+
+
+@pytest.mark.parametrize("overrides", readme_dry_run_commands(), ids=lambda o: " ".join(o))
+def test_every_readme_dry_run_command_validates_and_plans(overrides, capsys):
+    plan = dry_run(compose_root(*overrides))
+    out = capsys.readouterr().out
+    peak = float(re.search(rf"^{PEAK}: ([0-9.]+) GiB$", out, re.M).group(1))
+    assert peak > 0 and abs(peak - plan[PEAK] / 2**30) < 0.01
+    assert plan["parameters"] > 0 and plan["optimizer state"] == 2 * plan["parameters"]  # fp32 AdamW moments
+
+
+LLAMA_8X = ["dry_run=true", "algo=grpo", "model=llama3_8b", "task=gsm8k", "parallelism=fsdp",
+            "parallelism.nproc_per_node=8", "training.device=cuda"]
+
+
+def _peak(*overrides: str) -> float:
+    return dry_run(compose_root(*LLAMA_8X, *overrides))[PEAK]
+
+
+def test_activation_checkpointing_and_micro_batches_lower_the_planned_peak():
+    plain = _peak()
+    assert _peak("activation_checkpoint=selective") < plain
+    assert _peak("activation_checkpoint=full") < _peak("activation_checkpoint=selective")
+    assert _peak("training.micro_batch_size=8") < plain
+
+
+def test_the_8b_plan_shards_the_state_over_the_ranks():
+    one = dry_run(compose_root(*LLAMA_8X, "parallelism.nproc_per_node=1", "parallelism=single"))
+    eight = dry_run(compose_root(*LLAMA_8X))
+    assert eight["parameters"] == pytest.approx(one["parameters"] / 8)
+    assert eight["optimizer state"] == pytest.approx(one["optimizer state"] / 8)
+    # 8.03B parameters in fp32 over 8 ranks
+    assert eight["parameters"] == pytest.approx(8.03e9 * 4 / 8, rel=0.01)
+
+
+def test_offload_takes_the_reference_and_anchor_off_the_device():
+    on = dry_run(compose_root(*LLAMA_8X, "reference=ema"))
+    off = dry_run(compose_root(*LLAMA_8X, "reference=ema", "reference.offload=true"))
+    assert on["reference"] > 0 and on["kl/init anchor"] > 0
+    assert off["reference"] == 0 and off["kl/init anchor"] == 0
+    assert off[PEAK] == pytest.approx(on[PEAK] - on["reference"] - on["kl/init anchor"])
+
+
+def test_the_cli_dry_run_prints_the_plan_and_builds_nothing(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "refexp", *LLAMA_8X, f"run_dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert re.search(rf"^{PEAK}: [0-9.]+ GiB$", out.stdout, re.M)
+    assert not (tmp_path / "run").exists()  # no run dir, no checkpoint, no metrics
+
+
+def test_a_bad_value_fails_the_dry_run_naming_the_field():
+    from refexp.config import ConfigError
+
+    with pytest.raises(ConfigError, match="tensor_parallel_degree"):
+        dry_run(compose_root(*LLAMA_8X, "parallelism.tensor_parallel_degree=3"))
