@@ -73,6 +73,12 @@ def validate(dcfg: DictConfig) -> RootConfig:
     world = world if world > 1 else cfg.parallelism.nproc_per_node
     if world > 1:
         titan.make_parallel_dims(cfg.parallelism, world, "cpu")  # degrees vs world size; no mesh yet
+    # A pretrained-size flavor needs its weights: OmegaConf does not let a preset's `???` override the
+    # schema's None, so the requirement is checked here (a dry run plans without it).
+    if cfg.model.flavor != "debugmodel" and not cfg.model.hf_assets_path:
+        raise ConfigError(f"model.flavor={cfg.model.flavor!r} needs model.hf_assets_path=DIR (the HF checkpoint "
+                          f"dir of that model): refexp does not train a {cfg.model.name} {cfg.model.flavor} from "
+                          f"random weights (a debugmodel flavor, e.g. model=qwen3_debug, needs none)")
     if cfg.model.hf_assets_path and not Path(cfg.model.hf_assets_path).is_dir():
         raise ConfigError(f"model.hf_assets_path={cfg.model.hf_assets_path!r} is not a directory")
     # The tokenizer is not loaded yet: an HF checkpoint's config.json states its own vocabulary, and the

@@ -87,3 +87,13 @@ def test_a_bad_value_fails_the_dry_run_naming_the_field():
 
     with pytest.raises(ConfigError, match="tensor_parallel_degree"):
         dry_run(compose_root(*LLAMA_8X, "parallelism.tensor_parallel_degree=3"))
+
+
+@pytest.mark.parametrize("preset", ["qwen3_0.6b", "llama3_8b"])
+def test_a_real_run_of_a_pretrained_preset_needs_its_checkpoint_dir(preset):
+    """The plan needs no weights; a run does, and says so before anything is built."""
+    from refexp.config import ConfigError
+    from refexp.run import validate
+
+    with pytest.raises(ConfigError, match=r"model.hf_assets_path=DIR"):
+        validate(compose_root("algo=grpo", f"model={preset}"))
