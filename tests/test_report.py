@@ -360,11 +360,22 @@ def test_single_run_dir_and_empty_dir(sweep, tmp_path):
     shutil.copytree(root / "0", one)
     rep = build_report(one)
     assert [r.name for r in rep.runs] == ["."] and rep.tables["grpo"].rows[0].n_completed == 1
+
+
+def test_a_dir_without_runs_exits_2_and_leaves_an_existing_report_untouched(sweep, tmp_path, capsys):
+    from refexp.report.build import NoRunsError
+
     empty = tmp_path / "empty"
-    empty.mkdir()
-    rep = build_report(empty)
-    assert rep.tables == {} and "No runs found" in format_table(rep)
-    assert (empty / "report.html").is_file()
+    (empty / "report_plots").mkdir(parents=True)
+    (empty / "report.md").write_text("an earlier report")
+    (empty / "report_plots" / "grpo_reward.png").write_bytes(PNG_MAGIC)
+    with pytest.raises(NoRunsError, match="no runs found"):
+        build_report(empty)
+    assert main([str(empty)]) == 2
+    assert "no runs found" in capsys.readouterr().err
+    assert (empty / "report.md").read_text() == "an earlier report"
+    assert (empty / "report_plots" / "grpo_reward.png").read_bytes() == PNG_MAGIC
+    assert not (empty / "report.html").exists() and not (empty / "summary.json").exists()
 
 
 # ---------------------------------------------------------------- CLI and W&B
@@ -441,3 +452,73 @@ def test_runs_without_task_accuracy_show_heldout_pair_columns(tmp_path, capsys):
     summary = json.loads(report.summary_path.read_text())
     assert summary["algos"]["dpo"]["groups"][0]["metrics"]["acc_final"] is None
     assert "final held-out pref acc" in format_table(report)
+
+
+# ---------------------------------------------------------------- paired differences and the verdict
+def _final(rows, key="eval/accuracy"):
+    return [r[key] for r in rows if key in r][-1]
+
+
+def test_paired_difference_against_the_baseline_equals_the_per_seed_differences(sweep):
+    root, expected, report = sweep
+    table = report.tables["grpo"]
+    assert table.baseline == "fixed" and table.headline.key == "acc_final"
+    base = {seed: _final(rows) for seed, rows in enumerate(expected[("grpo", "fixed")])}
+    for label in ("periodic_reset (reference.reset_every=20)", "ema"):
+        rows_per_seed = expected[("grpo", label)]
+        # ema has seeds 0..4, fixed 0..2: only the common seeds pair
+        diffs = [_final(rows) - base[seed] for seed, rows in enumerate(rows_per_seed) if seed in base]
+        row = _row(report, "grpo", label)
+        est = row.paired.estimate
+        assert row.paired.seeds == [0, 1, 2] and est.n == 3
+        assert est.mean == pytest.approx(np.mean(diffs), abs=1e-12)
+        half = t_quantile(0.975, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
+        assert est.half_width == pytest.approx(half, abs=1e-12)
+    assert _row(report, "grpo", "fixed").paired is None
+    header, body = header_and_cells(table)
+    col = header.index("Δ final acc vs fixed (paired)")
+    assert body[[b[0] for b in body].index("fixed")][col] == "baseline"
+    assert body[[b[0] for b in body].index("periodic_reset (reference.reset_every=50)")][col].endswith("(n=1)")
+
+
+def test_the_verdict_claims_only_what_the_paired_intervals_support():
+    from refexp.report.paired import Paired, verdict
+    from refexp.report.stats import mean_ci
+
+    paired = {"up": Paired("fixed", mean_ci([0.10, 0.12, 0.11]), [0, 1, 2]),
+              "down": Paired("fixed", mean_ci([-0.10, -0.12, -0.11]), [0, 1, 2]),
+              "noise": Paired("fixed", mean_ci([0.2, -0.1, 0.05]), [0, 1, 2]),
+              "single": Paired("fixed", mean_ci([0.3]), [0])}
+    text = verdict("grpo", "final held-out accuracy", paired)
+    assert text.startswith("GRPO, final held-out accuracy, seed-paired against fixed.")
+    assert "Higher than fixed: up (+0.110" in text and "Lower than fixed: down (-0.110" in text
+    assert "Not separated from fixed (the interval includes 0): noise" in text
+    assert "No claim: single (one paired seed)" in text
+    assert "higher" not in text.split("Not separated")[1].lower()
+
+
+def test_a_missing_baseline_is_said_and_another_can_be_chosen(sweep, tmp_path):
+    root, _, _ = sweep
+    copy = tmp_path / "s"
+    shutil.copytree(root, copy)
+    rep = build_report(copy, baseline="ema")
+    assert rep.tables["grpo"].baseline == "ema" and "seed-paired against ema" in rep.tables["grpo"].verdict
+    assert "no 'ema' group" in rep.tables["dpo"].verdict  # DPO has fixed and none only
+    summary = json.loads((copy / "summary.json").read_text())
+    assert summary["algos"]["grpo"]["baseline"] == "ema"
+    fixed = next(g for g in summary["algos"]["grpo"]["groups"] if g["label"] == "fixed")
+    assert fixed["paired_vs_baseline"]["seeds"] == [0, 1, 2]
+
+
+def test_the_report_shows_a_setup_block_and_no_absolute_path(sweep, tmp_path, monkeypatch):
+    root, _, _ = sweep
+    copy = tmp_path / "repo" / "docs" / "s"
+    shutil.copytree(root, copy)
+    monkeypatch.chdir(tmp_path / "repo")
+    rep = build_report(copy)
+    md = (copy / "report.md").read_text()
+    assert "Sweep `docs/s`" in md and str(tmp_path) not in md
+    assert str(tmp_path) not in (copy / "summary.json").read_text()
+    setup = dict(rep.setup["grpo"])
+    assert setup["seeds"] == "0, 1, 2, 3, 4" and setup["steps"] == str(STEPS)
+    assert "**Verdict.** GRPO, final held-out accuracy" in md

@@ -1,5 +1,5 @@
-"""``refexp-report SWEEP_DIR [--target 0.6] [--quiet] [--wandb]``: write the sweep's report and
-print its table and where it went."""
+"""``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--quiet] [--wandb]``: write the sweep's
+report and print its table and where it went. Exit status 2, nothing written, when SWEEP_DIR holds no run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .build import build_report
+from .build import NoRunsError, build_report
 from .table import format_table
 
 
@@ -22,6 +22,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--target", type=float, default=None,
                         help="held-out accuracy for the steps-to-target column (default: the best "
                              "group's start accuracy + 0.05, per algorithm)")
+    parser.add_argument("--baseline", default="fixed",
+                        help="the strategy (or group label) every group's final accuracy is paired against, "
+                             "seed by seed (default: fixed)")
     parser.add_argument("--quiet", action="store_true", help="print only the report's path")
     parser.add_argument("--wandb", action="store_true",
                         help="also log the table to W&B (a new job_type=report run); never fails the report")
@@ -31,7 +34,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.target is not None and not 0.0 <= args.target <= 1.0:
         parser.error(f"--target={args.target} is invalid: expected an accuracy in [0, 1]")
 
-    report = build_report(args.sweep_dir, target=args.target)
+    try:
+        report = build_report(args.sweep_dir, target=args.target, baseline=args.baseline)
+    except NoRunsError as e:
+        print(f"refexp-report: error: {e}", file=sys.stderr)
+        return 2
     if not args.quiet:
         print(format_table(report), end="")
     print(f"report: {report.markdown_path}  (html: {report.html_path.name}, numbers: {report.summary_path.name})")

@@ -14,10 +14,15 @@ from .group import group_runs
 from .load import Run, load_sweep
 from .plots import make_plots
 from .render import write_all
+from .setup import setup_rows
 from .table import AlgoTable, summarize
 
 PLOTS_DIR = "report_plots"
 """Sub-directory of the sweep dir that holds the PNGs (the report owns it and rewrites it)."""
+
+
+class NoRunsError(FileNotFoundError):
+    """The directory holds no run: nothing is written (an existing report stays as it was)."""
 
 
 @dataclass
@@ -42,6 +47,17 @@ class Report:
     problems: list[Problem]
     plots: dict[str, dict[str, Path]]
     notes: list[str] = field(default_factory=list)
+    setup: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    """algo -> the setup block's (label, value) rows."""
+
+    @property
+    def shown_dir(self) -> str:
+        """The sweep dir as a report shows it: relative to the working directory (a repo-relative path when
+        run from the checkout), else its name alone; never an absolute path of this machine."""
+        try:
+            return self.sweep_dir.relative_to(Path.cwd().resolve()).as_posix()
+        except ValueError:
+            return self.sweep_dir.name
 
     @property
     def markdown_path(self) -> Path:
@@ -63,17 +79,22 @@ def _clear_old_plots(plots_dir: Path) -> None:
             p.unlink()
 
 
-def build_report(sweep_dir, *, target: Optional[float] = None) -> Report:
+def build_report(sweep_dir, *, target: Optional[float] = None, baseline: str = "fixed") -> Report:
     """Read a Hydra multirun dir (or one run dir) and write report.md, report.html, summary.json and
     the plots into it. ``target`` is the held-out accuracy for "steps to target" (None: a default
-    per algorithm, see ``table.default_target``). Safe to call again on the same dir at any time."""
+    per algorithm, see ``table.default_target``); ``baseline`` the strategy (or group label) every
+    group is paired against by seed. Safe to call again on the same dir at any time. Raises
+    ``NoRunsError`` before writing anything when the dir holds no run."""
     sweep_dir = Path(sweep_dir).resolve()
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"sweep dir {sweep_dir} does not exist")
     runs = load_sweep(sweep_dir)
+    if not runs:
+        raise NoRunsError(f"no runs found under {sweep_dir} (a run dir has .hydra/, status.json or "
+                          f"metrics.jsonl); nothing was written")
     by_algo = group_runs(runs)
 
-    tables = {algo: summarize(algo, groups, target) for algo, groups in by_algo.items()}
+    tables = {algo: summarize(algo, groups, target, baseline) for algo, groups in by_algo.items()}
     # An algorithm with no completed run has no numbers; its runs still appear under problems.
     tables = {a: t for a, t in tables.items() if any(row.n_completed for row in t.rows)}
 
@@ -92,6 +113,7 @@ def build_report(sweep_dir, *, target: Optional[float] = None) -> Report:
     _clear_old_plots(plots_dir)
     plots = {algo: make_plots(algo, by_algo[algo], plots_dir) for algo in tables}
 
-    report = Report(sweep_dir, runs, tables, problems, plots, notes)
+    setup = {algo: setup_rows(by_algo[algo]) for algo in tables}
+    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup)
     write_all(report)
     return report

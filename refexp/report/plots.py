@@ -60,13 +60,14 @@ def _save(fig: Figure, ax, path: Path) -> Path:
 
 def plot_vs_step(path: Path, algo: str, groups: list[Group], key: str, ylabel: str,
                  seed_lines: bool = False) -> Optional[Path]:
-    """Mean across seeds with a ±1 std band; optionally each seed as a thin line.
+    """Mean across seeds with the 95% interval of the mean as a band (the table's); optionally each seed
+    as a thin line.
 
     ``seed_lines`` is for kl/ref: a KL-triggered reset happens at a different step in each seed,
     and only the per-seed lines keep its saw-tooth visible after averaging.
     """
     st = styles(groups)
-    fig, ax = _figure(f"{algo.upper()}: {key} vs step (mean ± std across seeds)", "step", ylabel)
+    fig, ax = _figure(f"{algo.upper()}: {key} vs step (mean, 95% CI across seeds)", "step", ylabel)
     drawn = False
     for g in groups:
         runs = g.completed
@@ -79,7 +80,7 @@ def plot_vs_step(path: Path, algo: str, groups: list[Group], key: str, ylabel: s
                 s, v = r.series(key)
                 ax.plot(s, v, color=colour, linestyle=ls, linewidth=0.6, alpha=0.35)
         ax.plot(band.steps, band.mean, color=colour, linestyle=ls, label=f"{g.label} (n={len(runs)})")
-        ax.fill_between(band.steps, band.mean - band.std, band.mean + band.std, color=colour, alpha=0.18,
+        ax.fill_between(band.steps, band.mean - band.half95, band.mean + band.half95, color=colour, alpha=0.18,
                         linewidth=0)
         drawn = True
     return _save(fig, ax, path) if drawn else None

@@ -93,12 +93,16 @@ class Column:
     per_run: Callable[[Run], Optional[float]]
     kind: str = "num"  # num | pct | int
     doc: str = ""
+    doc_name: str = ""
+    """The number in words, for a sentence ("final held-out accuracy")."""
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("acc_final", "final acc", lambda r: last(r, ACC), doc="last eval/accuracy"),
+    Column("acc_final", "final acc", lambda r: last(r, ACC), doc="last eval/accuracy",
+           doc_name="final held-out accuracy"),
     Column("acc_best", "best acc", lambda r: best(r, ACC), doc="max eval/accuracy"),
-    Column("heldout_pref_final", "final held-out pref acc", lambda r: last(r, PREF_ACC), doc=f"last {PREF_ACC}"),
+    Column("heldout_pref_final", "final held-out pref acc", lambda r: last(r, PREF_ACC), doc=f"last {PREF_ACC}",
+           doc_name="final held-out preference accuracy"),
     Column("heldout_pref_best", "best held-out pref acc", lambda r: best(r, PREF_ACC), doc=f"max {PREF_ACC}"),
     Column("heldout_margin", "final held-out margin", lambda r: last(r, "eval/pref_margin"),
            doc="last eval/pref_margin"),

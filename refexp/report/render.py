@@ -34,8 +34,13 @@ HOW_TO_READ = (
     "only some did, and then the mean is over those); by default T is the best group's start "
     f"accuracy + {DEFAULT_TARGET_MARGIN}. *ref cost* is the share of step time spent in the reference "
     "forward (Σ perf/ref_fwd_s / Σ perf/step_s) and *peak RSS MB* the largest `mem/peak_rss_mb`. "
-    "In the plots one colour is one strategy (line styles tell its groups apart) and bands are ± one "
-    "std across seeds; on the accuracy-vs-drift frontier, up and to the left is better: more "
+    "*Δ … vs baseline (paired)* is the mean over seeds of this group's final number minus the "
+    "baseline group's for the same seed, ± its 95% t interval: a seed fixes the SFT start's batch order and "
+    "sampling noise for every strategy, so pairing cancels the spread the strategies share; the *verdict* "
+    "above each table names the groups whose paired interval excludes 0 and calls the rest not separated "
+    "(one paired seed: no claim). "
+    "In the plots one colour is one strategy (line styles tell its groups apart) and bands are the 95% "
+    "interval of the mean across seeds, as in the table; on the accuracy-vs-drift frontier, up and to the left is better: more "
     "accuracy for less drift, the star marking each group's last eval. Failed and unfinished runs are "
     "left out of every number and listed at the end."
 )
@@ -99,10 +104,14 @@ _PLOT_CAPTIONS = {
 
 def render_markdown(report) -> str:
     out = [f"# Reference-strategy report: {report.sweep_dir.name}", "",
-           f"Sweep `{report.sweep_dir}`: {_counts(report)}.", "", "## How to read this", "", HOW_TO_READ, ""]
+           f"Sweep `{report.shown_dir}`: {_counts(report)}.", "", "## How to read this", "", HOW_TO_READ, ""]
     for algo, table in report.tables.items():
         header, body = header_and_cells(table)
-        out += [f"## {algo.upper()}", "", _target_line(table), ""] + _md_table(header, body) + [""]
+        out += [f"## {algo.upper()}", ""]
+        if table.verdict:
+            out += [f"**Verdict.** {table.verdict}", ""]
+        out += _md_table(["setup", ""], [list(r) for r in report.setup.get(algo, [])], numeric=False) + [""]
+        out += [_target_line(table), ""] + _md_table(header, body) + [""]
         for kind, path in report.plots.get(algo, {}).items():
             rel = path.relative_to(report.sweep_dir).as_posix()
             out += [f"![{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}]({rel})", ""]
@@ -141,11 +150,15 @@ def render_html(report) -> str:
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{e(title)}</title>"
              f"<style>{_CSS}</style></head><body>",
              f"<h1>{e(title)}</h1>",
-             f"<p class=\"note\">Sweep <code>{e(str(report.sweep_dir))}</code>: {e(_counts(report))}.</p>",
+             f"<p class=\"note\">Sweep <code>{e(report.shown_dir)}</code>: {e(_counts(report))}.</p>",
              f"<h2>How to read this</h2><p>{_md_emphasis_to_html(HOW_TO_READ)}</p>"]
     for algo, table in report.tables.items():
         header, body = header_and_cells(table)
-        parts += [f"<h2>{e(algo.upper())}</h2>", f"<p>{e(_target_line(table))}</p>", _html_table(header, body)]
+        parts.append(f"<h2>{e(algo.upper())}</h2>")
+        if table.verdict:
+            parts.append(f"<p><strong>Verdict.</strong> {e(table.verdict)}</p>")
+        parts += [_html_table(["setup", ""], [list(r) for r in report.setup.get(algo, [])], "bad"),
+                  f"<p>{e(_target_line(table))}</p>", _html_table(header, body)]
         for kind, path in report.plots.get(algo, {}).items():
             alt = f"{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}"
             parts.append(f'<img alt="{e(alt)}" src="{_data_uri(path)}">')
@@ -175,14 +188,19 @@ def summary_dict(report) -> dict:
                 "seeds": row.seeds, "n_completed": row.n_completed, "n_total": len(g.runs),
                 "metrics": {c.key: (row.cells[c.key].to_dict() if row.cells[c.key] else None)
                             for c in COLUMNS},
+                "paired_vs_baseline": None if row.paired is None else {
+                    "baseline": row.paired.baseline, "seeds": row.paired.seeds,
+                    "estimate": row.paired.estimate.to_dict() if row.paired.estimate else None},
                 "steps_to_target": None if t is None else {
                     "reached": t.reached, "n_with_eval": t.n,
                     "estimate": t.estimate.to_dict() if t.estimate else None},
             })
         algos[algo] = {"target": table.target, "target_note": table.target_note,
-                       "columns": [c.key for c in table.columns], "groups": groups}
+                       "columns": [c.key for c in table.columns], "groups": groups,
+                       "baseline": table.baseline, "headline": table.headline.key if table.headline else None,
+                       "verdict": table.verdict, "setup": dict(report.setup.get(algo, []))}
     return {
-        "sweep_dir": str(report.sweep_dir),
+        "sweep_dir": report.shown_dir,
         "confidence": 0.95,
         "definitions": {c.key: c.doc for c in COLUMNS}
         | {"steps_to_target": "first step with eval/accuracy >= target; mean over seeds that reached it"},

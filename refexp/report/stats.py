@@ -132,6 +132,8 @@ class Band:
     std: np.ndarray   # ddof=0, so a step only one seed reached gets a zero-width band
     lo: np.ndarray    # min across seeds
     hi: np.ndarray    # max across seeds
+    half95: np.ndarray
+    """Half-width of the 95% Student-t interval of the mean (``mean_ci``'s), 0 where one seed reached the step."""
 
 
 def seed_band(series: Sequence[tuple[np.ndarray, np.ndarray]]) -> Optional[Band]:
@@ -150,4 +152,6 @@ def seed_band(series: Sequence[tuple[np.ndarray, np.ndarray]]) -> Optional[Band]
     std = np.sqrt(np.where(present, (grid - mean) ** 2, 0.0).sum(axis=0) / count)
     lo = np.where(present, grid, np.inf).min(axis=0)
     hi = np.where(present, grid, -np.inf).max(axis=0)
-    return Band(steps, mean, std, lo, hi)
+    half95 = np.array([t_quantile(0.975, n - 1) * sd * math.sqrt(n / (n - 1)) / math.sqrt(n) if n > 1 else 0.0
+                       for n, sd in zip(count, std)])  # std is ddof=0: sqrt(n/(n-1)) makes it ddof=1
+    return Band(steps, mean, std, lo, hi, half95)

@@ -12,8 +12,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .group import Group
+from .paired import Paired, find_baseline, paired_difference, verdict
 from .reduce import COLUMNS, Column, start_accuracy, steps_to_target
 from .stats import Estimate, mean_ci
+
+HEADLINE_KEYS = ("acc_final", "heldout_pref_final")
+"""The number a verdict is about: final held-out task accuracy, else (``task=preference``) final
+held-out preference accuracy."""
 
 DEFAULT_TARGET_MARGIN = 0.05
 """Default target accuracy = the best group's mean start (SFT) accuracy + this, capped at 1."""
@@ -33,6 +38,8 @@ class Row:
     group: Group
     cells: dict[str, Optional[Estimate]]
     to_target: Optional[ToTarget]
+    paired: Optional[Paired] = None
+    """The headline number's seed-paired difference against the baseline (None for the baseline itself)."""
 
     @property
     def n_completed(self) -> int:
@@ -50,6 +57,10 @@ class AlgoTable:
     target_note: str
     columns: list[Column] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
+    baseline: Optional[str] = None
+    """The label of the group paired differences are taken against (None: the algorithm has no such group)."""
+    headline: Optional[Column] = None
+    verdict: str = ""
 
 
 def default_target(groups: list[Group]) -> tuple[Optional[float], str]:
@@ -70,8 +81,9 @@ def default_target(groups: list[Group]) -> tuple[Optional[float], str]:
     return target, f"default: best group's start accuracy {start:.3f} + {DEFAULT_TARGET_MARGIN}"
 
 
-def summarize(algo: str, groups: list[Group], target: Optional[float] = None) -> AlgoTable:
-    """Mean ± 95% CI across the completed seeds of every group, for every column with data."""
+def summarize(algo: str, groups: list[Group], target: Optional[float] = None, baseline: str = "fixed") -> AlgoTable:
+    """Mean ± 95% CI across the completed seeds of every group, for every column with data, and the
+    headline number's seed-paired difference against the ``baseline`` group (a label or a strategy)."""
     note = "--target"
     if target is None:
         target, note = default_target(groups)
@@ -87,7 +99,25 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None) ->
                 to_target = ToTarget(len(reached), len(per_run), mean_ci(reached))
         rows.append(Row(g, cells, to_target))
     columns = [c for c in COLUMNS if any(row.cells[c.key] is not None for row in rows)]
-    return AlgoTable(algo, target, note, columns, rows)
+    table = AlgoTable(algo, target, note, columns, rows)
+    _pair_against_baseline(table, groups, baseline)
+    return table
+
+
+def _pair_against_baseline(table: AlgoTable, groups: list[Group], baseline: str) -> None:
+    """Fill each row's ``paired`` and the table's ``verdict`` (nothing without a headline or baseline)."""
+    table.headline = next((c for c in table.columns if c.key in HEADLINE_KEYS), None)
+    base = find_baseline(groups, baseline)
+    if table.headline is None or base is None:
+        table.verdict = (f"{table.algo.upper()}: no {baseline!r} group to pair against (--baseline picks "
+                         f"another: a strategy or a group label)." if table.headline else "")
+        return
+    table.baseline = base.label
+    for row in table.rows:
+        if row.group is not base:
+            row.paired = paired_difference(row.group, base, table.headline.per_run)
+    table.verdict = verdict(table.algo, table.headline.doc_name,
+                            {row.group.label: row.paired for row in table.rows if row.paired is not None})
 
 
 # ---------------------------------------------------------------- strings
@@ -129,6 +159,14 @@ def one_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def paired_text(p: Paired) -> str:
+    """"+0.065 ± 0.041" (signed), "+0.020 (n=1)", or "no common seed"."""
+    if p.estimate is None:
+        return "no common seed"
+    text = cell_text(p.estimate)
+    return text if text.startswith("-") else "+" + text
+
+
 def target_text(t: Optional[ToTarget]) -> str:
     """Steps to target: "never", "120 ± 30", or "140 (n=1)"; "(2/3 seeds)" when not all reached."""
     if t is None:
@@ -148,12 +186,16 @@ def seeds_text(row: Row) -> str:
 def header_and_cells(table: AlgoTable) -> tuple[list[str], list[list[str]]]:
     """The table as strings: group label, every column with data, steps to target, seeds."""
     header = ["group"] + [c.header for c in table.columns]
+    if table.baseline is not None:
+        header.append(f"Δ {table.headline.header} vs {table.baseline} (paired)")
     if table.target is not None:
         header.append(f"steps to acc≥{table.target:.3g}")
     header.append("seeds")
     body = []
     for row in table.rows:
         cells = [row.group.label] + [cell_text(row.cells[c.key], c.kind) for c in table.columns]
+        if table.baseline is not None:
+            cells.append("baseline" if row.paired is None else paired_text(row.paired))
         if table.target is not None:
             cells.append(target_text(row.to_target))
         cells.append(seeds_text(row))
@@ -187,6 +229,4 @@ def format_table(report) -> str:
         console.print(f"Not counted ({len(report.problems)} runs):")
         for p in report.problems:
             console.print(f"  {p.name} [{p.algo} {p.label}] {p.state}: {one_line(p.error)}", markup=False)
-    if not report.tables and not report.problems:
-        console.print(f"No runs found under {report.sweep_dir}", markup=False)
     return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines()) + "\n"
