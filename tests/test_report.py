@@ -522,3 +522,25 @@ def test_the_report_shows_a_setup_block_and_no_absolute_path(sweep, tmp_path, mo
     setup = dict(rep.setup["grpo"])
     assert setup["seeds"] == "0, 1, 2, 3, 4" and setup["steps"] == str(STEPS)
     assert "**Verdict.** GRPO, final held-out accuracy" in md
+
+
+def test_dpo_groups_are_named_by_variant(tmp_path):
+    """conf/dpo_variant/* runs: the published name of each loss/reference pair, not "none (dpo_variant=orpo)"."""
+    variants = [("fixed", "fixed", "sigmoid"), ("periodic_reset", "periodic_reset", "sigmoid"),
+                ("ema", "ema", "sigmoid"), ("simpo", "none", "simpo"), ("orpo", "none", "orpo")]
+    job = 0
+    for variant, strategy, loss in variants:
+        for seed in (0, 1):
+            run = tmp_path / str(job)
+            _write_run(run, algo="dpo", strategy=strategy, seed=seed,
+                       overrides=["algo=dpo", f"+dpo_variant={variant}", f"training.seed={seed}"],
+                       rows=_dpo_rows(strategy, seed))
+            cfg = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+            cfg["algo"]["loss_type"] = loss
+            (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+            job += 1
+    rep = build_report(tmp_path)
+    labels = [r.group.label for r in rep.tables["dpo"].rows]
+    assert labels == ["DPO (fixed)", "TR-DPO hard (periodic_reset)", "TR-DPO soft (ema)", "ORPO", "SimPO"]
+    assert rep.tables["dpo"].baseline == "DPO (fixed)"
+    assert "seed-paired against DPO (fixed)" in rep.tables["dpo"].verdict

@@ -61,7 +61,7 @@ def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
     groups: dict[tuple, Group] = {}
     for run in runs:
         settings = tuple(sorted(swept_settings(run).items()))
-        key = (run.algo, run.strategy, settings)
+        key = (run.algo, run.strategy, run.loss_type, settings)
         if key not in groups:
             groups[key] = Group(run.algo, run.strategy, settings)
         groups[key].runs.append(run)
@@ -75,15 +75,38 @@ def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
     return dict(sorted(by_algo.items(), key=lambda kv: _rank(kv[0], ALGO_ORDER)))
 
 
+DPO_LOSS_NAMES = {"simpo": "SimPO", "orpo": "ORPO", "ipo": "IPO", "hinge": "SLiC (hinge)", "robust": "rDPO",
+                  "bco_pair": "BCO", "sppo_hard": "SPPO", "nca_pair": "NCA", "aot": "AOT", "aot_pair": "AOT-pair",
+                  "exo_pair": "EXO", "apo_zero": "APO-zero", "apo_down": "APO-down", "sft": "NLL only"}
+"""Published names of the DPO family's losses (TRL's ``loss_type`` values); sigmoid is DPO itself."""
+DPO_REFERENCE_NAMES = {"fixed": "DPO", "periodic_reset": "TR-DPO hard", "ema": "TR-DPO soft",
+                       "kl_triggered": "DPO, KL-triggered reset", "none": "DPO"}
+"""DPO (sigmoid) by reference strategy: TR-DPO (Gorbatovski et al. 2024) is DPO with a moving reference."""
+
+
+def variant_name(algo: str, strategy: str, loss_type: str | None) -> str:
+    """What a reader calls the group: ``ORPO``, ``SimPO``, ``TR-DPO hard (periodic_reset)``; other
+    algorithms (and DPO runs that do not record a loss) keep the strategy's name."""
+    if algo != "dpo" or loss_type is None:
+        return strategy
+    if loss_type in DPO_LOSS_NAMES:
+        name = DPO_LOSS_NAMES[loss_type]
+        return name if strategy == "none" else f"{name} ({strategy} reference)"
+    return f"{DPO_REFERENCE_NAMES.get(strategy, 'DPO')} ({strategy})"
+
+
 def _label(groups: list[Group]) -> None:
-    """Strategy name plus the settings that tell this group apart from its algorithm's others.
+    """The variant's name (the strategy's, outside DPO) plus the settings that tell this group apart
+    from its algorithm's others.
 
     A setting shared by every group (say ``task=gsm8k`` on all jobs) says nothing and is left out;
-    one that only some groups set (``reference.reset_every`` on periodic_reset) is shown where set.
+    one that only some groups set (``reference.reset_every`` on periodic_reset) is shown where set;
+    ``dpo_variant`` is the name already.
     """
-    keys = sorted({k for g in groups for k, _ in g.settings})
+    keys = sorted({k for g in groups for k, _ in g.settings} - {"dpo_variant"})
     differing = [k for k in keys if len({dict(g.settings).get(k) for g in groups}) > 1]
     for g in groups:
         d = dict(g.settings)
         shown = [f"{k}={d[k]}" for k in differing if k in d]
-        g.label = g.strategy + (f" ({', '.join(shown)})" if shown else "")
+        name = variant_name(g.algo, g.strategy, g.runs[0].loss_type if g.runs else None)
+        g.label = name + (f" ({', '.join(shown)})" if shown else "")

@@ -177,6 +177,12 @@ class Run:
         return str(self._first("reference", "reference.name", "reference") or "unknown")
 
     @property
+    def loss_type(self) -> Optional[str]:
+        """DPO's ``algo.loss_type`` (None for other algorithms, or when the run does not record it)."""
+        v = self._first("loss_type", "algo.loss_type")
+        return str(v) if v is not None else None
+
+    @property
     def seed(self) -> Optional[int]:
         v = self._first("seed", "training.seed")
         try:
