@@ -86,34 +86,30 @@ def plot_vs_step(path: Path, algo: str, groups: list[Group], key: str, ylabel: s
     return _save(fig, ax, path) if drawn else None
 
 
-def _frontier_points(group: Group, acc_key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(mean kl/init, mean ``acc_key``) at each eval step, averaged over the seeds that logged both."""
-    per_step: dict[float, list[tuple[float, float]]] = {}
-    for r in group.completed:
-        ks, kv = r.series("kl/init")
-        acc = dict(zip(*r.series(acc_key)))
-        for s, k in zip(ks, kv):
-            if s in acc:
-                per_step.setdefault(s, []).append((k, acc[s]))
-    steps = sorted(per_step)
-    pts = np.array([np.mean(per_step[s], axis=0) for s in steps]).reshape(-1, 2)
-    return pts[:, 0], pts[:, 1]
+def _final_point(group: Group, acc_key: str):
+    """(kl/init Estimate, accuracy Estimate) of the group's final evaluation across its completed seeds."""
+    from .reduce import last
+
+    return (mean_ci(last(r, "kl/init") for r in group.completed),
+            mean_ci(last(r, acc_key) for r in group.completed))
 
 
 def plot_frontier(path: Path, algo: str, groups: list[Group], acc_key: str = ACC) -> Optional[Path]:
-    """Held-out accuracy (``acc_key``) against drift from the SFT start: one curve per group through its
-    eval points in step order, the last point starred. Up and to the left is better."""
+    """Final held-out accuracy (``acc_key``) against final drift from the SFT start (``kl/init``), one
+    point per group with its 95% intervals on both axes (the table's). Up and to the left is better:
+    more accuracy for less drift. One seed: a point without bars."""
     st = styles(groups)
-    fig, ax = _figure(f"{algo.upper()}: accuracy vs drift from init (eval points, mean over seeds)",
-                      "kl/init", acc_key)
+    fig, ax = _figure(f"{algo.upper()}: final accuracy vs drift from init (mean, 95% CI across seeds)",
+                      "kl/init (final)", f"{acc_key} (final)")
     drawn = False
     for g in groups:
-        kl, acc = _frontier_points(g, acc_key)
-        if not len(kl):
+        kl, acc = _final_point(g, acc_key)
+        if kl is None or acc is None:
             continue
         colour, ls = st[g.label]
-        ax.plot(kl, acc, color=colour, linestyle=ls, marker="o", markersize=3, label=g.label)
-        ax.plot(kl[-1:], acc[-1:], color=colour, marker="*", markersize=12, linestyle="none")
+        ax.errorbar([kl.mean], [acc.mean], xerr=[kl.half_width or 0.0], yerr=[acc.half_width or 0.0],
+                    color=colour, marker="o" if ls == "-" else "s", markersize=6, capsize=4, linestyle="none",
+                    label=f"{g.label} (n={acc.n})")
         drawn = True
     return _save(fig, ax, path) if drawn else None
 
