@@ -20,8 +20,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR",
                         help="a multirun dir (multirun/<experiment>/<time>) or a single run dir")
     parser.add_argument("--target", type=float, default=None,
-                        help="held-out accuracy for the steps-to-target column (default: the best "
-                             "group's start accuracy + 0.05, per algorithm)")
+                        help="held-out accuracy for the steps-to-target column (default: halfway from the "
+                             "start accuracy to the best group's final accuracy, per algorithm)")
     parser.add_argument("--baseline", default="fixed",
                         help="the strategy (or group label) every group's final accuracy is paired against, "
                              "seed by seed (default: fixed)")
