@@ -1,10 +1,12 @@
 """Metrics out: ``<run dir>/metrics.jsonl`` always, W&B when ``logger=wandb``; rank 0 only.
 
 The local file and W&B receive the same dict, so the report (which reads the file) and the
-dashboards agree. W&B conventions (README, "Weights & Biases"): one ``group`` per sweep,
-``job_type`` = reference strategy, ``name`` from the overrides that differ, tags for
-algo/task/strategy, the full resolved config, step metrics declared with ``define_metric``,
-final numbers in ``summary``. A logging failure is reported once and never stops training.
+dashboards agree. W&B conventions (``refexp/wandb_conventions.py``, README "Weights & Biases"): one
+``group`` per compared setting, ``job_type`` = reference strategy (DPO: and loss), tags, the full
+resolved config, step metrics declared with ``define_metric`` (best accuracy and last drift as the
+runs table's summaries), final numbers in ``summary``. A resumed run continues its W&B run (the id is
+kept in the run dir) and does not send W&B the steps it replays: the earlier attempt sent them, with
+the same values (resumption is exact). A logging failure is reported once and never stops training.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Mapping
 import torch
 
 from refexp.io import write_text_atomic
+from refexp.wandb_conventions import SUMMARIES
 
 
 def _plain(v: Any) -> Any:
@@ -65,6 +68,8 @@ class MetricLogger:
         self.last_step = 0  # the last step logged (status.json's last_step when a run stops early)
         if not enabled:
             return
+        # metrics.jsonl mirrors what W&B received: steps up to its last one were sent by an earlier attempt
+        self._sent_before = max((int(r.get("step", -1)) for r in read_metrics(self.path)), default=-1)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses at most one line
         if wandb_cfg is not None and wandb_cfg.name == "wandb":
@@ -92,13 +97,15 @@ class MetricLogger:
                 job_type=info.get("job_type"),
                 name=info.get("name"),
                 tags=sorted(set(list(cfg.tags) + list(info.get("tags", [])))),
-                config=dict(config),
+                config={**dict(config), "sweep_id": info.get("sweep_id")},
                 settings=wandb.Settings(silent=True, console="off"),
             )
             self._wandb.define_metric("step")
             for prefix in ("loss", "reward", "rewards", "kl", "eval", "ref", "perf", "mem", "clip", "logps",
                            "policy", "train", "sft", "orpo", "optim", "refcache"):
                 self._wandb.define_metric(f"{prefix}/*", step_metric="step")
+            for key, summary in SUMMARIES.items():
+                self._wandb.define_metric(key, step_metric="step", summary=summary)
             if mode == "offline":
                 print(f"[refexp] W&B is offline; upload later with: wandb sync {self.run_dir / 'wandb'}",
                       file=sys.stderr)
@@ -119,7 +126,7 @@ class MetricLogger:
         self.last_step = int(step)
         row.update({k: _plain(v) for k, v in metrics.items()})
         self._file.write(json.dumps(row) + "\n")
-        if self._wandb is not None:
+        if self._wandb is not None and row["step"] > self._sent_before:
             try:
                 self._wandb.log(row)
             except Exception as e:
@@ -130,7 +137,8 @@ class MetricLogger:
             return
         try:
             for k, v in final.items():
-                self._wandb.summary[k] = _plain(v)
+                if k not in SUMMARIES:  # those W&B summarises itself (best accuracy, last drift)
+                    self._wandb.summary[k] = _plain(v)
         except Exception as e:
             self._warn(f"W&B summary failed ({e!r})")
 

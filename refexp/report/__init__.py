@@ -4,9 +4,10 @@
     report = build_report("multirun/my_sweep/2025-01-01_00-00-00", target=None)
     print(format_table(report))
 
-or ``refexp-report SWEEP_DIR [--target 0.6] [--quiet] [--wandb]``.
+or ``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--quiet] [--wandb]``.
 
-This package reads files only and imports nothing else from refexp. The files it reads, per run dir
+This package reads files only and imports from refexp only two foundations, ``refexp.io`` (atomic
+writes) and ``refexp.overrides`` (the swept settings W&B groups by too). The files it reads, per run dir
 (found at any depth below SWEEP_DIR by having ``.hydra/``, ``metrics.jsonl`` or ``status.json``):
 
 - ``status.json``: {"status": running|completed|failed, "error", "algo", "reference", "seed",
@@ -17,8 +18,9 @@ This package reads files only and imports nothing else from refexp. The files it
   group. ``resolved_config.yaml`` (else ``.hydra/config.yaml``) supplies algo.name, reference.name
   and training.seed when status.json lacks them.
 
-Modules: load (read runs) → group (seeds together) → reduce (one number per run) → stats (mean,
-t-interval, seed bands) → table (rows and their strings) → plots / render (files) → build (the order).
+Modules: load (read runs) → group (seeds together, variant names) → reduce (one number per run) →
+stats (mean, t-interval, seed bands) → paired (seed-paired differences against a baseline, the verdict)
+→ table (rows and their strings) → setup (what the runs were) → plots / render (files) → build (the order).
 """
 
 from .build import Report, build_report

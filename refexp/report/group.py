@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from refexp.overrides import swept_settings as settings_of
+
 from .load import Run, natural_key
 
-# Keys that never define a group: the seed is what a group averages over; hydra.* is the launcher.
-_SEED_KEYS = {"training.seed", "seed"}
 # Strategies in the order the README introduces them; anything else sorts after, by name.
 STRATEGY_ORDER = ("fixed", "periodic_reset", "ema", "kl_triggered", "none")
 ALGO_ORDER = ("grpo", "dpo", "sft")
@@ -21,18 +21,8 @@ ALGO_ORDER = ("grpo", "dpo", "sft")
 
 def swept_settings(run: Run) -> dict[str, str]:
     """The run's overrides as {key: value} without the seed, ``hydra*`` and the group choices
-    ``algo=`` / ``reference=`` (they are the table and the strategy already)."""
-    out: dict[str, str] = {}
-    for o in run.overrides:
-        key, eq, value = o.partition("=")
-        key = key.lstrip("+~")  # "+x=1", "++x=1" add a key; "~x" deletes one
-        if not eq:
-            value = "<deleted>"
-        if key in _SEED_KEYS or key in ("algo", "reference") or key == "hydra" \
-                or key.startswith(("hydra.", "hydra/")):
-            continue
-        out[key] = value
-    return out
+    ``algo=`` / ``reference=`` (they are the table and the strategy already): ``refexp.overrides``."""
+    return settings_of(run.overrides)
 
 
 @dataclass

@@ -1,0 +1,67 @@
+"""How a run presents itself to W&B, so the default workspace draws one line per compared setting.
+
+W&B groups runs by ``group`` and draws one mean line (with a band) per group. So:
+- ``group`` = ``<experiment>/<sweep>/<setting>`` where the setting is the strategy (DPO: strategy and
+  loss) plus every swept override but the seed (``refexp/overrides.py``, the report's grouping): the
+  seeds of one setting average into one line, and settings never collapse into one;
+- ``job_type`` = the strategy; for DPO ``<strategy>:<loss_type>`` (TR-DPO ``periodic_reset:sigmoid``,
+  SimPO ``none:simpo`` and ORPO ``none:orpo`` stay apart);
+- tags ``algo:``, ``task:``, ``ref:``, ``loss:`` (DPO), ``sweep:<sweep>``; the config gets ``sweep_id``;
+- ``name`` = the overrides that differ, seed included (one run).
+``logger.group`` replaces the derived group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from refexp.overrides import swept_settings
+
+SUMMARIES = {"eval/accuracy": "max", "eval/pref_accuracy": "max", "kl/init": "last", "kl/ref": "last",
+             "reward/mean": "last"}
+"""The runs table's summary of a metric: the best held-out accuracy, the last drift (W&B's default is
+the last value of everything)."""
+
+
+def job_type(algo: str, strategy: str, loss_type: Optional[str]) -> str:
+    return f"{strategy}:{loss_type}" if algo == "dpo" and loss_type else strategy
+
+
+def setting_label(algo: str, strategy: str, loss_type: Optional[str], overrides: list[str]) -> str:
+    """The setting a group stands for: ``periodic_reset reference.reset_every=20`` (seed left out)."""
+    settings = swept_settings(overrides, drop=("algo", "reference", "experiment"))
+    return " ".join([job_type(algo, strategy, loss_type), *(f"{k}={v}" for k, v in sorted(settings.items()))])
+
+
+def run_info(*, experiment: str, algo: str, strategy: str, task: str, loss_type: Optional[str],
+             overrides: list[str], sweep: Optional[str], group: Optional[str] = None) -> dict:
+    """W&B ``group`` / ``job_type`` / ``name`` / ``tags`` / ``sweep_id`` of one run (see the module docstring)."""
+    setting = setting_label(algo, strategy, loss_type, overrides)
+    derived = "/".join(p for p in (experiment, sweep, setting) if p)
+    tags = [f"algo:{algo}", f"task:{task}", f"ref:{strategy}"]
+    if algo == "dpo" and loss_type:
+        tags.append(f"loss:{loss_type}")
+    if sweep:
+        tags.append(f"sweep:{sweep}")
+    name = ",".join(o for o in overrides if not o.startswith(("hydra", "experiment"))) or strategy
+    return {"group": group or derived, "job_type": job_type(algo, strategy, loss_type), "name": name,
+            "tags": tags, "sweep_id": sweep}
+
+
+def hydra_run_info(cfg) -> dict:
+    """``run_info`` of a validated RootConfig, with the overrides and sweep dir from Hydra's runtime
+    (none outside Hydra: a run started from Python)."""
+    overrides: list[str] = []
+    sweep = None
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        overrides = list(hc.overrides.task)
+        sweep = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else None
+    except ValueError:  # HydraConfig was not set: not started by Hydra
+        pass
+    return run_info(experiment=cfg.experiment_name, algo=cfg.algo.name, strategy=cfg.reference.name,
+                    task=cfg.task.name, loss_type=getattr(cfg.algo, "loss_type", None), overrides=overrides,
+                    sweep=sweep, group=cfg.logger.group)

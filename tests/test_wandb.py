@@ -1,0 +1,90 @@
+"""What W&B receives, read back from the offline run files (``tests/wandb_records.py``): one group per
+compared setting, job types that name the strategy (and DPO's loss), best accuracy as the summary, and
+no step sent twice when a run resumes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from refexp.config import LoggerConfig
+from refexp.logging import MetricLogger
+from refexp.wandb_conventions import run_info
+from tests.helpers import GRPO, TINY
+from tests.wandb_records import read_offline_run
+
+
+def test_run_info_groups_by_setting_not_by_seed():
+    common = dict(experiment="cmp", algo="grpo", strategy="periodic_reset", task="arithmetic", loss_type=None,
+                  sweep="2026-12-03_10-00-00")
+    a = run_info(**common, overrides=["reference=periodic_reset", "reference.reset_every=20", "training.seed=0"])
+    b = run_info(**common, overrides=["reference=periodic_reset", "reference.reset_every=20", "training.seed=1"])
+    c = run_info(**common, overrides=["reference=periodic_reset", "reference.reset_every=50", "training.seed=0"])
+    assert a["group"] == b["group"] == "cmp/2026-12-03_10-00-00/periodic_reset reference.reset_every=20"
+    assert c["group"] != a["group"] and a["name"] != b["name"]
+    assert a["job_type"] == "periodic_reset" and "sweep:2026-12-03_10-00-00" in a["tags"]
+    assert a["sweep_id"] == "2026-12-03_10-00-00"
+
+
+def test_dpo_job_types_tell_the_variants_apart():
+    def info(strategy, loss):
+        return run_info(experiment="dpo", algo="dpo", strategy=strategy, task="arithmetic", loss_type=loss,
+                        overrides=[], sweep="s")
+
+    types = {info("periodic_reset", "sigmoid")["job_type"], info("none", "simpo")["job_type"],
+             info("none", "orpo")["job_type"]}
+    assert types == {"periodic_reset:sigmoid", "none:simpo", "none:orpo"}
+    assert "loss:orpo" in info("none", "orpo")["tags"]
+    assert run_info(experiment="e", algo="grpo", strategy="ema", task="t", loss_type=None, overrides=[],
+                    sweep=None, group="mine")["group"] == "mine"
+
+
+def _offline_runs(root):
+    return [read_offline_run(f) for f in sorted(root.rglob("run-*.wandb"))]
+
+
+def test_a_resumed_run_does_not_send_its_replayed_steps_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cfg = LoggerConfig(name="wandb", project="refexp-test")
+    first = MetricLogger(tmp_path, wandb_cfg=cfg, run_info={"group": "g", "job_type": "fixed"})
+    for step in range(4):
+        first.log({"eval/accuracy": 0.1 * step}, step=step)
+    first.close(1)  # killed after step 3; the last checkpoint was step 1
+    second = MetricLogger(tmp_path, wandb_cfg=cfg, run_info={"group": "g", "job_type": "fixed"})
+    second.truncate_after(1)
+    for step in range(2, 6):
+        second.log({"eval/accuracy": 0.1 * step}, step=step)
+    second.close()
+    steps = [row["step"] for run in _offline_runs(tmp_path) for row in run.history if "step" in row]
+    assert sorted(steps) == [0, 1, 2, 3, 4, 5]  # each step once, over both attempts
+    assert len({f.parent.name for f in tmp_path.rglob("run-*.wandb")}) == 2  # both attempts, one run id
+    assert (tmp_path / "wandb_id").read_text() in {f.stem.split("-", 1)[1] for f in tmp_path.rglob("run-*.wandb")}
+
+
+@pytest.mark.slow
+def test_an_offline_sweep_shows_one_group_per_strategy_with_best_accuracy_summaries(tmp_path):
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    cmd = [sys.executable, "-m", "refexp", "-m", *TINY, *GRPO, "training.steps=2", "logger=wandb",
+           "reference=fixed,none", "training.seed=0,1", f"hydra.sweep.dir={sweep}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    runs = _offline_runs(sweep)
+    assert len(runs) == 4
+    groups = defaultdict(list)
+    for run in runs:
+        groups[run.group].append(run)
+    assert sorted(len(v) for v in groups.values()) == [2, 2], list(groups)
+    for members in groups.values():
+        assert len({r.job_type for r in members}) == 1
+        assert {t for t in members[0].tags if t.startswith("ref:")} == {f"ref:{members[0].job_type}"}
+    assert {r.job_type for r in runs} == {"fixed", "none"}
+    for run in runs:
+        assert run.metric_summaries["eval/accuracy"] == "max" and run.metric_summaries["kl/init"] == "last"
+        accs = [row["eval/accuracy"] for row in run.history if "eval/accuracy" in row]
+        assert run.summary["eval/accuracy"] == {"max": max(accs)}
+        assert run.config["sweep_id"] == "sweep"
