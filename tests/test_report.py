@@ -413,8 +413,10 @@ def test_wandb_failure_never_breaks_the_report(sweep, monkeypatch):
 
     logged = {}
     fake_run = types.SimpleNamespace(log=logged.update)
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=fake_run, Table=lambda **kw: kw))
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=fake_run, Table=lambda **kw: kw,
+                                                                     Image=lambda path: path))
     assert log_to_wandb(report) is True
+    assert logged["report/grpo_accuracy"] == str(report.plots["grpo"]["accuracy"])  # the plots go too
     columns, data = _rows(report)
     assert logged["report/table"]["columns"] == columns and len(data) == 7
 

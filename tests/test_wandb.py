@@ -88,3 +88,32 @@ def test_an_offline_sweep_shows_one_group_per_strategy_with_best_accuracy_summar
         accs = [row["eval/accuracy"] for row in run.history if "eval/accuracy" in row]
         assert run.summary["eval/accuracy"] == {"max": max(accs)}
         assert run.config["sweep_id"] == "sweep"
+
+
+def test_the_sweep_workspace_is_built_offline_with_its_sections_and_grouping(tmp_path, capsys):
+    import json
+
+    from refexp.report import build_report
+    from refexp.report.__main__ import main
+    from tests.test_report import make_sweep
+
+    make_sweep(tmp_path)
+    assert main([str(tmp_path), "--quiet", "--wandb-workspace"]) == 0  # no API key here: the spec is written
+    assert "W&B workspace:" in capsys.readouterr().out
+    spec = json.loads((tmp_path / "wandb_workspace.json").read_text())
+    (runset,) = spec["spec"]["section"]["runSets"]
+    assert runset["grouping"] == [{"section": "run", "name": "group"}]  # one line per compared setting
+    (tag_filter,) = runset["filters"]["filters"]
+    assert tag_filter["key"]["name"] == "tags" and tag_filter["value"] == [f"sweep:{tmp_path.name}"]
+    sections = {s["name"]: s for s in spec["spec"]["section"]["panelBankConfig"]["sections"]}
+    assert list(sections) == ["Accuracy and drift", "Reference events", "Rewards", "Cost"]
+    metrics = {name: [m for p in s["panels"] for m in p["config"].get("metrics", [])] for name, s in sections.items()}
+    assert metrics["Accuracy and drift"] == ["eval/accuracy", "kl/init"]  # eval/pref_accuracy: never logged here
+    assert metrics["Reference events"] == ["ref/version", "kl/ref"]
+    assert "perf/ref_fwd_s" in metrics["Cost"] and "mem/peak_gpu_mb" not in metrics["Cost"]
+    scatter = [p for p in sections["Accuracy and drift"]["panels"] if p["viewType"] == "Scatter Plot"]
+    assert len(scatter) == 1
+    lines = [p for s in sections.values() for p in s["panels"] if p["viewType"] == "Run History Line Plot"]
+    assert all(p["config"]["xAxis"] == "step" and p["config"]["groupAgg"] == "mean" for p in lines)
+    report = build_report(tmp_path)
+    assert report.runs  # the spec did not disturb the sweep

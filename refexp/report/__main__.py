@@ -1,4 +1,4 @@
-"""``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--quiet] [--wandb]``: write the sweep's
+"""``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--quiet] [--wandb] [--wandb-workspace]``: write the sweep's
 report and print its table and where it went. Exit status 2, nothing written, when SWEEP_DIR holds no run."""
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "seed by seed (default: fixed)")
     parser.add_argument("--quiet", action="store_true", help="print only the report's path")
     parser.add_argument("--wandb", action="store_true",
-                        help="also log the table to W&B (a new job_type=report run); never fails the report")
+                        help="also log the table and plots to W&B (a new job_type=report run in the training "
+                             "runs' project); never fails the report")
+    parser.add_argument("--wandb-workspace", action="store_true",
+                        help="save a W&B workspace comparing the sweep's strategies (with an API key), else "
+                             "write its spec to SWEEP_DIR/wandb_workspace.json")
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         parser.error(f"SWEEP_DIR {args.sweep_dir} is not a directory")
@@ -46,6 +50,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .wandb_table import log_to_wandb
 
         log_to_wandb(report, start_run=True)
+    if args.wandb_workspace:
+        from .wandb_workspace import save_workspace
+
+        try:
+            print(f"W&B workspace: {save_workspace(report)}")
+        except Exception as e:  # the report on disk stands whatever W&B says
+            print(f"refexp-report: saving the W&B workspace failed ({type(e).__name__}: {e})", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -24,26 +24,40 @@ def _rows(report) -> tuple[list[str], list[list]]:
     return columns, data
 
 
+def _experiment(report) -> str:
+    return next((str(r.config["experiment_name"]) for r in report.runs if r.config.get("experiment_name")),
+                "refexp")
+
+
 def log_to_wandb(report, *, start_run: bool = False) -> bool:
-    """Log the table to the active W&B run, or to a new ``job_type="report"`` run when
-    ``start_run``; returns whether anything was logged."""
+    """Log the table and the plots to the active W&B run, or to a new ``job_type="report"`` run when
+    ``start_run``: in the training runs' project and entity, group ``<experiment>/<sweep>/report``, tagged
+    ``sweep:<sweep>`` (so the sweep's workspace shows it), its files in the sweep dir. Returns whether
+    anything was logged."""
     try:
         import wandb
     except Exception:
         print("refexp-report: wandb is not importable; nothing logged to W&B", file=sys.stderr)
         return False
     try:
+        from .wandb_workspace import _project_and_entity
+
         run, started = wandb.run, False
         if run is None:
             if not start_run:
                 return False
-            project = next((r.config.get("logger", {}).get("project") for r in report.runs
-                            if isinstance(r.config.get("logger"), dict)), None) or "refexp"
-            run = wandb.init(project=project, job_type="report", group=report.sweep_dir.name,
-                             name=f"report-{report.sweep_dir.name}")
+            project, entity = _project_and_entity(report)
+            sweep = report.sweep_dir.name
+            run = wandb.init(project=project, entity=entity, job_type="report", group=f"{_experiment(report)}/{sweep}/report",
+                             name=f"report-{sweep}", tags=[f"sweep:{sweep}"], dir=str(report.sweep_dir),
+                             settings=wandb.Settings(silent=True, console="off"))
             started = True
         columns, data = _rows(report)
-        run.log({"report/table": wandb.Table(columns=columns, data=data)})
+        logged = {"report/table": wandb.Table(columns=columns, data=data)}
+        for algo, plots in report.plots.items():
+            for kind, path in plots.items():
+                logged[f"report/{algo}_{kind}"] = wandb.Image(str(path))
+        run.log(logged)
         if started:
             run.finish()
         return True
