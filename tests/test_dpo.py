@@ -119,7 +119,7 @@ def test_compare_refs_dpo_sweeps_every_variant_and_seed(tmp_path):
     with initialize_config_dir(config_dir=CONF, version_base=None):
         hydra_cfg = compose("config", overrides=["experiment=compare_refs_dpo"], return_hydra_config=True).hydra
     params = hydra_cfg.sweeper.params
-    assert params["+dpo_variant"].split(",") == ["fixed", "periodic_reset", "ema", "simpo", "orpo"]
+    assert params["dpo_variant"].split(",") == ["fixed", "periodic_reset", "ema", "simpo", "orpo"]
     assert params["training.seed"].split(",") == ["0", "1", "2"]
 
 
@@ -130,7 +130,7 @@ def test_compare_refs_dpo_composes_every_variant(tmp_path, variant, reference, l
     from refexp.config import to_object
 
     with initialize_config_dir(config_dir=CONF, version_base=None):
-        cfg = to_object(compose("config", overrides=["experiment=compare_refs_dpo", f"+dpo_variant={variant}",
+        cfg = to_object(compose("config", overrides=["experiment=compare_refs_dpo", f"dpo_variant={variant}",
                                                      f"run_dir={tmp_path}"]))
     assert (cfg.algo.name, cfg.reference.name, cfg.algo.loss_type) == ("dpo", reference, loss)
     assert cfg.algo.precompute_ref and cfg.training.steps == 200

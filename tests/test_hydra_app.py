@@ -1,0 +1,40 @@
+"""refexp as a native Hydra app: its own name and help, no empty log files, dpo_variant and debug as
+ordinary groups."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from refexp.config import to_object
+from tests.helpers import GRPO, TINY, compose_root
+
+
+def test_help_names_the_app_and_lists_groups_and_fields():
+    out = subprocess.run([sys.executable, "-m", "refexp", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    assert out.stdout.startswith("refexp: ") and "powered by Hydra" not in out.stdout
+    assert "dpo_variant: ema, fixed, orpo, periodic_reset, simpo" in out.stdout
+    assert "training.micro_batch_size" in out.stdout and "--cfg job" in out.stdout
+
+
+def test_dpo_variant_is_an_ordinary_group_that_selects_dpo():
+    cfg = to_object(compose_root("dpo_variant=orpo"))  # no `+`, no algo=dpo
+    assert (cfg.algo.name, cfg.algo.loss_type, cfg.reference.name) == ("dpo", "orpo", "none")
+    cfg = to_object(compose_root("dpo_variant=periodic_reset"))
+    assert (cfg.algo.name, cfg.reference.name, cfg.reference.reset_every) == ("dpo", "periodic_reset", 50)
+
+
+def test_debug_fast_shortens_everything_and_turns_off_outputs():
+    cfg = to_object(compose_root("algo=grpo", "debug=fast"))
+    assert cfg.training.steps == 3 and cfg.eval.every == 1 and cfg.sft.steps == 20
+    assert cfg.logger.name == "none" and not cfg.checkpoint.enable
+
+
+def test_a_run_dir_gets_no_empty_log_file(tmp_path):
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "refexp", *TINY, *GRPO, "training.steps=1",
+                          f"hydra.run.dir={run_dir}"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not list(run_dir.glob("*.log")), list(run_dir.iterdir())
+    assert (run_dir / "metrics.jsonl").is_file()
