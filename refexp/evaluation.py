@@ -2,6 +2,9 @@
 
 - ``eval/accuracy``: greedy decoding on the first ``eval.num_prompts`` held-out prompts, mean reward
   (exact match for the embedded task).
+- ``val/accuracy`` (when the task has a validation split, ``task.val_fraction`` / ``task.val_path``): the
+  same on the first ``eval.num_prompts`` validation prompts; what a hyper-parameter search selects on, so the
+  held-out ``eval/accuracy`` prompts are only ever reported.
 - ``kl/init``: KL(policy || frozen initial model) on the first ``eval.kl_prompts`` held-out prompts,
   with one completion per prompt sampled from the policy; the per-token k3 estimator averaged over
   completion tokens (the same estimator and averaging as ``kl/ref``, refexp.kl.mean_token_kl).
@@ -16,8 +19,11 @@
   ``eval.kl_prompts`` held-out prompts. A fall flags likelihood displacement (Pal et al. 2024, "Smaug";
   Razin et al. 2024, "Unintentional Unalignment").
 
-Every rank evaluates the whole held-out set (all ranks must join the sharded forwards anyway),
-so the numbers do not depend on the world size.
+The held-out rows are split over the data-parallel ranks (``distributed.padded_share``: contiguous
+blocks, padded so that every rank makes the same sharded forward calls; the padding's results are
+dropped), and each number is an exact sum over ranks (rewards, tokens, token-weighted KL, log-probs;
+``dp_sum``) divided by a global count, so it does not depend on the world size. A sampled completion
+is keyed by its prompt's index, so it is the same whichever rank draws it.
 
 ``evaluate`` makes them for the RL loop; ``InitAnchor`` is the initial model ``kl/init`` is measured
 against.
@@ -33,8 +39,9 @@ import torch
 
 from refexp import sampler, titan
 from refexp.context import RunContext
-from refexp.kl import masked_sum, mean_token_kl
-from refexp.reference import ReferenceStrategy
+from refexp.distributed import dp_sum, padded_share
+from refexp.kl import masked_sum, sequence_kl
+from refexp.reference import HOST, ReferenceStrategy, model_device, on_device
 from refexp.tasks.batching import pack_sequences
 
 KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
@@ -49,68 +56,104 @@ def _batches(n: int, size: int):
         yield slice(s, min(n, s + size))
 
 
+def _real_rows(sl: slice, real: int) -> torch.Tensor:
+    """[len(sl)] bool: which rows of a batch of this rank's ``padded_share`` ids are real, not padding."""
+    return torch.arange(sl.start, sl.stop) < real
+
+
+def _global_sums(parallel_dims, device: torch.device, *values: float) -> list[float]:
+    """Per-rank sums added over the data-parallel ranks, in float64 on ``device`` (the collective's: NCCL
+    reduces only CUDA tensors)."""
+    return dp_sum(parallel_dims, torch.tensor(values, dtype=torch.float64, device=device)).tolist()
+
+
 @torch.no_grad()
-def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256) -> float:
-    """Mean reward of greedy completions on the held-out split."""
-    rows = task.eval.select(range(min(num_prompts, len(task.eval))))
+def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None,
+                    split: str = "eval") -> float:
+    """Mean reward of greedy completions on the first ``num_prompts`` prompts of ``task.<split>`` (the
+    held-out ``eval`` prompts, or ``val``), split over the data-parallel ranks of ``parallel_dims`` (None:
+    this process does them all). Collective."""
+    data = getattr(task, split)
+    n = min(num_prompts, len(data))
+    ids, real = padded_share(parallel_dims, n)
+    rows = data.select(ids)
     prompts, answers = rows["prompt"], rows["answer"]
     total = 0.0
     was_training = model.training
     model.eval()
     for sl in _batches(len(prompts), batch_size):
         out = sampler.generate(model, task.tokenizer, prompts[sl], max_new_tokens=task.max_new_tokens, greedy=True)
-        total += sum(task.score(out.texts, answers[sl], prompts[sl]))
+        scores = task.score(out.texts, answers[sl], prompts[sl])
+        total += sum(s for s, keep in zip(scores, _real_rows(sl, real).tolist()) if keep)
     model.train(was_training)
-    return total / max(1, len(prompts))
+    (total,) = _global_sums(parallel_dims, model_device(model), total)
+    return total / max(1, n)
 
 
 @torch.no_grad()
 def kl_to_anchor(policy, anchors: Mapping[str, LogprobFn], task, num_prompts: int, *,
-                 seed: int, temperature: float = 1.0, batch_size: int = 256) -> dict[str, float]:
+                 seed: int, temperature: float = 1.0, batch_size: int = 256, parallel_dims=None) -> dict[str, float]:
     """Mean per-token k3 KL(policy || anchor) for every ``name -> fn`` of ``anchors``, over one set of
     completions sampled from the policy: ``{name: kl}``. Each ``fn`` is called with ``temperature=``,
-    so the anchors' log-probs are tempered like the policy's."""
-    rows = task.eval.select(range(min(num_prompts, len(task.eval))))
-    prompts = rows["prompt"]
+    so the anchors' log-probs are tempered like the policy's. The prompts are split over the
+    data-parallel ranks of ``parallel_dims`` (None: this process does them all). Collective."""
+    n = min(num_prompts, len(task.eval))
+    ids, real = padded_share(parallel_dims, n)
+    prompts = task.eval.select(ids)["prompt"]
     kl_sum, tok_sum = dict.fromkeys(anchors, 0.0), 0
     for sl in _batches(len(prompts), batch_size):
-        keys = [(seed, KL_INIT_KEY, i) for i in range(sl.start, sl.stop)]
+        keys = [(seed, KL_INIT_KEY, i) for i in ids[sl]]  # the prompt's index: the same sample on any rank
         r = sampler.generate(policy, task.tokenizer, prompts[sl], max_new_tokens=task.max_new_tokens,
                              temperature=temperature, keys=keys)
         pol = titan.token_logprobs(policy, r.tokens_BT, temperature=temperature)
-        n = int(r.mask_BT.sum())
+        mask = r.mask_BT & _real_rows(sl, real).to(r.mask_BT.device)[:, None]
         for name, fn in anchors.items():
-            kl_sum[name] += float(mean_token_kl(pol, fn(r.tokens_BT, temperature=temperature), r.mask_BT)) * n
-        tok_sum += n
-    return {name: s / max(1, tok_sum) for name, s in kl_sum.items()}
+            kl_sum[name] += float(sequence_kl(pol, fn(r.tokens_BT, temperature=temperature), mask).sum())
+        tok_sum += int(mask.sum())
+    *kl_sums, tok_sum = _global_sums(parallel_dims, model_device(policy), *kl_sum.values(), tok_sum)
+    return {name: s / max(1, tok_sum) for name, s in zip(kl_sum, kl_sums)}
 
 
 @torch.inference_mode()
-def logp_correct(policy, task, num_prompts: int, *, batch_size: int = 256) -> float:
+def logp_correct(policy, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None) -> float:
     """Mean over the first ``num_prompts`` held-out rows of the policy's summed log-prob of the row's
-    reference ``completion`` + EOS (packed as SFT's targets, refexp/algos/sft.py)."""
-    rows = task.eval.select(range(min(num_prompts, len(task.eval))))
+    reference ``completion`` + EOS (packed as SFT's targets, refexp/algos/sft.py). The rows are split
+    over the data-parallel ranks of ``parallel_dims`` (None: this process does them all). Collective."""
+    n = min(num_prompts, len(task.eval))
+    ids, real = padded_share(parallel_dims, n)
+    rows = task.eval.select(ids)
     device = next(policy.parameters()).device
     total = 0.0
     for sl in _batches(len(rows), batch_size):
         tokens, completion = pack_sequences(task.tokenizer, rows["prompt"][sl], rows["completion"][sl], add_eos=True)
         mask = completion[:, 1:].to(device)  # completion token t+1 is predicted at log-prob column t
         logp = titan.token_logprobs(policy, tokens.to(device))
-        total += float(masked_sum(logp, mask, dim=-1).sum())
-    return total / max(1, len(rows))
+        total += float(masked_sum(logp, mask, dim=-1)[_real_rows(sl, real).to(device)].sum())
+    (total,) = _global_sums(parallel_dims, device, total)
+    return total / max(1, n)
 
 
 class InitAnchor:
     """The frozen initial (SFT) model that ``kl/init`` is measured against.
 
     With ``reference=fixed`` on the start checkpoint it *is* the reference (``shared``, no second
-    copy). Otherwise ``build_frozen()`` makes it only for the measurement and it is freed after it, so
-    strategies are compared without a resident extra copy (``reference=none`` then holds no frozen
-    weights during training steps).
+    copy). Otherwise ``build_frozen()`` makes it at the first measurement and it is kept for the run,
+    never rebuilt from disk; with ``offload`` (``reference.offload``) it waits in host memory between
+    measurements and is moved to the compute device for each (``reference.on_device``).
     """
 
-    def __init__(self, build_frozen: Callable[[], torch.nn.Module], shared=None):
-        self.build_frozen, self.shared = build_frozen, shared
+    def __init__(self, build_frozen: Callable[[], torch.nn.Module], shared=None, *, offload: bool = False):
+        self.build_frozen, self.shared, self.offload = build_frozen, shared, offload
+        self.model: torch.nn.Module | None = None
+        self._device: torch.device | None = None  # where an offloaded anchor computes
+
+    def _ensure_model(self) -> torch.nn.Module:
+        if self.model is None:
+            self.model = self.build_frozen()
+            if self.offload:
+                self._device = model_device(self.model)
+                self.model.to(HOST)
+        return self.model
 
     @contextmanager
     def logprobs(self):
@@ -119,16 +162,14 @@ class InitAnchor:
         if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
             yield self.shared.logprobs
             return
-        model = self.build_frozen()
+        model = self._ensure_model()
 
         def fn(tokens_BT, **kwargs):
             with torch.inference_mode():
                 return titan.token_logprobs(model, tokens_BT, **kwargs).clone()
 
-        try:
+        with on_device(model, self._device):
             yield fn
-        finally:
-            del model
 
 
 @contextmanager
@@ -155,7 +196,12 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     on the same samples, and ``eval/logp_correct`` when ``with_logp_correct``."""
     ecfg = ctx.cfg.eval
     temperature = getattr(ctx.cfg.algo, "temperature", 1.0)  # GRPO samples at algo.temperature; DPO has none
-    out = {"eval/accuracy": greedy_accuracy(policy, ctx.task, ecfg.num_prompts)} if with_accuracy else {}
+    pd = ctx.parallel_dims
+    out = {}
+    if with_accuracy:
+        out["eval/accuracy"] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd)
+        if ctx.task.val is not None and len(ctx.task.val):  # what a search selects on (run.objective)
+            out["val/accuracy"] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, split="val")
     measure_ref = reference is not None and reference.holds_model
     # the fixed reference on the start checkpoint is the anchor (InitAnchor.shared): its kl/ref is kl/init
     ref_is_anchor = measure_ref and reference is anchor.shared
@@ -164,9 +210,9 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
         if measure_ref and not ref_is_anchor:
             fns["kl/ref"] = stack.enter_context(reference_logprobs(reference))
         out.update(kl_to_anchor(policy, fns, ctx.task, ecfg.kl_prompts, seed=ctx.cfg.training.seed,
-                                temperature=temperature))
+                                temperature=temperature, parallel_dims=pd))
     if ref_is_anchor:
         out["kl/ref"] = out["kl/init"]
     if with_logp_correct:
-        out["eval/logp_correct"] = logp_correct(policy, ctx.task, ecfg.kl_prompts)
+        out["eval/logp_correct"] = logp_correct(policy, ctx.task, ecfg.kl_prompts, parallel_dims=pd)
     return out

@@ -1,8 +1,9 @@
 """The models of a run, built from its config: the policy (trainable) and frozen copies loaded from a
 checkpoint (the reference, the kl/init anchor, the model that samples DPO pairs).
 
-Every model gets the run's family/shape, device, dtype, seed and parallelism (FSDP/TP mesh), so a
-frozen copy shards exactly like the policy it is compared with.
+Every model gets the run's family/shape, device, dtype, seed, parallelism (FSDP/TP mesh) and compute
+dtype (``training.mixed_precision_param``), so a frozen copy shards and computes exactly like the policy
+it is compared with (at policy == reference the KL is exactly 0, in bf16 too).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from refexp.context import RunContext
 
 def build_model(ctx: RunContext, *, trainable: bool, seed: int | None = None, dtype: str | None = None,
                 compile_enable: bool | None = None) -> torch.nn.Module:
-    """A model of the configured family/shape with the run's parallelism (weights: fresh init, from
-    ``seed``, default ``training.seed``); ``dtype``/``compile_enable`` override the training ones."""
+    """A model of the configured family/shape with the run's parallelism and compute dtype (weights: fresh
+    init, from ``seed``, default ``training.seed``); ``dtype``/``compile_enable`` override the training ones.
+    A trainable model gets ``activation_checkpoint``; frozen copies have no backward to recompute for."""
     cfg = ctx.cfg
     compile_cfg = cfg.compile
     if compile_enable is not None and compile_enable != compile_cfg.enable:
@@ -35,6 +37,7 @@ def build_model(ctx: RunContext, *, trainable: bool, seed: int | None = None, dt
         compile_cfg=compile_cfg,
         training_cfg=cfg.training,
         requires_grad=trainable,
+        ac_cfg=cfg.activation_checkpoint if trainable else None,
     )
     if not trainable:
         model.eval()

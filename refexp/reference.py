@@ -6,6 +6,9 @@ alpha=1 and alpha<1 (TR-DPO, Gorbatovski et al. 2024, eq. 6-7). Each strategy ow
 (``version``, ``last_update_step``), reports it as ``ref/version`` / ``ref/last_update_step``, and
 checkpoints it together with its weights when they can differ from the start checkpoint.
 
+``reference.offload``: the frozen model lives in host memory between uses and is moved to the compute
+device for each forward and update (``on_device``); the kl/init anchor (refexp/evaluation.py) likewise.
+
 Steps are 1-based optimizer steps: ``after_step(step=k)`` runs after the k-th update, so with
 ``reset_every=3`` the reference changes at steps 3, 6, ... and the batch of step 4 is sampled from
 exactly the reference's weights (kl/ref = 0).
@@ -13,6 +16,7 @@ exactly the reference's weights (kl/ref = 0).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable, Mapping
 
 import torch
@@ -28,8 +32,35 @@ from refexp.config import (
 )
 
 
+HOST = torch.device("cpu")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s parameters (of this rank's shards under FSDP/TP)."""
+    return next(model.parameters()).device
+
+
+@contextmanager
+def on_device(model: torch.nn.Module | None, device: torch.device | None):
+    """Within the block ``model`` is on ``device``; after it, back in host memory. A no-op when either is
+    None or ``device`` is the host (a CPU run: offloading changes nothing there).
+
+    ``Module.to`` moves plain modules and FSDP2-sharded ones alike: FSDP2's ``FSDPModule._apply``
+    re-registers its sharded parameters after a move (torch/distributed/fsdp/_fully_shard/_fully_shard.py).
+    """
+    if model is None or device is None or device == HOST:
+        yield model
+        return
+    model.to(device)
+    try:
+        yield model
+    finally:
+        model.to(HOST)
+
+
 class ReferenceStrategy:
-    """Base: holds (or not) a frozen reference model and updates it by ``_update``."""
+    """Base: holds (or not) a frozen reference model and updates it by ``_update``; with
+    ``reference.offload`` the model stays in host memory between uses."""
 
     name = "base"
     holds_model = True
@@ -42,6 +73,8 @@ class ReferenceStrategy:
         self.reset_optimizer_requested = False
         self._build_frozen = build_frozen
         self.model = None
+        self._device: torch.device | None = None  # where an offloaded model computes
+        self._resident = False  # inside ``resident()``: on its device
         if not defer_build:
             self.ensure_model()
 
@@ -50,6 +83,9 @@ class ReferenceStrategy:
         """Build the frozen model if this strategy holds one and has none yet (after ``defer_build``)."""
         if self.model is None and self.holds_model and self._build_frozen is not None:
             self.model = self._build_frozen()
+            if self.cfg.offload:
+                self._device = model_device(self.model)
+                self.model.to(HOST)
         return self.model
 
     def release_model(self) -> None:
@@ -70,9 +106,23 @@ class ReferenceStrategy:
         ``forward_kwargs``: ``titan.token_logprobs``'s positions / attention mask."""
         if self.model is None:
             return None
-        with torch.inference_mode():
+        with self.resident(), torch.inference_mode():
             logp = titan.token_logprobs(self.model, tokens_BT, **forward_kwargs)
-        return logp.clone()  # an ordinary tensor: inference tensors cannot enter autograd
+        return logp.clone()
+
+    @contextmanager
+    def resident(self):
+        """Within the block an offloaded model stays on its device (one move for several forwards, e.g.
+        a step's micro-batches); nested blocks do not move it again."""
+        if self._resident or self._device is None:
+            yield
+            return
+        self._resident = True
+        try:
+            with on_device(self.model, self._device):
+                yield
+        finally:
+            self._resident = False  # an ordinary tensor: inference tensors cannot enter autograd
 
     def metrics(self) -> dict[str, float]:
         return {"ref/version": float(self.version), "ref/last_update_step": float(self.last_update_step)}
@@ -83,7 +133,8 @@ class ReferenceStrategy:
         return False
 
     def _update(self, step: int, policy: torch.nn.Module, alpha: float) -> None:
-        titan.lerp_weights_(self.model, policy, alpha)
+        with self.resident():
+            titan.lerp_weights_(self.model, policy, alpha)
         self.version += 1
         self.last_update_step = step
 

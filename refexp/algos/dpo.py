@@ -41,12 +41,14 @@ Departures and choices:
   weighted by pairs, exact when they hold equal token counts (the embedded task's fixed widths).
 - FSDP sums gradients over ranks (docs/torchtitan-notes.md §5): each rank's mean loss is weighted by
   its share of the global pairs, so the update equals the single-process one.
+- ``training.micro_batch_size``: the policy forward and backward run over chunks of pairs, each chunk's
+  loss weighted by its share of the pairs (ORPO's token-mean NLL passed per pair so that it sums exactly):
+  the accumulated gradient and the logged metrics are the whole step's.
 """
 
 from __future__ import annotations
 
 import gc
-import time
 from contextlib import ExitStack
 from dataclasses import asdict
 from functools import partial
@@ -59,6 +61,7 @@ from refexp import distributed as rdist
 from refexp import refcache, titan
 from refexp.algos.dpo_data import PairBatch, load_pairs, pack_pairs, pairs_fingerprint
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, reference_path, run_loop
+from refexp.algos.microbatch import combine_metrics, row_chunks
 from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompts
 from refexp.config import DPOConfig
 from refexp.context import RunContext
@@ -68,6 +71,7 @@ from refexp.kl import masked_sum, mean_token_kl
 from refexp.losses import dpo_loss, orpo_loss, sft_loss, simpo_loss
 from refexp.refcache import RefLogps
 from refexp.reference import ReferenceStrategy
+from refexp.timing import now
 
 
 def preference_loss(a: DPOConfig, pol_c_B: torch.Tensor, pol_r_B: torch.Tensor, len_c_B: torch.Tensor,
@@ -111,24 +115,28 @@ def build_ref_source(ctx: RunContext, strategy: ReferenceStrategy, pairs: datase
         strategy.ensure_model()
         return refcache.VersionedRefLogps(compute, lambda: strategy.version,
                                           partial(rdist.any_rank, device=ctx.device)), {}
-    t0 = time.perf_counter()
+    t0 = now(ctx.device)
     dtype = ctx.cfg.reference.dtype or ctx.cfg.training.dtype
     # share_prompt changes the float summation order of the reference forward (not its values beyond ~1e-7):
     # part of the key, so a run reads exactly what its own layout computes.
-    key = refcache.cache_key(ref_path, dtype, pairs_fingerprint(pairs, ctx.task.tokenizer),
-                             {**asdict(ctx.cfg.model), "share_prompt": a.share_prompt})
+    model_key = {**asdict(ctx.cfg.model), "share_prompt": a.share_prompt}
+    compute_dtype = ctx.cfg.training.compute_dtype(ctx.device.type)
+    if compute_dtype != "float32":  # bf16 compute gives other values; float32 keys stay those of existing caches
+        model_key["compute_dtype"] = compute_dtype
+    key = refcache.cache_key(ref_path, dtype, pairs_fingerprint(pairs, ctx.task.tokenizer), model_key)
 
     def compute_all() -> RefLogps:
         strategy.ensure_model()
         r, d = rdist.dp_rank_and_degree(ctx.parallel_dims)
-        return refcache.compute_table(compute, len(pairs), a.pairs_per_step, rank=r, degree=d,
-                                      dp_sum=partial(rdist.dp_sum, ctx.parallel_dims), device=ctx.device)
+        with strategy.resident():  # reference.offload: one move to the device for the whole table
+            return refcache.compute_table(compute, len(pairs), a.pairs_per_step, rank=r, degree=d,
+                                          dp_sum=partial(rdist.dp_sum, ctx.parallel_dims), device=ctx.device)
 
     table, built = refcache.load_or_compute(refcache.cache_file(ctx.cache_dir, key), compute_all, num_rows=len(pairs))
     if strategy.model is not None:
         strategy.release_model()  # every value it could give is in the table
         gc.collect()
-    return refcache.PrecomputedRefLogps(table), {"refcache/build_s": time.perf_counter() - t0,
+    return refcache.PrecomputedRefLogps(table), {"refcache/build_s": now(ctx.device) - t0,
                                                  "refcache/built": float(built)}
 
 
@@ -151,30 +159,41 @@ class DPOStep:
         batch, shared = pack(ctx, self.pairs, ids)
         B, mask = batch.num_pairs, batch.mask_BT
 
-        t0 = time.perf_counter()
+        t0 = now(ctx.device)
         ref, hits, misses = None, 0, 0
         if self.ref_source is not None:
             ref, hits, misses = self.ref_source.lookup(ids)
             ref = ref.to(ctx.device)
-        ref_s = time.perf_counter() - t0
+        ref_s = now(ctx.device) - t0
 
-        model = self.policy.model
-        model.train()
-        logp = pair_logprobs(partial(titan.token_logprobs, model), batch, shared)  # [2B, T-1]
-        seq_B = masked_sum(logp, mask, dim=-1)  # [2B] summed over completion tokens
-        chosen_nll = sft_loss(logp[:B], mask[:B])[0] if a.loss_type == "orpo" else None
-        loss, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:], ref, chosen_nll)
-
+        self.policy.model.train()
         n_rows = torch.tensor(float(B), device=ctx.device)
-        (loss * n_rows / rdist.dp_sum(pd, n_rows)).backward()
-        grad_norm, lr = optimizer_step(ctx, self.policy, loss.detach(), step, ckpt)
+        g_rows = rdist.dp_sum(pd, n_rows)
+        total = torch.zeros((), device=ctx.device)
+        chunk_metrics, weights, chosen_logp = [], [], []
+        chunks = row_chunks(B, ctx.cfg.training.micro_batch_size)
+        whole = len(chunks) == 1
+        nll_scale = None if whole else B / mask[:B].sum().clamp(min=1)
+        for sl in chunks:  # training.micro_batch_size pairs at a time (refexp/algos/microbatch.py)
+            sub, sub_shared = (batch, shared) if whole else self._sub_batch(batch, sl)
+            sub_ref = ref if ref is None or whole else ref.select(range(sl.start, sl.stop))
+            loss, m, logp = self._pair_loss(sub, sub_shared, sub_ref, nll_scale)
+            w = (sl.stop - sl.start) / B  # every loss and metric of the family is a mean over pairs
+            # this rank's share of the global pairs: FSDP sums gradients over ranks (docs/torchtitan-notes.md §5)
+            (loss * w * n_rows / g_rows).backward()
+            total += loss.detach() * w
+            chunk_metrics.append(m)
+            weights.append(w)
+            chosen_logp.append(logp[:sub.num_pairs].detach())
+        grad_norm, lr = optimizer_step(ctx, self.policy, total, step, ckpt)
 
         # every rank holds the same number of pairs: the plain mean over ranks is the global one
-        out = rdist.dp_mean_metrics(pd, {k: float(v) for k, v in m.items()}, device=ctx.device)
+        out = rdist.dp_mean_metrics(pd, combine_metrics(chunk_metrics, weights), device=ctx.device)
         if ref is not None:
             with torch.no_grad():  # exact over ranks: token-weighted sums, not a mean of rank means
                 n_tok = mask[:B].sum().to(torch.float32)
-                kl = mean_token_kl(logp[:B].detach(), ref.chosen_tok_BT(mask[:B]), mask[:B]) * n_tok
+                chosen = chosen_logp[0] if len(chosen_logp) == 1 else torch.cat(chosen_logp)
+                kl = mean_token_kl(chosen, ref.chosen_tok_BT(mask[:B]), mask[:B]) * n_tok
                 out["kl/ref_chosen_tokens"] = float(rdist.dp_sum(pd, kl) / rdist.dp_sum(pd, n_tok).clamp(min=1))
         if isinstance(self.ref_source, (refcache.PrecomputedRefLogps, refcache.VersionedRefLogps)):
             counts = rdist.dp_sum(pd, torch.tensor([float(hits), float(misses)], device=ctx.device))
@@ -183,13 +202,40 @@ class DPOStep:
             "optim/grad_norm": grad_norm,
             "optim/lr": lr,
             "perf/ref_fwd_s": ref_s,
-            "perf/tokens_per_s": float(batch.tokens_BT.numel()) / max(time.perf_counter() - t0, 1e-9),
+            "perf/tokens_per_s": float(batch.tokens_BT.numel()) / max(now(ctx.device) - t0, 1e-9),
             "mem/ref_params": float(titan.count_parameters(self.strategy.model)) if self.strategy.model is not None
             else 0.0,
         })
         out.update(self._once)
         self._once = {}
         return out
+
+    def _sub_batch(self, batch: PairBatch, sl: slice) -> tuple[PairBatch, SharedPrompt | None]:
+        """Pairs ``sl`` of ``batch`` as their own ``[chosen; rejected]`` batch (same width), and its
+        shared-prompt layout (``algo.share_prompt``)."""
+        B = batch.num_pairs
+        rows = torch.cat([torch.arange(sl.start, sl.stop), torch.arange(B + sl.start, B + sl.stop)])
+        rows = rows.to(batch.tokens_BT.device)
+        sub = PairBatch(batch.tokens_BT[rows], batch.mask_BT[rows], batch.lengths_B[rows])
+        return sub, share_prompts(sub, self.ctx.task.tokenizer.pad_id) if self.a.share_prompt else None
+
+    def _pair_loss(self, batch: PairBatch, shared: SharedPrompt | None, ref: RefLogps | None,
+                   nll_scale: torch.Tensor | None):
+        """The loss of ``algo.loss_type`` on one (micro-)batch: (loss, metrics, token log-probs [2b, T-1]).
+
+        ``nll_scale``: when ``batch`` is one chunk of the step, the step's pairs over its chosen tokens.
+        ORPO's NLL is a token mean over the step's chosen completions, so a chunk passes it per pair
+        ([b]: each pair's summed NLL times ``nll_scale``), whose means the chunk weights sum exactly.
+        """
+        a, mask, B = self.a, batch.mask_BT, batch.num_pairs
+        logp = pair_logprobs(partial(titan.token_logprobs, self.policy.model), batch, shared)  # [2b, T-1]
+        seq_B = masked_sum(logp, mask, dim=-1)  # [2b] summed over completion tokens
+        chosen_nll = None
+        if a.loss_type == "orpo":
+            chosen_nll = (sft_loss(logp[:B], mask[:B])[0] if nll_scale is None
+                          else -seq_B[:B] * nll_scale)
+        loss, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:], ref, chosen_nll)
+        return loss, m, logp
 
 
 # ---------------------------------------------------------------- the held-out measurements
@@ -198,24 +244,34 @@ def heldout_pair_metrics(ctx: RunContext, policy: Policy, strategy: ReferenceStr
                          pairs: datasets.Dataset) -> dict[str, float]:
     """``eval/pref_accuracy`` and ``eval/pref_margin``: the step's ``rewards/accuracies`` and ``rewards/margins``
     (the loss's implicit rewards, TRL's definitions) over the first ``eval.num_prompts`` held-out pairs,
-    from the policy and the current reference (none for the reference-free SimPO/ORPO). Every rank
-    measures every pair, in batches of ``algo.pairs_per_step``, so the numbers do not depend on the world size."""
+    from the policy and the current reference (none for the reference-free SimPO/ORPO). The pairs are
+    split over the data-parallel ranks (``rdist.padded_share``: the same number of forwards on every
+    rank, padding dropped after them), in batches of ``algo.pairs_per_step``, and the per-pair sums
+    are added over ranks, so the numbers do not depend on the world size. Collective."""
     a: DPOConfig = ctx.cfg.algo
     n = min(ctx.cfg.eval.num_prompts, len(pairs))
+    ids, real = rdist.padded_share(ctx.parallel_dims, n)
     acc = margin = 0.0
     with ExitStack() as stack:
         stack.enter_context(torch.no_grad())  # a measurement: no graph for the policy's forwards
         ref_fn = None if a.reference_free else stack.enter_context(reference_logprobs(strategy))
-        for start in range(0, n, a.pairs_per_step):
-            batch, shared = pack(ctx, pairs, list(range(start, min(n, start + a.pairs_per_step))))
+        for start in range(0, len(ids), a.pairs_per_step):
+            batch, shared = pack(ctx, pairs, ids[start:start + a.pairs_per_step])
             B, mask = batch.num_pairs, batch.mask_BT
             logp = pair_logprobs(partial(titan.token_logprobs, policy.model), batch, shared)  # [2B, T-1]
+            ref_logp = None if ref_fn is None else pair_logprobs(ref_fn, batch, shared)
+            b = min(B, real - start)  # real pairs at the front of this batch; the rest is padding
+            if b <= 0:
+                continue
             seq_B = masked_sum(logp, mask, dim=-1)
-            ref = None if ref_fn is None else RefLogps.from_logprobs(pair_logprobs(ref_fn, batch, shared), mask)
-            chosen_nll = sft_loss(logp[:B], mask[:B])[0] if a.loss_type == "orpo" else None
-            _, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:], ref, chosen_nll)
-            acc += float(m["rewards/accuracies"]) * B  # both are means over pairs: weight by the batch's pairs
-            margin += float(m["rewards/margins"]) * B
+            ref = None if ref_logp is None else RefLogps.from_logprobs(ref_logp, mask).select(range(b))
+            chosen_nll = sft_loss(logp[:b], mask[:b])[0] if a.loss_type == "orpo" else None
+            _, m = preference_loss(a, seq_B[:b], seq_B[B:B + b], batch.lengths_B[:b], batch.lengths_B[B:B + b], ref,
+                                   chosen_nll)
+            acc += float(m["rewards/accuracies"]) * b  # both are means over pairs: weight by the batch's pairs
+            margin += float(m["rewards/margins"]) * b
+    sums = torch.tensor([acc, margin], dtype=torch.float64, device=ctx.device)  # on the collective's device
+    acc, margin = rdist.dp_sum(ctx.parallel_dims, sums).tolist()
     return {"eval/pref_accuracy": acc / max(1, n), "eval/pref_margin": margin / max(1, n)}
 
 
@@ -236,12 +292,15 @@ class DPOEval:
 
     def chosen_logp(self) -> float:
         """The policy's mean over the fixed pairs of the summed log-prob of the chosen completion (EOS
-        included), packed as the step packs them (``pack``, ``pair_logprobs``)."""
-        batch, shared = pack(self.ctx, self.pairs, self.ids)
+        included), packed as the step packs them (``pack``, ``pair_logprobs``). The pairs are split over
+        the data-parallel ranks (``rdist.padded_share``, padding dropped) and the sums added. Collective."""
+        share, real = rdist.padded_share(self.ctx.parallel_dims, len(self.ids))
+        batch, shared = pack(self.ctx, self.pairs, [self.ids[i] for i in share])
         B = batch.num_pairs
         with torch.inference_mode():
             logp = pair_logprobs(partial(titan.token_logprobs, self.policy.model), batch, shared)  # [2B, T-1]
-            return float(masked_sum(logp[:B], batch.mask_BT[:B], dim=-1).mean())
+            total = masked_sum(logp[:B], batch.mask_BT[:B], dim=-1)[:real].sum().double()
+        return float(rdist.dp_sum(self.ctx.parallel_dims, total.reshape(1))) / max(1, len(self.ids))
 
     def __call__(self) -> dict[str, float]:
         # The preference task has pairs, not answers: held-out pair metrics stand in for accuracy.

@@ -18,11 +18,13 @@ Departures and choices:
   loss then has no KL term; ``algo.kl_estimator`` only chooses the loss term's estimator.
 - ``algo.kl_target``: beta follows the adaptive controller of Ziegler et al. 2019 fed with ``kl/ref``,
   counting the global batch's samples against ``algo.kl_horizon``.
+- ``training.micro_batch_size``: the reference and policy forwards and the backward run over chunks of
+  whole prompt groups, each chunk's loss weighted by its share of the rows (grpo, dr_grpo) or of the
+  completion tokens (dapo), so the accumulated gradient and the logged metrics are the whole step's.
 """
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from pathlib import Path
 
@@ -31,13 +33,22 @@ import torch
 from refexp import distributed as rdist
 from refexp import sampler, titan
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, run_loop
-from refexp.algos.shared_prompt import row_logprobs, share_groups
+from refexp.algos.microbatch import combine_metrics, row_chunks
+from refexp.algos.shared_prompt import SharedPrompt, row_logprobs, share_groups
 from refexp.config import GRPOConfig
 from refexp.context import RunContext
 from refexp.data_order import batch_ids
 from refexp.kl import AdaptiveKLController, FixedKLController, mean_token_kl, sequence_kl
 from refexp.losses import grpo_loss, group_advantages
 from refexp.reference import ReferenceStrategy
+from refexp.timing import now
+
+
+def _cat_rows(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """Per-chunk [b, T-1] results as one [B, T-1] (None when reference-free)."""
+    if parts[0] is None:
+        return None
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class GRPOStep:
@@ -60,23 +71,26 @@ class GRPOStep:
         answers = [x for x in rows["answer"] for _ in range(G)]
         keys = [(seed, step, pid, g) for pid in ids for g in range(G)]
 
-        t0 = time.perf_counter()
+        t0 = now(ctx.device)
         model = self.policy.model
         model.eval()
         r = sampler.generate(model, task.tokenizer, prompts, max_new_tokens=self.max_new,
                              temperature=a.temperature, top_p=a.top_p, keys=keys)
         model.train()
-        gen_s = time.perf_counter() - t0
+        gen_s = now(ctx.device) - t0
         tokens, mask, old_logp = r.tokens_BT.to(ctx.device), r.mask_BT.to(ctx.device), r.behaviour_logp.to(ctx.device)
         rewards = torch.tensor(task.score(r.texts, answers, prompts), dtype=torch.float32, device=ctx.device)
 
-        # G completions of a prompt share one pass over it (refexp/algos/shared_prompt.py)
-        shared = share_groups(tokens, mask, G, task.tokenizer.pad_id) if a.share_prompt else None
-        t1 = time.perf_counter()
+        # training.micro_batch_size: chunks of whole prompt groups (refexp/algos/microbatch.py); the G
+        # completions of a prompt share one pass over it (refexp/algos/shared_prompt.py)
+        chunks = self._chunks(tokens, mask)
+        t1 = now(ctx.device)
         # tempered like the policy's and the behaviour log-probs (TRL tempers the reference too): at policy ==
         # reference the KL is then exactly 0 at any algo.temperature
-        ref_logp = row_logprobs(self.strategy.logprobs, tokens, mask, shared, temperature=a.temperature)
-        ref_s = time.perf_counter() - t1
+        with self.strategy.resident():  # reference.offload: one move to the device for all chunks
+            ref_logp = _cat_rows([row_logprobs(self.strategy.logprobs, tokens[sl], mask[sl], shared,
+                                               temperature=a.temperature) for sl, shared in chunks])
+        ref_s = now(ctx.device) - t1
 
         beta = self.kl_ctl.beta
         shaped = rewards
@@ -94,17 +108,10 @@ class GRPOStep:
         share = {"grpo": n_rows / g_rows, "dr_grpo": n_rows / g_rows, "dapo": n_tok / g_tok}[a.loss_agg]
         agg: dict[str, float] = {}
         for _ in range(a.updates_per_batch):
-            logp, entropy = row_logprobs(partial(titan.token_logprobs, model), tokens, mask, shared,
-                                         temperature=a.temperature, with_entropy=True)
-            loss, m = grpo_loss(logp, old_logp, None if a.kl_in_reward else ref_logp, adv, mask,
-                                beta=beta, eps_low=a.eps_low, eps_high=a.eps_high, kl_estimator=a.kl_estimator,
-                                loss_agg=a.loss_agg, max_completion_length=self.max_new)
-            (loss * share).backward()
+            loss, agg, ent_sum = self._forward_backward(chunks, tokens, mask, old_logp, ref_logp, adv, beta, share)
             gn, lr = optimizer_step(ctx, self.policy, loss, step, ckpt)
-            agg = {k: float(v) for k, v in m.items()}
             agg["optim/grad_norm"], agg["optim/lr"] = gn, lr
-        with torch.no_grad():
-            ent = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        ent = float(ent_sum / mask.sum().clamp(min=1))
         kl_ref = None
         if ref_logp is not None:
             kl_ref = float(mean_token_kl(old_logp, ref_logp, mask))
@@ -116,7 +123,7 @@ class GRPOStep:
             "policy/completion_len": float(n_tok) / float(n_rows),
             "perf/gen_s": gen_s,
             "perf/ref_fwd_s": ref_s,
-            "perf/tokens_per_s": float(tokens.numel()) / max(time.perf_counter() - t0, 1e-9),
+            "perf/tokens_per_s": float(tokens.numel()) / max(now(ctx.device) - t0, 1e-9),
         }
         if kl_ref is not None:  # kl/beta too: without a reference there is no KL term to weigh
             out["kl/ref"], out["kl/beta"] = kl_ref, beta
@@ -142,6 +149,47 @@ class GRPOStep:
         out["frac_reward_zero_std"] = float(zero_groups) / a.prompts_per_step
         out["completions/clipped_ratio"] = float(clipped_rows / g_rows)
         return out
+
+    def _chunks(self, tokens: torch.Tensor, mask: torch.Tensor) -> list[tuple[slice, SharedPrompt | None]]:
+        """This step's row chunks (``training.micro_batch_size`` completions, whole groups) and each
+        chunk's shared-prompt layout (None without ``algo.share_prompt``)."""
+        a = self.a
+        slices = row_chunks(tokens.shape[0], self.ctx.cfg.training.micro_batch_size,
+                            multiple=a.group_size if a.share_prompt else 1)
+        pad = self.ctx.task.tokenizer.pad_id
+        return [(sl, share_groups(tokens[sl], mask[sl], a.group_size, pad) if a.share_prompt else None)
+                for sl in slices]
+
+    def _forward_backward(self, chunks, tokens, mask, old_logp, ref_logp, adv, beta: float, share: torch.Tensor):
+        """One update's forwards and backwards over the chunks, gradients accumulated in the policy.
+
+        tokens [N, T]; mask, old_logp, ref_logp (or None) [N, T-1]; adv [N]; ``chunks`` from ``_chunks``.
+
+        Each chunk's loss is weighted by its share of the step's aggregate (rows for grpo/dr_grpo,
+        completion tokens for dapo) times this rank's ``share`` of the global batch, so the summed
+        gradient is the whole batch's. Returns (the whole-batch loss, detached; its metrics, combined
+        over chunks as the whole batch's; the entropy summed over completion tokens, a 0-d tensor).
+        """
+        a, model = self.a, self.policy.model
+        n_rows, n_tok = tokens.shape[0], mask.sum().clamp(min=1).to(torch.float32)
+        total = torch.zeros((), device=tokens.device)
+        chunk_metrics, weights, ent_sum = [], [], torch.zeros((), device=tokens.device)
+        for sl, shared in chunks:
+            m_c = mask[sl]
+            logp, entropy = row_logprobs(partial(titan.token_logprobs, model), tokens[sl], m_c, shared,
+                                         temperature=a.temperature, with_entropy=True)
+            loss, m = grpo_loss(logp, old_logp[sl], None if a.kl_in_reward or ref_logp is None else ref_logp[sl],
+                                adv[sl], m_c, beta=beta, eps_low=a.eps_low, eps_high=a.eps_high,
+                                kl_estimator=a.kl_estimator, loss_agg=a.loss_agg,
+                                max_completion_length=self.max_new)
+            w_tok = float(m_c.sum()) / float(n_tok)
+            w_loss = w_tok if a.loss_agg == "dapo" else (sl.stop - sl.start) / n_rows
+            (loss * (w_loss * share)).backward()
+            total += loss.detach() * w_loss
+            chunk_metrics.append(m)
+            weights.append({k: w_loss if k.startswith("loss/") else w_tok for k in m})
+            ent_sum = ent_sum + (entropy * m_c).sum()
+        return total, combine_metrics(chunk_metrics, weights), ent_sum
 
     TOKEN_MEANS = ("kl/ref", "clip/low", "clip/high", "clip/ratio", "policy/entropy")
     """Metrics that are means over completion tokens (the rest are means over rows)."""

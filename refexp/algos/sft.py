@@ -9,13 +9,13 @@ The output is cached under ``<cache>/sft/<hash of everything that determines it>
 (a model-only DCP checkpoint, loads into any parallelism), ``hf/`` (HF safetensors export),
 ``tokenizer.json``, ``metrics.jsonl`` and ``sft.json`` (written last: its presence marks a complete
 result). A file lock makes concurrent jobs of a sweep train it once; the result is written to a
-temporary directory and renamed into place (``refexp.io.atomic_dir``).
+temporary directory and renamed into place (``refexp.io.atomic_dir``). A failed stage removes its
+temporary; one killed outright cannot, and the next job to take the lock removes it.
 """
 
 from __future__ import annotations
 
 import fcntl
-import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -29,23 +29,27 @@ from refexp.context import RunContext
 from refexp.evaluation import greedy_accuracy
 from refexp.data_order import batch_ids
 from refexp.hashing import stable_hash
-from refexp.io import atomic_dir, write_json_atomic
+from refexp.io import atomic_dir, remove_temporaries, write_json_atomic
 from refexp.logging import MetricLogger
 from refexp.losses import sft_loss
 from refexp.models import build_model
 from refexp.optim import build_optimizer, clip_and_step
 from refexp.progress import progress_bar
+from refexp.timing import now
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
 
 
 def sft_fingerprint(ctx: RunContext) -> str:
-    """Hash of what determines the SFT model: model shape, task data, the sft block, dtype."""
+    """Hash of what determines the SFT model: model shape, task data, the sft block, dtypes."""
     cfg = ctx.cfg
     # enable is always true here; leaving it out keeps the keys of caches made before it existed.
     sft = {k: v for k, v in asdict(cfg.sft).items() if k not in ("cache_dir", "checkpoint", "enable")}
     key = {"model": asdict(cfg.model), "task": task_fingerprint(cfg.task), "sft": sft, "dtype": cfg.training.dtype,
            "vocab": ctx.task.tokenizer.vocab_size, "version": 1}
+    compute = cfg.training.compute_dtype(ctx.device.type)
+    if compute != "float32":  # bf16 compute trains another model; float32 keys stay those of older caches
+        key["compute_dtype"] = compute
     return stable_hash(key, 16)
 
 
@@ -79,6 +83,8 @@ def ensure_sft(ctx: RunContext) -> Path:
     # Rank 0 takes the cross-process lock; all ranks then agree on whether training is needed.
     lock = _file_lock(ctx.cache_dir / "sft" / f"{out.name}.lock") if ctx.dist.is_rank0 else nullcontext()
     with lock:
+        if ctx.dist.is_rank0:
+            remove_temporaries(out)  # left by a run killed while training this model; the lock excludes live ones
         if rdist.broadcast_object(not _complete(out)):
             # rank 0 makes the temp dir and renames it into place; every rank trains into it
             with (atomic_dir(out, is_complete=_complete) if ctx.dist.is_rank0 else nullcontext()) as tmp:
@@ -111,7 +117,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     log = MetricLogger(out_dir, enabled=ctx.dist.is_rank0)
     tok = ctx.task.tokenizer
     train = ctx.task.train
-    acc, step, t0 = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts), 0, time.perf_counter()
+    acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims)
+    step, t0 = 0, now(ctx.device)
     log.log({"eval/accuracy": acc}, step=0)
     bar = progress_bar(total=sft.steps, desc="sft", enabled=ctx.dist.is_rank0 and cfg.logger.progress)
     while step < sft.steps and acc < sft.target_accuracy:
@@ -130,17 +137,21 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         (loss * n_local / n_global).backward()
         grad_norm, _ = clip_and_step(model, optimizers, schedulers, max_norm=cfg.training.max_norm, loss=loss,
                                      step=step)
+        if step == 1:  # set-up is over (refexp/distributed.py, set_collective_timeout)
+            rdist.set_collective_timeout(cfg.comm.train_timeout_seconds, ctx.parallel_dims)
         bar.update(1)
         # the global batch's token mean, not this rank's
         loss = rdist.dp_sum(ctx.parallel_dims, loss.detach() * n_local) / n_global.clamp(min=1)
         row = {"loss/total": float(loss), "sft/grad_norm": grad_norm}
         if step % sft.eval_every == 0 or step == sft.steps:
-            acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts)
+            acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims)
             row["eval/accuracy"] = acc
             bar.set_postfix(loss=f"{float(loss):.3f}", acc=f"{acc:.2f}")
         log.log(row, step=step)
     bar.close()
-    wall = time.perf_counter() - t0
+    wall = now(ctx.device) - t0
+    # what follows (saving, exporting, building the RL stage's models) is set-up again
+    rdist.set_collective_timeout(cfg.comm.init_timeout_seconds, ctx.parallel_dims)
     save_model_weights(model, out_dir / "model")
     if ctx.dist.is_rank0:
         tok.save(str(out_dir))

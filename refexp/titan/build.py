@@ -5,9 +5,17 @@ the world size; this materialises the whole model on every rank once (fine for t
 refexp studies, not for 70B). Tied embeddings are re-tied right after TP and before FSDP
 (``_retie_embeddings_after_tp``). FSDP's divide factor is 1, as in torchtitan: gradients are summed
 over data-parallel ranks (docs/torchtitan-notes.md §5).
+
+Mixed precision is FSDP2's ``MixedPrecisionPolicy`` (fp32 master parameters, ``training.mixed_precision_param``
+compute, ``mixed_precision_reduce`` gradient reduction) at every world size: with one process and a compute
+dtype other than float32 the model is sharded over a 1-rank mesh, so one process and N processes run the same
+code (docs/torchtitan-notes.md §12). Activation checkpointing (``activation_checkpoint``) wraps the blocks of a
+trainable model with torchtitan's policies.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -16,9 +24,18 @@ from torchtitan.config import ParallelismConfig as TTParallelismConfig
 from torchtitan.config import TrainingConfig as TTTrainingConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed import utils as tt_dist_utils
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.distributed.compile import apply_compile
 
-from refexp.config import CompileConfig, ConfigError, ModelConfig, ParallelismConfig, TrainingConfig
+from refexp import distributed as rdist
+from refexp.config import (
+    ActivationCheckpointConfig,
+    CompileConfig,
+    ConfigError,
+    ModelConfig,
+    ParallelismConfig,
+    TrainingConfig,
+)
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
 from refexp.titan.spec import build_model_spec
 
@@ -153,6 +170,49 @@ def _reshard_frozen_after_forward(model: nn.Module) -> None:
             module.set_reshard_after_forward(True, recurse=False)
 
 
+class EveryNthBlockAC(FullAC):
+    """Full recomputation of every N-th block (``selective_ac_option=N``): torchtitan 0.3.0 dropped its
+    block-level selective AC and keeps only the per-op policy, so refexp keeps the older option here."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(FullAC.Config):
+        every: int = 1
+
+    def _wrap_block(self, module: nn.Module, *, base_fqn: str | None = None) -> nn.Module:
+        # blocks N-1, 2N-1, ... (torchtitan 0.2's counter: the N-th, 2N-th, ... block)
+        if (int(base_fqn.rsplit(".", 1)[-1]) + 1) % self.config.every:
+            return module
+        return FullAC._wrap_block(self, module, base_fqn=base_fqn)
+
+
+def titan_ac_config(ac_cfg: ActivationCheckpointConfig | None):
+    """torchtitan's AC config for ``activation_checkpoint`` (None: no checkpointing)."""
+    if ac_cfg is None or ac_cfg.mode == "none":
+        return None
+    if ac_cfg.mode == "full":
+        return FullAC.Config()
+    if ac_cfg.selective_ac_option == "op":
+        return SelectiveAC.Config()
+    return EveryNthBlockAC.Config(every=int(ac_cfg.selective_ac_option))
+
+
+_SINGLE_RANK_DIMS: dict[tuple[str, str], ParallelDims] = {}
+
+
+def single_rank_dims(parallelism: ParallelismConfig, device: torch.device) -> ParallelDims:
+    """A 1-rank ParallelDims for FSDP's mixed precision in one process; initialises a single-process
+    process group (gloo on CPU, NCCL on CUDA; destroyed at exit, refexp/distributed.py) when none exists.
+    One per device type and SPMD backend: its meshes are built once and shared by every model."""
+    key = (device.type, parallelism.spmd_backend)
+    if key not in _SINGLE_RANK_DIMS:
+        rdist.init_distributed(device)
+        if rdist.world_size() != 1:
+            raise RuntimeError("single_rank_dims needs a 1-process group: pass the run's mesh instead")
+        _SINGLE_RANK_DIMS[key] = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1,
+                                              spmd_backend=parallelism.spmd_backend)
+    return _SINGLE_RANK_DIMS[key]
+
+
 def build_model(
     model_cfg: ModelConfig,
     *,
@@ -165,17 +225,26 @@ def build_model(
     compile_cfg: CompileConfig | None = None,
     training_cfg: TrainingConfig | None = None,
     requires_grad: bool = True,
+    ac_cfg: ActivationCheckpointConfig | None = None,
 ) -> nn.Module:
     """Build, initialise under ``seed``, parallelize and maybe compile a torchtitan decoder.
 
     Weights are initialised on the full model before parallelizing, so they are the same for every
     world size (see the module docstring). ``mesh`` is a ParallelDims from ``make_parallel_dims``;
-    with one rank (or none given) the model stays a plain module. ``requires_grad=False`` freezes it
+    with one rank (or none given) and float32 compute the model stays a plain module; a compute dtype
+    (``training_cfg.compute_dtype``) other than float32 applies FSDP's mixed precision at every world
+    size (a 1-rank mesh for one process, see the module docstring). ``requires_grad=False`` freezes it
     (eval mode) for reference copies. Per-block ``torch.compile`` when ``compile_cfg.enable``.
+    ``ac_cfg``: activation checkpointing of a trainable model (ignored with ``requires_grad=False``).
     """
     device = resolve_device(device) if isinstance(device, str) else device
     prepare_torchtitan(device.type)
+    training_cfg = training_cfg or TrainingConfig()
+    compute_dtype = training_cfg.compute_dtype(device.type)
     parallel = mesh is not None and mesh.world_size > 1
+    if not parallel and compute_dtype != "float32":
+        mesh = single_rank_dims(parallelism or ParallelismConfig(), device)
+        parallel = True
     parallelism = _parallelism_of(mesh, parallelism) if parallel else (parallelism or ParallelismConfig())
     if model_cfg.attn_backend == "varlen" and device.type != "cuda":
         raise ConfigError("model.attn_backend='varlen' is invalid on CPU: it is CUDA-only "
@@ -199,25 +268,28 @@ def build_model(
     compile_cfg = compile_cfg or CompileConfig()
     tt_compile = TTCompileConfig(enable=compile_cfg.enable, components=list(compile_cfg.components),
                                  backend=compile_cfg.backend)
+    tt_ac = titan_ac_config(ac_cfg) if requires_grad else None  # a frozen model has no backward
     if parallel:
-        training_cfg = training_cfg or TrainingConfig()
         _retie_embeddings_after_tp(model)
         spec.parallelize_fn(
             model,
             parallel_dims=mesh,
             training=TTTrainingConfig(
-                mixed_precision_param=training_cfg.compute_dtype(device.type),
+                mixed_precision_param=compute_dtype,
                 mixed_precision_reduce=training_cfg.mixed_precision_reduce,
             ),
             parallelism=_titan_parallelism(parallelism),
             compile_config=tt_compile,
-            ac_config=None,
+            ac_config=tt_ac,
             dump_folder="",
         )
         _force_sum_reduction(model)
         if not requires_grad and parallelism.fsdp_reshard_after_forward == "default":
             _reshard_frozen_after_forward(model)
-    elif tt_compile.enable and "model" in tt_compile.components:
+        return model
+    if tt_ac is not None:  # before compile, as torchtitan's parallelize_fn orders them
+        tt_ac.build(dump_folder="").apply(model)
+    if tt_compile.enable and "model" in tt_compile.components:
         single = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1,
                               spmd_backend=parallelism.spmd_backend)
         apply_compile(model, compile_config=tt_compile, parallel_dims=single)

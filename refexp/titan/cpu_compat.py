@@ -68,15 +68,33 @@ _DEVICE_TYPE_MODULES = (
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto`` | ``cpu`` | ``cuda`` -> a torch.device (``cuda:$LOCAL_RANK`` under torchrun)."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"training.device={device!r} is invalid: expected one of auto, cpu, cuda")
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+    """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` -> a torch.device; every part of a run uses this one.
+
+    ``cuda`` (and ``auto`` with a GPU) is ``cuda:<LOCAL_RANK % visible GPUs>``: one GPU per process under
+    torchrun, and ``cuda:0`` when a scheduler shows each task only its own GPU (``CUDA_VISIBLE_DEVICES``)
+    whatever its local rank. ``cuda:N`` pins the process to GPU N (a job of a sweep that runs
+    single-GPU jobs side by side, conf/hydra/launcher/joblib.yaml).
+    """
+    kind, _, index = device.partition(":")
+    if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+        raise ConfigError(f"training.device={device!r} is invalid: expected one of auto, cpu, cuda, cuda:N")
+    if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ConfigError("training.device='cuda' is invalid: no CUDA device is visible (use auto or cpu)")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+        raise ConfigError(f"training.device={device!r} is invalid: no CUDA device is visible (use auto or cpu)")
+    count = torch.cuda.device_count()
+    if index:
+        if int(index) >= count:
+            raise ConfigError(f"training.device={device!r} is invalid: {count} CUDA device(s) visible "
+                              f"(cuda:0 .. cuda:{count - 1})")
+        return torch.device("cuda", int(index))
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % count)
+
+
+def enable_tf32() -> None:
+    """TF32 for float32 matmuls (cuBLAS) and cuDNN convolutions: process-wide, CUDA only."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
 
 
 def prepare_torchtitan(device_type: str) -> None:
@@ -84,9 +102,13 @@ def prepare_torchtitan(device_type: str) -> None:
 
     Re-points torchtitan's module-level ``device_type``/``device_module`` copies to ``device_type``
     (they default to "cuda" on a machine without GPUs, docs/torchtitan-notes.md §2) in every such
-    module imported so far, so call it again after importing more of torchtitan.
+    module imported so far, so call it again after importing more of torchtitan. On CUDA it also turns
+    TF32 on for float32 matmuls and convolutions (as torchtitan's trainer runs: the bf16 compute default
+    makes the model's matmuls bf16; TF32 speeds up runs with ``mixed_precision_param=float32``).
     """
     _install_ep_kernel_standin()
+    if device_type == "cuda":
+        enable_tf32()
     device_module = torch.cpu if device_type == "cpu" else getattr(torch, device_type)
     for name in _DEVICE_TYPE_MODULES:
         module = sys.modules.get(name)

@@ -2,13 +2,20 @@
 
 Under TP the logits come back as a vocab-sharded DTensor; ``token_logprobs`` then works on each
 rank's vocabulary slice and all-reduces max, sum-exp and the target logit, never gathering [B, T, V].
+Otherwise the float32 log-softmax runs over chunks of rows (``FP32_CHUNK_ELEMENTS`` each), so beyond
+the model's own logits (bf16 under mixed precision) no float32 [B, T, V] tensor exists at once: in a
+differentiable call each chunk is recomputed in backward instead of keeping its float32 copy.
+The entropy is a metric: always computed without gradient.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torchtitan.models.common import ScaledDotProductAttention
 
@@ -105,9 +112,54 @@ def _vocab_parallel_logprobs(logits_BTV: DTensor, targets_BT: torch.Tensor, temp
     logp_BT = target_BT - lse_BT
     if not with_entropy:
         return logp_BT, None
-    logq_BTv = z_BTv - lse_BT.unsqueeze(-1)
-    entropy_BT = -_sum_over_mesh_dim((logq_BTv.exp() * logq_BTv).sum(-1), logits_BTV, mesh_dim)
+    with torch.no_grad():  # a metric
+        logq_BTv = z_BTv - lse_BT.unsqueeze(-1)
+        entropy_BT = -_sum_over_mesh_dim((logq_BTv.exp() * logq_BTv).sum(-1), logits_BTV, mesh_dim)
     return logp_BT, entropy_BT
+
+
+FP32_CHUNK_ELEMENTS = 2**25
+"""Elements of one float32 chunk of the log-softmax (128 MiB): rows [B, T, V] are processed
+ceil(B*T*V / this) rows at a time. A batch that fits in one chunk runs as a single piece."""
+
+
+def _target_logprobs(out_BTV: torch.Tensor, targets_BT: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log p(target) [B, T] from one chunk of logits (any float dtype), in float32."""
+    z_BTV = out_BTV.float()
+    if temperature != 1.0:
+        z_BTV = z_BTV / temperature
+    # gather - logsumexp keeps one [B, T, V] tensor alive instead of log_softmax's second one.
+    return z_BTV.gather(-1, targets_BT.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z_BTV, dim=-1)
+
+
+@torch.no_grad()
+def _entropy(out_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy [B, T] of softmax(logits / temperature) of one chunk, float32, without gradient."""
+    z_BTV = out_BTV.float()
+    if temperature != 1.0:
+        z_BTV = z_BTV / temperature
+    logq_BTV = z_BTV - torch.logsumexp(z_BTV, dim=-1, keepdim=True)
+    return -(logq_BTV.exp() * logq_BTV).sum(-1)
+
+
+def _chunked_logprobs(out_BTV: torch.Tensor, targets_BT: torch.Tensor, temperature: float, with_entropy: bool):
+    """Log-probs (and entropy) [B, T] over chunks of rows of plain logits (see the module docstring)."""
+    B, T, V = out_BTV.shape
+    rows = max(1, FP32_CHUNK_ELEMENTS // max(1, T * V))
+    if rows >= B:  # one piece: nothing to recompute
+        logp_BT = _target_logprobs(out_BTV, targets_BT, temperature)
+        return logp_BT, _entropy(out_BTV, temperature) if with_entropy else None
+    grad = torch.is_grad_enabled() and out_BTV.requires_grad
+    logps, ents = [], []
+    for i in range(math.ceil(B / rows)):
+        sl = slice(i * rows, (i + 1) * rows)
+        if grad:  # backward recomputes the chunk's float32 log-softmax from the logits
+            logps.append(checkpoint(_target_logprobs, out_BTV[sl], targets_BT[sl], temperature, use_reentrant=False))
+        else:
+            logps.append(_target_logprobs(out_BTV[sl], targets_BT[sl], temperature))
+        if with_entropy:
+            ents.append(_entropy(out_BTV[sl], temperature))
+    return torch.cat(logps), torch.cat(ents) if with_entropy else None
 
 
 def token_logprobs(model: nn.Module, tokens_BT: torch.LongTensor, *, temperature: float = 1.0,
@@ -119,8 +171,9 @@ def token_logprobs(model: nn.Module, tokens_BT: torch.LongTensor, *, temperature
     Rows are plain causal sequences (pad on the right, mask afterwards) unless ``positions_BT`` and
     ``allowed_BTT`` (bool [B, T, T], query x key) say otherwise: then column t is the distribution at
     position t given the keys it may attend to. Differentiable. Under TP the vocab-sharded logits are
-    never gathered. With ``with_entropy`` also returns the entropy [B, T-1] of the same tempered
-    next-token distribution. Returns log-probs, never logits.
+    never gathered; otherwise the float32 log-softmax runs in chunks of rows. With ``with_entropy``
+    also returns the entropy [B, T-1] of the same tempered next-token distribution (no gradient: a
+    metric). Returns log-probs, never logits.
     """
     if _outside_inference_mode(model):
         with torch.inference_mode(False), torch.no_grad():
@@ -131,14 +184,5 @@ def token_logprobs(model: nn.Module, tokens_BT: torch.LongTensor, *, temperature
     if isinstance(out_BTV, DTensor):
         logp_BT, entropy_BT = _vocab_parallel_logprobs(out_BTV, targets_BT, temperature, with_entropy)
     else:
-        z_BTV = out_BTV.float()
-        if temperature != 1.0:
-            z_BTV = z_BTV / temperature
-        lse_BT = torch.logsumexp(z_BTV, dim=-1)
-        # gather - logsumexp keeps one [B, T, V] tensor alive instead of log_softmax's second one.
-        logp_BT = z_BTV.gather(-1, targets_BT.unsqueeze(-1)).squeeze(-1) - lse_BT
-        entropy_BT = None
-        if with_entropy:
-            logq_BTV = z_BTV - lse_BT.unsqueeze(-1)
-            entropy_BT = -(logq_BTV.exp() * logq_BTV).sum(-1)
+        logp_BT, entropy_BT = _chunked_logprobs(out_BTV, targets_BT, temperature, with_entropy)
     return (logp_BT, entropy_BT) if with_entropy else logp_BT

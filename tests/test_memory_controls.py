@@ -1,0 +1,227 @@
+"""Memory controls change memory, not numbers: activation checkpointing, chunked log-probs, micro-batching
+(``training.micro_batch_size``) and ``reference.offload`` give the plain step's losses and gradients.
+
+Gradients are compared where the step hands them to the optimizer (``optimizer_step`` wrapped to
+record every parameter's gradient, by canonical name), so a difference cannot hide in a metric.
+Two-process micro-batching is in tests/test_mixed_precision.py (one torchrun launch for both files' needs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from refexp import titan
+from refexp.config import ActivationCheckpointConfig, ConfigError, ModelConfig
+from refexp.logging import read_metrics
+from refexp.run import run, validate
+from refexp.titan import logprobs as titan_logprobs
+from tests.helpers import GRPO, compose_cfg
+
+TOL = 1e-5
+V = 15
+DPO = ["algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8", "training.steps=2"]
+
+
+def tiny() -> ModelConfig:
+    return ModelConfig(name="llama3", flavor="debugmodel", dim=64, n_layers=3, n_heads=4, n_kv_heads=2,
+                       vocab_size=V, max_seq_len=64)
+
+
+def loss_and_grads(model, tokens) -> tuple[float, dict[str, torch.Tensor]]:
+    lp = titan.token_logprobs(model, tokens, temperature=0.7)
+    loss = -lp.mean()
+    loss.backward()
+    return loss.item(), {titan._canonical_name(n): p.grad.clone() for n, p in model.named_parameters()}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+# ---------------------------------------------------------------- activation checkpointing, one model
+@pytest.mark.parametrize("mode,option", [("full", "op"), ("selective", "op"), ("selective", "2")])
+def test_activation_checkpointing_gives_the_plain_loss_and_gradients(mode, option):
+    tokens = torch.randint(0, V, (4, 16), generator=torch.Generator().manual_seed(0))
+    plain = titan.build_model(tiny(), vocab_size=V, device="cpu")
+    ac = titan.build_model(tiny(), vocab_size=V, device="cpu",
+                           ac_cfg=ActivationCheckpointConfig(mode=mode, selective_ac_option=option))
+    wrapped = [n for n, _ in ac.named_modules() if n.endswith("_checkpoint_wrapped_module")]
+    # every block, or every 2nd block (block 1 of 0..2)
+    assert len(wrapped) == (1 if option == "2" else 3), wrapped
+    loss0, g0 = loss_and_grads(plain, tokens)
+    loss1, g1 = loss_and_grads(ac, tokens)
+    assert abs(loss0 - loss1) <= TOL and max_diff(g0, g1) <= TOL
+
+
+def test_frozen_models_are_never_checkpointed():
+    frozen = titan.build_model(tiny(), vocab_size=V, device="cpu", requires_grad=False,
+                               ac_cfg=ActivationCheckpointConfig(mode="full"))
+    assert not any(n.endswith("_checkpoint_wrapped_module") for n, _ in frozen.named_modules())
+
+
+# ---------------------------------------------------------------- chunked log-probs
+def test_chunked_logprobs_equal_the_whole_batch_and_entropy_has_no_gradient(monkeypatch):
+    model = titan.build_model(tiny(), vocab_size=V, device="cpu")
+    tokens = torch.randint(0, V, (5, 12), generator=torch.Generator().manual_seed(1))
+    lp0, ent0 = titan.token_logprobs(model, tokens, temperature=0.7, with_entropy=True)
+    lp0.sum().backward()
+    g0 = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    monkeypatch.setattr(titan_logprobs, "FP32_CHUNK_ELEMENTS", 2 * 11 * V)  # 2 rows a chunk: 3 chunks
+    lp1, ent1 = titan.token_logprobs(model, tokens, temperature=0.7, with_entropy=True)
+    lp1.sum().backward()
+    g1 = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert not ent0.requires_grad and not ent1.requires_grad
+    assert float((lp0 - lp1).abs().max()) <= TOL and float((ent0 - ent1).abs().max()) <= TOL
+    assert max_diff(g0, g1) <= TOL
+
+
+# ---------------------------------------------------------------- micro-batching through the real step
+@pytest.fixture
+def recorded_grads(monkeypatch):
+    """Every optimizer step's gradients, by canonical parameter name, as the steps hand them over."""
+    import refexp.algos.dpo as dpo_mod
+    import refexp.algos.grpo as grpo_mod
+
+    steps: list[dict[str, torch.Tensor]] = []
+    original = grpo_mod.optimizer_step
+
+    def record(ctx, policy, loss, step, ckpt):
+        steps.append({titan._canonical_name(n): p.grad.detach().clone() for n, p in policy.model.named_parameters()})
+        return original(ctx, policy, loss, step, ckpt)
+
+    monkeypatch.setattr(grpo_mod, "optimizer_step", record)
+    monkeypatch.setattr(dpo_mod, "optimizer_step", record)
+    return steps
+
+
+def run_recording(tmp_path, name: str, recorded: list, *overrides: str) -> tuple[dict[int, dict], list]:
+    start = len(recorded)
+    run(compose_cfg(tmp_path / name, *overrides))
+    rows = {r["step"]: r for r in read_metrics(tmp_path / name / "metrics.jsonl")}
+    return rows, recorded[start:]
+
+
+def assert_same_steps(got: tuple, want: tuple) -> None:
+    (rows_g, grads_g), (rows_w, grads_w) = got, want
+    assert len(grads_g) == len(grads_w) > 0
+    for i, (g, w) in enumerate(zip(grads_g, grads_w)):
+        assert max_diff(g, w) <= TOL, f"update {i}: gradients differ by {max_diff(g, w):.3g}"
+    assert rows_g.keys() == rows_w.keys()
+    for step in rows_w:
+        g = {k: v for k, v in rows_g[step].items() if not k.startswith(("perf/", "mem/"))}
+        w = {k: v for k, v in rows_w[step].items() if not k.startswith(("perf/", "mem/"))}
+        assert g.keys() == w.keys(), (step, sorted(g.keys() ^ w.keys()))
+        bad = {k: (g[k], w[k]) for k in w if abs(g[k] - w[k]) > TOL * max(1.0, abs(w[k]))}
+        assert not bad, f"step {step}: {bad}"
+
+
+GRPO_SHORT = [*GRPO, "training.steps=2", "reference=ema", "reference.alpha=0.5", "algo.beta=0.1"]
+
+
+@pytest.mark.parametrize("loss_agg,share_prompt,micro", [
+    ("grpo", "true", 4), ("dr_grpo", "true", 8), ("dapo", "true", 4), ("grpo", "false", 3), ("dapo", "false", 5),
+])
+def test_grpo_micro_batches_give_the_whole_step(tmp_path, dense_reward, recorded_grads, loss_agg, share_prompt,
+                                                micro):
+    """16 completions a step in chunks of ``micro`` (an uneven last chunk without prompt sharing), plus
+    full activation checkpointing on one of them: every update's gradients and every metric as the plain step."""
+    base = [*GRPO_SHORT, f"algo.loss_agg={loss_agg}", f"algo.share_prompt={share_prompt}"]
+    want = run_recording(tmp_path, "plain", recorded_grads, *base)
+    extra = ["activation_checkpoint=full"] if micro == 4 else []
+    got = run_recording(tmp_path, "micro", recorded_grads, *base, f"training.micro_batch_size={micro}", *extra)
+    assert_same_steps(got, want)
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "orpo"])
+def test_dpo_micro_batches_give_the_whole_step(tmp_path, recorded_grads, loss_type):
+    """8 pairs a step in chunks of 3 (3 + 3 + 2); ORPO's token-mean NLL term included."""
+    ref = "reference=none" if loss_type == "orpo" else "reference=ema"
+    base = [*DPO, ref, f"algo.loss_type={loss_type}"]
+    want = run_recording(tmp_path, "plain", recorded_grads, *base)
+    got = run_recording(tmp_path, "micro", recorded_grads, *base, "training.micro_batch_size=3")
+    assert_same_steps(got, want)
+
+
+def test_micro_batch_must_hold_whole_groups_when_prompts_are_shared(tmp_path):
+    with pytest.raises(ConfigError, match=r"training.micro_batch_size=6 .*multiple of algo.group_size=4"):
+        validate(compose_cfg(tmp_path, *GRPO, "algo.share_prompt=true", "training.micro_batch_size=6"))
+    validate(compose_cfg(tmp_path, *GRPO, "algo.share_prompt=false", "training.micro_batch_size=6"))
+
+
+# ---------------------------------------------------------------- reference.offload and the kl/init anchor
+def test_offload_gives_the_same_run_and_the_anchor_is_built_once(tmp_path, dense_reward, monkeypatch):
+    """reference.offload=true logs what offload=false logs (on CPU the host is the device); the kl/init
+    anchor is built from disk once per run, not at each of the 3 evaluations (steps 0, 2, 4)."""
+    import refexp.algos.loop as loop_mod
+
+    builds: list[str] = []
+    original = loop_mod.build_frozen
+
+    def counting(ctx, path, **kwargs):
+        builds.append(str(ctx.run_dir))
+        return original(ctx, path, **kwargs)
+
+    monkeypatch.setattr(loop_mod, "build_frozen", counting)
+    base = [*GRPO, "reference=ema", "reference.alpha=0.5", "algo.beta=0.1"]
+    run(compose_cfg(tmp_path / "resident", *base))
+    run(compose_cfg(tmp_path / "offload", *base, "reference.offload=true"))
+    # one reference and one anchor per run
+    assert builds.count(str(tmp_path / "resident")) == 2 and builds.count(str(tmp_path / "offload")) == 2
+    want = {r["step"]: r for r in read_metrics(tmp_path / "resident" / "metrics.jsonl")}
+    got = {r["step"]: r for r in read_metrics(tmp_path / "offload" / "metrics.jsonl")}
+    for step, w in want.items():
+        assert {k: v for k, v in got[step].items() if not k.startswith(("perf/", "mem/"))} == \
+               {k: v for k, v in w.items() if not k.startswith(("perf/", "mem/"))}, step
+
+
+class _MovesRecorded(torch.nn.Module):
+    """A frozen stand-in whose ``to`` records the devices it is sent to (no GPU needed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+        self.moves: list[str] = []
+
+    def to(self, device):
+        self.moves.append(torch.device(device).type)
+        return self
+
+
+def test_offloaded_reference_moves_once_per_use_and_waits_on_the_host(monkeypatch):
+    """Built -> host; each forward or update -> device and back; a step's chunks inside ``resident()``
+    share one move. (On CPU the device is the host and nothing moves: the test pretends a GPU.)"""
+    import refexp.reference as ref_mod
+    from refexp.config import EMAReferenceConfig
+
+    monkeypatch.setattr(ref_mod, "model_device", lambda model: torch.device("cuda"))
+    monkeypatch.setattr(ref_mod.titan, "token_logprobs", lambda model, tokens, **kw: torch.zeros(tokens.shape))
+    monkeypatch.setattr(ref_mod.titan, "lerp_weights_", lambda dst, src, alpha: None)
+    model = _MovesRecorded()
+    strategy = ref_mod.build_reference(EMAReferenceConfig(name="ema", offload=True), lambda: model)
+    assert model.moves == ["cpu"]
+    strategy.logprobs(torch.zeros(2, 3, dtype=torch.long))
+    assert model.moves[1:] == ["cuda", "cpu"]
+    with strategy.resident():
+        for _ in range(3):
+            strategy.logprobs(torch.zeros(2, 3, dtype=torch.long))
+    assert model.moves[3:] == ["cuda", "cpu"]
+    strategy.after_step(1, model, {})  # sync_every=1: an EMA update on the device
+    assert model.moves[5:] == ["cuda", "cpu"]
+    resident = _MovesRecorded()
+    ref_mod.build_reference(EMAReferenceConfig(name="ema"), lambda: resident).logprobs(torch.zeros(2, 3).long())
+    assert resident.moves == []  # offload=false: never moved
+
+
+def test_offloaded_anchor_is_built_once_and_moved_per_measurement(monkeypatch):
+    import refexp.evaluation as eval_mod
+
+    monkeypatch.setattr(eval_mod, "model_device", lambda model: torch.device("cuda"))
+    built: list[_MovesRecorded] = []
+    anchor = eval_mod.InitAnchor(lambda: built.append(_MovesRecorded()) or built[-1], offload=True)
+    for _ in range(3):
+        with anchor.logprobs():
+            pass
+    assert len(built) == 1 and built[0].moves == ["cpu"] + ["cuda", "cpu"] * 3
