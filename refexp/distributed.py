@@ -81,7 +81,9 @@ def init_distributed(device: torch.device, *, backend: str = "auto", timeout_s: 
         backend = "nccl" if device.type == "cuda" else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
-        torch.cuda.set_device(local_rank)  # before NCCL's communicators are made
+        # the device titan.resolve_device chose (not LOCAL_RANK: with one visible GPU per task it is
+        # cuda:0 whatever the rank), before NCCL's communicators are made
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
@@ -93,6 +95,24 @@ def init_distributed(device: torch.device, *, backend: str = "auto", timeout_s: 
         # once per group made here; a second registration (a group destroyed and made again) is a no-op
         atexit.register(_teardown_at_exit)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
+
+
+def set_collective_timeout(seconds: int, parallel_dims=None) -> None:
+    """The timeout of every collective from now on: the default group's and each parallelism mesh's.
+
+    ``comm.init_timeout_seconds`` covers set-up (building, loading weights, the SFT stage's lock);
+    once training steps run, a rank that waits longer than ``comm.train_timeout_seconds`` in a
+    collective fails instead of hanging on a peer that is gone. The barrier first, as torchtitan's
+    ``set_pg_timeouts``: a fast rank must not run collectives under the short timeout while a slow one
+    is still in set-up.
+    """
+    if world_size() == 1:
+        return
+    dist.barrier()
+    meshes = parallel_dims.get_all_one_dimensional_meshes().values() if parallel_dims is not None else ()
+    timeout = datetime.timedelta(seconds=seconds)
+    for group in [None, *(m.get_group() for m in meshes)]:
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
 
 
 _run_failed = False
@@ -219,3 +239,17 @@ def dp_mean_metrics(parallel_dims, metrics: dict[str, float], weights: dict[str,
     v = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device)
     mean = dp_sum(parallel_dims, v * w) / dp_sum(parallel_dims, w).clamp(min=1e-12)
     return {**metrics, **{k: float(x) for k, x in zip(keys, mean)}}
+
+
+def padded_share(parallel_dims, n: int) -> tuple[list[int], int]:
+    """This data-parallel rank's contiguous block of ``n`` row ids, padded with row 0 to ``ceil(n / dp)``
+    ids on every rank: (ids, number of real ids at the front).
+
+    For measurements over a set that need not divide evenly: every rank then makes the same number
+    of same-sized sharded forward calls (FSDP/TP collectives), and drops the padding's results
+    before the ranks' sums are combined (``dp_sum``). Tensor-parallel peers get the same ids.
+    """
+    r, d = dp_rank_and_degree(parallel_dims)
+    k = -(-n // d)
+    ids = list(range(r * k, min(n, (r + 1) * k)))
+    return ids + [0] * (k - len(ids)), len(ids)

@@ -120,7 +120,17 @@ def test_config_errors_name_task_and_algo(hf_dir, pairs):
 
 @pytest.mark.slow
 def test_dpo_on_a_preference_file_under_fsdp(hf_dir, pairs, tmp_path):
+    """2 FSDP ranks split the held-out pairs and kl prompts (odd counts: one rank pads its share) and log
+    the single-process numbers: eval/pref_*, kl/init, and kl/ref against a moving (EMA) reference."""
+    odd = ("task.num_eval=5", "eval.num_prompts=5", "eval.kl_prompts=3", "reference=ema", "reference.alpha=0.5")
     run_dir = tmp_path / "run"
-    final = run(_dpo(run_dir, hf_dir, pairs, "parallelism=fsdp", "parallelism.nproc_per_node=2"))
+    final = run(_dpo(run_dir, hf_dir, pairs, *odd, "parallelism=fsdp", "parallelism.nproc_per_node=2"))
     assert final["step"] == 2
-    _check_eval_rows(read_metrics(run_dir / "metrics.jsonl"))
+    two = read_metrics(run_dir / "metrics.jsonl")
+    _check_eval_rows(two)
+    run(_dpo(tmp_path / "one", hf_dir, pairs, *odd))
+    one = read_metrics(tmp_path / "one" / "metrics.jsonl")
+    keys = ("eval/pref_accuracy", "eval/pref_margin", "kl/init", "kl/ref", "logps/chosen_delta")
+    for got, want in zip(two[::2], one[::2]):  # the eval steps 0 and 2
+        assert {k: got[k] for k in keys} == pytest.approx({k: want[k] for k in keys}, abs=1e-5)
+    assert one[-1]["kl/ref"] > 1e-6 and one[-1]["eval/pref_margin"] != 0.0  # not a comparison of zeros

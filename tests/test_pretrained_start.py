@@ -134,6 +134,17 @@ def test_config_errors_name_the_fields(hf_dir, data, tmp_path):
 
 @pytest.mark.slow
 def test_grpo_from_the_pretrained_checkpoint_under_fsdp(hf_dir, data, tmp_path):
-    final = run(_grpo(tmp_path / "run", hf_dir, data, "parallelism=fsdp", "parallelism.nproc_per_node=2"))
+    """2 FSDP ranks load the checkpoint and export it; the held-out measurements, split between the ranks
+    (odd counts: one rank pads its share), equal one process's at every eval step."""
+    # A reward by length: the policy moves (kl/init > 0) and greedy accuracy is not all zeros.
+    odd = ("eval.num_prompts=5", "eval.kl_prompts=3", "eval.every=1", "task.reward=tests.rewards_for_tests:by_length")
+    final = run(_grpo(tmp_path / "run", hf_dir, data, *odd, "parallelism=fsdp", "parallelism.nproc_per_node=2"))
     assert final["step"] == 2
     assert (tmp_path / "run" / "checkpoint" / "hf" / "generation_config.json").is_file()
+    run(_grpo(tmp_path / "one", hf_dir, data, *odd))
+    two, one = (read_metrics(tmp_path / d / "metrics.jsonl") for d in ("run", "one"))
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [0, 1, 2]
+    for got, want in zip(two, one):
+        assert got["kl/init"] == pytest.approx(want["kl/init"], abs=1e-5)
+        assert got["eval/accuracy"] == want["eval/accuracy"]
+    assert one[-1]["kl/init"] > 1e-6 and one[-1]["eval/accuracy"] > 0  # not a comparison of zeros

@@ -1,7 +1,9 @@
 """Worker for tests/test_titan_distributed.py: 2-rank (gloo) checks of refexp.titan against a
 single-process model built in the same process.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/titan_dist_worker.py OUT.json WORKDIR
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/titan_dist_worker.py OUT.json WORKDIR [CHECKS]
+
+(4 processes: FSDP x TP 2 x 2; CHECKS: a comma-separated subset.)
 
 Every rank builds the single-process reference itself (same seed => same weights), so nothing but
 the final numbers crosses processes. Rank 0 writes {check: max abs error} to OUT.json; a check that
@@ -96,13 +98,15 @@ def check_lerp(cfg, par, dims) -> float:
 
 
 def check_decode(cfg, par, dims) -> float:
-    """Greedy KV-cache (FSDP) / recompute (TP) decoding equals single-process decoding step by step."""
+    """Greedy KV-cache decoding (FSDP: unsharded weights; TP: each rank caches its own heads) equals
+    single-process decoding step by step."""
     ref, model = build(cfg, requires_grad=False), build(cfg, par, dims, requires_grad=False)
     lens = torch.tensor([5, 2, 3])
     prompt = torch.randint(0, V, (3, 5), generator=torch.Generator().manual_seed(2))
     out_ref, st_ref = titan.prefill(ref, prompt, lens)
     out, st = titan.prefill(model, prompt, lens)
-    assert st.recompute == (par.tensor_parallel_degree > 1), "FSDP decodes with a KV cache, TP recomputes"
+    if par.tensor_parallel_degree > 1:  # the cache holds this rank's KV heads only
+        assert st.keys[0].shape[1] == st_ref.keys[0].shape[1] // par.tensor_parallel_degree, st.keys[0].shape
     err = (out - out_ref).abs().max().item()
     for _ in range(4):
         nxt = out_ref.argmax(-1)
@@ -117,41 +121,101 @@ def check_decode(cfg, par, dims) -> float:
     return err
 
 
+def check_generate(cfg, par, dims) -> float:
+    """sampler.generate, greedy and sampled (per-row keys, temperature and top-p), gives the
+    single-process tokens exactly (else inf); returns the largest behaviour log-prob difference."""
+    from refexp import sampler
+    from refexp.tasks.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    cfg = dataclasses.replace(cfg, vocab_size=tok.vocab_size)
+    ref, model = (titan.build_model(cfg, vocab_size=tok.vocab_size, device="cpu", seed=0, mesh=d, parallelism=p,
+                                    requires_grad=False) for p, d in ((None, None), (par, dims)))
+    prompts = ["12+34=", "5+6=", "123+456=", "7="]  # different lengths: left padding
+    keys = [(0, 1, i, 0) for i in range(len(prompts))]
+    err = 0.0
+    for kw in (dict(greedy=True), dict(temperature=0.7, top_p=0.9, keys=keys)):
+        want = sampler.generate(ref, tok, prompts, max_new_tokens=8, **kw)
+        got = sampler.generate(model, tok, prompts, max_new_tokens=8, **kw)
+        if not torch.equal(got.tokens_BT, want.tokens_BT):
+            return float("inf")
+        err = max(err, (got.behaviour_logp - want.behaviour_logp).abs().max().item())
+    return err
+
+
+def _count_hf_reads():
+    """Patch DCP's HuggingFaceStorageReader to count the elements this rank reads; returns (counter, undo)."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    original = HuggingFaceStorageReader._process_read_request
+    read = [0]
+
+    def counting(self, f, req, planner):
+        read[0] += int(torch.tensor(req.lengths).prod())
+        return original(self, f, req, planner)
+
+    HuggingFaceStorageReader._process_read_request = counting
+    return read, lambda: setattr(HuggingFaceStorageReader, "_process_read_request", original)
+
+
 def check_hf_roundtrip(cfg, par, dims, workdir) -> float:
-    """export_hf of a sharded model writes the single-process model's tensors; load_hf_weights_
-    into a sharded model of other weights restores its log-probs."""
+    """export_hf of a sharded model (split into an indexed file set by a tiny max_shard_bytes) writes
+    the single-process model's tensors; load_hf_weights_ of that set into a sharded model of other
+    weights restores its log-probs, each rank reading exactly the elements of its own shards."""
+    import glob
+
     from safetensors.torch import load_file
 
     ref, model = build(cfg), build(cfg, par, dims)
     a, b = os.path.join(workdir, f"{cfg.name}_ref"), os.path.join(workdir, f"{cfg.name}_sharded")
     titan.export_hf(ref, cfg, a)
-    titan.export_hf(model, cfg, b)
-    sa, sb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
+    titan.export_hf(model, cfg, b, max_shard_bytes=40_000)
+    sa = load_file(os.path.join(a, "model.safetensors"))
+    files = glob.glob(os.path.join(b, "model-*.safetensors"))
+    assert len(files) > 1 and os.path.isfile(os.path.join(b, "model.safetensors.index.json")), files
+    sb = {k: v for f in files for k, v in load_file(f).items()}
     assert sa.keys() == sb.keys(), (sorted(sa), sorted(sb))
     err = max((sa[k] - sb[k]).abs().max().item() for k in sa)
     other = build(cfg, par, dims, seed=5)
-    titan.load_hf_weights_(other, cfg, a)
+    read, undo = _count_hf_reads()
+    try:
+        titan.load_hf_weights_(other, cfg, b)
+    finally:
+        undo()
+    own = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in other.parameters())
+    assert read[0] == own, f"rank {dist.get_rank()} read {read[0]} elements, owns {own}"
     return max(err, (titan.token_logprobs(other, batch()) - titan.token_logprobs(ref, batch())).abs().max().item())
 
 
-def run_checks(workdir: str) -> dict:
+def layouts(world: int) -> list[tuple[str, ParallelismConfig]]:
+    """FSDP and TP over every rank; on 4 ranks FSDP x TP 2 x 2 instead."""
+    if world == 4:
+        return [("fsdp_tp", ParallelismConfig(data_parallel_shard_degree=2, tensor_parallel_degree=2))]
+    return [("fsdp", ParallelismConfig(data_parallel_shard_degree=world)),
+            ("tp", ParallelismConfig(data_parallel_shard_degree=1, tensor_parallel_degree=world))]
+
+
+def run_checks(workdir: str, only: set[str] | None = None) -> dict:
     world = dist.get_world_size()
-    fsdp = ParallelismConfig(data_parallel_shard_degree=world)
-    tp = ParallelismConfig(data_parallel_shard_degree=1, tensor_parallel_degree=world)
     results = {}
-    for layout, par in (("fsdp", fsdp), ("tp", tp)):
+    for layout, par in layouts(world):
         dims = titan.make_parallel_dims(par, world, "cpu")
         for name in ("llama3", "qwen3"):
             cfg = tiny(name)
+            if layout == "fsdp_tp":  # 4 KV heads: each rank's fused Q/K/V rows are whole KV groups
+                cfg = dataclasses.replace(cfg, n_kv_heads=4)
             checks = {
                 "logprobs_grads": lambda: check_logprobs_and_grads(cfg, par, dims),
                 "lerp": lambda: check_lerp(cfg, par, dims),
                 "lerp_unresharded": lambda: check_lerp(
                     cfg, dataclasses.replace(par, fsdp_reshard_after_forward="never"), dims),
                 "decode": lambda: check_decode(cfg, par, dims),
+                "generate": lambda: check_generate(cfg, par, dims),
                 "hf_roundtrip": lambda: check_hf_roundtrip(cfg, par, dims, workdir),
             }
             for check, fn in checks.items():
+                if only and check not in only:
+                    continue
                 key = f"{layout}/{name}/{check}"
                 message = None
                 try:
@@ -167,10 +231,11 @@ def run_checks(workdir: str) -> dict:
 
 def main() -> None:
     out_path, workdir = sys.argv[1], sys.argv[2]
+    only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None  # a subset of the checks, when debugging
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        results = run_checks(workdir)
+        results = run_checks(workdir, only)
         if dist.get_rank() == 0:
             with open(out_path, "w") as f:
                 json.dump(results, f, indent=1)

@@ -37,7 +37,9 @@ Departures from torchtitan's own trainer:
   - Gradient reduction follows torchtitan: FSDP's divide factor is 1 (a SUM over data-parallel
     ranks), so a training loss must be normalised by the *global* token count (§5).
   - Decoding keeps its own KV cache built from the decoder's sub-modules (``prefill``/``decode_step``);
-    under TP it re-runs the whole model every step instead (decode).
+    under TP each rank caches its own attention heads (§14) (decode).
+  - HF weights load through DCP's ``HuggingFaceStorageReader``, so each rank reads only its shards (§15), and
+    export as transformers' indexed file set beyond ``max_shard_bytes`` (weights).
 """
 
 # First: installs the EP-kernel stand-in before any module below imports torchtitan (§1).

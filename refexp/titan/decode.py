@@ -2,8 +2,10 @@
 ``finish_decode``.
 
 The cache is built from the decoder's own sub-modules (llama3, dense qwen3) rather than torchtitan's
-forward, which has no cache. Under TP (DTensor weights) there is no cache: every step re-runs the
-whole model.
+forward, which has no cache. Under TP the sub-modules keep doing their own redistribution (torchtitan
+0.3.0 wraps each parallelized module's ``forward``; docs/torchtitan-notes.md §14): attention runs on
+this rank's heads, so each rank caches the keys/values of its own heads only, and ``wo``'s row-parallel
+reduction happens inside ``wo``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from refexp.titan.build import _decoder
-from refexp.titan.logprobs import _forward, _vocab_shard_mesh_dim
+from refexp.titan.logprobs import _vocab_shard_mesh_dim
 
 
 @dataclass
@@ -24,8 +26,8 @@ class DecodeState:
     """Everything ``decode_step`` needs between steps.
 
     Slots are the columns of the left-padded batch: ``valid_BS`` marks real tokens, ``tokens_BS``
-    holds them. ``keys``/``values`` hold per-layer [B, n_kv_heads, S, head_dim] after RoPE (empty in
-    recompute mode): views of the first S slots of preallocated buffers (``key_bufs``/``value_bufs``,
+    holds them. ``keys``/``values`` hold per-layer [B, n_kv_heads, S, head_dim] after RoPE (this
+    rank's KV heads under TP): views of the first S slots of preallocated buffers (``key_bufs``/``value_bufs``,
     ``capacity`` slots, grown by doubling), so a decode step writes one slot in place instead of
     copying the whole cache (a ``torch.cat`` per layer per step would copy it every step).
     ``next_pos_B`` is the RoPE position of each row's next token. ``padded``: some prompt was
@@ -37,7 +39,6 @@ class DecodeState:
     next_pos_B: torch.Tensor
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
-    recompute: bool = False
     unsharded: list[nn.Module] = field(default_factory=list)
     capacity: int = 0
     key_bufs: list[torch.Tensor] = field(default_factory=list)
@@ -85,19 +86,44 @@ def _append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: tor
     return start
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _replicated(x: torch.Tensor) -> torch.Tensor:
+    """A DTensor redistributed to Replicate (TP's sequence-parallel activations gathered); plain tensors
+    pass through."""
+    if not isinstance(x, DTensor):
+        return x
+    return x.redistribute(x.device_mesh, [Replicate()] * x.device_mesh.ndim)
+
+
+def _like(local: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``local`` as a DTensor laid out like ``ref`` (this rank's heads of a head-sharded tensor), or
+    ``local`` itself when ``ref`` is plain."""
+    if not isinstance(ref, DTensor):
+        return local
+    return DTensor.from_local(local, ref.device_mesh, ref.placements, run_check=False)
+
+
 def _attend(attention: nn.Module, x_BLD: torch.Tensor, positions_BL: torch.Tensor, state: DecodeState,
             layer: int, allowed_BLS: torch.Tensor | None) -> torch.Tensor:
     """GQAttention's forward with the layer's keys/values appended to the cache.
 
     ``allowed_BLS`` is the explicit mask (query, slot); None when no row is padded: then the new
     tokens see every cached slot and each other causally (SDPA's ``is_causal`` for a first block,
-    no mask at all for one new token).
+    no mask at all for one new token). Under TP, q/k/v come out of ``qkv_linear`` sharded over heads;
+    the cache and SDPA work on the local heads (as GQAttention's inner attention does), and ``wo``
+    (row-parallel) sums the heads' contributions over TP ranks.
     """
-    q_BLNH, k_BLNH, v_BLNH = attention.qkv_linear(x_BLD)
+    # GQAttention's own input redistribution: every head needs the whole sequence.
+    q_BLNH, k_BLNH, v_BLNH = attention.qkv_linear(_replicated(x_BLD))
     if attention.q_norm is not None:  # qwen3: QK-norm before RoPE, as GQAttention.forward
         q_BLNH, k_BLNH = attention.q_norm(q_BLNH), attention.k_norm(k_BLNH)
     q_BLNH, k_BLNH = attention.rope(q_BLNH, k_BLNH, positions_BL)
-    L = q_BLNH.shape[1]
+    q_sharded = q_BLNH
+    q_BLNH, k_BLNH, v_BLNH = _local(q_BLNH), _local(k_BLNH), _local(v_BLNH)  # this rank's heads
+    B, L = q_BLNH.shape[:2]
     start = _append_kv(state, layer, k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2))
     is_causal = False
     if allowed_BLS is None and L > 1:
@@ -105,14 +131,30 @@ def _attend(attention: nn.Module, x_BLD: torch.Tensor, positions_BL: torch.Tenso
             is_causal = True
         else:  # several new tokens after a cache: causal among themselves, all cached slots visible
             S = start + L
-            allowed_BLS = (torch.arange(S, device=x_BLD.device)[None, :]
-                           <= torch.arange(start, S, device=x_BLD.device)[:, None]).expand(x_BLD.shape[0], L, S)
+            allowed_BLS = (torch.arange(S, device=q_BLNH.device)[None, :]
+                           <= torch.arange(start, S, device=q_BLNH.device)[:, None]).expand(B, L, S)
     out_BNLH = F.scaled_dot_product_attention(
         q_BLNH.transpose(1, 2), state.keys[layer], state.values[layer],
         attn_mask=None if allowed_BLS is None else allowed_BLS.unsqueeze(1), is_causal=is_causal,
         scale=attention.scaling, enable_gqa=attention.enable_gqa,
     )
-    return attention.wo(out_BNLH.transpose(1, 2).flatten(2))
+    out_BLNH = _like(out_BNLH.transpose(1, 2).contiguous(), q_sharded)
+    return attention.wo(out_BLNH.flatten(2))
+
+
+def _last_position_logits(out_BLV: torch.Tensor) -> torch.Tensor:
+    """Float32 logits [B, V] at the last position of [B, L, V] logits; a vocab-sharded DTensor (TP) is
+    indexed locally and only those [B, V] are gathered."""
+    if not isinstance(out_BLV, DTensor):
+        return out_BLV[:, -1].float()
+    mesh_dim = _vocab_shard_mesh_dim(out_BLV)
+    last_Bv = out_BLV.to_local()[:, -1]
+    placements = [Replicate()] * out_BLV.device_mesh.ndim
+    placements[mesh_dim] = Shard(1)
+    B, V = last_Bv.shape[0], out_BLV.shape[-1]  # global V: shards may be uneven
+    last_BV = DTensor.from_local(last_Bv, out_BLV.device_mesh, placements, run_check=False, shape=(B, V),
+                                 stride=(V, 1))
+    return last_BV.full_tensor().float()
 
 
 def _cached_forward(model: nn.Module, tokens_BL: torch.Tensor, positions_BL: torch.Tensor,
@@ -123,38 +165,12 @@ def _cached_forward(model: nn.Module, tokens_BL: torch.Tensor, positions_BL: tor
     for i, block in enumerate(dec.layers.values()):
         h = h + _attend(block.attention, block.attention_norm(h), positions_BL, state, i, allowed_BLS)
         h = h + block.feed_forward(block.ffn_norm(h))
-    h_BD = _call_without_hooks(dec.norm, h[:, -1])
-    return _call_without_hooks(dec.lm_head, h_BD).float()
-
-
-def _recompute_logits(model: nn.Module, state: DecodeState) -> torch.Tensor:
-    """Last-token logits [B, V] by re-running the whole model (the TP path).
-
-    Each row's real tokens are moved to the left (right padding), so plain causal attention never
-    sees a pad before a real token, and the logits are read at each row's last real token.
-    """
-    lens_B = state.valid_BS.sum(1)
-    S = state.tokens_BS.shape[1]
-    # Stable sort puts real slots (key 0) first, in their original order.
-    order_BS = torch.sort((~state.valid_BS).to(torch.int8), dim=1, stable=True).indices
-    right_BS = torch.where(torch.arange(S, device=lens_B.device) < lens_B[:, None],
-                           state.tokens_BS.gather(1, order_BS), torch.zeros_like(state.tokens_BS))
-    out_BSV = _forward(model, right_BS[:, : int(lens_B.max())])
-    rows_B = torch.arange(len(lens_B), device=lens_B.device)
-    if isinstance(out_BSV, DTensor):  # vocab-sharded: pick rows locally, gather only [B, V]
-        mesh_dim = _vocab_shard_mesh_dim(out_BSV)
-        last_Bv = out_BSV.to_local()[rows_B, lens_B - 1]
-        placements = [Replicate()] * out_BSV.device_mesh.ndim
-        placements[mesh_dim] = Shard(1)
-        B, V = last_Bv.shape[0], out_BSV.shape[-1]  # global V: shards may be uneven
-        last_BV = DTensor.from_local(last_Bv, out_BSV.device_mesh, placements, run_check=False, shape=(B, V),
-                                     stride=(V, 1))
-        return last_BV.full_tensor().float()
-    return out_BSV[rows_B, lens_B - 1].float()
-
-
-def _has_dtensor_weights(model: nn.Module) -> bool:
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    # Only the last position is projected onto the vocabulary. Under TP it goes back to h's own layout
+    # (sequence-parallel Shard(1), even for one position), which the final norm requires of its input.
+    h_B1D = _replicated(h)[:, -1:]
+    if isinstance(h, DTensor):
+        h_B1D = h_B1D.redistribute(h.device_mesh, h.placements)
+    return _last_position_logits(_call_without_hooks(dec.lm_head, _call_without_hooks(dec.norm, h_B1D)))
 
 
 @torch.no_grad()
@@ -165,8 +181,7 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
     ``prompt_BL`` is left-padded to a common length L; row b's real tokens are its last
     ``prompt_lens_B[b]`` columns. Positions start at 0 at each row's first real token; pad keys are
     masked. Builds a KV cache out of the decoder's own sub-modules (llama3, dense qwen3). Under FSDP2
-    the FSDP modules are unsharded until ``finish_decode``. Under TP (DTensor weights) there is no
-    cache: every step re-runs ``model(...)`` over the whole sequence (correct, O(T) slower).
+    the FSDP modules are unsharded until ``finish_decode``; under TP each rank caches its own heads.
     Collective under FSDP/TP: every rank must decode the same number of steps.
     ``max_new_tokens``: decode steps to reserve cache slots for (more still fit: the cache grows).
     """
@@ -179,9 +194,6 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
     state = DecodeState(tokens_BS=prompt_BL.clone(), valid_BS=valid_BL, next_pos_B=lens_B.clone(),
                         capacity=L + max(0, int(max_new_tokens)), padded=bool((lens_B < L).any()))
     state.unsharded = _unshard_for_decoding(model)
-    if _has_dtensor_weights(model):
-        state.recompute = True
-        return _recompute_logits(model, state), state
     if not state.padded:  # plain causal attention, no mask to build or apply
         return _cached_forward(model, prompt_BL, positions_BL, state, None), state
     # Query i sees real keys j <= i; pad queries see themselves only (their output is never used,
@@ -199,8 +211,6 @@ def decode_step(model: nn.Module, next_tokens_B: torch.LongTensor, state: Decode
     state.tokens_BS = torch.cat([state.tokens_BS, tokens_B1], dim=1)
     state.valid_BS = torch.cat([state.valid_BS, torch.ones_like(tokens_B1, dtype=torch.bool)], dim=1)
     state.next_pos_B = state.next_pos_B + 1
-    if state.recompute:
-        return _recompute_logits(model, state), state
     allowed_B1S = state.valid_BS[:, None, :] if state.padded else None
     return _cached_forward(model, tokens_B1, positions_B1, state, allowed_B1S), state
 
@@ -210,7 +220,7 @@ def repeat_decode_rows(state: DecodeState, rows_B: torch.LongTensor) -> DecodeSt
     then decode G rows of it: GRPO's groups). Copies the filled cache slots; shares the FSDP unshard."""
     rows_B = rows_B.to(state.tokens_BS.device)
     out = DecodeState(tokens_BS=state.tokens_BS[rows_B], valid_BS=state.valid_BS[rows_B],
-                      next_pos_B=state.next_pos_B[rows_B], recompute=state.recompute, unsharded=state.unsharded,
+                      next_pos_B=state.next_pos_B[rows_B], unsharded=state.unsharded,
                       capacity=state.capacity, padded=state.padded)
     for kb, vb, k in zip(state.key_bufs, state.value_bufs, state.keys):
         filled = k.shape[2]
