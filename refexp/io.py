@@ -63,6 +63,20 @@ def torch_save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
+def remove_temporaries(final: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries of every write to ``final`` (``atomic_file``/``atomic_dir``); returns them.
+
+    A process killed mid-write (SIGKILL, a node failure) runs no ``finally`` and leaves its temporary
+    behind. Only call this where no other writer of ``final`` can be running, e.g. under the lock that
+    serialises its writers (refexp/algos/sft.py).
+    """
+    out = Path(final)
+    stale = sorted(out.parent.glob(f".tmp-{out.name}-*")) if out.parent.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return stale
+
+
 @contextmanager
 def atomic_dir(final: str | os.PathLike, *, is_complete: Callable[[Path], bool]) -> Iterator[Path]:
     """``with atomic_dir(out, is_complete=...) as tmp:`` fill ``tmp``; on a clean exit it is renamed to ``out``.

@@ -14,20 +14,26 @@ rank 0 logs. Workers are started with ``spawn``: this process may already have r
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import uuid
+from pathlib import Path
 from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
 
-def spawn_workers(worker: Callable[[DictConfig], dict], dcfg: DictConfig, nproc: int) -> dict:
+def spawn_workers(worker: Callable[[DictConfig], dict], dcfg: DictConfig, nproc: int, *,
+                  on_failure: Callable[[str], None] | None = None) -> dict:
     """Run ``worker(dcfg)`` in ``nproc`` local processes; returns rank 0's result.
 
     ``worker`` must be a module-level function (the spawned processes import it by name); the caller
     passes it in (``refexp.run``'s), so this module launches without depending on what runs.
-    Raises torch's ``ChildFailedError`` (with the first failing rank's traceback) when a worker fails.
+    Raises torch's ``ChildFailedError`` (with the first failing rank's traceback) when a worker fails,
+    after calling ``on_failure(description of the first failure)``. When one worker fails, torch's agent
+    stops the others (SIGTERM, SIGKILL 30 s later: a rank blocked in a collective never sees SIGTERM).
     """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     resolved = copy.deepcopy(dcfg)
@@ -45,5 +51,49 @@ def spawn_workers(worker: Callable[[DictConfig], dict], dcfg: DictConfig, nproc:
     )
     # One intra-op thread per worker unless the caller chose (torchrun's default, too).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    results = elastic_launch(config, worker)(resolved)
+    try:
+        results = elastic_launch(config, worker)(resolved)
+    except ChildFailedError as e:
+        if on_failure is not None:
+            on_failure(describe_failure(e))
+        raise
     return results[0]
+
+
+def describe_failure(error) -> str:
+    """The first failing rank of a ``ChildFailedError`` in one line: its exception, or its exit signal."""
+    rank, failure = error.get_first_failure()
+    return f"rank {rank} exited with code {failure.exitcode}: {failure.message}"
+
+
+# ---------------------------------------------------------------- single-GPU jobs side by side
+_HELD: dict = {}
+"""The GPU this process holds (``claim_gpu``): its index and the open, locked lock file."""
+
+
+def claim_gpu(lock_dir: Path, n_gpus: int, *, first: int = 0, held: dict | None = None) -> int:
+    """A GPU of this node that no other job of the sweep holds, kept by this process until it exits.
+
+    Jobs of a ``hydra/launcher=local_gpus`` sweep run side by side in joblib's worker processes
+    (conf/hydra/launcher/local_gpus.yaml). ``hydra.job.num % n_gpus`` alone would put two running jobs
+    on one GPU as soon as jobs finish out of order, so each GPU has a lock file under ``lock_dir`` (the
+    sweep dir) and a job takes the first free one, trying GPU ``first % n_gpus`` first. A worker keeps
+    its GPU for its later jobs: its process group and CUDA context are bound to it. The lock is freed
+    by the OS when the process ends, however it ends.
+    """
+    held = _HELD if held is None else held
+    if "gpu" in held:
+        return held["gpu"]
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    for k in range(n_gpus):
+        gpu = (first + k) % n_gpus
+        f = open(lock_dir / f"gpu-{gpu}.lock", "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            continue
+        held.update(gpu=gpu, file=f)
+        return gpu
+    raise RuntimeError(f"all {n_gpus} GPUs are held by other jobs of this sweep ({lock_dir}): "
+                       f"hydra.launcher.n_jobs must be at most the number of GPUs")

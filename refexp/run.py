@@ -25,9 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 from refexp import distributed as rdist
 from refexp import titan
 from refexp.config import ConfigError, RootConfig, to_object
+from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.context import RunContext
 from refexp.io import write_json_atomic
 from refexp.logging import MetricLogger
+from refexp.status import close_status, record_launch_failure, record_rank_failure
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:
@@ -39,12 +41,16 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         cfg.run_dir = HydraConfig.get().runtime.output_dir
         OmegaConf.set_struct(cfg, True)
     if HydraConfig.get().mode.name != "MULTIRUN":
+        started = time.monotonic()
         final = run(cfg)
-        return final.get("eval/accuracy") if isinstance(final, dict) else None
+        if rdist.is_rank0() and isinstance(final, dict) and not cfg.get("dry_run"):
+            print(summary_line(final, time.monotonic() - started, cfg.run_dir))
+        return objective(final)
     # In a sweep, one failing job must not stop the others (Hydra would re-raise the first failure
     # after the batch and skip the report): the failure is in the job's status.json and log, the
     # report lists it, and refexp.sweep.ReportCallback makes the sweep exit non-zero at the end.
     try:
+        _use_own_gpu(cfg)
         final = run(cfg)
     except Exception:
         import logging
@@ -54,7 +60,41 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         _record_failure_if_unrecorded(Path(cfg.run_dir), sys.exc_info()[1])
         print(f"[refexp] job failed: {cfg.run_dir} (see its status.json)", file=sys.stderr)
         return None
-    return final.get("eval/accuracy") if isinstance(final, dict) else None
+    return objective(final)
+
+
+def objective(final) -> float | None:
+    """What a sweeper (Optuna's, conf/hparams_search/) maximises: the final validation accuracy when the run has
+    a validation split (``val/accuracy``), else the final held-out ``eval/accuracy``."""
+    if not isinstance(final, dict):
+        return None
+    return final.get("val/accuracy", final.get("eval/accuracy"))
+
+
+def summary_line(final: dict, wall_s: float, run_dir) -> str:
+    """One line at the end of a single run: what it reached, how far it drifted, how long it took, where it is."""
+    parts = [f"{k} {final[k]:.3f}" for k in ("eval/accuracy", "eval/pref_accuracy", "val/accuracy", "kl/init",
+                                              "kl/ref") if isinstance(final.get(k), (int, float))]
+    steps = final.get("step")
+    parts.append(f"{int(steps)} steps" if isinstance(steps, (int, float)) else "")
+    return f"[refexp] done: {', '.join(p for p in parts if p)} in {wall_s / 60:.1f} min; run dir {run_dir}"
+
+
+def _use_own_gpu(cfg: DictConfig) -> None:
+    """Under ``hydra/launcher=local_gpus`` (jobs side by side) a single-process job on ``auto``/``cuda``
+    gets a GPU of its own as ``training.device=cuda:N`` (refexp/launcher.py, ``claim_gpu``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    side_by_side = str(hc.launcher.get("_target_", "")).endswith("JoblibLauncher")
+    if not side_by_side or cfg.training.device not in ("auto", "cuda") or cfg.parallelism.nproc_per_node > 1:
+        return
+    if not torch.cuda.is_available():
+        return
+    from refexp.launcher import claim_gpu
+
+    gpu = claim_gpu(Path(hc.sweep.dir) / ".gpus", torch.cuda.device_count(), first=hc.job.num)
+    cfg.training.device = f"cuda:{gpu}"
 
 
 def _record_failure_if_unrecorded(run_dir: Path, error: BaseException) -> None:
@@ -93,7 +133,24 @@ def validate(dcfg: DictConfig) -> RootConfig:
     from refexp.tasks.sources import check_sources
 
     check_sources(cfg.task)  # local paths, Hub ids (reachable?), the task.reward hook
+    check_rerun_config(dcfg, Path(cfg.run_dir))
     return cfg
+
+
+def check_rerun_config(dcfg: DictConfig, run_dir: Path) -> None:
+    """A run dir that holds a run (its ``resolved_config.yaml``) is resumed, so the rerun's config must
+    be that run's up to ``RESUMABLE_CHANGES`` (refexp/config/diff.py); checked before any model is built
+    and before ``run_worker`` writes the new config over the old."""
+    saved = run_dir / "resolved_config.yaml"
+    if not saved.is_file():
+        return
+    old = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)
+    changed = changed_fields(old, resolved_container(dcfg))
+    if changed:
+        fields = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        raise ConfigError(f"run_dir={str(run_dir)!r} holds a run with another configuration, and rerunning a "
+                          f"run dir resumes it. Changed: {fields}. Use a new run_dir (a rerun may change only "
+                          f"{', '.join(RESUMABLE_CHANGES)})")
 
 
 def run(dcfg: DictConfig) -> dict:
@@ -105,7 +162,8 @@ def run(dcfg: DictConfig) -> dict:
     if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
         from refexp.launcher import spawn_workers
 
-        return spawn_workers(_spawned_worker, dcfg, cfg.parallelism.nproc_per_node)
+        return spawn_workers(_spawned_worker, dcfg, cfg.parallelism.nproc_per_node,
+                             on_failure=lambda error: record_launch_failure(cfg.run_dir, error))
     return run_worker(dcfg, cfg)
 
 
@@ -157,6 +215,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
               "started": time.time()}
     if info.is_rank0:
         write_json_atomic(run_dir / "status.json", status)
+    rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/status.py)
     exit_code = 1
     try:
         final = _dispatch(ctx)
@@ -174,7 +233,9 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     finally:
         status["ended"] = time.time()
         if info.is_rank0:
-            write_json_atomic(run_dir / "status.json", status)
+            close_status(run_dir, status)
+        elif status["status"] == "failed":
+            record_rank_failure(run_dir, info.rank, status)  # before this process exits and the launcher stops rank 0
         logger.close(exit_code)
 
 
@@ -229,20 +290,7 @@ def _dispatch(ctx: RunContext) -> dict:
 
 
 def wandb_run_info(cfg: RootConfig, dcfg: DictConfig) -> dict:
-    """W&B group / job_type / name / tags (README: Weights & Biases conventions)."""
-    overrides = []
-    try:
-        from hydra.core.hydra_config import HydraConfig
+    """W&B group / job_type / name / tags / sweep id (``refexp/wandb_conventions.py``)."""
+    from refexp.wandb_conventions import hydra_run_info
 
-        hc = HydraConfig.get()
-        overrides = list(hc.overrides.task)
-        sweep_dir = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else None
-    except Exception:
-        sweep_dir = None
-    name = ",".join(o for o in overrides if not o.startswith(("hydra", "experiment"))) or cfg.reference.name
-    return {
-        "group": cfg.logger.group or (f"{cfg.experiment_name}/{sweep_dir}" if sweep_dir else cfg.experiment_name),
-        "job_type": cfg.reference.name,
-        "name": name,
-        "tags": [f"algo:{cfg.algo.name}", f"task:{cfg.task.name}", f"ref:{cfg.reference.name}"],
-    }
+    return hydra_run_info(cfg)

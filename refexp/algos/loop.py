@@ -15,7 +15,6 @@ and leaves the last good checkpoint, and a final checkpoint at the end of every 
 from __future__ import annotations
 
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,6 +30,7 @@ from refexp.logging import peak_rss_mb
 from refexp.models import build_frozen, build_model
 from refexp.optim import NonFiniteError, build_optimizer, clip_and_step, reset_optimizer_state
 from refexp.progress import progress_bar
+from refexp.timing import now
 from refexp.reference import ReferenceStrategy, build_reference
 
 
@@ -65,14 +65,15 @@ def build_policy(ctx: RunContext, init_path: Path) -> Policy:
 def build_strategy(ctx: RunContext, init_path: Path, *, defer_build: bool = False
                    ) -> tuple[ReferenceStrategy, InitAnchor]:
     """The reference strategy (its frozen model built now, or at ``ensure_model()`` with ``defer_build``)
-    and the kl/init anchor."""
+    and the kl/init anchor (built at its first use and kept; both in host memory with ``reference.offload``)."""
     rcfg = ctx.cfg.reference
     ref_path = reference_path(ctx, init_path)
     strategy = build_reference(
         rcfg, lambda: build_frozen(ctx, ref_path, dtype=rcfg.dtype, compile_enable=rcfg.compile),
         defer_build=defer_build)
-    shared = strategy if (strategy.name == "fixed" and ref_path == init_path and rcfg.dtype in (None, ctx.cfg.training.dtype)) else None
-    return strategy, InitAnchor(lambda: build_frozen(ctx, init_path), shared)
+    same_weights = ref_path == init_path and rcfg.dtype in (None, ctx.cfg.training.dtype)
+    shared = strategy if strategy.name == "fixed" and same_weights else None
+    return strategy, InitAnchor(lambda: build_frozen(ctx, init_path), shared, offload=rcfg.offload)
 
 
 def reference_path(ctx: RunContext, init_path: Path) -> Path:
@@ -132,23 +133,27 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
     step = start
     try:
         for step in range(start + 1, cfg.training.steps + 1):
-            t0 = time.perf_counter()
+            if ctx.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(ctx.device)  # mem/peak_gpu_mb is this step's peak
+            t0 = now(ctx.device)
             metrics = step_fn(step, ckpt)
+            if step == start + 1:  # set-up (compilation, first allocations) is over, as in torchtitan's trainer
+                rdist.set_collective_timeout(cfg.comm.train_timeout_seconds, ctx.parallel_dims)
             eval_s = 0.0
             if step % cfg.eval.every == 0 or step == cfg.training.steps:
-                t_eval = time.perf_counter()
+                t_eval = now(ctx.device)
                 last_eval = measure()
                 metrics.update(last_eval)
-                eval_s = time.perf_counter() - t_eval
+                eval_s = now(ctx.device) - t_eval
             strategy.after_step(step, policy.model, metrics)
             if strategy.reset_optimizer_requested:
                 reset_optimizer_state(policy.optimizers)
                 strategy.reset_optimizer_requested = False
             metrics.update(strategy.metrics())
-            metrics["perf/step_s"] = time.perf_counter() - t0 - eval_s  # the step and its reference update
+            metrics["perf/step_s"] = now(ctx.device) - t0 - eval_s  # the step and its reference update
             metrics["mem/peak_rss_mb"] = peak_rss_mb()
             if ctx.device.type == "cuda":
-                metrics["mem/peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+                metrics["mem/peak_gpu_mb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
             ctx.logger.log(metrics, step=step)
             state.step = step
             bar.update(1)
@@ -165,7 +170,7 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
                 raise Preempted(f"stop signal received: saved step {step} to {ckpt.folder}; "
                                 f"rerun the same run dir to resume")
         if cfg.checkpoint.enable and ckpt.latest_step() != step:
-            ckpt.save(step, force=True)  # the end of a run always writes a checkpoint
+            ckpt.save(step, final=True)  # the end of a run always writes a checkpoint
         if cfg.checkpoint.last_save_in_hf:
             titan.export_hf(policy.model, cfg.model, str(ctx.run_dir / cfg.checkpoint.folder / "hf"),
                             tokenizer=ctx.task.tokenizer)

@@ -94,6 +94,15 @@ def register_configs() -> None:
     for group, schemas in OPTION_SCHEMAS.items():
         for option, schema in schemas.items():
             cs.store(name=schema_name(group, option), node=schema)
+    if not OmegaConf.has_resolver("refexp_gpu_count"):  # conf/hydra/launcher/local_gpus.yaml's n_jobs
+        OmegaConf.register_new_resolver("refexp_gpu_count", _gpu_count)
+
+
+def _gpu_count() -> int:
+    """Visible CUDA devices, at least 1 (torch is imported only when a config asks)."""
+    import torch
+
+    return max(1, torch.cuda.device_count())
 
 
 def to_object(cfg: DictConfig) -> RootConfig:
@@ -177,6 +186,12 @@ def check_cross_fields(cfg: RootConfig) -> None:
     if getattr(cfg.algo, "share_prompt", False) and cfg.model.attn_backend != "sdpa":
         raise ConfigError(f"algo.share_prompt=true needs model.attn_backend=sdpa (got {cfg.model.attn_backend!r}): "
                           f"set algo.share_prompt=false to use the {cfg.model.attn_backend} backend")
+    mbs = cfg.training.micro_batch_size
+    if (mbs is not None and cfg.algo.name == "grpo" and cfg.algo.share_prompt
+            and mbs % cfg.algo.group_size):
+        raise ConfigError(
+            f"training.micro_batch_size={mbs} is invalid with algo.share_prompt=true: a chunk must hold whole "
+            f"prompt groups, expected a multiple of algo.group_size={cfg.algo.group_size} (or algo.share_prompt=false)")
     if isinstance(cfg.algo, DPOConfig):
         if cfg.reference.name == "none" and not cfg.algo.reference_free:
             raise ConfigError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -19,7 +20,7 @@ class CheckpointConfig:
     interval: int = 100
     """Save every this many steps; the end of a run always saves."""
     keep_latest_k: int = 2
-    """Checkpoints kept on disk (0 keeps all)."""
+    """Checkpoints kept on disk (0 keeps all; at least 2, torchtitan's rule)."""
     initial_load_path: Optional[str] = None
     """Start the policy from this checkpoint instead of the SFT stage's output."""
     initial_load_in_hf: bool = False
@@ -30,12 +31,25 @@ class CheckpointConfig:
     """-1 resumes from the latest checkpoint in ``folder``."""
     async_mode: str = "disabled"
     """disabled | async | async_with_pinned_mem (torchtitan's)."""
+    save_reference: bool = True
+    """Put a moving reference's weights (periodic_reset, ema, kl_triggered) into every checkpoint: 4 bytes
+    per parameter in fp32. false saves that disk, but a run whose reference has moved (``ref/version`` > 0)
+    then cannot resume: it is refused, since the weights cannot be rebuilt exactly. A fixed reference's
+    weights are never saved (they are the start checkpoint's)."""
+    last_save_model_only: bool = False
+    """torchtitan's: the end-of-run checkpoint holds the policy's weights only (no optimizer state, 8 bytes
+    per parameter with AdamW, nor reference or counters). A rerun then resumes from the newest full
+    checkpoint before it (``keep_latest_k`` >= 2 keeps one), and is refused when none is left."""
 
     def __post_init__(self) -> None:
         positive_int("checkpoint.interval", self.interval)
-        check(isinstance(self.keep_latest_k, int) and self.keep_latest_k >= 0, "checkpoint.keep_latest_k",
-              self.keep_latest_k, "an integer >= 0 (0 keeps all)")
+        # torchtitan refuses 1: the newest may still be being written
+        check(isinstance(self.keep_latest_k, int) and (self.keep_latest_k == 0 or self.keep_latest_k >= 2),
+              "checkpoint.keep_latest_k", self.keep_latest_k, "0 (keep all) or an integer >= 2")
         one_of("checkpoint.async_mode", self.async_mode, ("disabled", "async", "async_with_pinned_mem"))
+        check(isinstance(self.save_reference, bool), "checkpoint.save_reference", self.save_reference, "true or false")
+        check(isinstance(self.last_save_model_only, bool), "checkpoint.last_save_model_only",
+              self.last_save_model_only, "true or false")
 
 
 @dataclass
@@ -113,7 +127,7 @@ class TrainingConfig:
     num_threads: int = 0
     """torch intra-op threads per process (0 = torch's default)."""
     device: str = "auto"
-    """auto = cuda when available, else cpu."""
+    """auto = cuda when available, else cpu; cuda = the GPU of this process's local rank; cuda:N = GPU N."""
 
     def compute_dtype(self, device_type: str) -> str:
         """``mixed_precision_param`` with ``auto`` resolved for ``device_type`` (cuda -> bfloat16)."""
@@ -135,6 +149,7 @@ class TrainingConfig:
         one_of("training.mixed_precision_reduce", self.mixed_precision_reduce, ("float32", "bfloat16"))
         if self.micro_batch_size is not None:
             positive_int("training.micro_batch_size", self.micro_batch_size)
-        one_of("training.device", self.device, ("auto", "cpu", "cuda"))
+        check(self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", str(self.device)) is not None,
+              "training.device", self.device, "one of auto, cpu, cuda, cuda:N (GPU N)")
         check(isinstance(self.num_threads, int) and self.num_threads >= 0, "training.num_threads",
               self.num_threads, "an integer >= 0")

@@ -1,0 +1,49 @@
+"""Which fields differ between two resolved configs (a run dir's ``resolved_config.yaml`` and a rerun's).
+
+A rerun in the same run dir resumes from its checkpoint, and its metrics continue the earlier ones in
+one ``metrics.jsonl``: with a different configuration the run's numbers would come from two experiments.
+Fields that change how a run executes but not what it computes may differ (``RESUMABLE_CHANGES``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+RESUMABLE_CHANGES = (
+    "training.steps",      # a finished run continues (the LR schedule does not depend on it)
+    "logger.",             # where metrics go
+    "parallelism.",        # DCP reshards; the same numbers at any world size (tests/test_distributed.py)
+    "comm.",               # timeouts, backend
+    "training.num_threads", "training.device",
+    "sft.cache_dir",       # where the caches live (their contents are keyed by what determines them)
+    "checkpoint.interval", "checkpoint.keep_latest_k", "checkpoint.async_mode", "checkpoint.load_step",
+    "checkpoint.last_save_in_hf",
+    "run_dir", "dry_run",  # the same dir, spelled relative or absolute
+)
+"""Dotted names (a trailing dot: the whole block) a rerun may change."""
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists stay values."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
+def _resumable(name: str) -> bool:
+    return any(name == p or (p.endswith(".") and name.startswith(p)) for p in RESUMABLE_CHANGES)
+
+
+def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{field: (old value, new value)}`` for the fields both configs have and a rerun may not change.
+
+    A field only one of them has is left out: the schema grew or shrank between versions of refexp,
+    and the run then used what is now the default.
+    """
+    a, b = flatten(old), flatten(new)
+    return {k: (a[k], b[k]) for k in sorted(a.keys() & b.keys()) if a[k] != b[k] and not _resumable(k)}

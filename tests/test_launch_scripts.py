@@ -1,0 +1,66 @@
+"""The scripts under launch/: their syntax, and the torchrun commands the multi-node ones build
+(``REFEXP_DRY_LAUNCH=1`` prints the command instead of running it; SLURM's tools are faked)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p for p in (ROOT / "launch").iterdir() if p.suffix in (".sh", ".sbatch"))
+MULTINODE = ROOT / "launch" / "torchrun_multinode.sh"
+
+
+def _bash(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    full.update(REFEXP_DRY_LAUNCH="1", **env)
+    return subprocess.run(["bash", *args], env=full, capture_output=True, text=True, timeout=30, cwd=ROOT)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_syntax(script):
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+def test_multinode_torchrun_command():
+    out = _bash([str(MULTINODE), "run_dir=/shared/r", "algo=grpo"], NNODES="2", NODE_RANK="1",
+                MASTER_ADDR="node01", RDZV_ID="job7", NPROC="4")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        "torchrun", "--nnodes=2", "--nproc_per_node=4", "--rdzv_backend=c10d", "--rdzv_endpoint=node01:29500",
+        "--rdzv_id=job7", "--node_rank=1", "-m", "refexp", "parallelism=hsdp", "run_dir=/shared/r", "algo=grpo"]
+
+
+@pytest.mark.parametrize("env, args, message", [
+    ({"MASTER_ADDR": "n", "RDZV_ID": "j"}, ["run_dir=/r"], "NNODES"),
+    ({"NNODES": "2", "RDZV_ID": "j"}, ["run_dir=/r"], "MASTER_ADDR"),
+    ({"NNODES": "2", "MASTER_ADDR": "n"}, ["run_dir=/r"], "RDZV_ID"),
+    ({"NNODES": "2", "MASTER_ADDR": "n", "RDZV_ID": "j"}, ["algo=grpo"], "run_dir=DIR"),
+    ({"NNODES": "2", "MASTER_ADDR": "n", "RDZV_ID": "j", "NODE_RANK": "2"}, ["run_dir=/r"], "NODE_RANK=2"),
+    ({"NNODES": "x", "MASTER_ADDR": "n", "RDZV_ID": "j"}, ["run_dir=/r"], "NNODES=x"),
+    ({"NNODES": "2", "MASTER_ADDR": "n", "RDZV_ID": "j"}, ["-m", "run_dir=/r"], "-m is not for torchrun"),
+])
+def test_multinode_refuses_incomplete_settings(env, args, message):
+    out = _bash([str(MULTINODE), *args], **env)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def test_slurm_multinode_passes_job_id_first_node_and_node_rank(tmp_path):
+    """srun is faked as the task of node 1; scontrol lists the allocation's nodes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\nprintf 'gpu07\\ngpu08\\n'\n")
+    (bin_dir / "srun").write_text("#!/usr/bin/env bash\nshift\nSLURM_NODEID=1 exec \"$@\"\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    out = _bash([str(ROOT / "launch" / "slurm_multinode.sbatch"), "run_dir=/shared/r"],
+                PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu[07-08]", SLURM_NNODES="2",
+                SLURM_JOB_ID="12345", SLURM_GPUS_ON_NODE="8", SLURM_SUBMIT_DIR=str(ROOT))
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    for want in ("--nnodes=2", "--nproc_per_node=8", "--rdzv_endpoint=gpu07:32345", "--rdzv_id=12345",
+                 "--node_rank=1", "run_dir=/shared/r"):
+        assert want in words, (want, words)

@@ -1,0 +1,43 @@
+"""Rerunning a run dir resumes it, so a changed configuration is refused before anything is built."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from refexp.config import ConfigError
+from refexp.config.diff import changed_fields, flatten
+from refexp.logging import read_metrics
+from refexp.run import run
+from tests.helpers import GRPO, compose_cfg
+
+
+def test_flatten_and_changed_fields():
+    old = {"training": {"lr": 1e-3, "steps": 4}, "logger": {"project": "a"}, "algo": {"name": "grpo", "x": [1]},
+           "parallelism": {"nproc_per_node": 2}}
+    new = {"training": {"lr": 2e-3, "steps": 8, "new_field": 1}, "logger": {"project": "b"},
+           "algo": {"name": "grpo", "x": [1, 2]}, "parallelism": {"nproc_per_node": 1}}
+    assert flatten(old)["algo.x"] == [1]
+    assert changed_fields(old, new) == {"algo.x": ([1], [1, 2]), "training.lr": (1e-3, 2e-3)}
+
+
+def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monkeypatch):
+    run(compose_cfg(tmp_path, *GRPO, "training.steps=2"))
+    status = (tmp_path / "status.json").read_text()
+
+    import refexp.models
+
+    def no_build(*a, **k):
+        raise AssertionError("a model was built for a refused rerun")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(refexp.models, "build_model", no_build)
+        with pytest.raises(ConfigError, match=r"Changed: task\.num_eval: 64 -> 32; training\.lr: 0\.001 -> 0\.002\."):
+            run(compose_cfg(tmp_path, *GRPO, "training.steps=5", "training.lr=2e-3", "task.num_eval=32"))
+    assert (tmp_path / "status.json").read_text() == status  # the run's own record is untouched
+
+    final = run(compose_cfg(tmp_path, *GRPO, "training.steps=3", "logger.progress=true"))
+    assert final["step"] == 3
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "completed"
