@@ -8,6 +8,9 @@ Everything runs in this process (a subprocess would pay torchtitan's import agai
 from __future__ import annotations
 
 import json
+import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -76,3 +79,46 @@ def test_flop_count_matches_a_hand_count():
     # matmul params: qkv 3*64 + wo 64 + ffn 3*128 + lm head 80 = 720; causal attention over T=2 sees 1+2 keys
     assert s.matmul_params() == 720
     assert s.forward_flops([2]) == 2 * (720 - 80) * 2 + 2 * 80 * 2 + 4 * 8 * 1 * (2 * 3 / 2)
+
+
+def test_gpu_smoke_toy_runs_every_figure_on_cpu(tmp_path):
+    """``gpu_smoke.py --toy`` as the GPU machine runs it (a subprocess: its own budget, watchdog and exit code):
+    the environment line first, then one line per figure, each with a finite value; on CPU at toy size every
+    figure can run, and only the RSS-based memory reading may be reported as not measurable."""
+    import gpu_smoke
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(BENCH / "gpu_smoke.py"), "--toy", "--device", "cpu", "--threads", "1",
+                        "--budget-s", "150", "--workdir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    assert lines[0]["figure"] == "env" and lines[0]["torch"] == torch.__version__
+    assert lines[0]["refexp_titan_import"] == "ok" and lines[0]["torchtitan"]
+    assert lines[-1]["figure"] == "summary"
+    by = {row["figure"]: row for row in lines[1:-1]}
+    assert list(by) == list(gpu_smoke.FIGURES)
+    for name, row in by.items():
+        value = row["value"]
+        assert (value is not None and math.isfinite(value)) or row.get("error") or row.get("skipped"), row
+        if name.startswith("peak_mem"):  # an RSS rise: may be 0 when freed pages were reused
+            assert (value is not None and value >= 0) or "not measurable" in row["error"], row
+        else:
+            assert value is not None and value > 0, row
+    assert by["train_mfu"]["peak_source"] == "measured_float32_matmul"  # no table entry for a CPU
+    for rows in gpu_smoke.GEN_ROWS:  # EOS outside the vocabulary: every row decodes all its tokens
+        g = by[f"gen_tokens_per_s_{rows}"]
+        assert g["generated_tokens"] == rows * g["new_tokens"]
+    assert by["grpo_e2e_3steps"]["steps"] == 3 and by["grpo_e2e_3steps"]["step_s"] > 0
+    assert lines[-1]["ok"] >= 7 and lines[-1]["skipped"] == 0
+
+
+def test_gpu_smoke_skips_what_the_budget_leaves_no_time_for(capsys):
+    import gpu_smoke
+
+    counts = gpu_smoke.main(["--toy", "--device", "cpu", "--budget-s", "0"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert lines[0]["figure"] == "env" and lines[-1]["figure"] == "summary"
+    assert [row["figure"] for row in lines[1:-1]] == list(gpu_smoke.FIGURES)
+    assert all(row["value"] is None and "out of time" in row["skipped"] for row in lines[1:-1])
+    assert counts == {"ok": 0, "error": 0, "skipped": len(gpu_smoke.FIGURES)}
