@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from refexp.config import to_object
 from tests.helpers import GRPO, TINY, compose_root
 
@@ -31,10 +33,34 @@ def test_debug_fast_shortens_everything_and_turns_off_outputs():
     assert cfg.logger.name == "none" and not cfg.checkpoint.enable
 
 
-def test_a_run_dir_gets_no_empty_log_file(tmp_path):
+def test_a_single_run_ends_with_a_summary_line_and_leaves_no_empty_log_file(tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "refexp", *TINY, *GRPO, "training.steps=1",
                           f"hydra.run.dir={run_dir}"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert not list(run_dir.glob("*.log")), list(run_dir.iterdir())
     assert (run_dir / "metrics.jsonl").is_file()
+    (last,) = [ln for ln in out.stdout.splitlines() if ln.startswith("[refexp] done:")]
+    assert "eval/accuracy" in last and "kl/init" in last and "1 steps" in last and str(run_dir) in last
+
+
+@pytest.mark.slow
+def test_an_optuna_search_completes_and_reports_the_best_trial(tmp_path):
+    import yaml
+
+    sweep = tmp_path / "search"
+    out = subprocess.run([sys.executable, "-m", "refexp", "-m", "hparams_search=grpo_reset", *TINY, *GRPO[1:],
+                          "hydra.sweeper.n_trials=4", "training.steps=5", f"hydra.sweep.dir={sweep}"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert set(best["best_params"]) == {"reference.reset_every", "algo.beta"}
+    values = [final_val_accuracy(d) for d in sorted(sweep.iterdir()) if (d / "status.json").is_file()]
+    assert len(values) == 4 and best["best_value"] == max(values)
+
+
+def final_val_accuracy(run_dir):
+    import json
+
+    final = json.loads((run_dir / "status.json").read_text())["final"]
+    return final.get("val/accuracy", final.get("eval/accuracy"))
