@@ -94,8 +94,7 @@ def _kv_dim(attn, dim: int, q_out: int) -> int:
     for n, p in attn.named_parameters():
         if n.split(".")[-2] == "wk":
             return p.shape[0]
-    n_heads, n_kv = getattr(attn, "n_heads", None), getattr(attn, "n_kv_heads", None)
-    head_dim = getattr(attn, "head_dim", None)
+    n_kv, head_dim = getattr(attn, "n_kv_heads", None), getattr(attn, "head_dim", None)
     if n_kv and head_dim:
         return n_kv * head_dim
     return (q_out - dim) // 2 if q_out > dim else dim
