@@ -29,6 +29,7 @@ from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.context import RunContext
 from refexp.io import write_json_atomic
 from refexp.logging import MetricLogger
+from refexp.provenance import provenance
 from refexp.status import close_status, record_launch_failure, record_rank_failure
 
 
@@ -212,7 +213,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
                      parallel_dims=parallel_dims, task=task, logger=logger)
     status = {"status": "running", "error": None, "algo": cfg.algo.name, "reference": cfg.reference.name,
               "seed": cfg.training.seed, "steps": cfg.training.steps, "last_step": 0, "final": {},
-              "started": time.time()}
+              "started": time.time(), "provenance": provenance()}
     if info.is_rank0:
         write_json_atomic(run_dir / "status.json", status)
     rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/status.py)

@@ -548,3 +548,17 @@ def test_dpo_groups_are_named_by_variant(tmp_path):
     assert labels == ["DPO (fixed)", "TR-DPO hard (periodic_reset)", "TR-DPO soft (ema)", "ORPO", "SimPO"]
     assert rep.tables["dpo"].baseline == "DPO (fixed)"
     assert "seed-paired against DPO (fixed)" in rep.tables["dpo"].verdict
+
+
+def test_the_setup_block_names_the_commit_and_versions_a_run_recorded(tmp_path):
+    from refexp.provenance import provenance
+
+    run = tmp_path / "0"
+    _write_run(run, algo="grpo", strategy="fixed", seed=0, overrides=["algo=grpo"], rows=_grpo_rows("fixed", 0, None))
+    status = json.loads((run / "status.json").read_text())
+    status.update(provenance=provenance(), started=100.0, ended=160.0)
+    (run / "status.json").write_text(json.dumps(status))
+    setup = dict(build_report(tmp_path).setup["grpo"])
+    assert "torch " in setup["versions"] and "python " in setup["versions"]
+    assert setup["wall time"] == "1.0 min in 1 runs (1.0 min each)"
+    assert setup.get("refexp commit") == provenance()["commit"]  # None outside a git checkout: no row
