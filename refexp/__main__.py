@@ -40,6 +40,9 @@ def _app(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
+    from refexp.cli_errors import precheck
+
+    precheck(sys.argv[1:], CONF_DIR)  # a bad command line: one line, exit 2, before torch is imported
     _app()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .errors import check, one_of, positive_int
+from .errors import ConfigError, check, one_of, positive_int
 
 
 @dataclass
@@ -93,3 +93,33 @@ class CompileConfig:
     """What torchtitan compiles (only ``model`` is used by refexp)."""
     backend: str = "inductor"
     """``torch.compile`` backend."""
+
+
+def resolve_shard_degree(parallelism: ParallelismConfig, world_size: int) -> int:
+    """``data_parallel_shard_degree`` with -1 resolved for ``world_size`` ranks; ConfigError when the
+    degrees do not multiply to the world size. Torch-free, so the CLI checks it before importing torch."""
+    rep, shard, tp = (parallelism.data_parallel_replicate_degree, parallelism.data_parallel_shard_degree,
+                      parallelism.tensor_parallel_degree)
+    others = rep * tp
+    if shard == -1:
+        if world_size % others:
+            raise ConfigError(
+                f"parallelism.data_parallel_replicate_degree={rep} x parallelism.tensor_parallel_degree={tp} "
+                f"= {others} is invalid: it must divide the world size {world_size}")
+        shard = world_size // others
+    if rep * shard * tp != world_size:
+        raise ConfigError(
+            f"parallelism degrees are invalid: data_parallel_replicate_degree={rep} x data_parallel_shard_degree="
+            f"{shard} x tensor_parallel_degree={tp} = {rep * shard * tp}, expected the world size {world_size}")
+    return shard
+
+
+def check_tensor_parallel_heads(model: ModelConfig, parallelism: ParallelismConfig) -> None:
+    """The tensor-parallel degree must divide the attention heads the config states (a flavor's own heads
+    are checked when its shapes are known, ``titan.build_model_spec``)."""
+    tp = parallelism.tensor_parallel_degree
+    for what in ("n_heads", "n_kv_heads"):
+        n = getattr(model, what)
+        if n is not None and n % tp:
+            raise ConfigError(f"parallelism.tensor_parallel_degree={tp} is invalid: it must divide model.{what}={n} "
+                              f"(attention heads are split across tensor-parallel ranks)")

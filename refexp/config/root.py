@@ -18,7 +18,7 @@ from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig
 from .blocks import EvalConfig, SFTConfig
 from .errors import ConfigError
 from .logger import LoggerConfig
-from .model import CompileConfig, ModelConfig, ParallelismConfig
+from .model import CompileConfig, ModelConfig, ParallelismConfig, check_tensor_parallel_heads
 from .reference import REFERENCE_SCHEMAS, ReferenceConfig
 from .runtime import ActivationCheckpointConfig, CheckpointConfig, CommConfig, TrainingConfig
 from .task import TaskConfig
@@ -183,6 +183,7 @@ def check_cross_fields(cfg: RootConfig) -> None:
         if not cfg.model.hf_assets_path:
             raise ConfigError("sft.enable=false needs model.hf_assets_path: a pretrained HF checkpoint dir for "
                               "the policy, the reference and the kl/init anchor to start from (or sft.enable=true)")
+    check_tensor_parallel_heads(cfg.model, cfg.parallelism)
     if getattr(cfg.algo, "share_prompt", False) and cfg.model.attn_backend != "sdpa":
         raise ConfigError(f"algo.share_prompt=true needs model.attn_backend=sdpa (got {cfg.model.attn_backend!r}): "
                           f"set algo.share_prompt=false to use the {cfg.model.attn_backend} backend")

@@ -36,6 +36,7 @@ from refexp.config import (
     ParallelismConfig,
     TrainingConfig,
 )
+from refexp.config.model import resolve_shard_degree
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
 from refexp.titan.spec import build_model_spec
 
@@ -65,24 +66,8 @@ def make_parallel_dims(parallelism: ParallelismConfig, world_size: int, device_t
     """torchtitan ParallelDims for ``parallelism`` on ``world_size`` ranks (the mesh is built lazily,
     on first use, and needs an initialised process group)."""
     prepare_torchtitan(device_type)
-    rep, shard, tp = (
-        parallelism.data_parallel_replicate_degree,
-        parallelism.data_parallel_shard_degree,
-        parallelism.tensor_parallel_degree,
-    )
-    others = rep * tp
-    if shard == -1:
-        if world_size % others:
-            raise ConfigError(
-                f"parallelism.data_parallel_replicate_degree={rep} x parallelism.tensor_parallel_degree={tp} "
-                f"= {others} is invalid: it must divide the world size {world_size}"
-            )
-        shard = world_size // others
-    if rep * shard * tp != world_size:
-        raise ConfigError(
-            f"parallelism degrees are invalid: data_parallel_replicate_degree={rep} x data_parallel_shard_degree="
-            f"{shard} x tensor_parallel_degree={tp} = {rep * shard * tp}, expected the world size {world_size}"
-        )
+    rep, tp = parallelism.data_parallel_replicate_degree, parallelism.tensor_parallel_degree
+    shard = resolve_shard_degree(parallelism, world_size)
     if world_size > 1 and parallelism.spmd_backend != "partial_dtensor":
         # spmd_types: FSDP/TP fail in torchtitan 0.3.0 (docs/torchtitan-notes.md §4). full_dtensor:
         # every module input must already be a DTensor ("Got a plain Tensor under the full_dtensor

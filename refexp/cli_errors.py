@@ -1,0 +1,86 @@
+"""Bad command lines as one line ``refexp: error: ...`` (exit status 2), before torch is imported.
+
+Hydra reports a composition error (an unknown option or field, a malformed override) in several lines and
+exits 1; refexp's own checks (``refexp.config``) raise ``ConfigError``. ``precheck`` composes a single
+run's command line once with Hydra's compose API (a fraction of a second) and validates it, so both kinds
+surface as one line naming the field and what would be valid, whether the run would start or only print
+its config (``--cfg job``). Sweeps (``-m``) are left to Hydra: a job's bad values are recorded in its
+``status.json`` and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+NOT_A_RUN = ("--help", "-h", "--hydra-help", "--version", "-sc", "--shell-completion", "--info", "-i")
+"""Flags after which Hydra does not compose the job's config: nothing to check."""
+
+
+def one_line(message: str) -> str:
+    """Hydra's multi-line composition message as one line."""
+    text = str(message).strip()
+    full = re.search(r"full_key: (\S+)", text)
+    missing = re.search(r"Could not find '([^']+)/([^']+)'", text)
+    options = re.search(r"Available options in '[^']+':\s*\n((?:\s+\S+\n?)+)", text)
+    if missing:
+        group, option = missing.groups()
+        valid = ", ".join(options.group(1).split()) if options else "see refexp --help"
+        return f"{group}={option} is not an option of {group}/: expected one of {valid}"
+    conversion = re.search(r"Value '([^']*)' of type '\w+' could not be converted to (\w+)", text)
+    if conversion and full:
+        return f"{full.group(1)}={conversion.group(1)!r} is invalid: expected a {conversion.group(2).lower()}"
+    key = re.search(r"Key '([^']+)' not in '([^']+)'", text)
+    if key:
+        name = full.group(1) if full else key.group(1)
+        return (f"{name} is not a field of {key.group(2)} (refexp --help lists the groups and common fields; "
+                f"refexp --cfg job prints every field)")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Set the environment")]
+    return "; ".join(lines[:3]) if lines else text
+
+
+def _world_size(cfg) -> int | None:
+    """The job's world size when it is known before launching: WORLD_SIZE, else the processes refexp would
+    start itself. None under SLURM before refexp maps its variables (checked after launch)."""
+    if os.environ.get("WORLD_SIZE"):
+        return int(os.environ["WORLD_SIZE"])
+    if os.environ.get("SLURM_PROCID") is not None:
+        return None
+    return cfg.parallelism.nproc_per_node
+
+
+def precheck(argv: list[str], config_dir: str) -> None:
+    """Compose and validate the single run ``argv`` describes; exit 2 with one line when it is invalid."""
+    if any(a in ("-m", "--multirun") for a in argv) or any(a.split("=")[0] in NOT_A_RUN for a in argv):
+        return
+    # Hydra's own settings (hydra.run.dir=..., hydra/launcher=...) are not the job's config
+    overrides = [a for a in argv if not a.startswith(("-", "hydra", "+hydra", "~hydra")) and "=" in a]
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from refexp.config import ConfigError, to_object
+    from refexp.config.model import resolve_shard_degree
+
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+        if cfg.get("dry_run"):
+            return  # a plan needs no data paths (refexp/dry_run.py validates what it needs)
+        obj = to_object(cfg)
+        world = _world_size(obj)
+        if world is not None and world > 1:
+            resolve_shard_degree(obj.parallelism, world)
+    except ConfigError as e:
+        fail(str(e))
+    except (HydraException, OmegaConfBaseException) as e:
+        causes = [e]
+        while causes[-1].__cause__ is not None:  # "Could not override" wraps OmegaConf's "Key ... not in ..."
+            causes.append(causes[-1].__cause__)
+        fail(one_line("\n".join(str(c) for c in reversed(causes))))
+
+
+def fail(message: str) -> None:
+    print(f"refexp: error: {message}", file=sys.stderr)
+    sys.exit(2)
