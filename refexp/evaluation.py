@@ -44,6 +44,9 @@ from refexp.kl import masked_sum, sequence_kl
 from refexp.reference import HOST, ReferenceStrategy, model_device, on_device
 from refexp.tasks.batching import pack_sequences
 
+EVAL_SAMPLES = "samples/eval"
+"""The metrics key of an evaluation's sample completions (a list of dicts; ``MetricLogger`` turns it into
+``samples.jsonl`` rows and a W&B table, never a number)."""
 KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
 
 LogprobFn = Callable[..., torch.Tensor]
@@ -69,10 +72,12 @@ def _global_sums(parallel_dims, device: torch.device, *values: float) -> list[fl
 
 @torch.no_grad()
 def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None,
-                    split: str = "eval") -> float:
+                    split: str = "eval", samples: list | None = None, num_samples: int = 0) -> float:
     """Mean reward of greedy completions on the first ``num_prompts`` prompts of ``task.<split>`` (the
     held-out ``eval`` prompts, or ``val``), split over the data-parallel ranks of ``parallel_dims`` (None:
-    this process does them all). Collective."""
+    this process does them all). Collective. ``samples``: a list that receives the first ``num_samples``
+    rows this rank measured as ``{"prompt", "completion", "answer", "reward"}`` (rank 0 holds the first
+    prompts, and only rank 0 logs)."""
     data = getattr(task, split)
     n = min(num_prompts, len(data))
     ids, real = padded_share(parallel_dims, n)
@@ -85,6 +90,10 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, par
         out = sampler.generate(model, task.tokenizer, prompts[sl], max_new_tokens=task.max_new_tokens, greedy=True)
         scores = task.score(out.texts, answers[sl], prompts[sl])
         total += sum(s for s, keep in zip(scores, _real_rows(sl, real).tolist()) if keep)
+        if samples is not None:
+            keep = max(0, min(num_samples - len(samples), real - sl.start, len(scores)))
+            samples += [{"prompt": p, "completion": c, "answer": a, "reward": float(r)} for p, c, a, r
+                        in zip(prompts[sl][:keep], out.texts[:keep], answers[sl][:keep], scores[:keep])]
     model.train(was_training)
     (total,) = _global_sums(parallel_dims, model_device(model), total)
     return total / max(1, n)
@@ -199,7 +208,11 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     pd = ctx.parallel_dims
     out = {}
     if with_accuracy:
-        out["eval/accuracy"] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd)
+        samples: list[dict] = []
+        out["eval/accuracy"] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd,
+                                               samples=samples, num_samples=ecfg.log_samples)
+        if samples:
+            out[EVAL_SAMPLES] = samples  # the logger writes them to samples.jsonl and a W&B table
         if ctx.task.val is not None and len(ctx.task.val):  # what a search selects on (run.objective)
             out["val/accuracy"] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, split="val")
     measure_ref = reference is not None and reference.holds_model

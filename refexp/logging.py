@@ -25,6 +25,9 @@ import torch
 from refexp.io import write_text_atomic
 from refexp.wandb_conventions import SUMMARIES
 
+SAMPLES_PREFIX = "samples/"
+"""Metrics keys of sample completions (``samples/eval``, ``samples/rollout``): lists of dicts, not numbers."""
+
 
 def _plain(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
@@ -63,6 +66,7 @@ class MetricLogger:
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
+        self.samples_path = self.run_dir / "samples.jsonl"
         self._wandb = None
         self._warned = False
         self.last_step = 0  # the last step logged (status.json's last_step when a run stops early)
@@ -120,17 +124,35 @@ class MetricLogger:
 
     # ------------------------------------------------------------------ API
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """One step's metrics; ``samples/<kind>`` keys holding lists of dicts (sample completions) go to
+        ``samples.jsonl`` and a W&B table instead of ``metrics.jsonl``."""
         if not self.enabled:
             return
+        samples = {k: v for k, v in metrics.items() if k.startswith(SAMPLES_PREFIX) and isinstance(v, list)}
         row = {"step": int(step)}
         self.last_step = int(step)
-        row.update({k: _plain(v) for k, v in metrics.items()})
+        row.update({k: _plain(v) for k, v in metrics.items() if k not in samples})
         self._file.write(json.dumps(row) + "\n")
+        if samples:
+            self._write_samples(int(step), samples)
         if self._wandb is not None and row["step"] > self._sent_before:
             try:
-                self._wandb.log(row)
+                self._wandb.log({**row, **self._wandb_tables(samples)})
             except Exception as e:
                 self._warn(f"W&B log failed ({e!r})")
+
+    def _write_samples(self, step: int, samples: Mapping[str, list]) -> None:
+        with open(self.samples_path, "a") as f:
+            for key, rows in samples.items():
+                for r in rows:
+                    f.write(json.dumps({"step": step, "kind": key[len(SAMPLES_PREFIX):], **r}) + "\n")
+
+    def _wandb_tables(self, samples: Mapping[str, list]) -> dict:
+        """``samples/<kind>`` -> a ``wandb.Table`` with one row per sample (columns from the first row)."""
+        import wandb
+
+        return {k: wandb.Table(columns=list(rows[0]), data=[[r.get(c) for c in rows[0]] for r in rows])
+                for k, rows in samples.items() if rows}
 
     def summary(self, final: Mapping[str, Any]) -> None:
         if not self.enabled or self._wandb is None:
@@ -150,6 +172,9 @@ class MetricLogger:
         keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
         self.last_step = max((int(r.get("step", 0)) for r in keep), default=0)
         write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in keep))
+        if self.samples_path.exists():
+            kept = [r for r in read_metrics(self.samples_path) if r.get("step", 0) <= step]
+            write_text_atomic(self.samples_path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(self.path, "a", buffering=1)
 
     def close(self, exit_code: int = 0) -> None:

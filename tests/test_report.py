@@ -562,3 +562,22 @@ def test_the_setup_block_names_the_commit_and_versions_a_run_recorded(tmp_path):
     assert "torch " in setup["versions"] and "python " in setup["versions"]
     assert setup["wall time"] == "1.0 min in 1 runs (1.0 min each)"
     assert setup.get("refexp commit") == provenance()["commit"]  # None outside a git checkout: no row
+
+
+def test_the_report_shows_what_each_group_wrote(tmp_path):
+    for job, strategy in enumerate(("fixed", "ema")):
+        run = tmp_path / str(job)
+        _write_run(run, algo="grpo", strategy=strategy, seed=0, overrides=["algo=grpo", f"reference={strategy}"],
+                   rows=_grpo_rows(strategy, 0, None))
+        with open(run / "samples.jsonl", "w") as f:
+            for step in (0, 40):
+                for i in range(4):
+                    f.write(json.dumps({"step": step, "kind": "eval", "prompt": f"{i}+{i}=",
+                                        "completion": f"{strategy}-{step}-{i}", "answer": str(2 * i),
+                                        "reward": 1.0}) + "\n")
+    build_report(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    section = md.split("## What the models wrote")[1].split("## Runs not counted")[0]
+    assert "| grpo | fixed | 0 | 0+0= | fixed-40-0 | 0 | 1 |" in section
+    assert "ema-40-2" in section and "ema-40-3" not in section and "-0-" not in section  # final eval, 3 each
+    assert "What the models wrote" in (tmp_path / "report.html").read_text()

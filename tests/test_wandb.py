@@ -117,3 +117,33 @@ def test_the_sweep_workspace_is_built_offline_with_its_sections_and_grouping(tmp
     assert all(p["config"]["xAxis"] == "step" and p["config"]["groupAgg"] == "mean" for p in lines)
     report = build_report(tmp_path)
     assert report.runs  # the spec did not disturb the sweep
+
+
+def test_evaluations_and_rollouts_leave_readable_samples(tmp_path, monkeypatch):
+    """samples.jsonl and the W&B tables: greedy held-out completions at every evaluation, GRPO rollouts
+    on the evaluation schedule; never in metrics.jsonl or the final numbers."""
+    import json
+
+    from refexp.logging import read_metrics
+    from refexp.run import run
+    from tests.helpers import compose_cfg
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    final = run(compose_cfg(tmp_path, *GRPO, "training.steps=2", "eval.every=2", "eval.log_samples=3",
+                            "logger=wandb"))
+    rows = read_metrics(tmp_path / "samples.jsonl")
+    by_kind = defaultdict(list)
+    for r in rows:
+        by_kind[(r["kind"], r["step"])].append(r)
+    assert sorted(by_kind) == [("eval", 0), ("eval", 2), ("rollout", 2)]
+    assert all(len(v) == 3 for v in by_kind.values())
+    first = by_kind[("eval", 2)][0]
+    assert set(first) == {"step", "kind", "prompt", "completion", "answer", "reward"} and first["prompt"]
+    assert {"advantage"} <= set(by_kind[("rollout", 2)][0])
+    assert not any(k.startswith("samples/") for r in read_metrics(tmp_path / "metrics.jsonl") for k in r)
+    assert not any(k.startswith("samples/") for k in final)
+    assert "samples" not in json.dumps(json.loads((tmp_path / "status.json").read_text())["final"])
+    (run_file,) = tmp_path.rglob("run-*.wandb")
+    logged = read_offline_run(run_file)
+    tables = [row for row in logged.history if "samples/eval/_type" in row or "samples/eval" in row]
+    assert len(tables) == 2  # one completions table per evaluation

@@ -148,6 +148,12 @@ class GRPOStep:
             pd, torch.stack([zero_std.sum().to(torch.float32), torch.tensor(clipped, device=ctx.device)]))
         out["frac_reward_zero_std"] = float(zero_groups) / a.prompts_per_step
         out["completions/clipped_ratio"] = float(clipped_rows / g_rows)
+        k = ctx.cfg.eval.log_samples
+        if k and step % ctx.cfg.eval.every == 0:  # a few of this rank's rollouts, on the evaluation schedule
+            out["samples/rollout"] = [
+                {"prompt": p, "completion": c, "answer": ans, "reward": float(x), "advantage": float(v)}
+                for p, c, ans, x, v in zip(prompts[:k], r.texts[:k], answers[:k], rewards[:k].tolist(),
+                                           adv[:k].tolist())]
         return out
 
     def _chunks(self, tokens: torch.Tensor, mask: torch.Tensor) -> list[tuple[slice, SharedPrompt | None]]:

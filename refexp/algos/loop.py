@@ -179,9 +179,8 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
         for s, handler in prev.items():
             signal.signal(s, handler)
         ckpt.close()
-    final = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
     if not metrics:  # resumed at the end: no step ran in this process, so measure the final policy here
         last_eval = measure()
-    final.update(last_eval)
+    final = {k: v for k, v in {**metrics, **last_eval}.items() if isinstance(v, (int, float))}  # numbers only
     final["step"] = step
     return final

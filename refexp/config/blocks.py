@@ -18,8 +18,13 @@ class EvalConfig:
     """Held-out prompts for greedy accuracy."""
     kl_prompts: int = 64
     """Held-out prompts for kl/init (completions sampled from the policy)."""
+    log_samples: int = 8
+    """Completions kept per evaluation (the first held-out prompts' greedy ones) and per evaluation step of
+    GRPO (the first rollouts): ``<run dir>/samples.jsonl`` and a W&B table; 0 keeps none."""
 
     def __post_init__(self) -> None:
+        check(isinstance(self.log_samples, int) and self.log_samples >= 0, "eval.log_samples", self.log_samples,
+              "an integer >= 0")
         positive_int("eval.every", self.every)
         positive_int("eval.num_prompts", self.num_prompts)
         positive_int("eval.kl_prompts", self.kl_prompts)

@@ -257,6 +257,16 @@ class Run:
         """(steps, values) of one metric; empty arrays when the run never logged it."""
         return self._series.get(key, (np.array([]), np.array([])))
 
+    def final_samples(self, kind: str = "eval", k: int = 3) -> list[dict]:
+        """The first ``k`` sample completions of the run's last logged step of ``kind`` (``samples.jsonl``:
+        greedy held-out completions at each evaluation, or GRPO's ``rollout`` samples)."""
+        rows, _ = read_metrics(self.path / "samples.jsonl")
+        rows = [r for r in rows if r.get("kind") == kind]
+        if not rows:
+            return []
+        last = max(r["step"] for r in rows)
+        return [r for r in rows if r["step"] == last][:k]
+
     def final_from_status(self, key: str) -> Optional[float]:
         """status.json's ``final`` value of a metric, the fallback when metrics.jsonl lacks it."""
         final = (self.status or {}).get("final") or {}

@@ -96,6 +96,25 @@ def _problem_cells(p) -> list[str]:
 
 
 _PROBLEM_HEADER = ["run", "algo", "group", "status", "error"]
+_SAMPLE_HEADER = ["algo", "group", "run", "prompt", "completion", "answer", "reward"]
+
+
+def _short(text, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _sample_rows(report, k: int = 3) -> list[list[str]]:
+    """Up to ``k`` final-evaluation samples of each group's first completed run."""
+    rows = []
+    for algo, table in report.tables.items():
+        for row in table.rows:
+            run = row.group.completed[0] if row.group.completed else None
+            for sample in (run.final_samples(k=k) if run is not None else []):
+                rows.append([algo, row.group.label, run.name, _short(sample.get("prompt", "")),
+                             _short(sample.get("completion", "")), _short(sample.get("answer", "")),
+                             f"{sample.get('reward', float('nan')):.3g}"])
+    return rows
 _PLOT_CAPTIONS = {
     "reward": "Reward vs step", "accuracy": "Held-out accuracy vs step",
     "frontier": "Accuracy vs drift from init (kl/init)", "kl_ref": "kl/ref vs step",
@@ -116,6 +135,12 @@ def render_markdown(report) -> str:
         for kind, path in report.plots.get(algo, {}).items():
             rel = path.relative_to(report.sweep_dir).as_posix()
             out += [f"![{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}]({rel})", ""]
+    samples = _sample_rows(report)
+    if samples:
+        out += ["## What the models wrote", "",
+                "The first held-out prompts' greedy completions at each group's final evaluation (its first "
+                "completed seed; all of them in the run's `samples.jsonl`).", ""]
+        out += _md_table(_SAMPLE_HEADER, samples, numeric=False) + [""]
     out += ["## Runs not counted", ""]
     if report.problems:
         out += _md_table(_PROBLEM_HEADER, [_problem_cells(p) for p in report.problems], numeric=False)
@@ -163,6 +188,9 @@ def render_html(report) -> str:
         for kind, path in report.plots.get(algo, {}).items():
             alt = f"{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}"
             parts.append(f'<img alt="{e(alt)}" src="{_data_uri(path)}">')
+    samples = _sample_rows(report)
+    if samples:
+        parts += ["<h2>What the models wrote</h2>", _html_table(_SAMPLE_HEADER, samples, "bad")]
     parts.append("<h2>Runs not counted</h2>")
     if report.problems:
         parts.append(_html_table(_PROBLEM_HEADER, [_problem_cells(p) for p in report.problems], "bad"))
