@@ -88,6 +88,7 @@ def test_an_offline_sweep_shows_one_group_per_strategy_with_best_accuracy_summar
         accs = [row["eval/accuracy"] for row in run.history if "eval/accuracy" in row]
         assert run.summary["eval/accuracy"] == {"max": max(accs)}
         assert run.config["sweep_id"] == "sweep"
+        assert any(row.get("samples/eval/_type") == "table-file" for row in run.history)  # a completions table
 
 
 def test_the_sweep_workspace_is_built_offline_with_its_sections_and_grouping(tmp_path, capsys):
