@@ -212,12 +212,13 @@ def local_slice(parallel_dims, n: int) -> slice:
     return slice(r * k, (r + 1) * k)
 
 
-def dp_sum(parallel_dims, t: torch.Tensor) -> torch.Tensor:
-    """``t`` summed over the data-parallel ranks (a new tensor; ``t`` itself when there is one)."""
+def dp_sum(parallel_dims, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """``t`` summed (or reduced by ``op``, e.g. MAX) over the data-parallel ranks (a new tensor; ``t`` itself
+    when there is one)."""
     if dp_rank_and_degree(parallel_dims)[1] == 1:
         return t
     t = t.clone()
-    dist.all_reduce(t, group=_dp_mesh(parallel_dims).get_group())
+    dist.all_reduce(t, op=op, group=_dp_mesh(parallel_dims).get_group())
     return t
 
 

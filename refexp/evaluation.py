@@ -37,11 +37,12 @@ from typing import Callable, Mapping
 
 import torch
 
-from refexp import sampler, titan
+from refexp import titan
 from refexp.context import RunContext
 from refexp.distributed import dp_sum, padded_share
 from refexp.kl import masked_sum, sequence_kl
 from refexp.reference import HOST, ReferenceStrategy, model_device, on_device
+from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine
 from refexp.tasks.batching import pack_sequences
 
 EVAL_SAMPLES = "samples/eval"
@@ -72,12 +73,15 @@ def _global_sums(parallel_dims, device: torch.device, *values: float) -> list[fl
 
 @torch.no_grad()
 def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None,
-                    split: str = "eval", samples: list | None = None, num_samples: int = 0) -> float:
+                    split: str = "eval", samples: list | None = None, num_samples: int = 0,
+                    engine: RolloutEngine | None = None) -> float:
     """Mean reward of greedy completions on the first ``num_prompts`` prompts of ``task.<split>`` (the
     held-out ``eval`` prompts, or ``val``), split over the data-parallel ranks of ``parallel_dims`` (None:
     this process does them all). Collective. ``samples``: a list that receives the first ``num_samples``
     rows this rank measured as ``{"prompt", "completion", "answer", "reward"}`` (rank 0 holds the first
-    prompts, and only rank 0 logs)."""
+    prompts, and only rank 0 logs). ``engine``: the rollout engine that generates (None: the built-in one
+    on ``model``)."""
+    engine = engine or BuiltinEngine(model, task.tokenizer)
     data = getattr(task, split)
     n = min(num_prompts, len(data))
     ids, real = padded_share(parallel_dims, n)
@@ -87,7 +91,7 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, par
     was_training = model.training
     model.eval()
     for sl in _batches(len(prompts), batch_size):
-        out = sampler.generate(model, task.tokenizer, prompts[sl], max_new_tokens=task.max_new_tokens, greedy=True)
+        out = engine.generate(prompts[sl], max_new_tokens=task.max_new_tokens, greedy=True)
         scores = task.score(out.texts, answers[sl], prompts[sl])
         total += sum(s for s, keep in zip(scores, _real_rows(sl, real).tolist()) if keep)
         if samples is not None:
@@ -101,19 +105,21 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, par
 
 @torch.no_grad()
 def kl_to_anchor(policy, anchors: Mapping[str, LogprobFn], task, num_prompts: int, *,
-                 seed: int, temperature: float = 1.0, batch_size: int = 256, parallel_dims=None) -> dict[str, float]:
+                 seed: int, temperature: float = 1.0, batch_size: int = 256, parallel_dims=None,
+                 engine: RolloutEngine | None = None) -> dict[str, float]:
     """Mean per-token k3 KL(policy || anchor) for every ``name -> fn`` of ``anchors``, over one set of
-    completions sampled from the policy: ``{name: kl}``. Each ``fn`` is called with ``temperature=``,
-    so the anchors' log-probs are tempered like the policy's. The prompts are split over the
-    data-parallel ranks of ``parallel_dims`` (None: this process does them all). Collective."""
+    completions sampled from the policy (by ``engine``, None: the built-in one on ``policy``): ``{name: kl}``.
+    Each ``fn`` is called with ``temperature=``, so the anchors' log-probs are tempered like the policy's.
+    The prompts are split over the data-parallel ranks of ``parallel_dims`` (None: this process does them
+    all). Collective."""
+    engine = engine or BuiltinEngine(policy, task.tokenizer)
     n = min(num_prompts, len(task.eval))
     ids, real = padded_share(parallel_dims, n)
     prompts = task.eval.select(ids)["prompt"]
     kl_sum, tok_sum = dict.fromkeys(anchors, 0.0), 0
     for sl in _batches(len(prompts), batch_size):
         keys = [(seed, KL_INIT_KEY, i) for i in ids[sl]]  # the prompt's index: the same sample on any rank
-        r = sampler.generate(policy, task.tokenizer, prompts[sl], max_new_tokens=task.max_new_tokens,
-                             temperature=temperature, keys=keys)
+        r = engine.generate(prompts[sl], max_new_tokens=task.max_new_tokens, temperature=temperature, keys=keys)
         pol = titan.token_logprobs(policy, r.tokens_BT, temperature=temperature)
         mask = r.mask_BT & _real_rows(sl, real).to(r.mask_BT.device)[:, None]
         for name, fn in anchors.items():
@@ -206,15 +212,17 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     ecfg = ctx.cfg.eval
     temperature = getattr(ctx.cfg.algo, "temperature", 1.0)  # GRPO samples at algo.temperature; DPO has none
     pd = ctx.parallel_dims
+    engine = build_engine(ctx.cfg.rollout, policy, ctx.task.tokenizer)
     out = {}
     if with_accuracy:
         samples: list[dict] = []
         out["eval/accuracy"] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd,
-                                               samples=samples, num_samples=ecfg.log_samples)
+                                               samples=samples, num_samples=ecfg.log_samples, engine=engine)
         if samples:
             out[EVAL_SAMPLES] = samples  # the logger writes them to samples.jsonl and a W&B table
         if ctx.task.val is not None and len(ctx.task.val):  # what a search selects on (run.objective)
-            out["val/accuracy"] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, split="val")
+            out["val/accuracy"] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, split="val",
+                                                  engine=engine)
     measure_ref = reference is not None and reference.holds_model
     # the fixed reference on the start checkpoint is the anchor (InitAnchor.shared): its kl/ref is kl/init
     ref_is_anchor = measure_ref and reference is anchor.shared
@@ -223,7 +231,7 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
         if measure_ref and not ref_is_anchor:
             fns["kl/ref"] = stack.enter_context(reference_logprobs(reference))
         out.update(kl_to_anchor(policy, fns, ctx.task, ecfg.kl_prompts, seed=ctx.cfg.training.seed,
-                                temperature=temperature, parallel_dims=pd))
+                                temperature=temperature, parallel_dims=pd, engine=engine))
     if ref_is_anchor:
         out["kl/ref"] = out["kl/init"]
     if with_logp_correct:

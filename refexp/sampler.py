@@ -89,10 +89,13 @@ def generate(
     greedy: bool = False,
     keys: list[tuple[int, ...]] | None = None,
     max_prompt_len: int | None = None,
+    stop_check_every: int = 1,
 ) -> Rollout:
     """Sample one completion per entry of ``prompts`` (repeat a prompt G times for a group).
 
     keys[i] seeds row i's randomness (e.g. (seed, step, prompt_id, sample_id)); required unless greedy.
+    ``stop_check_every``: decode steps between the checks that every row has stopped (a device sync, and a
+    collective with several ranks); finished rows emit masked padding meanwhile, so the result is the same.
     """
     from refexp.tasks.batching import encode_prompts
 
@@ -146,7 +149,7 @@ def generate(
             done |= torch.isin(tok, stop_S)
             # Stop when every row has finished; a collective decision under FSDP/TP, where all
             # ranks hold the same rows' state only if they decode the same number of steps.
-            if _all_done(done) or t == max_new_tokens - 1:
+            if t == max_new_tokens - 1 or ((t + 1) % stop_check_every == 0 and _all_done(done)):
                 break
             logits_BV, cache = titan.decode_step(model, tok, cache)
     finally:

@@ -67,3 +67,15 @@ def test_inverse_cdf_sampling_follows_the_distribution():
     torch.testing.assert_close(counts, torch.tensor([0.1, 0.6, 0.3]), rtol=0, atol=0.015)
     kept = sampler._top_p_filter(torch.tensor([[0.1, 0.6, 0.3]]), 0.8)
     torch.testing.assert_close(kept, torch.tensor([[0.0, 0.6, 0.3]]))  # the token crossing top_p stays
+
+
+@pytest.mark.parametrize("every", [3, 8, 100])
+def test_checking_for_stopped_rows_less_often_gives_the_same_completions(every):
+    """rollout.stop_check_every: rows that stopped emit masked padding until the next check."""
+    m = _model()
+    keys = [(1, 2, i, 0) for i in range(len(PROMPTS))]
+    ref = sampler.generate(m, TOK, PROMPTS, max_new_tokens=12, keys=keys)
+    r = sampler.generate(m, TOK, PROMPTS, max_new_tokens=12, keys=keys, stop_check_every=every)
+    assert r.completion_ids == ref.completion_ids and r.texts == ref.texts
+    assert torch.equal(r.tokens_BT, ref.tokens_BT) and torch.equal(r.mask_BT, ref.mask_BT)
+    torch.testing.assert_close(r.behaviour_logp, ref.behaviour_logp, rtol=0, atol=0)

@@ -4,7 +4,7 @@ The embedded task has no preference data, so it is made the way on-policy prefer
 (e.g. the "self-generated rejected" pairs of SPIN, Chen et al. 2024): for train-split prompts, in
 train order, ``chosen`` is the correct completion (the demonstration) and ``rejected`` is the
 first *incorrect* completion among ``TRIES`` samples of the SFT model itself (temperature 1,
-``sampler.generate`` keyed by ``(algo.pair_seed, prompt_id, k)``). A prompt the SFT model always
+``refexp.rollout`` (the configured engine) keyed by ``(algo.pair_seed, prompt_id, k)``). A prompt the SFT model always
 gets right gives no pair and is skipped. Sampling stops at ``algo.num_pairs`` pairs (or the end of
 the train split, with a warning).
 
@@ -33,12 +33,12 @@ import datasets
 import torch
 
 from refexp import distributed as rdist
-from refexp import sampler
 from refexp.context import RunContext
 from refexp.hashing import digest, stable_hash
 from refexp.io import atomic_dir
 from refexp.models import build_frozen
 from refexp.refcache import checkpoint_stamp
+from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
 
@@ -63,7 +63,8 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
     if rdist.broadcast_object(not _complete(out)):
         model = build_frozen(ctx, sft_dir)
         rows = sample_pairs(model, ctx.task, num_pairs=a.num_pairs, pair_seed=a.pair_seed,
-                            max_new_tokens=ctx.task.max_new_tokens)
+                            max_new_tokens=ctx.task.max_new_tokens,
+                            engine=build_engine(ctx.cfg.rollout, model, ctx.task.tokenizer))
         del model
         if ctx.dist.is_rank0:
             _save_atomic(datasets.Dataset.from_dict(rows), out,
@@ -97,7 +98,7 @@ def pairs_dir(cache_dir: Path, key: dict) -> Path:
 
 @torch.no_grad()
 def sample_pairs(model: torch.nn.Module, task, *, num_pairs: int, pair_seed: int, max_new_tokens: int,
-                 tries: int = TRIES) -> dict[str, list]:
+                 tries: int = TRIES, engine: RolloutEngine | None = None) -> dict[str, list]:
     """Columns ``prompt_id`` (train row), ``prompt``, ``chosen`` (the demonstration), ``rejected`` (the
     model's first incorrect sample of ``tries``, keys ``(pair_seed, prompt_id, k)``).
 
@@ -105,6 +106,7 @@ def sample_pairs(model: torch.nn.Module, task, *, num_pairs: int, pair_seed: int
     train rows in order), and the stop decision is rank 0's.
     """
     rows: dict[str, list] = {"prompt_id": [], "prompt": [], "chosen": [], "rejected": []}
+    engine = engine or BuiltinEngine(model, task.tokenizer)
     was_training = model.training
     model.eval()
     n = len(task.train)
@@ -114,9 +116,9 @@ def sample_pairs(model: torch.nn.Module, task, *, num_pairs: int, pair_seed: int
         ids = list(range(start, min(n, start + PROMPTS_PER_BATCH)))
         batch = task.train.select(ids)
         prompts = [p for p in batch["prompt"] for _ in range(tries)]
-        r = sampler.generate(model, task.tokenizer, prompts, max_new_tokens=max_new_tokens,
-                             keys=[(pair_seed, pid, k) for pid in ids for k in range(tries)],
-                             max_prompt_len=task.max_prompt_len)
+        r = engine.generate(prompts, max_new_tokens=max_new_tokens,
+                            keys=[(pair_seed, pid, k) for pid in ids for k in range(tries)],
+                            max_prompt_len=task.max_prompt_len)
         for j, pid in enumerate(ids):
             samples = r.texts[j * tries:(j + 1) * tries]
             wrong = next((t for t in samples if task.reward(t, batch["answer"][j]) < 1.0), None)

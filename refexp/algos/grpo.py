@@ -18,6 +18,11 @@ Departures and choices:
   loss then has no KL term; ``algo.kl_estimator`` only chooses the loss term's estimator.
 - ``algo.kl_target``: beta follows the adaptive controller of Ziegler et al. 2019 fed with ``kl/ref``,
   counting the global batch's samples against ``algo.kl_horizon``.
+- Rollouts come from the configured engine (``refexp/rollout.py``). ``rollout/logprob_diff`` (and ``_max``)
+  compare its log-probs with the trainer's first-update log-probs of the same tokens; ``algo.tis_cap`` is
+  truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+  Off-Policy RL Training"): the clip ratio is taken against the trainer's pre-update log-probs and each
+  token's policy loss is weighted by min(pi_trainer / pi_rollout, tis_cap).
 - ``training.micro_batch_size``: the reference and policy forwards and the backward run over chunks of
   whole prompt groups, each chunk's loss weighted by its share of the rows (grpo, dr_grpo) or of the
   completion tokens (dapo), so the accumulated gradient and the logged metrics are the whole step's.
@@ -31,7 +36,7 @@ from pathlib import Path
 import torch
 
 from refexp import distributed as rdist
-from refexp import sampler, titan
+from refexp import titan
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, run_loop
 from refexp.algos.microbatch import combine_metrics, row_chunks
 from refexp.algos.shared_prompt import SharedPrompt, row_logprobs, share_groups
@@ -41,6 +46,7 @@ from refexp.data_order import batch_ids
 from refexp.kl import AdaptiveKLController, FixedKLController, mean_token_kl, sequence_kl
 from refexp.losses import grpo_loss, group_advantages
 from refexp.reference import ReferenceStrategy
+from refexp.rollout import build_engine
 from refexp.timing import now
 
 
@@ -60,6 +66,7 @@ class GRPOStep:
         self.kl_ctl = (AdaptiveKLController(self.a.beta, self.a.kl_target, self.a.kl_horizon)
                        if self.a.kl_target is not None else FixedKLController(self.a.beta))
         self.max_new = self.a.max_new_tokens or ctx.task.max_new_tokens
+        self.engine = build_engine(ctx.cfg.rollout, policy.model, ctx.task.tokenizer)
 
     def __call__(self, step: int, ckpt) -> dict:
         ctx, a, task = self.ctx, self.a, self.ctx.task
@@ -74,8 +81,9 @@ class GRPOStep:
         t0 = now(ctx.device)
         model = self.policy.model
         model.eval()
-        r = sampler.generate(model, task.tokenizer, prompts, max_new_tokens=self.max_new,
-                             temperature=a.temperature, top_p=a.top_p, keys=keys)
+        self.engine.load_weights(model)  # the policy after its last update
+        r = self.engine.generate(prompts, max_new_tokens=self.max_new, temperature=a.temperature, top_p=a.top_p,
+                                 keys=keys)
         model.train()
         gen_s = now(ctx.device) - t0
         tokens, mask, old_logp = r.tokens_BT.to(ctx.device), r.mask_BT.to(ctx.device), r.behaviour_logp.to(ctx.device)
@@ -107,10 +115,16 @@ class GRPOStep:
         # Each rank's share of the global aggregate: FSDP sums gradients over ranks (docs/torchtitan-notes.md §5).
         share = {"grpo": n_rows / g_rows, "dr_grpo": n_rows / g_rows, "dapo": n_tok / g_tok}[a.loss_agg]
         agg: dict[str, float] = {}
+        trainer_logp = None  # [N, T-1] the trainer's log-probs of the rollout before this batch's first update
         for _ in range(a.updates_per_batch):
-            loss, agg, ent_sum = self._forward_backward(chunks, tokens, mask, old_logp, ref_logp, adv, beta, share)
+            loss, agg, ent_sum, logp_now = self._forward_backward(chunks, tokens, mask, old_logp, ref_logp, adv,
+                                                                  beta, share, trainer_logp)
+            trainer_logp = logp_now if trainer_logp is None else trainer_logp
             gn, lr = optimizer_step(ctx, self.policy, loss, step, ckpt)
             agg["optim/grad_norm"], agg["optim/lr"] = gn, lr
+        # how far the rollout engine's log-probs are from the trainer's on the same tokens and weights
+        diff = torch.where(mask, (trainer_logp - old_logp).abs(), torch.zeros((), device=mask.device))
+        diff_sum, diff_max = diff.sum(), diff.max()
         ent = float(ent_sum / mask.sum().clamp(min=1))
         kl_ref = None
         if ref_logp is not None:
@@ -127,7 +141,9 @@ class GRPOStep:
         }
         if kl_ref is not None:  # kl/beta too: without a reference there is no KL term to weigh
             out["kl/ref"], out["kl/beta"] = kl_ref, beta
+        out["rollout/logprob_diff"] = float(diff_sum / n_tok.clamp(min=1))
         out = rdist.dp_mean_metrics(pd, out, self._dp_weights(out, n_rows, n_tok), device=ctx.device)
+        out["rollout/logprob_diff_max"] = float(rdist.dp_sum(pd, diff_max, op=torch.distributed.ReduceOp.MAX))
         # the controller sees the global kl/ref, so beta stays the same on every rank
         # and, as in Ziegler et al. 2019 and TRL, it counts samples (the global batch's rows) against kl_horizon
         self.kl_ctl.update(out["kl/ref"] if kl_ref is not None else 0.0, a.prompts_per_step * G)
@@ -166,28 +182,38 @@ class GRPOStep:
         return [(sl, share_groups(tokens[sl], mask[sl], a.group_size, pad) if a.share_prompt else None)
                 for sl in slices]
 
-    def _forward_backward(self, chunks, tokens, mask, old_logp, ref_logp, adv, beta: float, share: torch.Tensor):
+    def _forward_backward(self, chunks, tokens, mask, old_logp, ref_logp, adv, beta: float, share: torch.Tensor,
+                          trainer_logp: torch.Tensor | None = None):
         """One update's forwards and backwards over the chunks, gradients accumulated in the policy.
 
-        tokens [N, T]; mask, old_logp, ref_logp (or None) [N, T-1]; adv [N]; ``chunks`` from ``_chunks``.
+        tokens [N, T]; mask, old_logp (the rollout engine's), ref_logp (or None) [N, T-1]; adv [N]; ``chunks``
+        from ``_chunks``; ``trainer_logp`` [N, T-1]: the trainer's log-probs before the batch's first update
+        (None on that update: this one's own).
 
         Each chunk's loss is weighted by its share of the step's aggregate (rows for grpo/dr_grpo,
         completion tokens for dapo) times this rank's ``share`` of the global batch, so the summed
-        gradient is the whole batch's. Returns (the whole-batch loss, detached; its metrics, combined
-        over chunks as the whole batch's; the entropy summed over completion tokens, a 0-d tensor).
+        gradient is the whole batch's. With ``algo.tis_cap`` (truncated importance sampling, Yao et al.
+        2025) the clipped ratio is taken against ``trainer_logp`` and each token's policy loss is weighted
+        by min(exp(trainer_logp - old_logp), tis_cap). Returns (the whole-batch loss, detached; its metrics,
+        combined over chunks as the whole batch's; the entropy summed over completion tokens, a 0-d tensor;
+        this update's log-probs [N, T-1], detached).
         """
         a, model = self.a, self.policy.model
         n_rows, n_tok = tokens.shape[0], mask.sum().clamp(min=1).to(torch.float32)
         total = torch.zeros((), device=tokens.device)
-        chunk_metrics, weights, ent_sum = [], [], torch.zeros((), device=tokens.device)
+        chunk_metrics, weights, ent_sum, logps = [], [], torch.zeros((), device=tokens.device), []
         for sl, shared in chunks:
             m_c = mask[sl]
             logp, entropy = row_logprobs(partial(titan.token_logprobs, model), tokens[sl], m_c, shared,
                                          temperature=a.temperature, with_entropy=True)
-            loss, m = grpo_loss(logp, old_logp[sl], None if a.kl_in_reward or ref_logp is None else ref_logp[sl],
+            ratio_base, token_weight = old_logp[sl], None
+            if a.tis_cap is not None:
+                ratio_base = logp.detach() if trainer_logp is None else trainer_logp[sl]
+                token_weight = torch.exp(ratio_base - old_logp[sl]).clamp(max=a.tis_cap)
+            loss, m = grpo_loss(logp, ratio_base, None if a.kl_in_reward or ref_logp is None else ref_logp[sl],
                                 adv[sl], m_c, beta=beta, eps_low=a.eps_low, eps_high=a.eps_high,
                                 kl_estimator=a.kl_estimator, loss_agg=a.loss_agg,
-                                max_completion_length=self.max_new)
+                                max_completion_length=self.max_new, token_weight=token_weight)
             w_tok = float(m_c.sum()) / float(n_tok)
             w_loss = w_tok if a.loss_agg == "dapo" else (sl.stop - sl.start) / n_rows
             (loss * (w_loss * share)).backward()
@@ -195,9 +221,10 @@ class GRPOStep:
             chunk_metrics.append(m)
             weights.append({k: w_loss if k.startswith("loss/") else w_tok for k in m})
             ent_sum = ent_sum + (entropy * m_c).sum()
-        return total, combine_metrics(chunk_metrics, weights), ent_sum
+            logps.append(logp.detach())
+        return total, combine_metrics(chunk_metrics, weights), ent_sum, torch.cat(logps)
 
-    TOKEN_MEANS = ("kl/ref", "clip/low", "clip/high", "clip/ratio", "policy/entropy")
+    TOKEN_MEANS = ("kl/ref", "clip/low", "clip/high", "clip/ratio", "policy/entropy", "rollout/logprob_diff")
     """Metrics that are means over completion tokens (the rest are means over rows)."""
 
     def _dp_weights(self, metrics: dict, n_rows: torch.Tensor, n_tok: torch.Tensor) -> dict[str, float]:

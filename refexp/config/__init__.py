@@ -38,6 +38,7 @@ from .root import (
     schema_name,
     to_object,
 )
+from .rollout import RolloutConfig
 from .runtime import ActivationCheckpointConfig, CheckpointConfig, CommConfig, TrainingConfig
 from .task import TaskConfig
 
@@ -46,6 +47,6 @@ __all__ = [
     "REFERENCE_STRATEGIES", "AlgoConfig", "CheckpointConfig", "CommConfig", "CompileConfig", "ConfigError",
     "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig",
     "KLTriggeredReferenceConfig", "LoggerConfig", "ModelConfig", "NoReferenceConfig", "ParallelismConfig",
-    "PeriodicResetReferenceConfig", "ReferenceConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig", "TaskConfig",
+    "PeriodicResetReferenceConfig", "ReferenceConfig", "RolloutConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig", "TaskConfig",
     "TrainingConfig", "check_cross_fields", "check_known_fields", "register_configs", "schema_name", "to_object",
 ]

@@ -71,8 +71,14 @@ class GRPOConfig(AlgoConfig):
     kl_horizon: int = 10000
     """Horizon of the adaptive controller in samples (each step counts its global batch's rows, as Ziegler et
     al. 2019 and TRL): beta moves by at most 20% per ``kl_horizon`` samples."""
+    tis_cap: Optional[float] = None
+    """Truncated importance sampling (Yao et al. 2025): the clipped surrogate's ratio is taken against the
+    trainer's own log-probs of the rollout, and each token's loss is weighted by min(pi_trainer / pi_rollout,
+    tis_cap), correcting for a rollout engine whose numerics differ from the trainer's. None = off."""
 
     def __post_init__(self) -> None:
+        if self.tis_cap is not None:
+            check(self.tis_cap >= 1, "algo.tis_cap", self.tis_cap, "a number >= 1 or null (off)")
         positive_int("algo.prompts_per_step", self.prompts_per_step)
         check(isinstance(self.group_size, int) and self.group_size >= 2, "algo.group_size", self.group_size,
               "an integer >= 2 (advantages are relative within a group)")

@@ -20,6 +20,7 @@ from .errors import ConfigError
 from .logger import LoggerConfig
 from .model import CompileConfig, ModelConfig, ParallelismConfig, check_tensor_parallel_heads
 from .reference import REFERENCE_SCHEMAS, ReferenceConfig
+from .rollout import RolloutConfig
 from .runtime import ActivationCheckpointConfig, CheckpointConfig, CommConfig, TrainingConfig
 from .task import TaskConfig
 
@@ -44,6 +45,8 @@ class RootConfig:
     """``activation_checkpoint=<option>``: none | selective | full."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """``task=<option>``: prompts, answers, reward."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """``rollout=<option>``: the engine that generates completions."""
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     """``logger=<option>``: W&B and metrics.jsonl."""
     algo: Any = MISSING
@@ -73,6 +76,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "training": TrainingConfig,
     "activation_checkpoint": ActivationCheckpointConfig,
     "task": TaskConfig,
+    "rollout": RolloutConfig,
     "logger": LoggerConfig,
 }
 """Groups whose options share one schema, stored as ``/<group>_schema``."""

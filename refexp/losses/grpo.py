@@ -109,6 +109,7 @@ def grpo_loss(
     loss_agg: str = "grpo",
     max_completion_length: int | None = None,
     num_active_tokens: float | torch.Tensor | None = None,
+    token_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Clipped-surrogate GRPO loss with a KL penalty towards the reference (Shao et al. 2024, eq. 3).
 
@@ -142,6 +143,9 @@ def grpo_loss(
             active-token count, e.g. the token count of the whole batch across gradient-
             accumulation micro-batches and data-parallel ranks (TRL's ``num_items_in_batch``), so
             that accumulated gradients equal one big batch's.
+        token_weight: [B, T] per-token weights (detached here) of the policy term ``-min(...)``, not of the KL
+            term: truncated importance sampling's ``min(pi_trainer / pi_rollout, cap)`` (Yao et al. 2025;
+            verl multiplies its ``pg_losses`` the same way). None = 1.
 
     Metrics (detached 0-dim):
         ``loss/policy`` and ``loss/kl`` (the beta * kl part; 0 without a KL term), aggregated the
@@ -187,6 +191,9 @@ def grpo_loss(
     ratio = torch.exp(logp - old)
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     policy_BT = -torch.min(ratio * adv, clipped * adv)
+    if token_weight is not None:
+        check_shape("token_weight", token_weight, (B, T))
+        policy_BT = policy_BT * _compute_dtype(token_weight.detach())
     policy = _aggregate(policy_BT, m, loss_agg, max_completion_length, num_active_tokens)
 
     metrics: Metrics = {}

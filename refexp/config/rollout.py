@@ -1,0 +1,32 @@
+"""The ``rollout/`` group: the engine that generates completions (GRPO rollouts, evaluation samples, DPO pairs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .errors import one_of, positive_int
+
+ROLLOUT_ENGINES = ("builtin",)
+
+
+@dataclass
+class RolloutConfig:
+    """Which ``refexp.rollout.RolloutEngine`` generates; docs/rollout-engines.md shows how another plugs in."""
+
+    name: str = "builtin"
+    """builtin: refexp's KV-cache decoder over the trainer's own model (refexp/sampler.py)."""
+    stop_check_every: Optional[int] = None
+    """Decode steps between checks that every row has stopped (each check waits for the device and, with
+    several ranks, is a collective). Rows that stopped keep emitting padding, which is masked, so the
+    completions are the same for any value. None = 1 on CPU (a check costs nothing there), 8 on CUDA."""
+
+    def __post_init__(self) -> None:
+        one_of("rollout.name", self.name, ROLLOUT_ENGINES)
+        if self.stop_check_every is not None:
+            positive_int("rollout.stop_check_every", self.stop_check_every)
+
+    def stop_check_interval(self, device_type: str) -> int:
+        if self.stop_check_every is not None:
+            return self.stop_check_every
+        return 8 if device_type == "cuda" else 1
