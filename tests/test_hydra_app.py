@@ -9,14 +9,14 @@ import sys
 import pytest
 
 from refexp.config import to_object
-from tests.helpers import GRPO, TINY, compose_root
+from tests.helpers import GRPO, TINY, compose_root, conf_options
 
 
 def test_help_names_the_app_and_lists_groups_and_fields():
     out = subprocess.run([sys.executable, "-m", "refexp", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     assert out.stdout.startswith("refexp: ") and "powered by Hydra" not in out.stdout
-    assert "dpo_variant: ema, fixed, orpo, periodic_reset, simpo" in out.stdout
+    assert f"dpo_variant: {', '.join(conf_options('dpo_variant'))}\n" in out.stdout
     assert "training.micro_batch_size" in out.stdout and "--cfg job" in out.stdout
 
 

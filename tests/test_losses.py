@@ -412,3 +412,29 @@ def test_orpo_log1mexp_stable_near_zero():
     loss, _ = orpo_loss(pc, pr, torch.tensor([1]), torch.tensor([1]), t(0.0), lam=1.0)
     loss.backward()
     assert torch.isfinite(pc.grad).all() and torch.isfinite(pr.grad).all()
+
+
+# ---------------------------------------------------------------- NLL-only and RPO
+def test_nll_only_loss_is_the_chosen_nll_and_reports_the_policys_preference():
+    from refexp.losses import nll_only_loss
+
+    pc, pr = t([-3.0, -1.0], grad=True), t([-2.0, -4.0], grad=True)
+    nll = t(1.25, grad=True)
+    loss, m = nll_only_loss(pc, pr, nll)
+    assert loss.item() == 1.25 and m["loss/nll"].item() == 1.25 and m["loss/total"].item() == 1.25
+    assert m["rewards/accuracies"].item() == 0.5 and m["rewards/margins"].item() == pytest.approx((-1 + 3) / 2)
+    loss.backward()
+    assert nll.grad.item() == 1.0 and pc.grad is None  # the rejected and chosen sums only feed metrics
+    per_pair, _ = nll_only_loss(pc, pr, t([1.0, 1.5]))  # micro-batch parts: their mean
+    assert per_pair.item() == pytest.approx(1.25)
+
+
+def test_rpo_adds_the_weighted_chosen_nll_to_the_preference_loss():
+    from refexp.losses import add_nll_term
+
+    pc, pr, rc, rr = t([-1.0, -2.0], grad=True), t([-2.0, -2.5], grad=True), t([-1.5, -2.0]), t([-1.8, -2.2])
+    dpo, m = dpo_loss(pc, pr, rc, rr, beta=0.1)
+    total, m2 = add_nll_term(dpo, m, t(0.8), 0.5)
+    assert total.item() == pytest.approx(dpo.item() + 0.4)
+    assert m2["loss/nll"].item() == pytest.approx(0.8) and m2["loss/total"].item() == pytest.approx(total.item())
+    assert m2["rewards/margins"] is m["rewards/margins"]  # the preference metrics are the DPO loss's

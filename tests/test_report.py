@@ -530,22 +530,24 @@ def test_the_report_shows_a_setup_block_and_no_absolute_path(sweep, tmp_path, mo
 
 def test_dpo_groups_are_named_by_variant(tmp_path):
     """conf/dpo_variant/* runs: the published name of each loss/reference pair, not "none (dpo_variant=orpo)"."""
-    variants = [("fixed", "fixed", "sigmoid"), ("periodic_reset", "periodic_reset", "sigmoid"),
-                ("ema", "ema", "sigmoid"), ("simpo", "none", "simpo"), ("orpo", "none", "orpo")]
+    variants = [("fixed", "fixed", "sigmoid", 0.0), ("periodic_reset", "periodic_reset", "sigmoid", 0.0),
+                ("ema", "ema", "sigmoid", 0.0), ("simpo", "none", "simpo", 0.0), ("orpo", "none", "orpo", 0.0),
+                ("rpo", "fixed", "sigmoid", 1.0), ("nll_only", "none", "sft", 0.0)]
     job = 0
-    for variant, strategy, loss in variants:
+    for variant, strategy, loss, nll_weight in variants:
         for seed in (0, 1):
             run = tmp_path / str(job)
             _write_run(run, algo="dpo", strategy=strategy, seed=seed,
                        overrides=["algo=dpo", f"+dpo_variant={variant}", f"training.seed={seed}"],
                        rows=_dpo_rows(strategy, seed))
             cfg = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
-            cfg["algo"]["loss_type"] = loss
+            cfg["algo"].update(loss_type=loss, nll_weight=nll_weight)
             (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
             job += 1
     rep = build_report(tmp_path)
     labels = [r.group.label for r in rep.tables["dpo"].rows]
-    assert labels == ["DPO (fixed)", "TR-DPO hard (periodic_reset)", "TR-DPO soft (ema)", "ORPO", "SimPO"]
+    assert labels == ["DPO (fixed)", "RPO (fixed, nll_weight=1)", "TR-DPO hard (periodic_reset)", "TR-DPO soft (ema)",
+                      "NLL only", "ORPO", "SimPO"]
     assert rep.tables["dpo"].baseline == "DPO (fixed)"
     assert "seed-paired against DPO (fixed)" in rep.tables["dpo"].verdict
 

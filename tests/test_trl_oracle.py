@@ -117,9 +117,10 @@ def _step_order(n: int) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------- refexp
-def run_refexp(w: dict, run_dir: Path, reference: list[str]) -> list[dict]:
+def run_refexp(w: dict, run_dir: Path, reference: list[str], loss: tuple[str, ...] = ("algo.loss_type=sigmoid",)
+               ) -> list[dict]:
     overrides = [
-        f"run_dir={run_dir}", "algo=dpo", "algo.loss_type=sigmoid", f"algo.beta={BETA}",
+        f"run_dir={run_dir}", "algo=dpo", *loss, f"algo.beta={BETA}",
         f"algo.pairs_per_step={PAIRS_PER_STEP}", "algo.precompute_ref=false",
         "model=llama3_debug", f"model.hf_assets_path={w['hf']}", "model.max_seq_len=64",
         "task=gsm8k", f"task.train_path={w['gsm_file']}", f"task.eval_path={w['gsm_file']}",
@@ -140,7 +141,8 @@ def run_refexp(w: dict, run_dir: Path, reference: list[str]) -> list[dict]:
 
 
 # ---------------------------------------------------------------- TRL
-def run_trl(w: dict, *, sync: bool, alpha: float = 1.0) -> dict:
+def run_trl(w: dict, *, sync: bool, alpha: float = 1.0, loss_type: tuple[str, ...] = ("sigmoid",),
+            loss_weights: tuple[float, ...] | None = None) -> dict:
     """TRL's per-step losses and, per step, whether its reference model's weights changed in that step."""
     import datasets
     from transformers import AutoTokenizer, LlamaForCausalLM, TrainerCallback
@@ -173,11 +175,12 @@ def run_trl(w: dict, *, sync: bool, alpha: float = 1.0) -> dict:
             self.last = torch.cat([p.detach().flatten() for p in trainer.ref_model.parameters()]).clone()
 
     cfg = DPOConfig(
-        output_dir=str(w["root"] / f"trl-{sync}-{alpha}"), max_steps=STEPS, per_device_train_batch_size=PAIRS_PER_STEP,
+        output_dir=str(w["root"] / f"trl-{sync}-{alpha}-{'-'.join(loss_type)}"), max_steps=STEPS, per_device_train_batch_size=PAIRS_PER_STEP,
         gradient_accumulation_steps=1, train_sampling_strategy="sequential", dataloader_drop_last=True,
         dataloader_num_workers=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
         optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0,
-        beta=BETA, loss_type=["sigmoid"], precompute_ref_log_probs=False, sync_ref_model=sync,
+        beta=BETA, loss_type=list(loss_type), loss_weights=None if loss_weights is None else list(loss_weights),
+        precompute_ref_log_probs=False, sync_ref_model=sync,
         ref_model_mixup_alpha=alpha, ref_model_sync_steps=SYNC, max_length=None, padding_free=False,
         activation_checkpointing=False, use_cpu=True, bf16=False, fp16=False, report_to="none", logging_steps=1,
         save_strategy="no", disable_tqdm=True, seed=SEED,
@@ -253,3 +256,25 @@ def test_moving_reference_matches_trl_sync_ref_model(case, workload, trl_fixed, 
             assert ours[k - 1] == pytest.approx(math.log(2), abs=1e-6)
     # the oracle
     assert max(diff) < TOL, diff
+
+
+NLL_WEIGHT = 0.5
+LOSS_CASES = {
+    # name: (refexp loss overrides, TRL loss_type, TRL loss_weights)
+    "rpo": (("algo.loss_type=sigmoid", f"algo.nll_weight={NLL_WEIGHT}"), ("sigmoid", "sft"), (1.0, NLL_WEIGHT)),
+    "nll_only": (("algo.loss_type=sft",), ("sft",), None),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(LOSS_CASES))
+def test_nll_terms_match_trl(case, workload, tmp_path):
+    """RPO (DPO + weighted NLL on chosen, TRL's loss_type=["sigmoid", "sft"]) and the NLL-only baseline
+    (loss_type="sft") against TRL 1.16 with a fixed reference, step by step."""
+    ours_overrides, loss_type, weights = LOSS_CASES[case]
+    theirs = run_trl(workload, sync=False, loss_type=loss_type, loss_weights=weights)["losses"]
+    ours = [r["loss/total"] for r in run_refexp(workload, tmp_path / "run", ["reference=fixed"], ours_overrides)]
+    diff = [abs(a - b) for a, b in zip(ours, theirs)]
+    print(f"\n[{case}] max |refexp - TRL| per-step loss = {max(diff):.3g}")
+    assert max(diff) < TOL, diff
+    assert max(abs(a - b) for a, b in zip(ours, ours[1:])) > 10 * TOL  # the losses moved: training happened

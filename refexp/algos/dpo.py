@@ -68,7 +68,7 @@ from refexp.context import RunContext
 from refexp.data_order import batch_ids
 from refexp.evaluation import InitAnchor, evaluate, reference_logprobs
 from refexp.kl import masked_sum, mean_token_kl
-from refexp.losses import dpo_loss, orpo_loss, sft_loss, simpo_loss
+from refexp.losses import add_nll_term, dpo_loss, nll_only_loss, orpo_loss, sft_loss, simpo_loss
 from refexp.refcache import RefLogps
 from refexp.reference import ReferenceStrategy
 from refexp.timing import now
@@ -76,14 +76,20 @@ from refexp.timing import now
 
 def preference_loss(a: DPOConfig, pol_c_B: torch.Tensor, pol_r_B: torch.Tensor, len_c_B: torch.Tensor,
                     len_r_B: torch.Tensor, ref: RefLogps | None, chosen_nll: torch.Tensor | None):
-    """The loss of ``a.loss_type`` on summed policy log-probs [B] (and the reference's for DPO types)."""
-    if a.loss_type == "simpo":  # Meng et al. 2024, eq. 6
-        return simpo_loss(pol_c_B, pol_r_B, len_c_B, len_r_B, beta=a.beta, gamma=a.gamma,
-                          label_smoothing=a.label_smoothing)
+    """The loss of ``a.loss_type`` on summed policy log-probs [B] (and the reference's for DPO types), plus
+    RPO's NLL term when ``a.nll_weight`` > 0; ``chosen_nll`` (the chosen completions' token-mean NLL) is
+    needed when ``a.uses_chosen_nll``."""
+    if a.loss_type == "sft":  # the NLL-only baseline (TRL's loss_type="sft")
+        return nll_only_loss(pol_c_B, pol_r_B, chosen_nll)
     if a.loss_type == "orpo":  # Hong et al. 2024, eq. 6
         return orpo_loss(pol_c_B, pol_r_B, len_c_B, len_r_B, chosen_nll, lam=a.lam)
-    return dpo_loss(pol_c_B, pol_r_B, ref.chosen_N, ref.rejected_N, beta=a.beta, loss_type=a.loss_type,
-                    label_smoothing=a.label_smoothing, chosen_lengths=len_c_B, rejected_lengths=len_r_B)
+    if a.loss_type == "simpo":  # Meng et al. 2024, eq. 6
+        loss, m = simpo_loss(pol_c_B, pol_r_B, len_c_B, len_r_B, beta=a.beta, gamma=a.gamma,
+                             label_smoothing=a.label_smoothing)
+    else:
+        loss, m = dpo_loss(pol_c_B, pol_r_B, ref.chosen_N, ref.rejected_N, beta=a.beta, loss_type=a.loss_type,
+                           label_smoothing=a.label_smoothing, chosen_lengths=len_c_B, rejected_lengths=len_r_B)
+    return add_nll_term(loss, m, chosen_nll, a.nll_weight) if a.nll_weight > 0 else (loss, m)
 
 
 # ---------------------------------------------------------------- reference log-probs
@@ -231,7 +237,7 @@ class DPOStep:
         logp = pair_logprobs(partial(titan.token_logprobs, self.policy.model), batch, shared)  # [2b, T-1]
         seq_B = masked_sum(logp, mask, dim=-1)  # [2b] summed over completion tokens
         chosen_nll = None
-        if a.loss_type == "orpo":
+        if a.uses_chosen_nll:
             chosen_nll = (sft_loss(logp[:B], mask[:B])[0] if nll_scale is None
                           else -seq_B[:B] * nll_scale)
         loss, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:], ref, chosen_nll)
@@ -265,7 +271,7 @@ def heldout_pair_metrics(ctx: RunContext, policy: Policy, strategy: ReferenceStr
                 continue
             seq_B = masked_sum(logp, mask, dim=-1)
             ref = None if ref_logp is None else RefLogps.from_logprobs(ref_logp, mask).select(range(b))
-            chosen_nll = sft_loss(logp[:b], mask[:b])[0] if a.loss_type == "orpo" else None
+            chosen_nll = sft_loss(logp[:b], mask[:b])[0] if a.uses_chosen_nll else None
             _, m = preference_loss(a, seq_B[:b], seq_B[B:B + b], batch.lengths_B[:b], batch.lengths_B[B:B + b], ref,
                                    chosen_nll)
             acc += float(m["rewards/accuracies"]) * b  # both are means over pairs: weight by the batch's pairs

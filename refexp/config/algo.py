@@ -100,7 +100,7 @@ class GRPOConfig(AlgoConfig):
         positive_int("algo.kl_horizon", self.kl_horizon)
 
 
-DPO_REFERENCE_FREE_LOSSES = ("simpo", "orpo")
+DPO_REFERENCE_FREE_LOSSES = ("simpo", "orpo", "sft")
 
 
 @dataclass
@@ -110,7 +110,8 @@ class DPOConfig(AlgoConfig):
     name: str = "dpo"
     """Always dpo."""
     loss_type: str = "sigmoid"
-    """sigmoid | ipo | robust | hinge (need a reference) | simpo | orpo (reference-free)."""
+    """sigmoid | ipo | robust | hinge (need a reference) | simpo | orpo | sft (reference-free; sft = NLL of the
+    chosen completions only, TRL's loss_type="sft": the continued-SFT baseline)."""
     beta: float = 1.0
     """1, not the paper's 0.1: on the embedded task with the tiny model, 0.1 let the chosen log-probs fall
     (likelihood displacement) and held-out accuracy drop below the SFT model's (docs/compare_refs_dpo/report.md
@@ -121,6 +122,9 @@ class DPOConfig(AlgoConfig):
     """SimPO's target reward margin gamma (TRL's ``simpo_gamma``; the loss uses gamma/beta)."""
     lam: float = 0.1
     """ORPO's weight on the odds-ratio term."""
+    nll_weight: float = 0.0
+    """RPO (Pang et al. 2024): add this times the token-mean NLL of the chosen completions to the preference loss
+    (TRL's loss_type=["sigmoid", "sft"] with loss_weights=[1, nll_weight]); 0 = off."""
     pairs_per_step: int = 16
     """Preference pairs per optimizer step."""
     precompute_ref: bool = False
@@ -140,13 +144,22 @@ class DPOConfig(AlgoConfig):
         if self.label_smoothing and self.loss_type in ("ipo", "hinge"):
             raise ConfigError(f"algo.label_smoothing={self.label_smoothing} is invalid with "
                               f"algo.loss_type={self.loss_type}: expected 0 (only sigmoid, robust and simpo smooth)")
+        non_negative("algo.nll_weight", self.nll_weight)
+        if self.nll_weight and self.loss_type in ("orpo", "sft"):
+            raise ConfigError(f"algo.nll_weight={self.nll_weight} is invalid with algo.loss_type={self.loss_type}: "
+                              f"that loss is an NLL term already (expected 0)")
         positive_int("algo.pairs_per_step", self.pairs_per_step)
         positive_int("algo.num_pairs", self.num_pairs)
 
     @property
     def reference_free(self) -> bool:
-        """SimPO and ORPO hold no reference model."""
+        """SimPO, ORPO and the NLL-only baseline hold no reference model."""
         return self.loss_type in DPO_REFERENCE_FREE_LOSSES
+
+    @property
+    def uses_chosen_nll(self) -> bool:
+        """Whether the loss has an NLL term on the chosen completions (ORPO, NLL-only, RPO)."""
+        return self.loss_type in ("orpo", "sft") or self.nll_weight > 0
 
 
 ALGO_SCHEMAS = {"sft": SFTAlgoConfig, "grpo": GRPOConfig, "dpo": DPOConfig}

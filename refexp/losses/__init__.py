@@ -22,7 +22,7 @@ it departs from TRL.
 
 from refexp.losses.common import Metrics, sft_loss
 from refexp.losses.grpo import ADVANTAGE_SCALES, GRPO_LOSS_AGGS, group_advantages, grpo_loss
-from refexp.losses.preference import DPO_LOSS_TYPES, dpo_loss, orpo_loss, simpo_loss
+from refexp.losses.preference import DPO_LOSS_TYPES, add_nll_term, dpo_loss, nll_only_loss, orpo_loss, simpo_loss
 
-__all__ = ["ADVANTAGE_SCALES", "DPO_LOSS_TYPES", "GRPO_LOSS_AGGS", "Metrics", "dpo_loss", "group_advantages",
-           "grpo_loss", "orpo_loss", "sft_loss", "simpo_loss"]
+__all__ = ["ADVANTAGE_SCALES", "DPO_LOSS_TYPES", "GRPO_LOSS_AGGS", "Metrics", "add_nll_term", "dpo_loss",
+           "group_advantages", "grpo_loss", "nll_only_loss", "orpo_loss", "sft_loss", "simpo_loss"]

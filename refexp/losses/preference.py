@@ -1,5 +1,5 @@
 """Preference losses on pairs of completions: DPO and its reference-based variants (IPO, robust,
-hinge), and the reference-free SimPO and ORPO.
+hinge), the reference-free SimPO and ORPO, the NLL-only baseline and RPO's NLL term.
 
 Shapes and conventions: refexp/losses/__init__.py.
 """
@@ -261,3 +261,40 @@ def orpo_loss(
     metrics["loss/or"] = metric(or_loss)
     metrics["loss/total"] = metric(loss)
     return loss, metrics
+
+
+def nll_only_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    chosen_nll: torch.Tensor,
+) -> tuple[torch.Tensor, Metrics]:
+    """The NLL-only baseline (TRL 1.16's ``loss_type="sft"``): continued SFT on the chosen completions, the
+    rejected ones unused. It separates what a preference loss adds from what more SFT on the chosen data does.
+
+    Args:
+        policy_chosen_logps, policy_rejected_logps: [B] summed log-probs (for the metrics only).
+        chosen_nll: the token-mean NLL of the chosen completions (``sft_loss``), the loss itself: 0-dim, or
+            [B] per-pair parts whose mean is it (a micro-batch of the step, as ``orpo_loss`` takes it).
+
+    Metrics: ``loss/nll``, ``loss/total``; ``rewards/*`` are the policy's own summed log-probs (a
+    reference-free implicit reward at beta 1), so ``rewards/accuracies`` is the share of pairs whose chosen
+    completion the policy finds more likely; ``logps/*``.
+    """
+    check_shape("policy_rejected_logps", policy_rejected_logps, tuple(policy_chosen_logps.shape))
+    loss = _compute_dtype(chosen_nll).mean()
+    pc, pr = _compute_dtype(policy_chosen_logps).detach(), _compute_dtype(policy_rejected_logps).detach()
+    m = _preference_metrics(pc, pr, pc, pr)
+    m["loss/nll"] = metric(loss)
+    m["loss/total"] = metric(loss)
+    return loss, m
+
+
+def add_nll_term(loss: torch.Tensor, metrics: Metrics, chosen_nll: torch.Tensor, weight: float
+                 ) -> tuple[torch.Tensor, Metrics]:
+    """RPO (Pang et al. 2024, "Iterative Reasoning Preference Optimization", eq. 2): a preference loss plus
+    ``weight`` times the token-mean NLL of the chosen completions; TRL 1.16 writes it
+    ``loss_type=["sigmoid", "sft"], loss_weights=[1, weight]``. Metrics gain ``loss/nll``; ``loss/total``
+    becomes the sum. ``chosen_nll``: 0-dim, or [B] per-pair parts whose mean is the token-mean NLL."""
+    nll = _compute_dtype(chosen_nll).mean()
+    total = loss + weight * nll
+    return total, {**metrics, "loss/nll": metric(nll), "loss/total": metric(total)}

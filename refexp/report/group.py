@@ -51,7 +51,7 @@ def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
     groups: dict[tuple, Group] = {}
     for run in runs:
         settings = tuple(sorted(swept_settings(run).items()))
-        key = (run.algo, run.strategy, run.loss_type, settings)
+        key = (run.algo, run.strategy, run.loss_type, run.nll_weight, settings)
         if key not in groups:
             groups[key] = Group(run.algo, run.strategy, settings)
         groups[key].runs.append(run)
@@ -74,11 +74,15 @@ DPO_REFERENCE_NAMES = {"fixed": "DPO", "periodic_reset": "TR-DPO hard", "ema": "
 """DPO (sigmoid) by reference strategy: TR-DPO (Gorbatovski et al. 2024) is DPO with a moving reference."""
 
 
-def variant_name(algo: str, strategy: str, loss_type: str | None) -> str:
-    """What a reader calls the group: ``ORPO``, ``SimPO``, ``TR-DPO hard (periodic_reset)``; other
-    algorithms (and DPO runs that do not record a loss) keep the strategy's name."""
+def variant_name(algo: str, strategy: str, loss_type: str | None, nll_weight: float = 0.0) -> str:
+    """What a reader calls the group: ``ORPO``, ``SimPO``, ``TR-DPO hard (periodic_reset)``, ``RPO (fixed)``
+    (a reference-based loss plus an NLL term); other algorithms (and DPO runs that do not record a loss)
+    keep the strategy's name."""
     if algo != "dpo" or loss_type is None:
         return strategy
+    if nll_weight > 0 and loss_type not in DPO_LOSS_NAMES:
+        base = "RPO" if strategy in ("fixed", "none") else DPO_REFERENCE_NAMES.get(strategy, "DPO") + " + NLL"
+        return f"{base} ({strategy}, nll_weight={nll_weight:g})"
     if loss_type in DPO_LOSS_NAMES:
         name = DPO_LOSS_NAMES[loss_type]
         return name if strategy == "none" else f"{name} ({strategy} reference)"
@@ -98,5 +102,6 @@ def _label(groups: list[Group]) -> None:
     for g in groups:
         d = dict(g.settings)
         shown = [f"{k}={d[k]}" for k in differing if k in d]
-        name = variant_name(g.algo, g.strategy, g.runs[0].loss_type if g.runs else None)
+        first = g.runs[0] if g.runs else None
+        name = variant_name(g.algo, g.strategy, first.loss_type if first else None, first.nll_weight if first else 0.0)
         g.label = name + (f" ({', '.join(shown)})" if shown else "")

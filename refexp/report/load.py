@@ -183,6 +183,15 @@ class Run:
         return str(v) if v is not None else None
 
     @property
+    def nll_weight(self) -> float:
+        """DPO's ``algo.nll_weight`` (RPO's NLL term; 0 when off or not recorded)."""
+        v = self._first("nll_weight", "algo.nll_weight")
+        try:
+            return float(v) if v is not None else 0.0
+        except (TypeError, ValueError):
+            return 0.0
+
+    @property
     def seed(self) -> Optional[int]:
         v = self._first("seed", "training.seed")
         try:
