@@ -300,7 +300,7 @@ def test_two_srun_tasks_form_a_process_group_and_exit_cleanly():
     (["parallelism=fsdp_tp", "parallelism.nproc_per_node=3"], "must divide the world size 3"),
     (["parallelism=hsdp", "parallelism.data_parallel_shard_degree=3"], "expected the world size 4"),
     (["parallelism=tp", "parallelism.tensor_parallel_degree=4", "parallelism.nproc_per_node=4"],
-     "must divide model n_heads=2"),
+     "must divide model.n_heads=2"),
     (["parallelism=fsdp", "parallelism.spmd_backend=spmd_types"], "spmd_backend='spmd_types' is invalid"),
 ])
 def test_parallelism_is_checked_before_anything_is_built(tmp_path, overrides, message):
