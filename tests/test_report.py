@@ -583,3 +583,20 @@ def test_the_report_shows_what_each_group_wrote(tmp_path):
     assert "| grpo | fixed | 0 | 0+0= | fixed-40-0 | 0 | 1 |" in section
     assert "ema-40-2" in section and "ema-40-3" not in section and "-0-" not in section  # final eval, 3 each
     assert "What the models wrote" in (tmp_path / "report.html").read_text()
+
+
+def test_a_falling_chosen_log_prob_is_flagged_as_likelihood_displacement(tmp_path):
+    runs = [("fixed", -3.0), ("fixed", -2.8), ("fixed", -3.2), ("none", 0.4), ("none", 0.6), ("none", 0.5),
+            ("ema", -2.0), ("ema", 1.0), ("ema", -0.5)]  # ema: below 0 on average, the interval includes 0
+    for job, (strategy, drift) in enumerate(runs):
+        rows = _dpo_rows(strategy, job)
+        for r in rows:
+            if "eval/accuracy" in r:
+                r["logps/chosen_delta"] = drift * r["step"] / 20
+        _write_run(tmp_path / str(job), algo="dpo", strategy=strategy, seed=job % 3,
+                   overrides=["algo=dpo", f"reference={strategy}", f"training.seed={job % 3}"], rows=rows)
+    table = build_report(tmp_path).tables["dpo"]
+    (flag,) = table.flags
+    assert flag.startswith("Likelihood displacement: the chosen completions' log-prob fell below its start in fixed (")
+    assert "none" not in flag and "ema" not in flag  # rose; fell on average without an interval below 0
+    assert "**Flag.** Likelihood displacement" in (tmp_path / "report.md").read_text()

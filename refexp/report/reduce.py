@@ -112,6 +112,8 @@ COLUMNS: tuple[Column, ...] = (
            doc=f"DPO rewards/accuracies (rewards/accuracy in older runs), mean of last {TAIL} logged"),
     Column("margin", "margin", lambda r: tail_mean(r, "rewards/margins"),
            doc=f"DPO rewards/margins (rewards/margin in older runs), mean of last {TAIL} logged"),
+    Column("chosen_delta", "chosen Δlogp", lambda r: last(r, "logps/chosen_delta"),
+           doc="DPO: last logps/chosen_delta, the chosen completions' summed log-prob minus its step-0 value"),
     Column("kl_init", "kl/init", lambda r: last(r, "kl/init"), doc="last kl/init"),
     Column("kl_ref", "kl/ref", lambda r: tail_mean(r, "kl/ref"), doc=f"kl/ref, mean of last {TAIL} logged"),
     Column("ref_cost", "ref cost", ref_cost, kind="pct", doc="sum perf/ref_fwd_s / sum perf/step_s"),

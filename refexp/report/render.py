@@ -39,7 +39,9 @@ HOW_TO_READ = (
     "baseline group's for the same seed, ± its 95% t interval: a seed fixes the batch order and the "
     "sampling noise for every strategy, so pairing cancels the spread the strategies share; the *verdict* "
     "above each table names the groups whose paired interval excludes 0 and calls the rest not separated "
-    "(one paired seed: no claim). "
+    "(one paired seed: no claim). "*chosen Δlogp* (DPO) is the last `logps/chosen_delta`: how far the chosen completions' summed log-prob "
+    "moved from its start; a *flag* names the groups where it fell with its interval below 0 (likelihood "
+    "displacement). ""
     "In the plots one colour is one strategy (line styles tell its groups apart) and bands are the 95% "
     "interval of the mean across seeds, as in the table; on the accuracy-vs-drift plot (each group's "
     "final evaluation, 95% intervals on both axes), up and to the left is better: more accuracy for less drift. Failed and unfinished runs are "
@@ -130,6 +132,7 @@ def render_markdown(report) -> str:
         out += [f"## {algo.upper()}", ""]
         if table.verdict:
             out += [f"**Verdict.** {table.verdict}", ""]
+        out += [f"**Flag.** {f}" for f in table.flags] + ([""] if table.flags else [])
         out += _md_table(["setup", ""], [list(r) for r in report.setup.get(algo, [])], numeric=False) + [""]
         out += [_target_line(table), ""] + _md_table(header, body) + [""]
         for kind, path in report.plots.get(algo, {}).items():
@@ -183,6 +186,7 @@ def render_html(report) -> str:
         parts.append(f"<h2>{e(algo.upper())}</h2>")
         if table.verdict:
             parts.append(f"<p><strong>Verdict.</strong> {e(table.verdict)}</p>")
+        parts += [f"<p><strong>Flag.</strong> {e(f)}</p>" for f in table.flags]
         parts += [_html_table(["setup", ""], [list(r) for r in report.setup.get(algo, [])], "bad"),
                   f"<p>{e(_target_line(table))}</p>", _html_table(header, body)]
         for kind, path in report.plots.get(algo, {}).items():
@@ -224,7 +228,7 @@ def summary_dict(report) -> dict:
                     "reached": t.reached, "n_with_eval": t.n,
                     "estimate": t.estimate.to_dict() if t.estimate else None},
             })
-        algos[algo] = {"target": table.target, "target_note": table.target_note,
+        algos[algo] = {"target": table.target, "target_note": table.target_note, "flags": table.flags,
                        "columns": [c.key for c in table.columns], "groups": groups,
                        "baseline": table.baseline, "headline": table.headline.key if table.headline else None,
                        "verdict": table.verdict, "setup": dict(report.setup.get(algo, []))}

@@ -61,6 +61,8 @@ class AlgoTable:
     """The label of the group paired differences are taken against (None: the algorithm has no such group)."""
     headline: Optional[Column] = None
     verdict: str = ""
+    flags: list[str] = field(default_factory=list)
+    """Warnings the numbers support (likelihood displacement), one sentence each."""
 
 
 def default_target(groups: list[Group]) -> tuple[Optional[float], str]:
@@ -112,7 +114,23 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None, ba
     columns = [c for c in COLUMNS if any(row.cells[c.key] is not None for row in rows)]
     table = AlgoTable(algo, target, note, columns, rows)
     _pair_against_baseline(table, groups, baseline)
+    table.flags = displacement_flags(rows)
     return table
+
+
+def displacement_flags(rows: list[Row]) -> list[str]:
+    """Likelihood displacement (Pal et al. 2024; Razin et al. 2024): groups whose chosen completions ended
+    less likely than at the start, with the 95% interval below 0 (one seed: flagged without an interval)."""
+    flagged = []
+    for row in rows:
+        est = row.cells.get("chosen_delta")
+        if est is None or est.mean >= 0 or (est.half_width is not None and est.mean + est.half_width >= 0):
+            continue
+        flagged.append(f"{row.group.label} ({cell_text(est)})")
+    if not flagged:
+        return []
+    return ["Likelihood displacement: the chosen completions' log-prob fell below its start in " + "; ".join(flagged)
+            + " — the margin grew by pushing the chosen answers down too (Pal et al. 2024)."]
 
 
 def _pair_against_baseline(table: AlgoTable, groups: list[Group], baseline: str) -> None:
