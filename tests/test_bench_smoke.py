@@ -122,3 +122,15 @@ def test_gpu_smoke_skips_what_the_budget_leaves_no_time_for(capsys):
     assert [row["figure"] for row in lines[1:-1]] == list(gpu_smoke.FIGURES)
     assert all(row["value"] is None and "out of time" in row["skipped"] for row in lines[1:-1])
     assert counts == {"ok": 0, "error": 0, "skipped": len(gpu_smoke.FIGURES)}
+
+
+def test_pair_stats_counts_differences_and_correct_digits_after_them():
+    import pair_stats
+
+    s = pair_stats.pair_stats(["0811", "0359", "1200"], ["0801", "0369", "1200"])
+    assert s["pairs"] == 3
+    assert s["hamming_distribution"] == {"0": 1 / 3, "1": 2 / 3} and s["hamming_mean"] == 2 / 3
+    assert s["first_difference_mean_position"] == 2  # both differ at the third digit
+    assert s["share_with_shared_last_character"] == 2 / 3
+    # after the first difference: "1" in 0801 (correct), "9" in 0369 (correct): 2 of 2 characters
+    assert s["share_of_rejected_chars_after_the_first_difference_that_are_correct"] == 1.0
