@@ -600,3 +600,21 @@ def test_a_falling_chosen_log_prob_is_flagged_as_likelihood_displacement(tmp_pat
     assert flag.startswith("Likelihood displacement: the chosen completions' log-prob fell below its start in fixed (")
     assert "none" not in flag and "ema" not in flag  # rose; fell on average without an interval below 0
     assert "**Flag.** Likelihood displacement" in (tmp_path / "report.md").read_text()
+
+
+def test_best_accuracy_is_selected_on_validation_and_read_on_the_test_prompts(tmp_path):
+    from refexp.report.reduce import best_on_validation
+
+    rows = _grpo_rows("fixed", 0, None)
+    evals = [r for r in rows if "eval/accuracy" in r]
+    for r, val in zip(evals, [0.1, 0.5, 0.9, 0.7, 0.2]):
+        r["val/accuracy"] = val
+    _write_run(tmp_path / "0", algo="grpo", strategy="fixed", seed=0, overrides=["algo=grpo"], rows=rows)
+    run = build_report(tmp_path).runs[0]
+    assert best_on_validation(run) == evals[2]["eval/accuracy"]  # step 20: the best validation accuracy
+    assert best_on_validation(run) != max(r["eval/accuracy"] for r in evals)  # not the test maximum
+    for r in rows:
+        r.pop("val/accuracy", None)
+    _write_run(tmp_path / "1", algo="grpo", strategy="fixed", seed=1, overrides=["algo=grpo"], rows=rows)
+    no_val = [r for r in build_report(tmp_path).runs if r.name == "1"][0]
+    assert best_on_validation(no_val) == max(r["eval/accuracy"] for r in evals)

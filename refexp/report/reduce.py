@@ -3,7 +3,8 @@
 Definitions (the "how to read this" paragraph of report.md repeats them):
 - eval-cadence metrics (``eval/accuracy``, ``kl/init``; on ``task=preference``, which has no task
   accuracy, ``eval/pref_accuracy`` and ``eval/pref_margin`` on held-out pairs) are measured on a fixed
-  held-out set every few steps, so "final" is the last logged value and "best" the maximum over the run;
+  held-out set every few steps, so "final" is the last logged value and "best" the test accuracy at the
+  evaluation with the best validation accuracy (``val/accuracy``; without a validation split, the maximum);
 - per-step training metrics (``reward/mean``, ``rewards/*``, ``kl/ref``) are batch estimates, noisy
   and, for ``kl/ref`` under a resetting strategy, saw-toothed; "final" is the mean of the last
   ``TAIL`` logged values so the number does not depend on where in a reset cycle the run ended
@@ -29,6 +30,8 @@ TAIL = 5
 """How many last logged values a per-step training metric's "final" averages."""
 
 ACC = "eval/accuracy"
+VAL_ACC = "val/accuracy"
+"""Accuracy on the validation split (when the task has one): what "best" is selected on."""
 PREF_ACC = "eval/pref_accuracy"
 """Held-out implicit-reward accuracy: a ``task=preference`` run's stand-in for ``eval/accuracy``."""
 
@@ -48,6 +51,21 @@ def tail_mean(run: Run, key: str, k: int = TAIL) -> Optional[float]:
 def best(run: Run, key: str) -> Optional[float]:
     _, v = run.series(key)
     return float(np.max(v)) if len(v) else None
+
+
+def best_on_validation(run: Run, key: str = ACC) -> Optional[float]:
+    """``key`` (held-out test accuracy) at the evaluation whose ``val/accuracy`` is highest (the first such):
+    the model a researcher would select, reported on prompts never used to select it. Without a validation
+    split, the maximum of ``key`` itself (a selection on the test prompts, optimistic by their noise)."""
+    vs, vv = run.series(VAL_ACC)
+    ks, kv = run.series(key)
+    if not len(vv) or not len(kv):
+        return best(run, key)
+    at = dict(zip(ks.tolist(), kv.tolist()))
+    for i in np.argsort(-vv, kind="stable"):  # the best validation step that also has a test value
+        if vs[i] in at:
+            return float(at[vs[i]])
+    return best(run, key)
 
 
 def start_accuracy(run: Run) -> Optional[float]:
@@ -100,7 +118,9 @@ class Column:
 COLUMNS: tuple[Column, ...] = (
     Column("acc_final", "final acc", lambda r: last(r, ACC), doc="last eval/accuracy",
            doc_name="final held-out accuracy"),
-    Column("acc_best", "best acc", lambda r: best(r, ACC), doc="max eval/accuracy"),
+    Column("acc_best", "best acc", best_on_validation,
+           doc="eval/accuracy at the evaluation with the highest val/accuracy (without a validation split: max "
+               "eval/accuracy)"),
     Column("heldout_pref_final", "final held-out pref acc", lambda r: last(r, PREF_ACC), doc=f"last {PREF_ACC}",
            doc_name="final held-out preference accuracy"),
     Column("heldout_pref_best", "best held-out pref acc", lambda r: best(r, PREF_ACC), doc=f"max {PREF_ACC}"),
