@@ -179,3 +179,26 @@ def test_dpo_two_processes_micro_batched_and_bf16(dist_env):
     from tests.test_distributed import DPO as DIST_DPO
 
     check_sweep(sweep_two_processes(dist_env, "dpo", DIST_DPO, 3), dist_env["single"] / "dpo")
+
+
+@pytest.mark.parametrize("loaded_next", [False, True])
+def test_a_model_whose_weights_are_loaded_next_is_allocated_as_shards(loaded_next, monkeypatch):
+    """weights_loaded_next: parallelize on the meta device first, so no rank ever holds the whole model;
+    otherwise the full model is initialised first (the same weights at any world size)."""
+    from torch.distributed.tensor import DTensor
+
+    from refexp.titan import build
+
+    seen = []
+    real = build._init_weights_
+
+    def spy(model, *a, **k):
+        seen.append(all(isinstance(p, DTensor) for p in model.parameters()))
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(build, "_init_weights_", spy)
+    # bf16 compute: a 1-rank mesh, the sharded path on one process
+    m = titan.build_model(tiny(), vocab_size=V, device="cpu", training_cfg=BF16, weights_loaded_next=loaded_next)
+    assert seen == [loaded_next]  # initialised once: as shards, or before sharding
+    assert all(isinstance(p, DTensor) and p.device.type == "cpu" for p in m.parameters())
+    assert not any(b.is_meta for b in m.buffers())  # the RoPE tables were filled

@@ -51,7 +51,7 @@ class Policy:
 
 def build_policy(ctx: RunContext, init_path: Path) -> Policy:
     cfg = ctx.cfg
-    model = build_model(ctx, trainable=True)
+    model = build_model(ctx, trainable=True, weights_loaded_next=True)  # the start checkpoint is loaded next
     src = cfg.checkpoint.initial_load_path or init_path
     # initial_load_in_hf forces the HF reader; otherwise the directory's contents decide.
     titan.load_weights(model, cfg.model, src, hf=True if cfg.checkpoint.initial_load_in_hf else None)

@@ -1,8 +1,10 @@
 """Build a torchtitan decoder: parallel dims, weight init, TP/FSDP parallelize, per-block compile.
 
-Weights are initialised on the full (unsharded) model before parallelizing, so they do not depend on
-the world size; this materialises the whole model on every rank once (fine for the model sizes
-refexp studies, not for 70B). Tied embeddings are re-tied right after TP and before FSDP
+A model trained from scratch (the embedded task's SFT stage) is initialised on the full (unsharded) model
+before parallelizing, so its weights do not depend on the world size. A model whose weights are loaded
+next (the policy, the reference, the kl/init anchor: ``weights_loaded_next``) is parallelized on the meta
+device and each rank allocates only its shards, as torchtitan's trainer does, so no rank holds a whole 8B
+model. Tied embeddings are re-tied right after TP and before FSDP
 (``_retie_embeddings_after_tp``). FSDP's divide factor is 1, as in torchtitan: gradients are summed
 over data-parallel ranks (docs/torchtitan-notes.md §5).
 
@@ -211,11 +213,16 @@ def build_model(
     training_cfg: TrainingConfig | None = None,
     requires_grad: bool = True,
     ac_cfg: ActivationCheckpointConfig | None = None,
+    weights_loaded_next: bool = False,
 ) -> nn.Module:
     """Build, initialise under ``seed``, parallelize and maybe compile a torchtitan decoder.
 
     Weights are initialised on the full model before parallelizing, so they are the same for every
-    world size (see the module docstring). ``mesh`` is a ParallelDims from ``make_parallel_dims``;
+    world size (see the module docstring). ``weights_loaded_next``: the caller loads every weight right
+    after (a checkpoint), so under a mesh the model is parallelized on the meta device and each rank
+    allocates only its shards (torchtitan's order: parallelize, ``to_empty``, ``init_states``; the
+    initial values, which the load replaces, then depend on the world size). A rank never holds the whole
+    model: an 8B model's 32 GB of fp32 weights stay off every GPU. ``mesh`` is a ParallelDims from ``make_parallel_dims``;
     with one rank (or none given) and float32 compute the model stays a plain module; a compute dtype
     (``training_cfg.compute_dtype``) other than float32 applies FSDP's mixed precision at every world
     size (a 1-rank mesh for one process, see the module docstring). ``requires_grad=False`` freezes it
@@ -241,8 +248,10 @@ def build_model(
 
     with torch.device("meta"):
         model = spec.model.build()
-    model.to_empty(device=device)
-    _init_weights_(model, device, seed, model_cfg.embedding_init_std)
+    sharded_init = parallel and weights_loaded_next
+    if not sharded_init:
+        model.to_empty(device=device)
+        _init_weights_(model, device, seed, model_cfg.embedding_init_std)
     if dtype != "float32":
         for p in model.parameters():
             p.data = p.data.to(getattr(torch, dtype))
@@ -271,6 +280,9 @@ def build_model(
         _force_sum_reduction(model)
         if not requires_grad and parallelism.fsdp_reshard_after_forward == "default":
             _reshard_frozen_after_forward(model)
+        if sharded_init:  # each rank allocates its shards; init_states also fills the buffers (RoPE tables)
+            model.to_empty(device=device)
+            _init_weights_(model, device, seed, None)
         return model
     if tt_ac is not None:  # before compile, as torchtitan's parallelize_fn orders them
         tt_ac.build(dump_folder="").apply(model)
