@@ -25,6 +25,10 @@ the last value of everything)."""
 
 
 def job_type(algo: str, strategy: str, loss_type: Optional[str]) -> str:
+    """The strategy; DPO's ``strategy:loss``; ``continued_sft`` for GRPO's continued-SFT baseline (its
+    ``loss_type`` is ``sft``)."""
+    if algo == "grpo" and loss_type == "sft":
+        return "continued_sft"
     return f"{strategy}:{loss_type}" if algo == "dpo" and loss_type else strategy
 
 
@@ -63,5 +67,12 @@ def hydra_run_info(cfg) -> dict:
     except ValueError:  # HydraConfig was not set: not started by Hydra
         pass
     return run_info(experiment=cfg.experiment_name, algo=cfg.algo.name, strategy=cfg.reference.name,
-                    task=cfg.task.name, loss_type=getattr(cfg.algo, "loss_type", None), overrides=overrides,
+                    task=cfg.task.name, loss_type=_loss_of(cfg.algo), overrides=overrides,
                     sweep=sweep, group=cfg.logger.group)
+
+
+def _loss_of(algo) -> Optional[str]:
+    """DPO's ``loss_type``; ``sft`` for GRPO's continued-SFT baseline; None otherwise."""
+    if getattr(algo, "objective", "grpo") == "sft":
+        return "sft"
+    return getattr(algo, "loss_type", None)

@@ -180,3 +180,18 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
     assert not (tmp_path / "checkpoint" / "step-3").exists()
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["status"] == "failed" and "non-finite" in status["error"]
+
+
+def test_continued_sft_baseline_trains_on_demonstrations_without_rollouts(tmp_path):
+    """algo.objective=sft: the same prompts per step, SFT's NLL on their demonstrations; no reward, no KL."""
+    from refexp.config import ConfigError, to_object
+
+    with pytest.raises(ConfigError, match="algo.objective=sft .* expected reference=none"):
+        to_object(compose_cfg(tmp_path / "x", *GRPO, "algo.objective=sft"))
+    final = run(compose_cfg(tmp_path, *GRPO, "algo.objective=sft", "reference=none", "training.steps=6",
+                            "training.micro_batch_size=3", "eval.every=3"))
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert all(r["loss/total"] == r["loss/sft"] > 0 for r in rows)
+    assert not any(k.startswith(("reward", "kl/ref", "rollout/")) for r in rows for k in r)
+    assert "eval/accuracy" in final and "kl/init" in final  # measured as every strategy is

@@ -618,3 +618,17 @@ def test_best_accuracy_is_selected_on_validation_and_read_on_the_test_prompts(tm
     _write_run(tmp_path / "1", algo="grpo", strategy="fixed", seed=1, overrides=["algo=grpo"], rows=rows)
     no_val = [r for r in build_report(tmp_path).runs if r.name == "1"][0]
     assert best_on_validation(no_val) == max(r["eval/accuracy"] for r in evals)
+
+
+def test_the_continued_sft_baseline_is_named_and_paired_like_a_strategy(tmp_path):
+    for job, (strategy, objective) in enumerate([("fixed", "grpo"), ("none", "sft")]):
+        run = tmp_path / str(job)
+        _write_run(run, algo="grpo", strategy=strategy, seed=0,
+                   overrides=["algo=grpo", f"reference={strategy}", f"algo.objective={objective}"],
+                   rows=_grpo_rows("fixed", 0, None))
+        cfg = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+        cfg["algo"]["objective"] = objective
+        (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    table = build_report(tmp_path).tables["grpo"]
+    assert [r.group.label for r in table.rows] == ["fixed", "continued SFT"]
+    assert table.rows[1].paired is not None and "continued SFT" in table.verdict

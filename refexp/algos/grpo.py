@@ -18,6 +18,8 @@ Departures and choices:
   loss then has no KL term; ``algo.kl_estimator`` only chooses the loss term's estimator.
 - ``algo.kl_target``: beta follows the adaptive controller of Ziegler et al. 2019 fed with ``kl/ref``,
   counting the global batch's samples against ``algo.kl_horizon``.
+- ``algo.objective=sft`` is the continued-SFT baseline: the same prompts per step trained on their
+  demonstrations (the SFT stage's NLL), no rollouts, rewards or reference; what GRPO adds is its difference.
 - Rollouts come from the configured engine (``refexp/rollout.py``). ``rollout/logprob_diff`` (and ``_max``)
   compare its log-probs with the trainer's first-update log-probs of the same tokens; ``algo.tis_cap`` is
   truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
@@ -44,9 +46,10 @@ from refexp.config import GRPOConfig
 from refexp.context import RunContext
 from refexp.data_order import batch_ids
 from refexp.kl import AdaptiveKLController, FixedKLController, mean_token_kl, sequence_kl
-from refexp.losses import grpo_loss, group_advantages
+from refexp.losses import group_advantages, grpo_loss, sft_loss
 from refexp.reference import ReferenceStrategy
 from refexp.rollout import build_engine
+from refexp.tasks.batching import pack_sequences
 from refexp.timing import now
 
 
@@ -69,6 +72,8 @@ class GRPOStep:
         self.engine = build_engine(ctx.cfg.rollout, policy.model, ctx.task.tokenizer)
 
     def __call__(self, step: int, ckpt) -> dict:
+        if self.a.objective == "sft":
+            return self._continued_sft_step(step, ckpt)
         ctx, a, task = self.ctx, self.a, self.ctx.task
         G, seed = a.group_size, ctx.cfg.training.seed
         pd = ctx.parallel_dims
@@ -171,6 +176,32 @@ class GRPOStep:
                 for p, c, ans, x, v in zip(prompts[:k], r.texts[:k], answers[:k], rewards[:k].tolist(),
                                            adv[:k].tolist())]
         return out
+
+    def _continued_sft_step(self, step: int, ckpt) -> dict:
+        """``algo.objective=sft``: the step's prompts (the ones GRPO would sample from) trained on their
+        demonstrations with the SFT stage's token-mean NLL, in ``training.micro_batch_size`` chunks; each rank's
+        share weighted by its target tokens, so the update is the single-process one."""
+        ctx, a, task, pd = self.ctx, self.a, self.ctx.task, self.ctx.parallel_dims
+        ids = batch_ids(len(task.train), a.prompts_per_step, ctx.cfg.training.seed, step)
+        rows = task.train.select(ids[rdist.local_slice(pd, a.prompts_per_step)])
+        t0 = now(ctx.device)
+        tokens, mask = pack_sequences(task.tokenizer, rows["prompt"], rows["completion"], add_eos=True)
+        tokens, target = tokens.to(ctx.device), mask[:, 1:].to(ctx.device)  # logp[:, t] scores token t+1
+        n_local = target.sum().to(torch.float32)
+        n_global = rdist.dp_sum(pd, n_local)
+        model = self.policy.model
+        model.train()
+        nll_sum = torch.zeros((), device=ctx.device)
+        for sl in row_chunks(tokens.shape[0], ctx.cfg.training.micro_batch_size):
+            logp = titan.token_logprobs(model, tokens[sl])
+            loss, _ = sft_loss(logp, target[sl])
+            n_chunk = target[sl].sum().to(torch.float32)
+            (loss * n_chunk / n_global).backward()
+            nll_sum = nll_sum + loss.detach() * n_chunk
+        loss = rdist.dp_sum(pd, nll_sum) / n_global.clamp(min=1)  # the global batch's token mean
+        gn, lr = optimizer_step(ctx, self.policy, loss, step, ckpt)
+        return {"loss/total": float(loss), "loss/sft": float(loss), "optim/grad_norm": gn, "optim/lr": lr,
+                "perf/tokens_per_s": float(tokens.numel()) / max(now(ctx.device) - t0, 1e-9)}
 
     def _chunks(self, tokens: torch.Tensor, mask: torch.Tensor) -> list[tuple[slice, SharedPrompt | None]]:
         """This step's row chunks (``training.micro_batch_size`` completions, whole groups) and each

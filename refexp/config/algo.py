@@ -71,6 +71,10 @@ class GRPOConfig(AlgoConfig):
     kl_horizon: int = 10000
     """Horizon of the adaptive controller in samples (each step counts its global batch's rows, as Ziegler et
     al. 2019 and TRL): beta moves by at most 20% per ``kl_horizon`` samples."""
+    objective: str = "grpo"
+    """grpo | sft. sft is the continued-SFT baseline: the same prompts per step and the same steps, trained on
+    their demonstrations with the SFT stage's token-mean NLL instead of rollouts and rewards (no reference:
+    reference=none), so a comparison can tell what GRPO adds over more SFT from the same start."""
     tis_cap: Optional[float] = None
     """Truncated importance sampling (Yao et al. 2025): the clipped surrogate's ratio is taken against the
     trainer's own log-probs of the rollout, and each token's loss is weighted by min(pi_trainer / pi_rollout,
@@ -79,6 +83,7 @@ class GRPOConfig(AlgoConfig):
     def __post_init__(self) -> None:
         if self.tis_cap is not None:
             check(self.tis_cap >= 1, "algo.tis_cap", self.tis_cap, "a number >= 1 or null (off)")
+        one_of("algo.objective", self.objective, ("grpo", "sft"))
         positive_int("algo.prompts_per_step", self.prompts_per_step)
         check(isinstance(self.group_size, int) and self.group_size >= 2, "algo.group_size", self.group_size,
               "an integer >= 2 (advantages are relative within a group)")

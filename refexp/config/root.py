@@ -188,12 +188,15 @@ def check_cross_fields(cfg: RootConfig) -> None:
             raise ConfigError("sft.enable=false needs model.hf_assets_path: a pretrained HF checkpoint dir for "
                               "the policy, the reference and the kl/init anchor to start from (or sft.enable=true)")
     check_tensor_parallel_heads(cfg.model, cfg.parallelism)
+    if getattr(cfg.algo, "objective", "grpo") == "sft" and cfg.reference.name != "none":
+        raise ConfigError(f"algo.objective=sft (the continued-SFT baseline) is invalid with reference="
+                          f"{cfg.reference.name}: it has no KL term; expected reference=none")
     if getattr(cfg.algo, "share_prompt", False) and cfg.model.attn_backend != "sdpa":
         raise ConfigError(f"algo.share_prompt=true needs model.attn_backend=sdpa (got {cfg.model.attn_backend!r}): "
                           f"set algo.share_prompt=false to use the {cfg.model.attn_backend} backend")
     mbs = cfg.training.micro_batch_size
-    if (mbs is not None and cfg.algo.name == "grpo" and cfg.algo.share_prompt
-            and mbs % cfg.algo.group_size):
+    if (mbs is not None and cfg.algo.name == "grpo" and cfg.algo.share_prompt and cfg.algo.objective == "grpo"
+            and mbs % cfg.algo.group_size):  # the continued-SFT baseline's rows are prompts, not groups
         raise ConfigError(
             f"training.micro_batch_size={mbs} is invalid with algo.share_prompt=true: a chunk must hold whole "
             f"prompt groups, expected a multiple of algo.group_size={cfg.algo.group_size} (or algo.share_prompt=false)")

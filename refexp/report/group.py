@@ -51,7 +51,7 @@ def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
     groups: dict[tuple, Group] = {}
     for run in runs:
         settings = tuple(sorted(swept_settings(run).items()))
-        key = (run.algo, run.strategy, run.loss_type, run.nll_weight, settings)
+        key = (run.algo, run.strategy, run.loss_type, run.nll_weight, run.objective, settings)
         if key not in groups:
             groups[key] = Group(run.algo, run.strategy, settings)
         groups[key].runs.append(run)
@@ -74,10 +74,13 @@ DPO_REFERENCE_NAMES = {"fixed": "DPO", "periodic_reset": "TR-DPO hard", "ema": "
 """DPO (sigmoid) by reference strategy: TR-DPO (Gorbatovski et al. 2024) is DPO with a moving reference."""
 
 
-def variant_name(algo: str, strategy: str, loss_type: str | None, nll_weight: float = 0.0) -> str:
+def variant_name(algo: str, strategy: str, loss_type: str | None, nll_weight: float = 0.0,
+                 objective: str = "grpo") -> str:
     """What a reader calls the group: ``ORPO``, ``SimPO``, ``TR-DPO hard (periodic_reset)``, ``RPO (fixed)``
     (a reference-based loss plus an NLL term); other algorithms (and DPO runs that do not record a loss)
     keep the strategy's name."""
+    if algo == "grpo" and objective == "sft":
+        return "continued SFT"
     if algo != "dpo" or loss_type is None:
         return strategy
     if nll_weight > 0 and loss_type not in DPO_LOSS_NAMES:
@@ -97,11 +100,12 @@ def _label(groups: list[Group]) -> None:
     one that only some groups set (``reference.reset_every`` on periodic_reset) is shown where set;
     ``dpo_variant`` is the name already.
     """
-    keys = sorted({k for g in groups for k, _ in g.settings} - {"dpo_variant"})
+    keys = sorted({k for g in groups for k, _ in g.settings} - {"dpo_variant", "algo.objective"})
     differing = [k for k in keys if len({dict(g.settings).get(k) for g in groups}) > 1]
     for g in groups:
         d = dict(g.settings)
         shown = [f"{k}={d[k]}" for k in differing if k in d]
         first = g.runs[0] if g.runs else None
-        name = variant_name(g.algo, g.strategy, first.loss_type if first else None, first.nll_weight if first else 0.0)
+        name = variant_name(g.algo, g.strategy, first.loss_type if first else None, first.nll_weight if first else 0.0,
+                            first.objective if first else "grpo")
         g.label = name + (f" ({', '.join(shown)})" if shown else "")

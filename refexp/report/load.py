@@ -183,6 +183,11 @@ class Run:
         return str(v) if v is not None else None
 
     @property
+    def objective(self) -> str:
+        """GRPO's ``algo.objective`` (``sft``: the continued-SFT baseline); ``grpo`` when not recorded."""
+        return str(self._first("objective", "algo.objective") or "grpo")
+
+    @property
     def nll_weight(self) -> float:
         """DPO's ``algo.nll_weight`` (RPO's NLL term; 0 when off or not recorded)."""
         v = self._first("nll_weight", "algo.nll_weight")
