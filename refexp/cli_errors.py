@@ -10,7 +10,6 @@ its config (``--cfg job``). Sweeps (``-m``) are left to Hydra: a job's bad value
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 
@@ -40,16 +39,6 @@ def one_line(message: str) -> str:
     return "; ".join(lines[:3]) if lines else text
 
 
-def _world_size(cfg) -> int | None:
-    """The job's world size when it is known before launching: WORLD_SIZE, else the processes refexp would
-    start itself. None under SLURM before refexp maps its variables (checked after launch)."""
-    if os.environ.get("WORLD_SIZE"):
-        return int(os.environ["WORLD_SIZE"])
-    if os.environ.get("SLURM_PROCID") is not None:
-        return None
-    return cfg.parallelism.nproc_per_node
-
-
 def precheck(argv: list[str], config_dir: str) -> None:
     """Compose and validate the single run ``argv`` describes; exit 2 with one line when it is invalid."""
     if any(a in ("-m", "--multirun") for a in argv) or any(a.split("=")[0] in NOT_A_RUN for a in argv):
@@ -61,7 +50,7 @@ def precheck(argv: list[str], config_dir: str) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from refexp.config import ConfigError, to_object
-    from refexp.config.model import resolve_shard_degree
+    from refexp.config.model import planned_world_size, resolve_shard_degree
 
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
@@ -69,7 +58,7 @@ def precheck(argv: list[str], config_dir: str) -> None:
         if cfg.get("dry_run"):
             return  # a plan needs no data paths (refexp/dry_run.py validates what it needs)
         obj = to_object(cfg)
-        world = _world_size(obj)
+        world = planned_world_size(obj.parallelism)
         if world is not None and world > 1:
             resolve_shard_degree(obj.parallelism, world)
     except ConfigError as e:

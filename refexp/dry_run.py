@@ -33,7 +33,6 @@ These are estimates (allocator fragmentation, NCCL buffers and CUDA context, ~1-
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
@@ -100,9 +99,20 @@ def _kv_dim(attn, dim: int, q_out: int) -> int:
     return (q_out - dim) // 2 if q_out > dim else dim
 
 
-def _world_size(cfg) -> int:
-    """Ranks of the planned job: torchrun's WORLD_SIZE when set (several nodes), else one node's processes."""
-    return int(os.environ.get("WORLD_SIZE", "0")) or cfg.parallelism.nproc_per_node
+def _layout(cfg) -> tuple[int, int, int, int]:
+    """(world size, replicate, shard, TP degrees) of the planned job: torchrun's WORLD_SIZE when set (several
+    nodes), else one node's processes."""
+    from refexp.config.model import planned_world_size, resolve_shard_degree
+
+    world = planned_world_size(cfg.parallelism) or cfg.parallelism.nproc_per_node
+    if world == 1:
+        return 1, 1, 1, 1
+    p = cfg.parallelism
+    return world, p.data_parallel_replicate_degree, resolve_shard_degree(p, world), p.tensor_parallel_degree
+
+
+def _device_type(cfg) -> str:
+    return "cuda" if cfg.training.device.startswith("cuda") else "cpu"
 
 
 def _rows_and_length(cfg, dp: int) -> tuple[int, int, int, int]:
@@ -146,13 +156,9 @@ def _activation_elems_per_token(s: Shapes, ac) -> tuple[int, int]:
 
 def plan(cfg) -> list[tuple[str, float, str]]:
     """The per-rank memory lines ``(what, bytes, how)`` of a validated RootConfig; the last is the peak."""
-    from refexp import titan
-
-    world = _world_size(cfg)
-    device_type = "cuda" if cfg.training.device.startswith("cuda") else "cpu"
-    pdims = titan.make_parallel_dims(cfg.parallelism, world, "cpu") if world > 1 else None
-    shard, tp = (pdims.dp_shard, pdims.tp) if pdims else (1, 1)
-    dp = (pdims.dp_replicate * pdims.dp_shard) if pdims else 1
+    world, rep, shard, tp = _layout(cfg)
+    dp = rep * shard
+    device_type = _device_type(cfg)
     s = model_shapes(cfg.model, cfg.parallelism)
     split = shard * tp
     master = BYTES[cfg.training.dtype]
@@ -202,16 +208,11 @@ def plan(cfg) -> list[tuple[str, float, str]]:
 
 
 def format_plan(cfg, lines) -> str:
-    from refexp import titan
-
-    world = _world_size(cfg)
-    layout = "1 process"
-    if world > 1:
-        d = titan.make_parallel_dims(cfg.parallelism, world, "cpu")
-        layout = f"{world} ranks: {d.dp_replicate} replicate x {d.dp_shard} shard x {d.tp} TP"
+    world, rep, shard, tp = _layout(cfg)
+    layout = f"{world} ranks: {rep} replicate x {shard} shard x {tp} TP" if world > 1 else "1 process"
     head = (f"refexp dry run: {cfg.algo.name} x reference={cfg.reference.name}, model {cfg.model.name} "
             f"{cfg.model.flavor}, {layout}, device {cfg.training.device}, compute "
-            f"{cfg.training.compute_dtype('cuda' if cfg.training.device.startswith('cuda') else 'cpu')}")
+            f"{cfg.training.compute_dtype(_device_type(cfg))}")
     body = [f"  {what:<36} {b / GIB:>9.2f} GiB   {how}" for what, b, how in lines[:-1]]
     return "\n".join([head, *body, f"per-rank peak estimate: {lines[-1][1] / GIB:.2f} GiB"])
 

@@ -51,6 +51,13 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
+def _keep_until(path: Path, step: int) -> list[dict]:
+    """Rewrite a jsonl file of logged rows (atomically) without the rows after ``step``; returns the kept rows."""
+    keep = [r for r in read_metrics(path) if r.get("step", 0) <= step]
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
+    return keep
+
+
 class MetricLogger:
     """Rank-0 logger. ``enabled=False`` makes every method a no-op (other ranks)."""
 
@@ -169,12 +176,10 @@ class MetricLogger:
         if not self.enabled:
             return
         self._file.close()
-        keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
+        keep = _keep_until(self.path, step)
         self.last_step = max((int(r.get("step", 0)) for r in keep), default=0)
-        write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in keep))
         if self.samples_path.exists():
-            kept = [r for r in read_metrics(self.samples_path) if r.get("step", 0) <= step]
-            write_text_atomic(self.samples_path, "".join(json.dumps(r) + "\n" for r in kept))
+            _keep_until(self.samples_path, step)
         self._file = open(self.path, "a", buffering=1)
 
     def close(self, exit_code: int = 0) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -97,7 +98,8 @@ class CompileConfig:
 
 def resolve_shard_degree(parallelism: ParallelismConfig, world_size: int) -> int:
     """``data_parallel_shard_degree`` with -1 resolved for ``world_size`` ranks; ConfigError when the
-    degrees do not multiply to the world size. Torch-free, so the CLI checks it before importing torch."""
+    degrees do not multiply to the world size, or the SPMD backend cannot run on several ranks. Torch-free,
+    so the CLI checks it before importing torch."""
     rep, shard, tp = (parallelism.data_parallel_replicate_degree, parallelism.data_parallel_shard_degree,
                       parallelism.tensor_parallel_degree)
     others = rep * tp
@@ -111,6 +113,12 @@ def resolve_shard_degree(parallelism: ParallelismConfig, world_size: int) -> int
         raise ConfigError(
             f"parallelism degrees are invalid: data_parallel_replicate_degree={rep} x data_parallel_shard_degree="
             f"{shard} x tensor_parallel_degree={tp} = {rep * shard * tp}, expected the world size {world_size}")
+    if world_size > 1 and parallelism.spmd_backend != "partial_dtensor":
+        # spmd_types: FSDP/TP fail in torchtitan 0.3.0 (docs/torchtitan-notes.md §4). full_dtensor:
+        # every module input must already be a DTensor ("Got a plain Tensor under the full_dtensor
+        # mode"); refexp passes plain token tensors.
+        raise ConfigError(f"parallelism.spmd_backend={parallelism.spmd_backend!r} is invalid with more than one "
+                          f"rank: expected partial_dtensor")
     return shard
 
 
@@ -123,3 +131,14 @@ def check_tensor_parallel_heads(model: ModelConfig, parallelism: ParallelismConf
         if n is not None and n % tp:
             raise ConfigError(f"parallelism.tensor_parallel_degree={tp} is invalid: it must divide model.{what}={n} "
                               f"(attention heads are split across tensor-parallel ranks)")
+
+
+def planned_world_size(parallelism: ParallelismConfig, environ=None) -> int | None:
+    """The ranks of a job before it is launched: ``WORLD_SIZE`` (torchrun), else the processes refexp starts
+    itself (``parallelism.nproc_per_node``); None under SLURM before refexp maps its variables."""
+    env = os.environ if environ is None else environ
+    if env.get("WORLD_SIZE"):
+        return int(env["WORLD_SIZE"])
+    if env.get("SLURM_PROCID") is not None:
+        return None
+    return parallelism.nproc_per_node

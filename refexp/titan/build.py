@@ -70,14 +70,6 @@ def make_parallel_dims(parallelism: ParallelismConfig, world_size: int, device_t
     prepare_torchtitan(device_type)
     rep, tp = parallelism.data_parallel_replicate_degree, parallelism.tensor_parallel_degree
     shard = resolve_shard_degree(parallelism, world_size)
-    if world_size > 1 and parallelism.spmd_backend != "partial_dtensor":
-        # spmd_types: FSDP/TP fail in torchtitan 0.3.0 (docs/torchtitan-notes.md §4). full_dtensor:
-        # every module input must already be a DTensor ("Got a plain Tensor under the full_dtensor
-        # mode"); refexp passes plain token tensors.
-        raise ConfigError(
-            f"parallelism.spmd_backend={parallelism.spmd_backend!r} is invalid with more than one rank: "
-            f"expected partial_dtensor"
-        )
     return ParallelDims(dp_replicate=rep, dp_shard=shard, cp=1, tp=tp, pp=1, ep=1, world_size=world_size,
                         spmd_backend=parallelism.spmd_backend)
 
