@@ -77,6 +77,7 @@ def test_grpo_evaluation_and_dpo_pairs_all_generate_through_the_configured_engin
             calls.append("greedy" if kw.get("greedy") else "sampled")
             return super().generate(prompts, **kw)
 
+    run(compose_cfg(tmp_path / "warm", *RUN, "training.steps=0"))  # the SFT stage (its evaluations) cached first
     monkeypatch.setitem(rollout.ENGINES, "builtin", Recording)
     _rows(tmp_path / "grpo")
     # step 0 and step 2 evaluations (greedy accuracy, kl/init samples) and two GRPO steps' rollouts

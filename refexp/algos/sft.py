@@ -35,6 +35,7 @@ from refexp.losses import sft_loss
 from refexp.models import build_model
 from refexp.optim import build_optimizer, clip_and_step
 from refexp.progress import progress_bar
+from refexp.rollout import build_engine
 from refexp.timing import now
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
@@ -117,7 +118,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     log = MetricLogger(out_dir, enabled=ctx.dist.is_rank0)
     tok = ctx.task.tokenizer
     train = ctx.task.train
-    acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims)
+    engine = build_engine(cfg.rollout, model, ctx.task.tokenizer)  # the configured engine, as every evaluation
+    acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims, engine=engine)
     step, t0 = 0, now(ctx.device)
     log.log({"eval/accuracy": acc}, step=0)
     bar = progress_bar(total=sft.steps, desc="sft", enabled=ctx.dist.is_rank0 and cfg.logger.progress)
@@ -144,7 +146,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         loss = rdist.dp_sum(ctx.parallel_dims, loss.detach() * n_local) / n_global.clamp(min=1)
         row = {"loss/total": float(loss), "sft/grad_norm": grad_norm}
         if step % sft.eval_every == 0 or step == sft.steps:
-            acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims)
+            acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims,
+                                  engine=engine)
             row["eval/accuracy"] = acc
             bar.set_postfix(loss=f"{float(loss):.3f}", acc=f"{acc:.2f}")
         log.log(row, step=step)
