@@ -130,22 +130,27 @@ def kl_to_anchor(policy, anchors: Mapping[str, LogprobFn], task, num_prompts: in
 
 
 @torch.inference_mode()
-def logp_correct(policy, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None) -> float:
-    """Mean over the first ``num_prompts`` held-out rows of the policy's summed log-prob of the row's
-    reference ``completion`` + EOS (packed as SFT's targets, refexp/algos/sft.py). The rows are split
-    over the data-parallel ranks of ``parallel_dims`` (None: this process does them all). Collective."""
-    n = min(num_prompts, len(task.eval))
+def logp_correct(policy, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None,
+                 split: str = "eval", per_token: bool = False) -> float:
+    """Mean over the first ``num_prompts`` rows of ``task.<split>`` of the policy's summed log-prob of the
+    row's reference ``completion`` + EOS (packed as SFT's targets, refexp/algos/sft.py); ``per_token``: the
+    mean over those completion tokens instead (minus SFT's loss on them). The rows are split over the
+    data-parallel ranks of ``parallel_dims`` (None: this process does them all). Collective."""
+    data = getattr(task, split)
+    n = min(num_prompts, len(data))
     ids, real = padded_share(parallel_dims, n)
-    rows = task.eval.select(ids)
+    rows = data.select(ids)
     device = next(policy.parameters()).device
-    total = 0.0
+    total, tokens_total = 0.0, 0
     for sl in _batches(len(rows), batch_size):
         tokens, completion = pack_sequences(task.tokenizer, rows["prompt"][sl], rows["completion"][sl], add_eos=True)
         mask = completion[:, 1:].to(device)  # completion token t+1 is predicted at log-prob column t
         logp = titan.token_logprobs(policy, tokens.to(device))
-        total += float(masked_sum(logp, mask, dim=-1)[_real_rows(sl, real).to(device)].sum())
-    (total,) = _global_sums(parallel_dims, device, total)
-    return total / max(1, n)
+        keep = _real_rows(sl, real).to(device)
+        total += float(masked_sum(logp, mask, dim=-1)[keep].sum())
+        tokens_total += int(mask[keep].sum())
+    total, tokens_total = _global_sums(parallel_dims, device, total, tokens_total)
+    return total / max(1, tokens_total if per_token else n)
 
 
 class InitAnchor:

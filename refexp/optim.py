@@ -15,8 +15,11 @@ import torch
 
 
 def build_optimizer(model: torch.nn.Module, *, optimizer: str, lr: float, beta1: float = 0.9, beta2: float = 0.95,
-                    eps: float = 1e-8, weight_decay: float = 0.0, warmup_steps: int = 0, total_steps: int = 1):
-    """(optimizers, lr_schedulers) for a model whose trainable parameters all share one group."""
+                    eps: float = 1e-8, weight_decay: float = 0.0, warmup_steps: int = 0, total_steps: int = 1,
+                    decay_ratio: float = 0.0, decay_type: str = "linear"):
+    """(optimizers, lr_schedulers) for a model whose trainable parameters all share one group; the LR
+    decays to 0 over the last ``decay_ratio`` of the steps after warm-up (torchtitan's warm-up/stable/decay;
+    0 = constant after warm-up, what the RL loops use: see the module docstring)."""
     from refexp.titan.components import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
 
     kwargs = {"lr": lr, "weight_decay": weight_decay}
@@ -31,8 +34,10 @@ def build_optimizer(model: torch.nn.Module, *, optimizer: str, lr: float, beta1:
     )
     optimizers = OptimizersContainer(cfg, model_parts=[model])
     total = max(int(total_steps), int(warmup_steps), 1)
+    # torchtitan counts decay_ratio in total steps (and warns when warm-up + decay exceed them)
+    ratio = float(decay_ratio) * (total - min(int(warmup_steps), total)) / total
     sched_cfg = LRSchedulersContainer.Config(warmup_steps=int(warmup_steps), total_steps=total,
-                                             decay_ratio=0.0)
+                                             decay_ratio=ratio, decay_type=decay_type)
     return optimizers, sched_cfg.build(optimizers=optimizers, training_steps=total)
 
 

@@ -275,9 +275,11 @@ def _dispatch(ctx: RunContext) -> dict:
             ctx.logger.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
         final = {"eval/accuracy": summary["eval_accuracy"], "step": summary["steps"], "sft/wall_s": summary["wall_s"],
                  "sft/dir": str(sft_dir)}
+        if summary.get("val_accuracy") is not None:
+            final["sft/val_accuracy"] = summary["val_accuracy"]
         if ctx.dist.is_rank0:
-            print(f"[refexp] SFT model: {sft_dir} (held-out accuracy {summary['eval_accuracy']:.3f} "
-                  f"after {summary['steps']} steps)")
+            print(f"[refexp] SFT model: {sft_dir} (test accuracy {summary['eval_accuracy']:.3f} after "
+                  f"{summary['steps']} steps, stopped by {summary.get('stopped_by', 'cap')})")
         return final
     if algo == "grpo":
         from refexp.algos.grpo import train_grpo

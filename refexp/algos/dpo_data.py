@@ -2,7 +2,8 @@
 
 The embedded task has no preference data, so it is made the way on-policy preference sets are
 (e.g. the "self-generated rejected" pairs of SPIN, Chen et al. 2024): for train-split prompts, in
-train order, ``chosen`` is the correct completion (the demonstration) and ``rejected`` is the
+train order, ``chosen`` is the correct completion (the demonstration, or the task's ``solution`` where
+demonstrations may be wrong: ``task.demo_slip``) and ``rejected`` is the
 first *incorrect* completion among ``TRIES`` samples of the SFT model itself (temperature 1,
 ``refexp.rollout`` (the configured engine) keyed by ``(algo.pair_seed, prompt_id, k)``). A prompt the SFT model always
 gets right gives no pair and is skipped. Sampling stops at ``algo.num_pairs`` pairs (or the end of
@@ -126,7 +127,8 @@ def sample_pairs(model: torch.nn.Module, task, *, num_pairs: int, pair_seed: int
                 continue
             rows["prompt_id"].append(pid)
             rows["prompt"].append(batch["prompt"][j])
-            rows["chosen"].append(batch["completion"][j])
+            # the correct completion: a demonstration may carry task.demo_slip's error
+            rows["chosen"].append(batch["solution" if "solution" in batch.column_names else "completion"][j])
             rows["rejected"].append(wrong)
     model.train(was_training)
     return rows

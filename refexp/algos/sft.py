@@ -1,9 +1,14 @@
 """The SFT stage: the model every RL run starts from and that ``reference=fixed`` keeps.
 
-Masked next-token loss on the task's demonstrations (prompt tokens masked out), held-out greedy
-exact match every ``sft.eval_every`` steps, and an early stop at ``sft.target_accuracy`` with a
-step cap: on the embedded task accuracy sits near zero and then jumps within a few hundred steps at
-a seed-dependent point, so a fixed step count would give very different SFT models per seed.
+Masked next-token loss on the task's demonstrations (prompt tokens masked out) until it converges:
+every ``sft.eval_every`` steps the *validation* split's loss (``sft/val_loss``, NLL per demonstration
+token) and greedy exact match (``sft/val_accuracy``), and a stop once the loss has not fallen by
+``sft.min_delta`` for ``sft.patience`` evaluations (a plateau, once past ``sft.min_steps``), the accuracy reaches
+``sft.target_accuracy``, or the ``sft.steps`` cap. Accuracy on the embedded task sits near zero and
+then jumps at a seed-dependent step (a plateau rule on it stops before the jump; the loss keeps
+falling through it), so a fixed step count would give different models per seed. The held-out test split is measured
+once, on the model kept (``eval/accuracy``), and never decides anything. A task without a validation
+split trains to the cap (the accuracy rules need one).
 
 The output is cached under ``<cache>/sft/<hash of everything that determines it>/``: ``model/``
 (a model-only DCP checkpoint, loads into any parallelism), ``hf/`` (HF safetensors export),
@@ -26,7 +31,7 @@ from refexp import distributed as rdist
 from refexp import titan
 from refexp.titan import save_model_weights
 from refexp.context import RunContext
-from refexp.evaluation import greedy_accuracy
+from refexp.evaluation import greedy_accuracy, logp_correct
 from refexp.data_order import batch_ids
 from refexp.hashing import stable_hash
 from refexp.io import atomic_dir, remove_temporaries, write_json_atomic
@@ -105,8 +110,66 @@ def sft_batch(ctx: RunContext, step: int) -> list[int]:
     return batch_ids(len(ctx.task.train), b, ctx.cfg.sft.seed, step)[rdist.local_slice(ctx.parallel_dims, b)]
 
 
+class ValidationStop:
+    """The SFT stage's stop rules, fed validation measurements only: ``done`` once the accuracy reaches
+    ``sft.target_accuracy``, or (from ``sft.min_steps`` on) after ``sft.patience`` evaluations in a row
+    whose loss is not below the best so far by ``sft.min_delta``. Without a validation split it never stops the stage (the step cap does)."""
+
+    def __init__(self, sft, *, has_val: bool) -> None:
+        self.sft, self.has_val = sft, has_val
+        self.best_loss: float | None = None
+        self.accuracy: float | None = None
+        self.since_best = 0
+        self.improved = False
+        self.done = False
+        self.hit_target = False
+
+    def update(self, loss: float, accuracy: float, step: int) -> None:
+        self.accuracy = accuracy
+        if self.best_loss is None or loss < self.best_loss - self.sft.min_delta:
+            self.best_loss, self.since_best = loss, 0
+        else:
+            self.since_best += 1
+        self.improved = self.since_best == 0
+        self.hit_target = accuracy >= self.sft.target_accuracy
+        plateau = self.sft.patience > 0 and self.since_best >= self.sft.patience and step >= self.sft.min_steps
+        self.done = self.hit_target or plateau
+
+    def reason(self) -> str:
+        """``target`` | ``plateau`` | ``cap`` (the step cap, also without a validation split)."""
+        if self.hit_target:
+            return "target"
+        return "plateau" if self.done else "cap"
+
+
+class BestWeights:
+    """This rank's parameter shards at the lowest validation loss so far, kept in host memory and put
+    back at the end: the stage keeps the model validation chose, not the last step's (one more copy of
+    the rank's shards in host memory)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.saved: list[torch.Tensor] | None = None
+        self.step: int | None = None
+
+    def _shards(self) -> list[torch.Tensor]:
+        from torch.distributed.tensor import DTensor
+
+        return [p.to_local() if isinstance(p, DTensor) else p for p in self.model.parameters()]
+
+    @torch.no_grad()
+    def save(self, step: int) -> None:
+        self.saved, self.step = [t.detach().to("cpu", copy=True) for t in self._shards()], step
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for t, saved in zip(self._shards(), self.saved or []):
+            t.copy_(saved)
+
+
 def train_sft(ctx: RunContext, out_dir: Path) -> dict:
-    """Train from scratch (or from model.hf_assets_path) until the target accuracy or the step cap."""
+    """Train from scratch (or from model.hf_assets_path) until the validation loss plateaus, validation
+    accuracy reaches the target, or the step cap; keep the weights of the lowest validation loss."""
     cfg, sft = ctx.cfg, ctx.cfg.sft
     out_dir.mkdir(parents=True, exist_ok=True)
     model = build_model(ctx, trainable=True, seed=sft.seed)
@@ -114,16 +177,28 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         titan.load_weights(model, cfg.model, cfg.model.hf_assets_path, hf=True)
     optimizers, schedulers = build_optimizer(model, optimizer=cfg.training.optimizer, lr=sft.lr,
                                              weight_decay=sft.weight_decay, warmup_steps=sft.warmup_steps,
-                                             total_steps=sft.steps)
+                                             total_steps=sft.steps, decay_ratio=sft.decay_ratio, decay_type="cosine")
     log = MetricLogger(out_dir, enabled=ctx.dist.is_rank0)
     tok = ctx.task.tokenizer
     train = ctx.task.train
     engine = build_engine(cfg.rollout, model, ctx.task.tokenizer)  # the configured engine, as every evaluation
-    acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims, engine=engine)
+    stop = ValidationStop(sft, has_val=ctx.task.val is not None and len(ctx.task.val) > 0)
+    best = BestWeights(model)
+
+    def validate() -> dict[str, float]:
+        n, pd = cfg.eval.num_prompts, ctx.parallel_dims
+        out = {"sft/val_loss": -logp_correct(model, ctx.task, n, parallel_dims=pd, split="val", per_token=True),
+               "sft/val_accuracy": greedy_accuracy(model, ctx.task, n, parallel_dims=pd, split="val", engine=engine)}
+        stop.update(out["sft/val_loss"], out["sft/val_accuracy"], step)
+        if stop.improved:
+            best.save(step)
+        return out
+
     step, t0 = 0, now(ctx.device)
-    log.log({"eval/accuracy": acc}, step=0)
+    if stop.has_val:
+        log.log(validate(), step=0)
     bar = progress_bar(total=sft.steps, desc="sft", enabled=ctx.dist.is_rank0 and cfg.logger.progress)
-    while step < sft.steps and acc < sft.target_accuracy:
+    while step < sft.steps and not stop.done:
         step += 1
         rows = train.select(sft_batch(ctx, step))
         tokens, mask = pack_sequences(tok, rows["prompt"], rows["completion"], add_eos=True)
@@ -145,12 +220,15 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         # the global batch's token mean, not this rank's
         loss = rdist.dp_sum(ctx.parallel_dims, loss.detach() * n_local) / n_global.clamp(min=1)
         row = {"loss/total": float(loss), "sft/grad_norm": grad_norm}
-        if step % sft.eval_every == 0 or step == sft.steps:
-            acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims,
-                                  engine=engine)
-            row["eval/accuracy"] = acc
-            bar.set_postfix(loss=f"{float(loss):.3f}", acc=f"{acc:.2f}")
+        if stop.has_val and (step % sft.eval_every == 0 or step == sft.steps):
+            row.update(validate())
+            bar.set_postfix(loss=f"{float(loss):.3f}", val_acc=f"{row['sft/val_accuracy']:.2f}")
         log.log(row, step=step)
+    if best.step is not None and best.step != step and not stop.hit_target:  # at the target: the model that hit it
+        best.restore()
+    # the model kept, measured once on the test split (reported, never used to stop or select)
+    acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims, engine=engine)
+    log.log({"eval/accuracy": acc}, step=step)
     bar.close()
     wall = now(ctx.device) - t0
     # what follows (saving, exporting, building the RL stage's models) is set-up again
@@ -159,7 +237,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     if ctx.dist.is_rank0:
         tok.save(str(out_dir))
     titan.export_hf(model, cfg.model, str(out_dir / "hf"), tokenizer=tok)
-    summary = {"steps": step, "eval_accuracy": acc, "wall_s": wall, "reached_target": acc >= sft.target_accuracy}
+    summary = {"steps": step, "eval_accuracy": acc, "val_accuracy": stop.accuracy, "best_val_loss": stop.best_loss, "kept_step": step if best.step is None else best.step,
+               "stopped_by": stop.reason(), "wall_s": wall}
     if ctx.dist.is_rank0:
         write_json_atomic(out_dir / "sft.json", summary)
     log.close()

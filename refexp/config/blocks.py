@@ -38,18 +38,30 @@ class SFTConfig:
     enable: bool = True
     """False skips the stage: the policy, the reference and the ``kl/init`` anchor all start from the
     pretrained checkpoint ``model.hf_assets_path`` (which must then be set; nothing to do for ``algo=sft``)."""
-    steps: int = 3000
-    """Step cap; training stops earlier once ``target_accuracy`` is reached."""
-    target_accuracy: float = 0.4
-    """Stop when held-out greedy exact match reaches this (checked every ``eval_every`` steps)."""
+    steps: int = 2000
+    """Step cap; training stops earlier at a validation plateau or at ``target_accuracy``."""
+    min_steps: int = 1000
+    """No plateau stop before this step: on the embedded task the loss first sits on a plateau for a few
+    hundred steps before accuracy jumps, and that plateau is not convergence."""
+    patience: int = 10
+    """After ``min_steps``, stop once the validation loss (``sft/val_loss``, NLL per demonstration token) has not fallen below
+    its best by ``min_delta`` for this many evaluations in a row: the stage has converged. The loss, not
+    the accuracy: on the embedded task accuracy sits flat near zero before it jumps. 0 = no plateau rule."""
+    min_delta: float = 0.002
+    """The fall in validation loss (nats per token) that counts as progress and resets ``patience``."""
+    target_accuracy: float = 1.0
+    """Stop as soon as validation greedy exact match reaches this (1.0: only at a perfect score)."""
     eval_every: int = 25
-    """Accuracy rises steeply within a few hundred steps on the embedded task: check often to stop near the target."""
+    """Steps between validation evaluations (what both stop rules read)."""
     batch_size: int = 64
     """Demonstrations per step."""
     lr: float = 3e-3
     """Peak learning rate of the SFT stage."""
     warmup_steps: int = 50
     """Linear learning-rate warm-up steps."""
+    decay_ratio: float = 1.0
+    """Share of the ``steps`` cap after warm-up over which the LR decays to 0 on a cosine (torchtitan's schedule;
+    0 = constant): a converged start needs the LR to come down, or validation loss keeps jumping."""
     weight_decay: float = 0.0
     """Decoupled weight decay."""
     seed: int = 0
@@ -65,6 +77,13 @@ class SFTConfig:
               "None when sft.enable=false (the run starts from model.hf_assets_path, not an SFT output)")
         check(isinstance(self.steps, int) and self.steps >= 0, "sft.steps", self.steps, "an integer >= 0")
         check(0.0 <= self.target_accuracy <= 1.0, "sft.target_accuracy", self.target_accuracy, "a number in [0, 1]")
+        check(isinstance(self.patience, int) and self.patience >= 0, "sft.patience", self.patience, "an integer >= 0")
+        check(isinstance(self.min_steps, int) and self.min_steps >= 0, "sft.min_steps", self.min_steps,
+              "an integer >= 0")
+        check(isinstance(self.min_delta, (int, float)) and self.min_delta >= 0, "sft.min_delta", self.min_delta,
+              "a number >= 0")
         positive_int("sft.eval_every", self.eval_every)
         positive_int("sft.batch_size", self.batch_size)
         check(self.lr > 0, "sft.lr", self.lr, "a number > 0")
+        check(isinstance(self.decay_ratio, (int, float)) and 0 <= self.decay_ratio <= 1, "sft.decay_ratio",
+              self.decay_ratio, "a number in [0, 1]")

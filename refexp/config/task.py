@@ -9,6 +9,8 @@ from .errors import check, one_of, positive_int
 
 TASK_NAMES = ("arithmetic", "gsm8k", "preference")
 """The ``task/`` options' names."""
+DEFAULT_VAL_FRACTION = 0.025
+"""The embedded task's validation share: 500 of its 20,000 generated training problems."""
 
 
 @dataclass
@@ -39,9 +41,17 @@ class TaskConfig:
     ``preference_path`` for ``preference``, whose held-out data is a preference file of the same format)."""
     val_path: Optional[str] = None
     """Validation data (e.g. for SFT stopping), any form ``train_path`` takes; excludes ``val_fraction``."""
-    val_fraction: float = 0.0
-    """Share of the training rows carved off (seeded by ``data_seed``) as ``Task.val``; 0 = no validation
-    split unless ``val_path`` is set."""
+    val_fraction: Optional[float] = None
+    """Share of the training rows carved off (seeded by ``data_seed``) as ``Task.val``, the split that SFT
+    stopping and model selection read (never the held-out test split). None = the task's default:
+    ``DEFAULT_VAL_FRACTION`` for the embedded arithmetic task (three splits out of the box), none for a
+    data file (set ``val_path`` or a share) and for ``preference``; 0 = no validation split."""
+    demo_slip: float = 0.0
+    """arithmetic ``+``: the share of training demonstrations of sums whose ones column carries that forget
+    that carry in the tens digit (``018+025=0033``), a systematic demonstrator error on the same problems
+    at every run (seeded by ``data_seed``). Only SFT's demonstrations carry it: the reward, DPO's chosen side and
+    the validation/test answers stay correct, so continued SFT converges to the slip while a verifiable
+    reward can go beyond it (``docs/headroom-task.md``)."""
     preference_path: Optional[str] = None
     """DPO on a preference dataset (any form ``train_path`` takes): prompt/chosen/rejected strings or chat
     ``messages``."""
@@ -92,10 +102,14 @@ class TaskConfig:
         positive_int("task.num_eval", self.num_eval)
         positive_int("task.max_prompt_len", self.max_prompt_len)
         positive_int("task.max_new_tokens", self.max_new_tokens)
-        check(isinstance(self.val_fraction, (int, float)) and 0 <= self.val_fraction < 1, "task.val_fraction",
-              self.val_fraction, "a number in [0, 1)")
+        check(self.val_fraction is None or (isinstance(self.val_fraction, (int, float)) and 0 <= self.val_fraction < 1),
+              "task.val_fraction", self.val_fraction, "None (the task's default) or a number in [0, 1)")
+        check(isinstance(self.demo_slip, (int, float)) and 0 <= self.demo_slip <= 1, "task.demo_slip",
+              self.demo_slip, "a number in [0, 1]")
+        check(not self.demo_slip or (self.name == "arithmetic" and "+" in self.ops), "task.demo_slip",
+              self.demo_slip, "0 unless task.name=arithmetic with '+' in task.ops (it drops a carry of a sum)")
         check(not (self.val_path and self.val_fraction), "task.val_fraction", self.val_fraction,
-              "0 when task.val_path is set (one validation source)")
+              "None or 0 when task.val_path is set (one validation source)")
         for name in ("train_split", "eval_split", "val_split", "question_column", "answer_column",
                      "prompt_column", "chosen_column", "rejected_column"):
             check(isinstance(getattr(self, name), str) and getattr(self, name) != "", f"task.{name}",
@@ -109,6 +123,13 @@ class TaskConfig:
         if self.name == "preference":
             self._check_preference()
 
+    def val_share(self) -> float:
+        """The share of training rows carved off as validation: ``val_fraction``, else the task's default
+        (0 with a ``val_path``, which is the validation split itself)."""
+        if self.val_fraction is not None:
+            return float(self.val_fraction)
+        return DEFAULT_VAL_FRACTION if self.name == "arithmetic" and self.val_path is None else 0.0
+
     def _check_preference(self) -> None:
         """``preference`` reads pairs only: a field for questions, answers or their reward would be silently unused."""
         check(self.preference_path is not None, "task.preference_path", self.preference_path,
@@ -117,4 +138,4 @@ class TaskConfig:
             check(getattr(self, name) is None, f"task.{name}", getattr(self, name),
                   "None when task.name=preference (pairs come from task.preference_path; there is no reward)")
         check(not self.val_fraction, "task.val_fraction", self.val_fraction,
-              "0 when task.name=preference (held-out pairs: task.eval_path, else task.num_eval pairs)")
+              "None or 0 when task.name=preference (held-out pairs: task.eval_path, else task.num_eval pairs)")

@@ -98,9 +98,10 @@ def _label(groups: list[Group]) -> None:
 
     A setting shared by every group (say ``task=gsm8k`` on all jobs) says nothing and is left out;
     one that only some groups set (``reference.reset_every`` on periodic_reset) is shown where set;
-    ``dpo_variant`` is the name already.
+    ``dpo_variant`` / ``grpo_variant`` are the name already; two periodic_reset groups that would read
+    alike (``grpo_variant=reset_500`` and ``reset_100``) are told apart by their interval.
     """
-    keys = sorted({k for g in groups for k, _ in g.settings} - {"dpo_variant", "algo.objective"})
+    keys = sorted({k for g in groups for k, _ in g.settings} - {"dpo_variant", "grpo_variant", "algo.objective"})
     differing = [k for k in keys if len({dict(g.settings).get(k) for g in groups}) > 1]
     for g in groups:
         d = dict(g.settings)
@@ -109,3 +110,8 @@ def _label(groups: list[Group]) -> None:
         name = variant_name(g.algo, g.strategy, first.loss_type if first else None, first.nll_weight if first else 0.0,
                             first.objective if first else "grpo")
         g.label = name + (f" ({', '.join(shown)})" if shown else "")
+    labels = [g.label for g in groups]
+    for g in groups:
+        every = g.runs[0].reset_every if g.runs and g.strategy == "periodic_reset" else None
+        if labels.count(g.label) > 1 and every is not None:
+            g.label += f" (every {every})"

@@ -188,6 +188,12 @@ class Run:
         return str(self._first("objective", "algo.objective") or "grpo")
 
     @property
+    def reset_every(self) -> Optional[int]:
+        """``reference.reset_every`` of a periodic_reset run (None for other strategies or when not recorded)."""
+        v = self._first("reset_every", "reference.reset_every")
+        return int(v) if v is not None else None
+
+    @property
     def nll_weight(self) -> float:
         """DPO's ``algo.nll_weight`` (RPO's NLL term; 0 when off or not recorded)."""
         v = self._first("nll_weight", "algo.nll_weight")

@@ -15,6 +15,12 @@ op     answer width        convention
 
 Train and test are disjoint sets of problems ``(op, a, b)``. The test set is drawn first from its
 own random stream, so it depends on (digits, ops, num_eval, data_seed) but not on ``num_train``.
+Columns: ``prompt``, ``completion`` (the demonstration SFT imitates), ``answer`` (what the reward
+checks) and ``solution`` (the correct completion). They differ only with ``task.demo_slip``: a share of
+the training demonstrations of ``+`` problems whose ones column carries forget that carry in the tens
+digit (``018+025=`` demonstrated as ``0033``, not ``0043``), the same problems at every run (seeded by
+``data_seed``); the test split is never touched. ``docs/headroom-task.md`` says why.
+
 The splits are saved as a ``datasets.DatasetDict`` under a directory keyed by a hash of these
 fields, written atomically so concurrent processes (torchrun ranks, a sweep) share one copy.
 """
@@ -33,7 +39,7 @@ from refexp.config import ConfigError, TaskConfig
 from refexp.hashing import stable_hash
 from refexp.io import atomic_dir
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump when the generated text changes, so cached datasets of the old format are not reused."""
 MAX_DIGITS = 9
 """Problem indices must fit ``random.sample``'s ``range`` (an int64): 10**18 pairs."""
@@ -61,6 +67,8 @@ def arithmetic_fingerprint(cfg: TaskConfig) -> str:
         "num_eval": cfg.num_eval,
         "data_seed": cfg.data_seed,
     }
+    if cfg.demo_slip:  # only when set: the clean task keeps its key
+        key["demo_slip"] = cfg.demo_slip
     return stable_hash(key, 16)
 
 
@@ -78,8 +86,10 @@ def generate_arithmetic(cfg: TaskConfig) -> datasets.DatasetDict:
     # Interleave the ops (each split is drawn op by op above).
     random.Random(f"{cfg.data_seed}/shuffle/test").shuffle(test_rows)
     random.Random(f"{cfg.data_seed}/shuffle/train").shuffle(train_rows)
+    slip_rng = random.Random(f"{cfg.data_seed}/demo_slip")
+    slipped = [slip_rng.random() < cfg.demo_slip for _ in train_rows]  # drawn for every row: stable per problem
     return datasets.DatasetDict(
-        train=_to_dataset(train_rows, cfg.digits), test=_to_dataset(test_rows, cfg.digits)
+        train=_to_dataset(train_rows, cfg.digits, slipped), test=_to_dataset(test_rows, cfg.digits)
     )
 
 
@@ -155,11 +165,26 @@ def _sample_excluding(rng: random.Random, size: int, k: int, excluded: list[int]
     return (drawn + np.searchsorted(ex - np.arange(len(ex)), drawn, side="right")).tolist()
 
 
-def _to_dataset(rows: list[tuple[str, int]], digits: int) -> datasets.Dataset:
-    prompts, completions, answers = [], [], []
-    for op, index in rows:
-        p, c, a = format_problem(op, *_operands(op, index, digits), digits)
+def ones_carry(op: str, a: int, b: int) -> bool:
+    """Whether ``a op b`` is a sum whose ones column carries (the problems ``task.demo_slip`` applies to)."""
+    return op == "+" and a % 10 + b % 10 >= 10
+
+
+def slip_carry(completion: str) -> str:
+    """The demonstrator's error of ``task.demo_slip`` on a sum whose ones column carries: the tens digit
+    written without that carry (one digit off by one: ``0043`` -> ``0033``, ``0101`` -> ``0191``)."""
+    tens = (int(completion[-2]) - 1) % 10
+    return completion[:-2] + str(tens) + completion[-1]
+
+
+def _to_dataset(rows: list[tuple[str, int]], digits: int, slipped: list[bool] | None = None) -> datasets.Dataset:
+    prompts, completions, answers, solutions = [], [], [], []
+    for i, (op, index) in enumerate(rows):
+        x, y = _operands(op, index, digits)
+        p, c, a = format_problem(op, x, y, digits)
         prompts.append(p)
-        completions.append(c)
+        completions.append(slip_carry(c) if slipped is not None and slipped[i] and ones_carry(op, x, y) else c)
         answers.append(a)
-    return datasets.Dataset.from_dict({"prompt": prompts, "completion": completions, "answer": answers})
+        solutions.append(c)
+    return datasets.Dataset.from_dict({"prompt": prompts, "completion": completions, "answer": answers,
+                                       "solution": solutions})

@@ -35,9 +35,9 @@ def task_fingerprint(task_cfg: TaskConfig) -> str:
         key["preference_source"] = [task_cfg.dataset_config, task_cfg.train_split, task_cfg.prompt_column,
                                     task_cfg.chosen_column, task_cfg.rejected_column]
     # Added only when set, so the default embedded task keeps its key (and its cached SFT model).
-    if task_cfg.val_path is not None or task_cfg.val_fraction:
+    if task_cfg.val_path is not None or task_cfg.val_share():
         # A carved validation slice changes the training rows; a val file changes what SFT stops on.
-        key["val"] = [_path_identity(task_cfg.val_path), task_cfg.val_split, task_cfg.val_fraction,
+        key["val"] = [_path_identity(task_cfg.val_path), task_cfg.val_split, task_cfg.val_share(),
                       task_cfg.data_seed]
     if task_cfg.chat_template:  # the rendered prompts are the data; added only when set (keys above stay)
         key["chat"] = [task_cfg.system_prompt, task_cfg.chat_template_kwargs]

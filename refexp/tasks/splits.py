@@ -3,9 +3,10 @@
 - held-out (``Task.eval``): ``task.eval_path``, else ``task.num_eval`` rows held out of train (seeded
   by ``task.data_seed``); the embedded task generates its own. The ``preference`` task's held-out rows
   are pairs, by the same rule applied to ``task.preference_path`` (``preference_splits``).
-- validation (``Task.val``): ``task.val_path``, else ``task.val_fraction`` of the remaining training
-  rows (seeded by ``task.data_seed``), else None. It is cut after the held-out split, so adding one
-  never changes ``Task.eval``; with the defaults there is none and the training rows are untouched.
+- validation (``Task.val``): ``task.val_path``, else ``task.val_share()`` of the remaining training
+  rows (seeded by ``task.data_seed``; the embedded task carves 2.5% by default), else None. It is cut
+  after the held-out split, so adding one never changes ``Task.eval``. SFT stopping and model selection
+  read it; the held-out (test) split is only ever measured.
 """
 
 from __future__ import annotations
@@ -68,11 +69,12 @@ def val_split(task_cfg: TaskConfig, train: datasets.Dataset, hf_cache: str
             raise ConfigError(f"task.val_path={task_cfg.val_path!r} is invalid for task.name={task_cfg.name}: "
                               f"expected None (use task.val_fraction for the embedded task)")
         return train, _load(task_cfg, task_cfg.val_path, task_cfg.val_split, hf_cache)
-    if not task_cfg.val_fraction:
+    share = task_cfg.val_share()
+    if not share:
         return train, None
-    n_val = int(round(task_cfg.val_fraction * len(train)))
+    n_val = int(round(share * len(train)))
     if not 0 < n_val < len(train):
-        raise ConfigError(f"task.val_fraction={task_cfg.val_fraction} is invalid: it leaves {n_val} of the "
+        raise ConfigError(f"task.val_fraction={share} is invalid: it leaves {n_val} of the "
                           f"{len(train)} training rows for validation; expected a share giving at least one "
                           f"row to each side")
     split = train.train_test_split(test_size=n_val, shuffle=True, seed=task_cfg.data_seed)
