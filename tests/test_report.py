@@ -80,11 +80,12 @@ def _dpo_rows(strategy: str, seed: int) -> list[dict]:
 
 
 def _write_run(run_dir, *, algo, strategy, seed, overrides, rows, status="completed", error=None,
-               write_status=True, tail=""):
+               write_status=True, tail="", extra_config=None):
     (run_dir / ".hydra").mkdir(parents=True)
     config = {"algo": {"name": algo}, "reference": {"name": strategy},
               "training": {"seed": seed, "steps": STEPS},
-              "hydra_dir": "${hydra:runtime.output_dir}"}  # unresolvable outside Hydra: must not break
+              "hydra_dir": "${hydra:runtime.output_dir}",  # unresolvable outside Hydra: must not break
+              **(extra_config or {})}
     (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     with open(run_dir / "metrics.jsonl", "w") as f:
@@ -206,6 +207,31 @@ def test_grpo_numbers_equal_direct_computation(sweep, label, n, t):
     assert g["metrics"]["acc_final"]["mean"] == pytest.approx(np.mean(direct["acc_final"]))
     assert g["metrics"]["kl_ref"]["ci95_half_width"] == pytest.approx(row.cells["kl_ref"].half_width)
     assert sorted(g["seeds"]) == list(range(n))
+
+
+def test_accuracy_intervals_carry_the_evaluations_binomial_noise(tmp_path):
+    """N shared held-out prompts: half-width = sqrt((t s/sqrt(n))^2 + (1.96 sqrt(p(1-p)/N))^2); one seed: the
+    binomial part alone; N = min(eval.num_prompts, task.num_eval)."""
+    finals = {"fixed": [0.50, 0.56, 0.53], "none": [0.70]}
+    job = 0
+    for strategy, accs in finals.items():
+        for seed, acc in enumerate(accs):
+            rows = [{"step": 0, "eval/accuracy": 0.4, "reward/mean": 0.1}, {"step": 10, "eval/accuracy": acc,
+                                                                           "reward/mean": 0.2}]
+            _write_run(tmp_path / str(job), algo="grpo", strategy=strategy, seed=seed, rows=rows,
+                       overrides=["algo=grpo", f"reference={strategy}", f"training.seed={seed}"],
+                       extra_config={"eval": {"num_prompts": 400}, "task": {"num_eval": 200, "eval_path": None}})
+            job += 1
+    report = build_report(tmp_path)
+    fixed, none = _row(report, "grpo", "fixed").cells["acc_final"], _row(report, "grpo", "none").cells["acc_final"]
+    p, n_prompts = np.mean(finals["fixed"]), 200
+    seeds = 4.303 * np.std(finals["fixed"], ddof=1) / math.sqrt(3)
+    assert fixed.half_width == pytest.approx(math.hypot(seeds, 1.95996 * math.sqrt(p * (1 - p) / n_prompts)), rel=1e-4)
+    assert fixed.eval_prompts == 200 and fixed.std == pytest.approx(np.std(finals["fixed"], ddof=1))
+    assert none.n == 1 and none.half_width == pytest.approx(1.95996 * math.sqrt(0.7 * 0.3 / 200), rel=1e-4)
+    assert "0.700 ± 0.064 (n=1)" in report.markdown_path.read_text()
+    # a seed-paired difference keeps the seed interval: both runs of a pair read the same prompts
+    assert _row(report, "grpo", "none").paired.estimate.half_width is None
 
 
 def test_single_seed_group_shows_n1(sweep):

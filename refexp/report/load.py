@@ -188,6 +188,16 @@ class Run:
         return str(self._first("objective", "algo.objective") or "grpo")
 
     @property
+    def eval_prompts(self) -> Optional[int]:
+        """How many held-out prompts ``eval/accuracy`` averages: ``eval.num_prompts``, at most the held-out
+        split's ``task.num_eval`` when that is the split's size (no ``task.eval_path``); None when not recorded."""
+        n = _get(self.config, "eval.num_prompts")
+        if n is None:
+            return None
+        held_out = _get(self.config, "task.num_eval") if _get(self.config, "task.eval_path") is None else None
+        return int(min(int(n), int(held_out))) if held_out is not None else int(n)
+
+    @property
     def reset_every(self) -> Optional[int]:
         """``reference.reset_every`` of a periodic_reset run (None for other strategies or when not recorded)."""
         v = self._first("reset_every", "reference.reset_every")

@@ -88,10 +88,11 @@ def plot_vs_step(path: Path, algo: str, groups: list[Group], key: str, ylabel: s
 
 def _final_point(group: Group, acc_key: str):
     """(kl/init Estimate, accuracy Estimate) of the group's final evaluation across its completed seeds."""
-    from .reduce import last
+    from .reduce import Column, column_estimate, last
 
-    return (mean_ci(last(r, "kl/init") for r in group.completed),
-            mean_ci(last(r, acc_key) for r in group.completed))
+    # the table's interval: seeds and, for the task accuracy, the evaluation's binomial noise
+    acc = column_estimate(Column(acc_key, acc_key, lambda r: last(r, acc_key), binomial=acc_key == ACC), group.completed)
+    return mean_ci(last(r, "kl/init") for r in group.completed), acc
 
 
 def plot_frontier(path: Path, algo: str, groups: list[Group], acc_key: str = ACC) -> Optional[Path]:

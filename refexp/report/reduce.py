@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .load import Run
+from .stats import Estimate, mean_ci, with_evaluation_noise
 
 TAIL = 5
 """How many last logged values a per-step training metric's "final" averages."""
@@ -113,12 +114,23 @@ class Column:
     doc: str = ""
     doc_name: str = ""
     """The number in words, for a sentence ("final held-out accuracy")."""
+    binomial: bool = False
+    """An accuracy on the run's ``eval.num_prompts`` held-out prompts: its interval includes that
+    evaluation's binomial noise (``stats.with_evaluation_noise``)."""
+
+
+def column_estimate(column: Column, runs: list[Run]) -> Optional[Estimate]:
+    """Mean ± 95% CI of ``column`` over ``runs``; an accuracy column's interval also carries the binomial
+    noise of the held-out prompts every run was measured on (when they all say how many)."""
+    est = mean_ci(column.per_run(r) for r in runs)
+    prompts = {r.eval_prompts for r in runs} - {None}
+    return with_evaluation_noise(est, next(iter(prompts))) if column.binomial and len(prompts) == 1 else est
 
 
 COLUMNS: tuple[Column, ...] = (
     Column("acc_final", "final acc", lambda r: last(r, ACC), doc="last eval/accuracy",
-           doc_name="final held-out accuracy"),
-    Column("acc_best", "best acc", best_on_validation,
+           doc_name="final held-out accuracy", binomial=True),
+    Column("acc_best", "best acc", best_on_validation, binomial=True,
            doc="eval/accuracy at the evaluation with the highest val/accuracy (without a validation split: max "
                "eval/accuracy)"),
     Column("heldout_pref_final", "final held-out pref acc", lambda r: last(r, PREF_ACC), doc=f"last {PREF_ACC}",

@@ -96,10 +96,16 @@ class Estimate:
     std: Optional[float]
     n: int
     values: tuple[float, ...]
+    eval_prompts: Optional[int] = None
+    """Set when ``half_width`` includes the evaluation's binomial noise on this many prompts
+    (``with_evaluation_noise``)."""
 
     def to_dict(self) -> dict:
-        return {"mean": _json_float(self.mean), "ci95_half_width": _json_float(self.half_width),
-                "std": _json_float(self.std), "n": self.n, "values": [_json_float(v) for v in self.values]}
+        out = {"mean": _json_float(self.mean), "ci95_half_width": _json_float(self.half_width),
+               "std": _json_float(self.std), "n": self.n, "values": [_json_float(v) for v in self.values]}
+        if self.eval_prompts is not None:
+            out["eval_prompts"] = self.eval_prompts
+        return out
 
 
 def _json_float(x: Optional[float]) -> Optional[float]:
@@ -107,6 +113,34 @@ def _json_float(x: Optional[float]) -> Optional[float]:
     if x is None or not math.isfinite(x):
         return None
     return float(x)
+
+
+def with_evaluation_noise(est: Optional[Estimate], n_prompts: Optional[int], confidence: float = 0.95
+                          ) -> Optional[Estimate]:
+    """``est`` of an accuracy measured on the same ``n_prompts`` prompts in every run, its interval widened
+    by that evaluation's binomial noise: half-width sqrt(h_seeds² + (z·sqrt(p(1-p)/N))²).
+
+    The prompts are one sample of the task's problems shared by all seeds, so their noise does not shrink
+    with more seeds (it is added, not divided by n); one seed gets the binomial interval alone. Seed-paired
+    differences measure both runs on the same prompts and keep the seed interval: the shared prompt noise
+    largely cancels in them.
+    """
+    if est is None or not n_prompts or not math.isfinite(est.mean):
+        return est
+    p = min(max(est.mean, 0.0), 1.0)
+    z = math.sqrt(2.0) * _erfinv(confidence)
+    binomial = z * math.sqrt(p * (1.0 - p) / n_prompts)
+    half = binomial if est.half_width is None else math.hypot(est.half_width, binomial)
+    return Estimate(est.mean, half, est.std, est.n, est.values, eval_prompts=n_prompts)
+
+
+def _erfinv(y: float) -> float:
+    """erf⁻¹ by bisection (the normal quantile for the binomial interval; 1.95996 at 0.95)."""
+    lo, hi = 0.0, 6.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if math.erf(mid) < y else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 def mean_ci(values: Iterable[Optional[float]], confidence: float = 0.95) -> Optional[Estimate]:

@@ -13,7 +13,7 @@ from typing import Optional
 
 from .group import Group
 from .paired import Paired, find_baseline, paired_difference, verdict
-from .reduce import COLUMNS, Column, start_accuracy, steps_to_target
+from .reduce import COLUMNS, Column, column_estimate, start_accuracy, steps_to_target
 from .stats import Estimate, mean_ci
 
 HEADLINE_KEYS = ("acc_final", "heldout_pref_final")
@@ -102,7 +102,7 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None, ba
         target, note = default_target(groups)
     rows = []
     for g in groups:
-        cells = {c.key: mean_ci(c.per_run(r) for r in g.completed) for c in COLUMNS}
+        cells = {c.key: column_estimate(c, g.completed) for c in COLUMNS}
         to_target = None
         if target is not None:
             per_run = [steps_to_target(r, target) for r in g.completed]
@@ -178,7 +178,9 @@ def cell_text(est: Optional[Estimate], kind: str = "num") -> str:
     else:
         fmt = "{:.%df}" % _decimals(m, h, kind)
     text = fmt.format(m) + unit
-    return text + (" (n=1)" if h is None else " ± " + fmt.format(h) + unit)
+    if h is None:
+        return text + " (n=1)"
+    return text + " ± " + fmt.format(h) + unit + (" (n=1)" if est.n == 1 else "")
 
 
 def one_line(text: str, limit: int = 300) -> str:
