@@ -98,6 +98,19 @@ def test_every_experiment_job_composes_and_validates(experiment, job):
 
 
 # ---------------------------------------------------------------- one home for every default
+def test_every_committed_comparison_has_its_baseline_and_the_headroom_task():
+    """What a strategy adds over more SFT is its difference from continued SFT (GRPO) or NLL on the chosen
+    side (DPO): every comparison sweeps that baseline, on the task where more SFT cannot reach the reward."""
+    for experiment in conf_options("experiment"):
+        jobs = [to_object(compose_root(f"experiment={experiment}", *job)) for job in _sweep_jobs(experiment)]
+        algos = {cfg.algo.name for cfg in jobs}
+        assert all(cfg.task.demo_slip > 0.5 for cfg in jobs), experiment
+        if "grpo" in algos:
+            assert any(cfg.algo.objective == "sft" and cfg.reference.name == "none" for cfg in jobs), experiment
+        if "dpo" in algos:
+            assert any(cfg.algo.loss_type == "sft" for cfg in jobs), experiment
+
+
 @pytest.mark.parametrize("group, option", OPTION_FILES, ids=[f"{g}={o}" for g, o in OPTION_FILES])
 def test_option_files_restate_no_schema_default(group, option):
     path = CONF / group / f"{option}.yaml"

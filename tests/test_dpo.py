@@ -119,13 +119,13 @@ def test_compare_refs_dpo_sweeps_every_variant_and_seed(tmp_path):
     with initialize_config_dir(config_dir=CONF, version_base=None):
         hydra_cfg = compose("config", overrides=["experiment=compare_refs_dpo"], return_hydra_config=True).hydra
     params = hydra_cfg.sweeper.params
-    assert params["dpo_variant"].split(",") == ["fixed", "periodic_reset", "ema", "simpo", "orpo"]
+    assert params["dpo_variant"].split(",") == ["fixed", "periodic_reset", "ema", "simpo", "orpo", "rpo", "nll_only"]
     assert params["training.seed"].split(",") == ["0", "1", "2"]
 
 
 @pytest.mark.parametrize("variant, reference, loss", [
     ("fixed", "fixed", "sigmoid"), ("periodic_reset", "periodic_reset", "sigmoid"), ("ema", "ema", "sigmoid"),
-    ("simpo", "none", "simpo"), ("orpo", "none", "orpo")])
+    ("simpo", "none", "simpo"), ("orpo", "none", "orpo"), ("rpo", "fixed", "sigmoid"), ("nll_only", "none", "sft")])
 def test_compare_refs_dpo_composes_every_variant(tmp_path, variant, reference, loss):
     from refexp.config import to_object
 
