@@ -278,6 +278,17 @@ def test_grouping_separates_non_seed_settings(sweep):
     assert all("hydra" not in lab and "seed" not in lab for lab in labels)
 
 
+def test_a_running_run_reports_the_last_step_it_logged(tmp_path):
+    """status.json's last_step is written when a run starts (0) and ends; the rows since say more."""
+    rows = [{"step": s, "reward/mean": 0.1} for s in range(10)]
+    _write_run(tmp_path / "0", algo="grpo", strategy="fixed", seed=0, rows=rows, status="running",
+               overrides=["algo=grpo", "reference=fixed"])
+    status = json.loads((tmp_path / "0" / "status.json").read_text())
+    (tmp_path / "0" / "status.json").write_text(json.dumps({**status, "last_step": 0}))
+    (problem,) = build_report(tmp_path).problems
+    assert f"last step 9 of {STEPS}" in problem.error
+
+
 def test_failed_and_incomplete_runs_are_listed(sweep):
     _, _, report = sweep
     problems = {p.name: p for p in report.problems}

@@ -248,9 +248,10 @@ class Run:
         return f"{why} (not finished, or killed){progress}"
 
     def _progress(self) -> str:
-        last = (self.status or {}).get("last_step")
-        if last is None and self.rows:
-            last = self.rows[-1]["step"]
+        # status.json's last_step is written at the start and the end; a running run's rows are newer
+        steps = [s for s in ((self.status or {}).get("last_step"), self.rows[-1]["step"] if self.rows else None)
+                 if isinstance(s, int)]
+        last = max(steps) if steps else None
         planned = (self.status or {}).get("steps") or _get(self.config, "training.steps")
         if last is None:
             return ""
