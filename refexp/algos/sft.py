@@ -47,12 +47,15 @@ from refexp.tasks.batching import pack_sequences
 
 
 def sft_fingerprint(ctx: RunContext) -> str:
-    """Hash of what determines the SFT model: model shape, task data, the sft block, dtypes."""
+    """Hash of what determines the SFT model: model shape, task data, the sft block, dtypes, and how many
+    validation prompts its stop rules read (``eval.num_prompts``)."""
     cfg = ctx.cfg
     # enable is always true here; leaving it out keeps the keys of caches made before it existed.
     sft = {k: v for k, v in asdict(cfg.sft).items() if k not in ("cache_dir", "checkpoint", "enable")}
     key = {"model": asdict(cfg.model), "task": task_fingerprint(cfg.task), "sft": sft, "dtype": cfg.training.dtype,
-           "vocab": ctx.task.tokenizer.vocab_size, "version": 1}
+           "vocab": ctx.task.tokenizer.vocab_size, "version": 1,
+           # the stop rules read this many validation prompts
+           "val_prompts": cfg.eval.num_prompts}
     compute = cfg.training.compute_dtype(ctx.device.type)
     if compute != "float32":  # bf16 compute trains another model; float32 keys stay those of older caches
         key["compute_dtype"] = compute
