@@ -11,8 +11,8 @@ from omegaconf import DictConfig
 
 
 class ReportCallback(Callback):
-    def __init__(self, target: float | None = None) -> None:
-        self.target = target
+    def __init__(self, target: float | None = None, at_steps: list[int] | None = None) -> None:
+        self.target, self.at_steps = target, tuple(at_steps or ())
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from refexp.distributed import is_rank0
@@ -22,7 +22,7 @@ class ReportCallback(Callback):
             return
         sweep_dir = config.hydra.sweep.dir
         try:
-            report = build_report(sweep_dir, target=self.target)
+            report = build_report(sweep_dir, target=self.target, at_steps=self.at_steps)
         except Exception as e:  # a report problem must not hide the sweep's own results
             print(f"[refexp] could not build the report for {sweep_dir}: {type(e).__name__}: {e}")
             return

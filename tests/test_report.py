@@ -278,6 +278,33 @@ def test_grouping_separates_non_seed_settings(sweep):
     assert all("hydra" not in lab and "seed" not in lab for lab in labels)
 
 
+def test_at_steps_columns_give_the_accuracy_at_a_step_and_the_gain_after_it(tmp_path):
+    """--at-steps 500: acc@500 (the last evaluation at or before 500) and final minus it, per run, then the
+    table's interval; a run whose evaluations end before 500 has neither."""
+    curves = {"fixed": [[0.5, 0.6, 0.62, 0.61], [0.5, 0.58, 0.6, 0.6]], "none": [[0.5, 0.6, 0.7, 0.8], [0.5, 0.62, 0.75, 0.85]]}
+    job = 0
+    for strategy, runs in curves.items():
+        for seed, accs in enumerate(runs):
+            rows = [{"step": s, "eval/accuracy": a, "reward/mean": 0.1} for s, a in zip((0, 400, 800, 1000), accs)]
+            _write_run(tmp_path / str(job), algo="grpo", strategy=strategy, seed=seed, rows=rows,
+                       overrides=["algo=grpo", f"reference={strategy}", f"training.seed={seed}"])
+            job += 1
+    short = [{"step": s, "eval/accuracy": 0.5, "reward/mean": 0.1} for s in (0, 400)]
+    _write_run(tmp_path / str(job), algo="grpo", strategy="none", seed=2, rows=short,
+               overrides=["algo=grpo", "reference=none", "training.seed=2"])
+    report = build_report(tmp_path, at_steps=[500])
+    none = _row(report, "grpo", "none").cells
+    assert none["acc_at_500"].values == (0.6, 0.62)  # step 400's evaluation; the short run has none
+    assert none["gain_after_500"].values == pytest.approx((0.2, 0.23)) and none["gain_after_500"].n == 2
+    fixed = _row(report, "grpo", "fixed").cells["gain_after_500"]
+    assert fixed.mean == pytest.approx(0.015) and fixed.half_width == pytest.approx(
+        12.706 * np.std([0.01, 0.02], ddof=1) / math.sqrt(2), rel=1e-3)
+    md = report.markdown_path.read_text()
+    assert "acc@500" in md and "gain after 500" in md
+    assert "gain_after_500" in json.loads(report.summary_path.read_text())["definitions"]
+    assert "acc@500" not in build_report(tmp_path).markdown_path.read_text()
+
+
 def test_a_running_run_reports_the_last_step_it_logged(tmp_path):
     """status.json's last_step is written when a run starts (0) and ends; the rows since say more."""
     rows = [{"step": s, "reward/mean": 0.1} for s in range(10)]

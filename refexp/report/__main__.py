@@ -1,4 +1,4 @@
-"""``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--quiet] [--wandb] [--wandb-workspace]``: write the sweep's
+"""``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--at-steps 500] [--quiet] [--wandb] [--wandb-workspace]``: write the sweep's
 report and print its table and where it went. Exit status 2, nothing written, when SWEEP_DIR holds no run."""
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--baseline", default="fixed",
                         help="the strategy (or group label) every group's final accuracy is paired against, "
                              "seed by seed (default: fixed)")
+    parser.add_argument("--at-steps", default="", metavar="S[,S...]",
+                        help="add, per step S, the held-out accuracy at S and the gain after it (final minus "
+                             "that): whether a group kept improving after S (e.g. --at-steps 500)")
     parser.add_argument("--quiet", action="store_true", help="print only the report's path")
     parser.add_argument("--wandb", action="store_true",
                         help="also log the table and plots to W&B (a new job_type=report run in the training "
@@ -39,7 +42,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"--target={args.target} is invalid: expected an accuracy in [0, 1]")
 
     try:
-        report = build_report(args.sweep_dir, target=args.target, baseline=args.baseline)
+        at_steps = tuple(int(s) for s in args.at_steps.split(",") if s.strip())
+    except ValueError:
+        parser.error(f"--at-steps={args.at_steps!r} is invalid: expected steps separated by commas (500,1000)")
+    if any(s < 0 for s in at_steps):
+        parser.error(f"--at-steps={args.at_steps!r} is invalid: expected steps >= 0")
+    try:
+        report = build_report(args.sweep_dir, target=args.target, baseline=args.baseline, at_steps=at_steps)
     except NoRunsError as e:
         print(f"refexp-report: error: {e}", file=sys.stderr)
         return 2

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from .group import group_runs
 from .load import Run, load_sweep
 from .plots import make_plots
+from .reduce import at_step_columns
 from .render import write_all
 from .setup import setup_rows
 from .table import AlgoTable, summarize
@@ -49,6 +50,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     setup: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     """algo -> the setup block's (label, value) rows."""
+    extra_columns: tuple = ()
+    """Columns asked for beyond ``reduce.COLUMNS`` (``--at-steps``: ``acc@S``, ``gain after S``)."""
 
     @property
     def shown_dir(self) -> str:
@@ -79,11 +82,13 @@ def _clear_old_plots(plots_dir: Path) -> None:
             p.unlink()
 
 
-def build_report(sweep_dir, *, target: Optional[float] = None, baseline: str = "fixed") -> Report:
+def build_report(sweep_dir, *, target: Optional[float] = None, baseline: str = "fixed",
+                 at_steps: Sequence[int] = ()) -> Report:
     """Read a Hydra multirun dir (or one run dir) and write report.md, report.html, summary.json and
     the plots into it. ``target`` is the held-out accuracy for "steps to target" (None: a default
     per algorithm, see ``table.default_target``); ``baseline`` the strategy (or group label) every
-    group is paired against by seed. Safe to call again on the same dir at any time. Raises
+    group is paired against by seed; ``at_steps`` adds, per step S, the accuracy at S and the gain after
+    it (``reduce.at_step_columns``). Safe to call again on the same dir at any time. Raises
     ``NoRunsError`` before writing anything when the dir holds no run."""
     sweep_dir = Path(sweep_dir).resolve()
     if not sweep_dir.is_dir():
@@ -94,7 +99,8 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: str = "
                           f"metrics.jsonl); nothing was written")
     by_algo = group_runs(runs)
 
-    tables = {algo: summarize(algo, groups, target, baseline) for algo, groups in by_algo.items()}
+    extra = at_step_columns(tuple(int(s) for s in at_steps))
+    tables = {algo: summarize(algo, groups, target, baseline, extra) for algo, groups in by_algo.items()}
     # An algorithm with no completed run has no numbers; its runs still appear under problems.
     tables = {a: t for a, t in tables.items() if any(row.n_completed for row in t.rows)}
 
@@ -114,6 +120,6 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: str = "
     plots = {algo: make_plots(algo, by_algo[algo], plots_dir) for algo in tables}
 
     setup = {algo: setup_rows(by_algo[algo]) for algo in tables}
-    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup)
+    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra)
     write_all(report)
     return report

@@ -43,6 +43,16 @@ def last(run: Run, key: str) -> Optional[float]:
     return float(v[-1]) if len(v) else run.final_from_status(key)
 
 
+def value_at(run: Run, key: str, step: int) -> Optional[float]:
+    """The value logged at the last step at or before ``step`` (None when none was, or the run stopped
+    logging ``key`` before reaching ``step``: a shorter run says nothing about it)."""
+    steps, v = run.series(key)
+    if not len(v) or steps[-1] < step:
+        return None
+    i = int(np.searchsorted(steps, step, side="right")) - 1
+    return float(v[i]) if i >= 0 else None
+
+
 def tail_mean(run: Run, key: str, k: int = TAIL) -> Optional[float]:
     """Mean of the last ``k`` logged values, else status.json's final value."""
     _, v = run.series(key)
@@ -125,6 +135,25 @@ def column_estimate(column: Column, runs: list[Run]) -> Optional[Estimate]:
     est = mean_ci(column.per_run(r) for r in runs)
     prompts = {r.eval_prompts for r in runs} - {None}
     return with_evaluation_noise(est, next(iter(prompts))) if column.binomial and len(prompts) == 1 else est
+
+
+def at_step_columns(steps: tuple[int, ...]) -> tuple[Column, ...]:
+    """For each step S: ``acc@S`` (held-out accuracy at the last evaluation at or before S) and ``gain
+    after S`` (final minus that): whether a group kept improving after S, with an interval."""
+    cols: list[Column] = []
+    for s in steps:
+        cols.append(Column(f"acc_at_{s}", f"acc@{s}", lambda r, s=s: value_at(r, ACC, s), binomial=True,
+                           doc=f"eval/accuracy at the last evaluation at or before step {s}"))
+        cols.append(Column(f"gain_after_{s}", f"gain after {s}", lambda r, s=s: _gain_after(r, s),
+                           doc=f"last eval/accuracy minus eval/accuracy at step {s} (the same prompts: a "
+                               f"within-run difference, so no binomial term)",
+                           doc_name=f"held-out accuracy gained after step {s}"))
+    return tuple(cols)
+
+
+def _gain_after(run: Run, step: int) -> Optional[float]:
+    at, end = value_at(run, ACC, step), last(run, ACC)
+    return None if at is None or end is None else end - at
 
 
 COLUMNS: tuple[Column, ...] = (

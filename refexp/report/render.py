@@ -40,6 +40,9 @@ HOW_TO_READ = (
     "accuracy to the best group's final accuracy, so the column says who gets there first (start + "
     f"{DEFAULT_TARGET_MARGIN} when no group gained). *ref cost* is the share of step time spent in the reference "
     "forward (Σ perf/ref_fwd_s / Σ perf/step_s) and *peak RSS MB* the largest `mem/peak_rss_mb`. "
+    "*acc@S* and *gain after S* (columns asked for with `--at-steps S`) are the held-out accuracy at the last "
+    "evaluation at or before step S and the final accuracy minus it: a gain whose interval excludes 0 says the "
+    "group kept improving after S. "
     "*Δ … vs baseline (paired)* is the mean over seeds of this group's final number minus the "
     "baseline group's for the same seed, ± its 95% t interval: a seed fixes the batch order and the "
     "sampling noise for every strategy, so pairing cancels the spread the strategies share; the *verdict* "
@@ -224,8 +227,8 @@ def summary_dict(report) -> dict:
                 "label": g.label, "strategy": g.strategy, "settings": dict(g.settings),
                 "runs": [r.name for r in g.runs], "completed_runs": [r.name for r in g.completed],
                 "seeds": row.seeds, "n_completed": row.n_completed, "n_total": len(g.runs),
-                "metrics": {c.key: (row.cells[c.key].to_dict() if row.cells[c.key] else None)
-                            for c in COLUMNS},
+                "metrics": {c.key: (row.cells[c.key].to_dict() if row.cells.get(c.key) else None)
+                            for c in (*COLUMNS, *report.extra_columns)},
                 "paired_vs_baseline": None if row.paired is None else {
                     "baseline": row.paired.baseline, "seeds": row.paired.seeds,
                     "estimate": row.paired.estimate.to_dict() if row.paired.estimate else None},
@@ -240,7 +243,7 @@ def summary_dict(report) -> dict:
     return {
         "sweep_dir": report.shown_dir,
         "confidence": 0.95,
-        "definitions": {c.key: c.doc for c in COLUMNS}
+        "definitions": {c.key: c.doc for c in (*COLUMNS, *report.extra_columns)}
         | {"steps_to_target": "first step with eval/accuracy >= target; mean over seeds that reached it"},
         "algos": algos,
         "not_counted": [{"run": p.name, "algo": p.algo, "strategy": p.strategy, "label": p.label,

@@ -94,7 +94,8 @@ def default_target(groups: list[Group]) -> tuple[Optional[float], str]:
     return target, f"default: no group gained; start accuracy {start:.3f} + {DEFAULT_TARGET_MARGIN}"
 
 
-def summarize(algo: str, groups: list[Group], target: Optional[float] = None, baseline: str = "fixed") -> AlgoTable:
+def summarize(algo: str, groups: list[Group], target: Optional[float] = None, baseline: str = "fixed",
+              extra_columns: tuple[Column, ...] = ()) -> AlgoTable:
     """Mean ± 95% CI across the completed seeds of every group, for every column with data, and the
     headline number's seed-paired difference against the ``baseline`` group (a label or a strategy)."""
     note = "--target"
@@ -102,7 +103,7 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None, ba
         target, note = default_target(groups)
     rows = []
     for g in groups:
-        cells = {c.key: column_estimate(c, g.completed) for c in COLUMNS}
+        cells = {c.key: column_estimate(c, g.completed) for c in (*COLUMNS, *extra_columns)}
         to_target = None
         if target is not None:
             per_run = [steps_to_target(r, target) for r in g.completed]
@@ -111,7 +112,7 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None, ba
                 reached = [s for s in per_run if math.isfinite(s)]
                 to_target = ToTarget(len(reached), len(per_run), mean_ci(reached))
         rows.append(Row(g, cells, to_target))
-    columns = [c for c in COLUMNS if any(row.cells[c.key] is not None for row in rows)]
+    columns = [c for c in (*COLUMNS, *extra_columns) if any(row.cells[c.key] is not None for row in rows)]
     table = AlgoTable(algo, target, note, columns, rows)
     _pair_against_baseline(table, groups, baseline)
     table.flags = displacement_flags(rows)
