@@ -305,6 +305,21 @@ def test_at_steps_columns_give_the_accuracy_at_a_step_and_the_gain_after_it(tmp_
     assert "acc@500" not in build_report(tmp_path).markdown_path.read_text()
 
 
+def test_best_is_chosen_on_validation_and_reported_on_test(tmp_path):
+    """*best acc* is the test accuracy at the evaluation with the highest val/accuracy: raising the test
+    accuracy of other evaluations never changes it (the test split selects nothing)."""
+    val = {0: 0.5, 100: 0.7, 200: 0.9, 300: 0.6}
+
+    def write(name, test):
+        rows = [{"step": s, "eval/accuracy": test[s], "val/accuracy": v, "reward/mean": 0.1} for s, v in val.items()]
+        _write_run(tmp_path / name / "0", algo="grpo", strategy="fixed", seed=0, rows=rows,
+                   overrides=["algo=grpo", "reference=fixed", "training.seed=0"])
+        return _row(build_report(tmp_path / name), "grpo", "fixed").cells["acc_best"].mean
+
+    assert write("a", {0: 0.5, 100: 0.6, 200: 0.55, 300: 0.5}) == 0.55  # not the test maximum 0.6
+    assert write("b", {0: 0.99, 100: 0.98, 200: 0.55, 300: 0.97}) == 0.55
+
+
 def test_a_running_run_reports_the_last_step_it_logged(tmp_path):
     """status.json's last_step is written when a run starts (0) and ends; the rows since say more."""
     rows = [{"step": s, "reward/mean": 0.1} for s in range(10)]
