@@ -61,6 +61,13 @@ def test_pairs_are_deterministic_correct_vs_own_error(tmp_path):
         row = task.train[pid]
         assert (prompt, chosen) == (row["prompt"], row["completion"])
         assert task.reward(chosen, row["answer"]) == 1.0 and task.reward(rejected, row["answer"]) < 1.0
+    # with a demonstrator that slips, chosen is still the correct completion, never the slipped demonstration
+    slipped = build_task(TaskConfig(num_train=200, num_eval=20, demo_slip=1.0), str(tmp_path))
+    d = sample_pairs(model, slipped, num_pairs=40, pair_seed=3, max_new_tokens=slipped.max_new_tokens)
+    rows = [slipped.train[pid] for pid in d["prompt_id"]]
+    assert any(r["completion"] != r["solution"] for r in rows)
+    assert d["chosen"] == [r["solution"] for r in rows]
+    assert all(slipped.reward(c, r["answer"]) == 1.0 for c, r in zip(d["chosen"], rows))
     # a pair set is stored under the cache dir, one per value of anything in its key
     key = {"task": "t", "start": {"path": "/ckpt", "stamp": []}, "num_pairs": 40, "pair_seed": 3, "max_new_tokens": 8}
     changes = [{}, {"num_pairs": 41}, {"pair_seed": 4}, {"max_new_tokens": 9}, {"task": "u"},
