@@ -14,7 +14,7 @@ from refexp.config import TaskConfig
 from refexp.run import run
 from refexp.tasks import build_task
 from refexp.tasks.arithmetic import generate_arithmetic, slip_carry
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, compose_root
 
 
 def test_demo_slip_drops_the_ones_carry_of_that_share_of_training_demonstrations_only():
@@ -128,3 +128,11 @@ def test_sft_target_accuracy_reads_validation_not_test(tmp_path, monkeypatch):
     summary = json.loads((Path(final["sft/dir"]) / "sft.json").read_text())
     assert summary["steps"] == 0 and summary["stopped_by"] == "target" and seen == ["val", "eval"]
     assert final["eval/accuracy"] == 0.1
+
+
+def test_sft_target_accuracy_without_a_validation_split_is_refused_by_the_config():
+    from refexp.config import to_object
+
+    with pytest.raises(ValueError, match="sft.target_accuracy=0.5 needs a validation split"):
+        to_object(compose_root("task.val_fraction=0", "sft.target_accuracy=0.5"))
+    assert to_object(compose_root("task.val_fraction=0")).sft.target_accuracy == 1.0  # no rule asked: fine

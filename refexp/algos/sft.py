@@ -116,7 +116,8 @@ def sft_batch(ctx: RunContext, step: int) -> list[int]:
 class ValidationStop:
     """The SFT stage's stop rules, fed validation measurements only: ``done`` once the accuracy reaches
     ``sft.target_accuracy``, or (from ``sft.min_steps`` on) after ``sft.patience`` evaluations in a row
-    whose loss is not below the best so far by ``sft.min_delta``. Without a validation split it never stops the stage (the step cap does)."""
+    whose loss is not below the best so far by ``sft.min_delta``. Without a validation split it never
+    stops the stage (the step cap does)."""
 
     def __init__(self, sft, *, has_val: bool) -> None:
         self.sft, self.has_val = sft, has_val
@@ -174,6 +175,10 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     """Train from scratch (or from model.hf_assets_path) until the validation loss plateaus, validation
     accuracy reaches the target, or the step cap; keep the weights of the lowest validation loss."""
     cfg, sft = ctx.cfg, ctx.cfg.sft
+    has_val = ctx.task.val is not None and len(ctx.task.val) > 0
+    if not has_val and ctx.dist.is_rank0:
+        print("[refexp] SFT: the task has no validation split (task.val_path / task.val_fraction), so no stop "
+              f"rule applies: training to the sft.steps={sft.steps} cap")
     out_dir.mkdir(parents=True, exist_ok=True)
     model = build_model(ctx, trainable=True, seed=sft.seed)
     if cfg.model.hf_assets_path:
@@ -185,7 +190,7 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     tok = ctx.task.tokenizer
     train = ctx.task.train
     engine = build_engine(cfg.rollout, model, ctx.task.tokenizer)  # the configured engine, as every evaluation
-    stop = ValidationStop(sft, has_val=ctx.task.val is not None and len(ctx.task.val) > 0)
+    stop = ValidationStop(sft, has_val=has_val)
     best = BestWeights(model)
 
     def validate() -> dict[str, float]:

@@ -187,6 +187,11 @@ def check_cross_fields(cfg: RootConfig) -> None:
         if not cfg.model.hf_assets_path:
             raise ConfigError("sft.enable=false needs model.hf_assets_path: a pretrained HF checkpoint dir for "
                               "the policy, the reference and the kl/init anchor to start from (or sft.enable=true)")
+    if (cfg.sft.enable and not cfg.sft.checkpoint and cfg.sft.target_accuracy < 1.0
+            and cfg.task.val_path is None and not cfg.task.val_share()):
+        raise ConfigError(f"sft.target_accuracy={cfg.sft.target_accuracy} needs a validation split to read (the "
+                          f"test split never stops anything): set task.val_path or task.val_fraction, or leave "
+                          f"sft.target_accuracy at 1.0")
     check_tensor_parallel_heads(cfg.model, cfg.parallelism)
     if getattr(cfg.algo, "objective", "grpo") == "sft" and cfg.reference.name != "none":
         raise ConfigError(f"algo.objective=sft (the continued-SFT baseline) is invalid with reference="
