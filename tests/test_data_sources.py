@@ -129,16 +129,17 @@ def test_validation_split_is_seeded_and_leaves_the_held_out_split_alone(tmp_path
     assert len(from_file.val) == 4 and from_file.train.to_dict() == plain.train.to_dict()
     with pytest.raises(ConfigError, match="task.val_fraction"):
         TaskConfig(**base, val_path=val, val_fraction=0.1)
-    with pytest.raises(ConfigError, match=r"task.val_fraction=1.5 is invalid: expected a number in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=r"task.val_fraction=1.5 is invalid: expected None \(the task's default\) or a number in \[0, 1\)"):
         TaskConfig(val_fraction=1.5)
 
 
-def test_embedded_task_is_unchanged_without_a_validation_split(tmp_path):
-    cfg = TaskConfig(num_train=300, num_eval=50)
-    task = build_task(cfg, str(tmp_path))
+def test_embedded_task_validation_share_leaves_the_held_out_split_alone(tmp_path):
+    task = build_task(TaskConfig(num_train=300, num_eval=50, val_fraction=0), str(tmp_path))
     assert task.val is None and len(task.train) == 300
     carved = build_task(TaskConfig(num_train=300, num_eval=50, val_fraction=0.1), str(tmp_path))
     assert (len(carved.train), len(carved.val)) == (270, 30) and carved.eval.to_dict() == task.eval.to_dict()
+    default = build_task(TaskConfig(num_train=400, num_eval=50), str(tmp_path))  # 2.5% by default
+    assert (len(default.train), len(default.val)) == (390, 10)
 
 
 # ---------------------------------------------------------------- length checks by algorithm
