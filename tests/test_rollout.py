@@ -80,8 +80,9 @@ def test_grpo_evaluation_and_dpo_pairs_all_generate_through_the_configured_engin
     run(compose_cfg(tmp_path / "warm", *RUN, "training.steps=0"))  # the SFT stage (its evaluations) cached first
     monkeypatch.setitem(rollout.ENGINES, "builtin", Recording)
     _rows(tmp_path / "grpo")
-    # step 0 and step 2 evaluations (greedy accuracy, kl/init samples) and two GRPO steps' rollouts
-    assert calls.count("greedy") == 2 and calls.count("sampled") == 2 + 2
+    # step 0 and step 2 evaluations (greedy accuracy on test and validation, kl/init samples) and two GRPO
+    # steps' rollouts
+    assert calls.count("greedy") == 2 * 2 and calls.count("sampled") == 2 + 2
     calls.clear()
     run(compose_cfg(tmp_path / "dpo", "algo=dpo", "algo.pairs_per_step=4", "algo.num_pairs=16",
                     "training.steps=1", "eval.every=1", "eval.log_samples=0"))

@@ -75,7 +75,7 @@ def test_gsm8k_reward_reads_the_marked_or_last_number():
 def test_default_arithmetic_format_is_zero_padded_msd_first():
     splits = generate_arithmetic(_small())
     assert set(splits) == {"train", "test"}
-    assert splits["train"].column_names == ["prompt", "completion", "answer"]
+    assert splits["train"].column_names == ["prompt", "completion", "answer", "solution"]
     assert (len(splits["train"]), len(splits["test"])) == (300, 50)
     for row in splits["train"]:
         m = re.fullmatch(r"(\d{3})\+(\d{3})=", row["prompt"])
@@ -332,7 +332,8 @@ def test_preference_malformed_row_names_file_and_row(tmp_path, bad_row, expected
 def test_build_task_arithmetic(tmp_path):
     task = build_task(_small(), str(tmp_path))
     assert isinstance(task, Task) and task.name == "arithmetic" and task.tokenizer.vocab_size == 17
-    assert (len(task.train), len(task.eval), task.max_new_tokens) == (300, 50, 6)
+    # 300 generated training problems, 2.5% of them carved off as validation
+    assert (len(task.train), len(task.val), len(task.eval), task.max_new_tokens) == (292, 8, 50, 6)
     assert os.listdir(tmp_path / "data") == [f"arithmetic-{arithmetic.arithmetic_fingerprint(_small())}"]
     row = task.eval[0]
     assert task.reward(row["completion"], row["answer"]) == 1.0

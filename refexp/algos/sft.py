@@ -203,10 +203,12 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         return out
 
     step, t0 = 0, now(ctx.device)
-    if stop.has_val:
-        log.log(validate(), step=0)
+    # each step's row is written once: the last one waits for the kept model's test accuracy
+    pending: dict = validate() if stop.has_val else {}
     bar = progress_bar(total=sft.steps, desc="sft", enabled=ctx.dist.is_rank0 and cfg.logger.progress)
     while step < sft.steps and not stop.done:
+        if pending:
+            log.log(pending, step=step)
         step += 1
         rows = train.select(sft_batch(ctx, step))
         tokens, mask = pack_sequences(tok, rows["prompt"], rows["completion"], add_eos=True)
@@ -231,12 +233,12 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         if stop.has_val and (step % sft.eval_every == 0 or step == sft.steps):
             row.update(validate())
             bar.set_postfix(loss=f"{float(loss):.3f}", val_acc=f"{row['sft/val_accuracy']:.2f}")
-        log.log(row, step=step)
+        pending = row
     if best.step is not None and best.step != step and not stop.hit_target:  # at the target: the model that hit it
         best.restore()
     # the model kept, measured once on the test split (reported, never used to stop or select)
     acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims, engine=engine)
-    log.log({"eval/accuracy": acc}, step=step)
+    log.log({**pending, "eval/accuracy": acc}, step=step)
     bar.close()
     wall = now(ctx.device) - t0
     # what follows (saving, exporting, building the RL stage's models) is set-up again
