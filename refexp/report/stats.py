@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -128,19 +129,10 @@ def with_evaluation_noise(est: Optional[Estimate], n_prompts: Optional[int], con
     if est is None or not n_prompts or not math.isfinite(est.mean):
         return est
     p = min(max(est.mean, 0.0), 1.0)
-    z = math.sqrt(2.0) * _erfinv(confidence)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
     binomial = z * math.sqrt(p * (1.0 - p) / n_prompts)
     half = binomial if est.half_width is None else math.hypot(est.half_width, binomial)
     return Estimate(est.mean, half, est.std, est.n, est.values, eval_prompts=n_prompts)
-
-
-def _erfinv(y: float) -> float:
-    """erf⁻¹ by bisection (the normal quantile for the binomial interval; 1.95996 at 0.95)."""
-    lo, hi = 0.0, 6.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if math.erf(mid) < y else (lo, mid)
-    return 0.5 * (lo + hi)
 
 
 def mean_ci(values: Iterable[Optional[float]], confidence: float = 0.95) -> Optional[Estimate]:
