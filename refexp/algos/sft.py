@@ -3,11 +3,11 @@
 Masked next-token loss on the task's demonstrations (prompt tokens masked out) until it converges:
 every ``sft.eval_every`` steps the *validation* split's loss (``sft/val_loss``, NLL per demonstration
 token) and greedy exact match (``sft/val_accuracy``), and a stop once the loss has not fallen by
-``sft.min_delta`` for ``sft.patience`` evaluations (a plateau, once past ``sft.min_steps``), the accuracy reaches
-``sft.target_accuracy``, or the ``sft.steps`` cap. Accuracy on the embedded task sits near zero and
-then jumps at a seed-dependent step (a plateau rule on it stops before the jump; the loss keeps
-falling through it), so a fixed step count would give different models per seed. The held-out test split is measured
-once, on the model kept (``eval/accuracy``), and never decides anything. A task without a validation
+``sft.min_delta`` for ``sft.patience`` evaluations (a plateau, once past ``sft.min_steps``), the
+accuracy reaches ``sft.target_accuracy``, or the ``sft.steps`` cap. Accuracy on the embedded task sits
+near zero and then jumps at a seed-dependent step (a plateau rule on it stops before the jump; the loss
+keeps falling through it), so a fixed step count would give different models per seed. The held-out
+test split is measured once, on the model kept (``eval/accuracy``), and never decides anything. A task without a validation
 split trains to the cap (the accuracy rules need one).
 
 The output is cached under ``<cache>/sft/<hash of everything that determines it>/``: ``model/``
@@ -247,8 +247,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     if ctx.dist.is_rank0:
         tok.save(str(out_dir))
     titan.export_hf(model, cfg.model, str(out_dir / "hf"), tokenizer=tok)
-    summary = {"steps": step, "eval_accuracy": acc, "val_accuracy": stop.accuracy, "best_val_loss": stop.best_loss, "kept_step": step if best.step is None else best.step,
-               "stopped_by": stop.reason(), "wall_s": wall}
+    summary = {"steps": step, "eval_accuracy": acc, "val_accuracy": stop.accuracy, "best_val_loss": stop.best_loss,
+               "kept_step": step if best.step is None else best.step, "stopped_by": stop.reason(), "wall_s": wall}
     if ctx.dist.is_rank0:
         write_json_atomic(out_dir / "sft.json", summary)
     log.close()

@@ -44,8 +44,8 @@ class SFTConfig:
     """No plateau stop before this step: on the embedded task the loss first sits on a plateau for a few
     hundred steps before accuracy jumps, and that plateau is not convergence."""
     patience: int = 10
-    """After ``min_steps``, stop once the validation loss (``sft/val_loss``, NLL per demonstration token) has not fallen below
-    its best by ``min_delta`` for this many evaluations in a row: the stage has converged. The loss, not
+    """After ``min_steps``, stop once the validation loss (``sft/val_loss``, NLL per demonstration token)
+    has not fallen below its best by ``min_delta`` for this many evaluations in a row: the stage has converged. The loss, not
     the accuracy: on the embedded task accuracy sits flat near zero before it jumps. 0 = no plateau rule."""
     min_delta: float = 0.002
     """The fall in validation loss (nats per token) that counts as progress and resets ``patience``."""
@@ -60,8 +60,8 @@ class SFTConfig:
     warmup_steps: int = 50
     """Linear learning-rate warm-up steps."""
     decay_ratio: float = 1.0
-    """Share of the ``steps`` cap after warm-up over which the LR decays to 0 on a cosine (torchtitan's schedule;
-    0 = constant): a converged start needs the LR to come down, or validation loss keeps jumping."""
+    """Share of the ``steps`` cap after warm-up over which the LR decays to 0 on a cosine (torchtitan's
+    schedule; 0 = constant): a converged start needs the LR to come down, or validation loss keeps jumping."""
     weight_decay: float = 0.0
     """Decoupled weight decay."""
     seed: int = 0

@@ -91,7 +91,8 @@ def _final_point(group: Group, acc_key: str):
     from .reduce import Column, column_estimate, last
 
     # the table's interval: seeds and, for the task accuracy, the evaluation's binomial noise
-    acc = column_estimate(Column(acc_key, acc_key, lambda r: last(r, acc_key), binomial=acc_key == ACC), group.completed)
+    column = Column(acc_key, acc_key, lambda r: last(r, acc_key), binomial=acc_key == ACC)
+    acc = column_estimate(column, group.completed)
     return mean_ci(last(r, "kl/init") for r in group.completed), acc
 
 

@@ -15,7 +15,8 @@ from .load import Run, _get
 
 FIELDS: tuple[tuple[str, str], ...] = (
     ("model", "model.name"), ("flavor", "model.flavor"), ("hf checkpoint", "model.hf_assets_path"),
-    ("task", "task.name"), ("demonstration slip", "task.demo_slip"), ("steps", "training.steps"), ("lr", "training.lr"), ("beta", "algo.beta"),
+    ("task", "task.name"), ("demonstration slip", "task.demo_slip"),
+    ("steps", "training.steps"), ("lr", "training.lr"), ("beta", "algo.beta"),
     ("loss", "algo.loss_type"), ("prompts x group", None), ("pairs per step", "algo.pairs_per_step"),
     ("eval prompts", "eval.num_prompts"), ("eval every", "eval.every"),
 )
