@@ -123,39 +123,65 @@ def generate(
     stop_S = torch.tensor(tokenizer.stop_ids, dtype=torch.long, device=device)
     out = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
     logp_out = torch.zeros(n, max_new_tokens, dtype=torch.float32, device=device)
-    done = torch.zeros(n, dtype=torch.bool, device=device)
     lengths = torch.zeros(n, dtype=torch.long, device=device)
 
     logits_UV, cache = titan.prefill(model, prompt_UL, lens_U, max_new_tokens=max_new_tokens)
     if len(distinct) < n:
-        cache, logits_BV = titan.repeat_decode_rows(cache, rows_B), logits_UV[rows_B]
+        cache, logits_AV = titan.repeat_decode_rows(cache, rows_B), logits_UV[rows_B]
     else:
-        logits_BV = logits_UV
+        logits_AV = logits_UV
+    # A: the rows still decoding (``active_A`` indexes the batch; None = all of them). Finished rows are
+    # dropped from the decode batch at the stop checks, once enough of them have finished to pay for
+    # copying the others' cache; until then they emit masked padding.
+    active_A, done_A = None, torch.zeros(n, dtype=torch.bool, device=device)
     try:
         for t in range(max_new_tokens):
-            logits_BV = logits_BV.float()
+            rows = slice(None) if active_A is None else active_A
+            logits_AV = logits_AV.float()
             if greedy:
-                tok = logits_BV.argmax(-1)
-                logp = torch.log_softmax(logits_BV, -1).gather(-1, tok[:, None]).squeeze(-1)
+                tok = logits_AV.argmax(-1)
+                logp = torch.log_softmax(logits_AV, -1).gather(-1, tok[:, None]).squeeze(-1)
             else:
-                logp_BV = torch.log_softmax(logits_BV / temperature, -1)
-                probs = _top_p_filter(logp_BV.exp(), top_p)
-                tok = _inverse_cdf(probs, u_BT[:, t])
-                logp = logp_BV.gather(-1, tok[:, None]).squeeze(-1)
-            tok = torch.where(done, torch.full_like(tok, pad), tok)
-            out[:, t] = tok
-            logp_out[:, t] = torch.where(done, torch.zeros_like(logp), logp)
-            lengths += (~done).long()
-            done |= torch.isin(tok, stop_S)
-            # Stop when every row has finished; a collective decision under FSDP/TP, where all
-            # ranks hold the same rows' state only if they decode the same number of steps.
-            if t == max_new_tokens - 1 or ((t + 1) % stop_check_every == 0 and _all_done(done)):
+                logp_AV = torch.log_softmax(logits_AV if temperature == 1.0 else logits_AV / temperature, -1)
+                probs = _top_p_filter(logp_AV.exp(), top_p)
+                tok = _inverse_cdf(probs, u_BT[rows, t])
+                logp = logp_AV.gather(-1, tok[:, None]).squeeze(-1)
+            tok = torch.where(done_A, pad, tok)
+            out[rows, t] = tok
+            logp_out[rows, t] = torch.where(done_A, 0.0, logp)
+            lengths[rows] += (~done_A).long()
+            done_A |= torch.isin(tok, stop_S)
+            if t == max_new_tokens - 1:
                 break
-            logits_BV, cache = titan.decode_step(model, tok, cache)
+            if (t + 1) % stop_check_every == 0:
+                # Stop when every row has finished; a collective decision under FSDP/TP, where all
+                # ranks hold the same rows' state only if they decode the same number of steps.
+                if _all_done(done_A):
+                    break
+                keep_K = _rows_worth_keeping(done_A)
+                if keep_K is not None:
+                    cache = titan.repeat_decode_rows(cache, keep_K)
+                    active_A = keep_K if active_A is None else active_A[keep_K]
+                    tok, done_A = tok[keep_K], done_A[keep_K]
+            logits_AV, cache = titan.decode_step(model, tok, cache)
     finally:
         titan.finish_decode(cache)
 
     return _to_training_layout(tokenizer, prompt_BL, lens_B, out, logp_out, lengths)
+
+
+DROP_FINISHED_SHARE = 0.125
+"""Finished rows leave the decode batch once they are at least this share of it (and not all of it):
+each later step then skips their GEMM rows and KV reads, for one copy of the remaining rows' cache."""
+
+
+def _rows_worth_keeping(done_A: torch.Tensor) -> torch.Tensor | None:
+    """Indices of the unfinished rows when dropping the finished ones pays (see DROP_FINISHED_SHARE),
+    else None. Reads ``done_A`` on the host: called only at the stop checks, which sync anyway."""
+    n_done = int(done_A.sum())
+    if n_done == 0 or n_done == len(done_A) or n_done < DROP_FINISHED_SHARE * len(done_A):
+        return None
+    return (~done_A).nonzero().squeeze(1)
 
 
 def _all_done(done_B: torch.Tensor) -> bool:

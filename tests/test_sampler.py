@@ -71,11 +71,45 @@ def test_inverse_cdf_sampling_follows_the_distribution():
 
 @pytest.mark.parametrize("every", [3, 8, 100])
 def test_checking_for_stopped_rows_less_often_gives_the_same_completions(every):
-    """rollout.stop_check_every: rows that stopped emit masked padding until the next check."""
+    """rollout.stop_check_every: rows that stopped emit masked padding until the next check (the log-probs
+    to float rounding: the rows dropped at each check change the decode GEMMs' row count)."""
     m = _model()
     keys = [(1, 2, i, 0) for i in range(len(PROMPTS))]
     ref = sampler.generate(m, TOK, PROMPTS, max_new_tokens=12, keys=keys)
     r = sampler.generate(m, TOK, PROMPTS, max_new_tokens=12, keys=keys, stop_check_every=every)
     assert r.completion_ids == ref.completion_ids and r.texts == ref.texts
     assert torch.equal(r.tokens_BT, ref.tokens_BT) and torch.equal(r.mask_BT, ref.mask_BT)
-    torch.testing.assert_close(r.behaviour_logp, ref.behaviour_logp, rtol=0, atol=0)
+    torch.testing.assert_close(r.behaviour_logp, ref.behaviour_logp, rtol=0, atol=1e-5)
+
+
+class _StopAt:
+    """The char tokenizer with other stop ids (so that rows of a random model finish at different steps)."""
+
+    def __init__(self, tok, stop_ids):
+        self._tok, self.stop_ids = tok, tuple(stop_ids)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def test_finished_rows_leave_the_decode_batch_and_the_completions_stay_the_same(monkeypatch):
+    m = _model()
+    prompts = [p for p in PROMPTS for _ in range(4)]
+    keys = [(3, 1, i, 0) for i in range(len(prompts))]
+    free = sampler.generate(m, _StopAt(TOK, [10**6]), prompts, max_new_tokens=12, keys=keys)  # no stop id
+    stop = free.completion_ids[0][2]  # a token row 0 samples at its third step: rows end at different steps
+    tok = _StopAt(TOK, [stop])
+    batch_sizes, decode_step = [], titan.decode_step
+    monkeypatch.setattr(titan, "decode_step", lambda model, t, st: (batch_sizes.append(len(t)), decode_step(model, t, st))[1])
+    dropped = sampler.generate(m, tok, prompts, max_new_tokens=12, keys=keys)
+    monkeypatch.setattr(sampler, "DROP_FINISHED_SHARE", 2.0)  # never drop
+    kept = sampler.generate(m, tok, prompts, max_new_tokens=12, keys=keys)
+    lengths = [len(c) for c in kept.completion_ids]
+    assert len(set(lengths)) > 2 and min(lengths) < 12  # rows did finish, at different steps
+    n_steps = max(lengths) - 1
+    sizes_dropping, sizes_kept = batch_sizes[:n_steps], batch_sizes[n_steps:]
+    assert sizes_kept == [len(prompts)] * n_steps
+    assert sizes_dropping[0] <= len(prompts) and sizes_dropping[-1] < len(prompts)
+    assert all(a >= b for a, b in zip(sizes_dropping, sizes_dropping[1:]))  # the batch only shrinks
+    assert dropped.completion_ids == kept.completion_ids and torch.equal(dropped.mask_BT, kept.mask_BT)
+    torch.testing.assert_close(dropped.behaviour_logp, kept.behaviour_logp, rtol=0, atol=1e-5)

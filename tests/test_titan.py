@@ -186,10 +186,12 @@ def test_token_logprobs_equal_log_softmax_of_the_forward(name):
 # --------------------------------------------------------------------------- KV-cache decoding
 
 
+@pytest.mark.parametrize("path", ["plain", "modules"])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_kv_cache_decoding_equals_the_full_forward_per_row(name):
+def test_kv_cache_decoding_equals_the_full_forward_per_row(name, path):
     """Left-padded rows of different lengths, greedy for 5 steps: every step's logits equal an
-    unpadded forward of that row alone."""
+    unpadded forward of that row alone, on the one-token step over plain weights (decode_step_plain.py)
+    and on the sub-modules' path (what TP decodes with)."""
     model = build(name, requires_grad=False)
     lens = torch.tensor([5, 3, 1])
     rows = [torch.randint(0, V, (int(n),), generator=torch.Generator().manual_seed(i)) for i, n in enumerate(lens)]
@@ -197,6 +199,9 @@ def test_kv_cache_decoding_equals_the_full_forward_per_row(name):
     for b, row in enumerate(rows):
         prompt[b, 5 - len(row):] = row
     out, state = titan.prefill(model, prompt, lens)
+    assert state.plain is not None  # a single-process model's weights are plain tensors
+    if path == "modules":
+        state.plain = None
     for _ in range(5):
         assert out.shape == (3, V) and out.dtype == torch.float32
         for b, row in enumerate(rows):

@@ -107,6 +107,9 @@ def check_decode(cfg, par, dims) -> float:
     out, st = titan.prefill(model, prompt, lens)
     if par.tensor_parallel_degree > 1:  # the cache holds this rank's KV heads only
         assert st.keys[0].shape[1] == st_ref.keys[0].shape[1] // par.tensor_parallel_degree, st.keys[0].shape
+        assert st.plain is None, "TP decodes through the sub-modules (DTensor weights)"
+    else:
+        assert st.plain is not None, "FSDP's unsharded weights are plain tensors: the one-token step applies"
     err = (out - out_ref).abs().max().item()
     for _ in range(4):
         nxt = out_ref.argmax(-1)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from refexp.titan.build import _decoder
+from refexp.titan.decode_step_plain import PlainStepWeights, plain_decode_step
 from refexp.titan.logprobs import _vocab_shard_mesh_dim
 
 
@@ -25,13 +26,16 @@ from refexp.titan.logprobs import _vocab_shard_mesh_dim
 class DecodeState:
     """Everything ``decode_step`` needs between steps.
 
-    Slots are the columns of the left-padded batch: ``valid_BS`` marks real tokens, ``tokens_BS``
-    holds them. ``keys``/``values`` hold per-layer [B, n_kv_heads, S, head_dim] after RoPE (this
-    rank's KV heads under TP): views of the first S slots of preallocated buffers (``key_bufs``/``value_bufs``,
-    ``capacity`` slots, grown by doubling), so a decode step writes one slot in place instead of
-    copying the whole cache (a ``torch.cat`` per layer per step would copy it every step).
+    Slots are the columns of the left-padded batch: ``valid_BS`` marks real tokens (kept up to date only
+    when ``padded``), ``tokens_BS`` holds the prompt's. ``keys``/``values`` hold per-layer
+    [B, n_kv_heads, S, head_dim] after RoPE (this rank's KV heads under TP): views of the first S slots
+    of preallocated buffers (``key_bufs``/``value_bufs``, ``capacity`` slots, grown by doubling), so a
+    decode step writes one slot in place instead of copying the whole cache (a ``torch.cat`` per layer
+    per step would copy it every step).
     ``next_pos_B`` is the RoPE position of each row's next token. ``padded``: some prompt was
     left-padded, so attention needs the explicit ``valid_BS`` mask (otherwise it is plain causal).
+    ``plain``: the weights of the one-token step on plain tensors (``decode_step_plain.py``), None where
+    decoding takes the sub-modules' path (TP).
     """
 
     tokens_BS: torch.Tensor
@@ -44,6 +48,7 @@ class DecodeState:
     key_bufs: list[torch.Tensor] = field(default_factory=list)
     value_bufs: list[torch.Tensor] = field(default_factory=list)
     padded: bool = True
+    plain: PlainStepWeights | None = None
 
 
 def _unshard_for_decoding(model: nn.Module) -> list[nn.Module]:
@@ -194,6 +199,7 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
     state = DecodeState(tokens_BS=prompt_BL.clone(), valid_BS=valid_BL, next_pos_B=lens_B.clone(),
                         capacity=L + max(0, int(max_new_tokens)), padded=bool((lens_B < L).any()))
     state.unsharded = _unshard_for_decoding(model)
+    state.plain = PlainStepWeights.of(_decoder(model))  # the unsharded weights, where they are plain tensors
     if not state.padded:  # plain causal attention, no mask to build or apply
         return _cached_forward(model, prompt_BL, positions_BL, state, None), state
     # Query i sees real keys j <= i; pad queries see themselves only (their output is never used,
@@ -206,13 +212,16 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
 @torch.no_grad()
 def decode_step(model: nn.Module, next_tokens_B: torch.LongTensor, state: DecodeState):
     """Append one token per row; returns (logits_BV float32 for the following token, state)."""
-    tokens_B1 = next_tokens_B.reshape(-1, 1).to(state.tokens_BS.device)
-    positions_B1 = state.next_pos_B[:, None]
-    state.tokens_BS = torch.cat([state.tokens_BS, tokens_B1], dim=1)
-    state.valid_BS = torch.cat([state.valid_BS, torch.ones_like(tokens_B1, dtype=torch.bool)], dim=1)
-    state.next_pos_B = state.next_pos_B + 1
-    allowed_B1S = state.valid_BS[:, None, :] if state.padded else None
-    return _cached_forward(model, tokens_B1, positions_B1, state, allowed_B1S), state
+    tokens_B1 = next_tokens_B.reshape(-1, 1).to(state.next_pos_B.device)
+    positions_B = state.next_pos_B
+    state.next_pos_B = positions_B + 1
+    allowed_B1S = None
+    if state.padded:
+        state.valid_BS = torch.cat([state.valid_BS, torch.ones_like(tokens_B1, dtype=torch.bool)], dim=1)
+        allowed_B1S = state.valid_BS[:, None, :]
+    if state.plain is not None:
+        return plain_decode_step(state.plain, tokens_B1[:, 0], positions_B, state, allowed_B1S), state
+    return _cached_forward(model, tokens_B1, positions_B[:, None], state, allowed_B1S), state
 
 
 def repeat_decode_rows(state: DecodeState, rows_B: torch.LongTensor) -> DecodeState:
@@ -221,7 +230,7 @@ def repeat_decode_rows(state: DecodeState, rows_B: torch.LongTensor) -> DecodeSt
     rows_B = rows_B.to(state.tokens_BS.device)
     out = DecodeState(tokens_BS=state.tokens_BS[rows_B], valid_BS=state.valid_BS[rows_B],
                       next_pos_B=state.next_pos_B[rows_B], unsharded=state.unsharded,
-                      capacity=state.capacity, padded=state.padded)
+                      capacity=state.capacity, padded=state.padded, plain=state.plain)
     for kb, vb, k in zip(state.key_bufs, state.value_bufs, state.keys):
         filled = k.shape[2]
         for src, dst in ((kb, out.key_bufs), (vb, out.value_bufs)):
@@ -241,3 +250,4 @@ def finish_decode(state: DecodeState) -> None:
     state.unsharded = []
     state.keys, state.values = [], []
     state.key_bufs, state.value_bufs = [], []
+    state.plain = None  # drops the per-generation concatenated FFN weights
