@@ -39,7 +39,9 @@ class BuiltinEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, cfg: RolloutConfig | None = None):
         self.model, self.tokenizer = model, tokenizer
         device = next(model.parameters()).device
-        self.stop_check_every = (cfg or RolloutConfig()).stop_check_interval(device.type)
+        cfg = cfg or RolloutConfig()
+        self.stop_check_every = cfg.stop_check_interval(device.type)
+        self.static_decode = cfg.static_decode
 
     def load_weights(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -48,7 +50,8 @@ class BuiltinEngine:
                  max_prompt_len=None) -> sampler.Rollout:
         return sampler.generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
                                 temperature=temperature, top_p=top_p, greedy=greedy, keys=keys,
-                                max_prompt_len=max_prompt_len, stop_check_every=self.stop_check_every)
+                                max_prompt_len=max_prompt_len, stop_check_every=self.stop_check_every,
+                                static_decode=self.static_decode)
 
 
 ENGINES = {"builtin": BuiltinEngine}

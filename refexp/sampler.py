@@ -90,12 +90,14 @@ def generate(
     keys: list[tuple[int, ...]] | None = None,
     max_prompt_len: int | None = None,
     stop_check_every: int = 1,
+    static_decode: bool = False,
 ) -> Rollout:
     """Sample one completion per entry of ``prompts`` (repeat a prompt G times for a group).
 
     keys[i] seeds row i's randomness (e.g. (seed, step, prompt_id, sample_id)); required unless greedy.
     ``stop_check_every``: decode steps between the checks that every row has stopped (a device sync, and a
     collective with several ranks); finished rows emit masked padding meanwhile, so the result is the same.
+    ``static_decode``: fixed-shape decode steps (``titan.prefill(static=True)``; finished rows stay in the batch).
     """
     from refexp.tasks.batching import encode_prompts
 
@@ -125,7 +127,7 @@ def generate(
     logp_out = torch.zeros(n, max_new_tokens, dtype=torch.float32, device=device)
     lengths = torch.zeros(n, dtype=torch.long, device=device)
 
-    logits_UV, cache = titan.prefill(model, prompt_UL, lens_U, max_new_tokens=max_new_tokens)
+    logits_UV, cache = titan.prefill(model, prompt_UL, lens_U, max_new_tokens=max_new_tokens, static=static_decode)
     if len(distinct) < n:
         cache, logits_AV = titan.repeat_decode_rows(cache, rows_B), logits_UV[rows_B]
     else:
@@ -158,7 +160,7 @@ def generate(
                 # ranks hold the same rows' state only if they decode the same number of steps.
                 if _all_done(done_A):
                     break
-                keep_K = _rows_worth_keeping(done_A)
+                keep_K = None if static_decode else _rows_worth_keeping(done_A)
                 if keep_K is not None:
                     cache = titan.repeat_decode_rows(cache, keep_K)
                     active_A = keep_K if active_A is None else active_A[keep_K]

@@ -97,6 +97,13 @@ def test_missing_checkpoint_directory_is_named(tmp_path):
         validate(compose_root("algo=grpo", f"checkpoint.initial_load_path={missing}"))
 
 
+def test_static_decode_needs_plain_weights():
+    """rollout.static_decode decodes with the fixed-shape step over plain weights; TP's are DTensors."""
+    to_object(compose_root("rollout.static_decode=true"))
+    with pytest.raises(ConfigError, match="rollout.static_decode=true .* parallelism.tensor_parallel_degree=2"):
+        to_object(compose_root("rollout.static_decode=true", "parallelism=tp", "parallelism.tensor_parallel_degree=2"))
+
+
 def test_gsm8k_needs_a_local_file():
     with pytest.raises(ConfigError, match="task.train_path"):
         to_object(compose_root("task=gsm8k", "task.train_path=null"))

@@ -113,3 +113,23 @@ def test_finished_rows_leave_the_decode_batch_and_the_completions_stay_the_same(
     assert all(a >= b for a, b in zip(sizes_dropping, sizes_dropping[1:]))  # the batch only shrinks
     assert dropped.completion_ids == kept.completion_ids and torch.equal(dropped.mask_BT, kept.mask_BT)
     torch.testing.assert_close(dropped.behaviour_logp, kept.behaviour_logp, rtol=0, atol=1e-5)
+
+
+def test_fixed_shape_decoding_gives_the_same_completions_and_traces_as_one_graph(monkeypatch):
+    """rollout.static_decode: the same tokens as the default decode (log-probs to float rounding: attention
+    reads every slot under a mask), and the step traces without a graph break, which CUDA-graph capture
+    (torch.compile mode="reduce-overhead" on CUDA) needs; traced here with the eager backend."""
+    from refexp.titan import decode, decode_step_plain
+
+    m = _model()
+    prompts = [p for p in PROMPTS for _ in range(2)]
+    keys = [(5, 1, i, 0) for i in range(len(prompts))]
+    ref = sampler.generate(m, TOK, prompts, max_new_tokens=10, keys=keys)
+    static = sampler.generate(m, TOK, prompts, max_new_tokens=10, keys=keys, static_decode=True)
+    assert static.completion_ids == ref.completion_ids and torch.equal(static.mask_BT, ref.mask_BT)
+    torch.testing.assert_close(static.behaviour_logp, ref.behaviour_logp, rtol=0, atol=1e-5)
+    traced = torch.compile(decode_step_plain.plain_static_step, backend="eager", fullgraph=True, dynamic=False)
+    monkeypatch.setattr(decode, "static_step_for", lambda device: traced)
+    again = sampler.generate(m, TOK, prompts, max_new_tokens=10, keys=keys, static_decode=True)
+    assert again.completion_ids == static.completion_ids
+    torch.testing.assert_close(again.behaviour_logp, static.behaviour_logp, rtol=0, atol=1e-6)

@@ -186,19 +186,19 @@ def test_token_logprobs_equal_log_softmax_of_the_forward(name):
 # --------------------------------------------------------------------------- KV-cache decoding
 
 
-@pytest.mark.parametrize("path", ["plain", "modules"])
+@pytest.mark.parametrize("path", ["plain", "modules", "static"])
 @pytest.mark.parametrize("name", FAMILIES)
 def test_kv_cache_decoding_equals_the_full_forward_per_row(name, path):
     """Left-padded rows of different lengths, greedy for 5 steps: every step's logits equal an
-    unpadded forward of that row alone, on the one-token step over plain weights (decode_step_plain.py)
-    and on the sub-modules' path (what TP decodes with)."""
+    unpadded forward of that row alone, on the one-token step over plain weights (decode_step_plain.py),
+    on the sub-modules' path (what TP decodes with) and on the fixed-shape step (rollout.static_decode)."""
     model = build(name, requires_grad=False)
     lens = torch.tensor([5, 3, 1])
     rows = [torch.randint(0, V, (int(n),), generator=torch.Generator().manual_seed(i)) for i, n in enumerate(lens)]
     prompt = torch.zeros(3, 5, dtype=torch.long)
     for b, row in enumerate(rows):
         prompt[b, 5 - len(row):] = row
-    out, state = titan.prefill(model, prompt, lens)
+    out, state = titan.prefill(model, prompt, lens, max_new_tokens=5, static=path == "static")
     assert state.plain is not None  # a single-process model's weights are plain tensors
     if path == "modules":
         state.plain = None

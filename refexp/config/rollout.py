@@ -19,7 +19,15 @@ class RolloutConfig:
     stop_check_every: Optional[int] = None
     """Decode steps between checks that every row has stopped (each check waits for the device and, with
     several ranks, is a collective). Rows that stopped keep emitting padding, which is masked, so the
-    completions are the same for any value. None = 1 on CPU (a check costs nothing there), 8 on CUDA."""
+    completions are the same for any value. None = 1 on CPU (a check costs nothing there), 8 on CUDA.
+    At a check, finished rows leave the decode batch once they are an eighth of it."""
+    static_decode: bool = False
+    """Decode with fixed shapes, so that the one-token step can be captured: every step attends over the
+    cache's whole capacity under a mask of filled slots and writes its keys/values at a slot index held on
+    the device; finished rows stay in the batch. On CUDA the step is compiled with
+    ``torch.compile(mode="reduce-overhead")`` (CUDA graphs: one launch per step instead of one per operator);
+    on CPU it runs eagerly (the same numbers; the capture pays only where kernel launches cost). Needs plain
+    weights: not with tensor parallelism."""
 
     def __post_init__(self) -> None:
         one_of("rollout.name", self.name, ROLLOUT_ENGINES)

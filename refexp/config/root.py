@@ -193,6 +193,10 @@ def check_cross_fields(cfg: RootConfig) -> None:
                           f"test split never stops anything): set task.val_path or task.val_fraction, or leave "
                           f"sft.target_accuracy at 1.0")
     check_tensor_parallel_heads(cfg.model, cfg.parallelism)
+    if cfg.rollout.static_decode and cfg.parallelism.tensor_parallel_degree > 1:
+        raise ConfigError("rollout.static_decode=true needs plain (unsharded) weights to decode with, and "
+                          f"parallelism.tensor_parallel_degree={cfg.parallelism.tensor_parallel_degree} decodes "
+                          "through the sharded sub-modules: set rollout.static_decode=false or the TP degree to 1")
     if getattr(cfg.algo, "objective", "grpo") == "sft" and cfg.reference.name != "none":
         raise ConfigError(f"algo.objective=sft (the continued-SFT baseline) is invalid with reference="
                           f"{cfg.reference.name}: it has no KL term; expected reference=none")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from refexp.titan.build import _decoder
-from refexp.titan.decode_step_plain import PlainStepWeights, plain_decode_step
+from refexp.titan.decode_step_plain import PlainStepWeights, plain_decode_step, static_step_for
 from refexp.titan.logprobs import _vocab_shard_mesh_dim
 
 
@@ -35,7 +35,9 @@ class DecodeState:
     ``next_pos_B`` is the RoPE position of each row's next token. ``padded``: some prompt was
     left-padded, so attention needs the explicit ``valid_BS`` mask (otherwise it is plain causal).
     ``plain``: the weights of the one-token step on plain tensors (``decode_step_plain.py``), None where
-    decoding takes the sub-modules' path (TP).
+    decoding takes the sub-modules' path (TP). ``static``: fixed-shape steps (``plain_static_step``): the
+    buffers never grow, ``slot_1`` ([1] long, on the device) is the next slot and ``allowed_BC`` ([B, C]
+    bool) the slots each row's queries may see.
     """
 
     tokens_BS: torch.Tensor
@@ -49,6 +51,9 @@ class DecodeState:
     value_bufs: list[torch.Tensor] = field(default_factory=list)
     padded: bool = True
     plain: PlainStepWeights | None = None
+    static: bool = False
+    slot_1: torch.Tensor | None = None
+    allowed_BC: torch.Tensor | None = None
 
 
 def _unshard_for_decoding(model: nn.Module) -> list[nn.Module]:
@@ -73,14 +78,16 @@ def _append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: tor
     B, N, L, H = k_BNLH.shape
     if layer == len(state.key_bufs):  # prefill: the layer's first tokens
         start, cap = 0, max(state.capacity, L)
-        state.key_bufs.append(k_BNLH.new_empty(B, N, cap, H))
-        state.value_bufs.append(v_BNLH.new_empty(B, N, cap, H))
+        # zeros: the fixed-shape step reads unfilled slots (masked, but 0 x NaN would still be NaN)
+        state.key_bufs.append(_static_address(k_BNLH.new_zeros(B, N, cap, H), state))
+        state.value_bufs.append(_static_address(v_BNLH.new_zeros(B, N, cap, H), state))
         state.keys.append(k_BNLH)
         state.values.append(v_BNLH)
     else:
         start = state.keys[layer].shape[2]
     kb, vb = state.key_bufs[layer], state.value_bufs[layer]
     if start + L > kb.shape[2]:
+        assert not state.static, "a fixed-shape decode never grows its cache (prefill reserves max_new_tokens)"
         cap = max(2 * kb.shape[2], start + L)
         kb = torch.cat([kb[:, :, :start], kb.new_empty(B, N, cap - start, H)], dim=2)
         vb = torch.cat([vb[:, :, :start], vb.new_empty(B, N, cap - start, H)], dim=2)
@@ -89,6 +96,14 @@ def _append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: tor
     vb[:, :, start:start + L].copy_(v_BNLH)
     state.keys[layer], state.values[layer] = kb[:, :, :start + L], vb[:, :, :start + L]
     return start
+
+
+def _static_address(t: torch.Tensor, state: DecodeState) -> torch.Tensor:
+    """Mark a fixed-shape decode's buffer as living at a fixed address (CUDA graphs then read and write it
+    in place rather than copying it in at every replay)."""
+    if state.static and t.is_cuda:
+        torch._dynamo.mark_static_address(t)
+    return t
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -180,7 +195,7 @@ def _cached_forward(model: nn.Module, tokens_BL: torch.Tensor, positions_BL: tor
 
 @torch.no_grad()
 def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.LongTensor, *,
-            max_new_tokens: int = 0):
+            max_new_tokens: int = 0, static: bool = False):
     """Start incremental decoding of left-padded prompts: returns (last_logits_BV float32, state).
 
     ``prompt_BL`` is left-padded to a common length L; row b's real tokens are its last
@@ -189,6 +204,8 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
     the FSDP modules are unsharded until ``finish_decode``; under TP each rank caches its own heads.
     Collective under FSDP/TP: every rank must decode the same number of steps.
     ``max_new_tokens``: decode steps to reserve cache slots for (more still fit: the cache grows).
+    ``static``: fixed-shape decode steps (``DecodeState.static``): at most ``max_new_tokens`` of them; needs
+    plain weights (not TP).
     """
     L = prompt_BL.shape[1]
     lens_B = prompt_lens_B.to(prompt_BL.device)
@@ -199,7 +216,18 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
     state = DecodeState(tokens_BS=prompt_BL.clone(), valid_BS=valid_BL, next_pos_B=lens_B.clone(),
                         capacity=L + max(0, int(max_new_tokens)), padded=bool((lens_B < L).any()))
     state.unsharded = _unshard_for_decoding(model)
-    state.plain = PlainStepWeights.of(_decoder(model))  # the unsharded weights, where they are plain tensors
+    # the unsharded weights, where they are plain tensors
+    state.plain = PlainStepWeights.of(_decoder(model), fuse_ffn=not static)
+    if static:
+        if state.plain is None:
+            finish_decode(state)
+            raise ValueError("prefill(static=True) needs plain weights; this model's are DTensors (tensor "
+                             "parallel): decode with static=False")
+        state.static = True
+        state.slot_1 = _static_address(torch.full((1,), L, dtype=torch.long, device=prompt_BL.device), state)
+        allowed = torch.zeros(len(lens_B), state.capacity, dtype=torch.bool, device=prompt_BL.device)
+        allowed[:, :L] = valid_BL
+        state.allowed_BC = _static_address(allowed, state)
     if not state.padded:  # plain causal attention, no mask to build or apply
         return _cached_forward(model, prompt_BL, positions_BL, state, None), state
     # Query i sees real keys j <= i; pad queries see themselves only (their output is never used,
@@ -213,6 +241,8 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
 def decode_step(model: nn.Module, next_tokens_B: torch.LongTensor, state: DecodeState):
     """Append one token per row; returns (logits_BV float32 for the following token, state)."""
     tokens_B1 = next_tokens_B.reshape(-1, 1).to(state.next_pos_B.device)
+    if state.static:
+        return _static_decode_step(tokens_B1[:, 0], state), state
     positions_B = state.next_pos_B
     state.next_pos_B = positions_B + 1
     allowed_B1S = None
@@ -224,17 +254,32 @@ def decode_step(model: nn.Module, next_tokens_B: torch.LongTensor, state: Decode
     return _cached_forward(model, tokens_B1, positions_B[:, None], state, allowed_B1S), state
 
 
+def _static_decode_step(tokens_B: torch.Tensor, state: DecodeState) -> torch.Tensor:
+    step = static_step_for(tokens_B.device)
+    logits_BV = step(state.plain, tokens_B, state.next_pos_B, state.slot_1, state.key_bufs, state.value_bufs,
+                     state.allowed_BC)
+    state.next_pos_B.add_(1)  # in place: fixed addresses
+    state.slot_1.add_(1)
+    filled = state.keys[0].shape[2] + 1  # host-side bookkeeping only (no device read)
+    state.keys = [kb[:, :, :filled] for kb in state.key_bufs]
+    state.values = [vb[:, :, :filled] for vb in state.value_bufs]
+    return logits_BV
+
+
 def repeat_decode_rows(state: DecodeState, rows_B: torch.LongTensor) -> DecodeState:
     """A state whose row b continues ``state``'s row ``rows_B[b]`` (prefill each distinct prompt once,
     then decode G rows of it: GRPO's groups). Copies the filled cache slots; shares the FSDP unshard."""
     rows_B = rows_B.to(state.tokens_BS.device)
     out = DecodeState(tokens_BS=state.tokens_BS[rows_B], valid_BS=state.valid_BS[rows_B],
                       next_pos_B=state.next_pos_B[rows_B], unsharded=state.unsharded,
-                      capacity=state.capacity, padded=state.padded, plain=state.plain)
+                      capacity=state.capacity, padded=state.padded, plain=state.plain, static=state.static)
+    if state.static:
+        out.slot_1 = _static_address(state.slot_1.clone(), out)
+        out.allowed_BC = _static_address(state.allowed_BC[rows_B], out)
     for kb, vb, k in zip(state.key_bufs, state.value_bufs, state.keys):
         filled = k.shape[2]
         for src, dst in ((kb, out.key_bufs), (vb, out.value_bufs)):
-            buf = src.new_empty(len(rows_B), *src.shape[1:])
+            buf = _static_address(src.new_zeros(len(rows_B), *src.shape[1:]), out)
             buf[:, :, :filled] = src[rows_B, :, :filled]
             dst.append(buf)
         out.keys.append(out.key_bufs[-1][:, :, :filled])
@@ -251,3 +296,4 @@ def finish_decode(state: DecodeState) -> None:
     state.keys, state.values = [], []
     state.key_bufs, state.value_bufs = [], []
     state.plain = None  # drops the per-generation concatenated FFN weights
+    state.slot_1 = state.allowed_BC = None

@@ -10,8 +10,12 @@ costs is the operators and Python around the GEMMs, not the FLOPs. Against the m
   check per layer before), then applies torchtitan's own ``apply_rotary_emb``, so every RoPE flavour's
   convention is the model's;
 - runs the gate and up projections of the SwiGLU FFN (Shazeer 2020) as one GEMM on ``cat(w1, w3)``,
-  concatenated once per generation;
+  concatenated once per generation (the fixed-shape step keeps two, on the parameters);
 - keeps the activation [B, D] (no sequence axis) and writes K/V straight into the cache's next slot.
+
+``plain_static_step`` is the same step with fixed shapes (``rollout.static_decode``): it attends over the
+cache's whole capacity under a mask of filled slots and writes K/V at a slot index held in a device tensor,
+so nothing in it depends on a host-side value and CUDA graphs can capture it (``static_step_for``).
 
 ``PlainStepWeights.of(model)`` is None where the step does not apply (TP's DTensor weights, MoE
 layers, a decoder other than llama3/dense qwen3): decoding then takes the module path.
@@ -34,8 +38,10 @@ class _Layer:
     ffn_norm: nn.Module
     wqkv_W: torch.Tensor          # [(n_kv * (heads_per_kv + 2)) * head_dim, D], torchtitan's fused layout
     wo_W: torch.Tensor            # [D, n_heads * head_dim]
-    w13_W: torch.Tensor           # [2 * F, D]: w1 (gate) rows then w3 (up) rows
+    w1_W: torch.Tensor            # [F, D] gate
+    w3_W: torch.Tensor            # [F, D] up
     w2_W: torch.Tensor            # [D, F]
+    w13_W: torch.Tensor | None    # [2 * F, D]: w1 rows then w3 rows (a copy, made when fused)
 
 
 @dataclass
@@ -50,7 +56,9 @@ class PlainStepWeights:
     head_dim: int
 
     @staticmethod
-    def of(decoder: nn.Module) -> "PlainStepWeights | None":
+    def of(decoder: nn.Module, *, fuse_ffn: bool = True) -> "PlainStepWeights | None":
+        """``fuse_ffn``: concatenate w1 and w3 for one GEMM (a copy per generation; the fixed-shape step
+        reads the parameters themselves, whose addresses a CUDA graph keeps)."""
         if any(isinstance(p, DTensor) for p in decoder.parameters()):
             return None
         layers = []
@@ -62,8 +70,9 @@ class PlainStepWeights:
                 return None
             if any(getattr(m, "bias", None) is not None for m in (att.qkv_linear.wqkv, att.wo, ffn.w1, ffn.w2, ffn.w3)):
                 return None
-            layers.append(_Layer(att, block.attention_norm, block.ffn_norm, att.qkv_linear.wqkv.weight,
-                                 att.wo.weight, torch.cat([ffn.w1.weight, ffn.w3.weight]), ffn.w2.weight))
+            layers.append(_Layer(att, block.attention_norm, block.ffn_norm, att.qkv_linear.wqkv.weight, att.wo.weight,
+                                 ffn.w1.weight, ffn.w3.weight, ffn.w2.weight,
+                                 torch.cat([ffn.w1.weight, ffn.w3.weight]) if fuse_ffn else None))
         if not layers or not isinstance(decoder.norm, nn.RMSNorm) or getattr(decoder.lm_head, "bias", None) is not None:
             return None
         qkv = layers[0].attention.qkv_linear
@@ -106,3 +115,50 @@ def plain_decode_step(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: 
         gate_BF, up_BF = F.linear(_rms_norm(h_BD, lw.ffn_norm), lw.w13_W).chunk(2, dim=-1)
         h_BD = h_BD + F.linear(F.silu(gate_BF) * up_BF, lw.w2_W)
     return F.linear(_rms_norm(h_BD, w.norm), w.lm_head_W).float()
+
+
+def plain_static_step(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: torch.Tensor, slot_1: torch.Tensor,
+                      key_bufs: list[torch.Tensor], value_bufs: list[torch.Tensor],
+                      allowed_BC: torch.Tensor) -> torch.Tensor:
+    """``plain_decode_step`` with fixed shapes: the new token's keys/values go to slot ``slot_1`` ([1] long,
+    on the device) of every layer's [B, n_kv, C, head_dim] buffer, the slot is marked in ``allowed_BC``
+    ([B, C] bool: the slots a query may see; in place), and attention reads all C slots under that mask.
+    Unfilled slots must hold finite values (the buffers are zero-initialised). Returns float32 logits [B, V].
+    """
+    B = tokens_B.shape[0]
+    hpk, hd = w.heads_per_kv, w.head_dim
+    allowed_BC.index_fill_(1, slot_1, True)
+    mask_B11C = allowed_BC[:, None, None, :]
+    h_BD = F.embedding(tokens_B, w.embedding)
+    rope_cache = None
+    for i, lw in enumerate(w.layers):
+        att = lw.attention
+        qkv = F.linear(_rms_norm(h_BD, lw.attn_norm), lw.wqkv_W).view(B, 1, -1, hpk + 2, hd)
+        q_B1NH = qkv[:, :, :, :hpk].reshape(B, 1, -1, hd)
+        k_B1NH, v_B1NH = qkv[:, :, :, hpk], qkv[:, :, :, hpk + 1]
+        if att.q_norm is not None:
+            q_B1NH, k_B1NH = att.q_norm(q_B1NH), att.k_norm(k_B1NH)
+        if rope_cache is None:
+            rope_cache = att.rope._reshape_cache(q_B1NH, positions_B[:, None])
+        q_B1NH, k_B1NH = att.rope.apply_rotary_emb(q_B1NH, k_B1NH, rope_cache)
+        key_bufs[i].index_copy_(2, slot_1, k_B1NH.transpose(1, 2))
+        value_bufs[i].index_copy_(2, slot_1, v_B1NH.transpose(1, 2))
+        out_BN1H = F.scaled_dot_product_attention(q_B1NH.transpose(1, 2), key_bufs[i], value_bufs[i],
+                                                  attn_mask=mask_B11C, scale=att.scaling, enable_gqa=att.enable_gqa)
+        h_BD = h_BD + F.linear(out_BN1H.reshape(B, -1), lw.wo_W)
+        x_BD = _rms_norm(h_BD, lw.ffn_norm)
+        h_BD = h_BD + F.linear(F.silu(F.linear(x_BD, lw.w1_W)) * F.linear(x_BD, lw.w3_W), lw.w2_W)
+    return F.linear(_rms_norm(h_BD, w.norm), w.lm_head_W).float()
+
+
+_CAPTURED: dict[str, object] = {}
+
+
+def static_step_for(device: torch.device):
+    """The fixed-shape step as it runs on ``device``: captured as CUDA graphs on CUDA
+    (``torch.compile(mode="reduce-overhead")``, compiled once per process and batch shape), eager elsewhere."""
+    if device.type != "cuda":
+        return plain_static_step
+    if "cuda" not in _CAPTURED:
+        _CAPTURED["cuda"] = torch.compile(plain_static_step, mode="reduce-overhead", dynamic=False)
+    return _CAPTURED["cuda"]
