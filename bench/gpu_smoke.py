@@ -33,6 +33,10 @@ whether refexp's torchtitan layer imports). Then one line per figure, in this or
     ``refexp.sampler.generate`` (the KV-cache decode GRPO samples with) from the policy: 16 and 128 rows of
     distinct random prompts, temperature 1. EOS is outside the model's vocabulary, so every row decodes
     exactly ``new_tokens`` tokens. Generated tokens per second of the whole call (prefill included).
+``gen_tokens_per_s_16_static``, ``gen_tokens_per_s_128_static``
+    The same generations with ``static_decode=True`` (``rollout.static_decode``: fixed-shape decode steps,
+    captured as CUDA graphs by ``torch.compile(mode="reduce-overhead")`` on CUDA, eager on CPU). A first
+    generation of the same shape compiles and records the graphs (``warmup_s``); the value is the second's.
 ``grpo_e2e_3steps``
     The real CLI (``python -m refexp``) on the embedded arithmetic task in a temporary run dir: a short SFT
     stage, then 3 GRPO steps with a fixed reference (``model=qwen3_debug`` on a GPU, the tests' tiny model at
@@ -90,6 +94,8 @@ FIGURES = (
     "ref_forward_ratio",
     "gen_tokens_per_s_16",
     "gen_tokens_per_s_128",
+    "gen_tokens_per_s_16_static",
+    "gen_tokens_per_s_128_static",
     "grpo_e2e_3steps",
 )
 
@@ -523,7 +529,7 @@ class Bench:
             fn()
         return (now(self.device) - t0) / reps
 
-    def fig_gen(self, rows: int) -> dict:
+    def fig_gen(self, rows: int, static: bool = False) -> dict:
         from refexp.sampler import generate
 
         s = self.sizes
@@ -534,12 +540,18 @@ class Bench:
             self._gen_warm = True
         prompts = C.random_texts(rows, s.prompt_len, s.vocab, seed=rows, eos_outside=True)
         keys = [(0, 1, i, 0) for i in range(rows)]
+        extra = {}
+        if static:  # the first generation of this shape compiles and records the graphs
+            t0 = now(self.device)
+            generate(model, tok, prompts, max_new_tokens=s.new_tokens, keys=keys, static_decode=True)
+            extra["warmup_s"] = _round(now(self.device) - t0)
         t0 = now(self.device)
-        rollout = generate(model, tok, prompts, max_new_tokens=s.new_tokens, keys=keys)
+        rollout = generate(model, tok, prompts, max_new_tokens=s.new_tokens, keys=keys, static_decode=static)
         seconds = now(self.device) - t0
         n = rollout.num_completion_tokens
         return {"value": _round(n / seconds), "unit": "tokens/s", "rows": rows, "prompt_len": s.prompt_len,
-                "new_tokens": s.new_tokens, "generated_tokens": n, "seconds": _round(seconds)}
+                "new_tokens": s.new_tokens, "generated_tokens": n, "seconds": _round(seconds),
+                "static_decode": static, **extra}
 
     def fig_e2e(self, time_left: float) -> dict:
         """``python -m refexp`` in a subprocess: its own process group and memory, and a timeout."""
@@ -693,6 +705,8 @@ def main(argv=None) -> dict:
         runner.run("ref_forward_ratio", b.fig_ref_ratio)
         for rows in GEN_ROWS:
             runner.run(f"gen_tokens_per_s_{rows}", lambda rows=rows: b.fig_gen(rows))
+        for rows in GEN_ROWS:
+            runner.run(f"gen_tokens_per_s_{rows}_static", lambda rows=rows: b.fig_gen(rows, static=True))
         runner.run("grpo_e2e_3steps", lambda: b.fig_e2e(runner.left()), min_left_s=b.sizes.e2e_min_s)
     finally:
         runner.summary()

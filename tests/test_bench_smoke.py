@@ -107,8 +107,9 @@ def test_gpu_smoke_toy_runs_every_figure_on_cpu(tmp_path):
             assert value is not None and value > 0, row
     assert by["train_mfu"]["peak_source"] == "measured_float32_matmul"  # no table entry for a CPU
     for rows in gpu_smoke.GEN_ROWS:  # EOS outside the vocabulary: every row decodes all its tokens
-        g = by[f"gen_tokens_per_s_{rows}"]
-        assert g["generated_tokens"] == rows * g["new_tokens"]
+        for name in (f"gen_tokens_per_s_{rows}", f"gen_tokens_per_s_{rows}_static"):
+            g = by[name]
+            assert g["generated_tokens"] == rows * g["new_tokens"] and g["static_decode"] == name.endswith("static")
     assert by["grpo_e2e_3steps"]["steps"] == 3 and by["grpo_e2e_3steps"]["step_s"] > 0
     assert lines[-1]["ok"] >= 7 and lines[-1]["skipped"] == 0
 
