@@ -31,6 +31,18 @@ def read_status(run_dir: str | Path) -> dict | None:
         return None
 
 
+def wall_seconds(status: dict) -> float:
+    """The seconds a run's invocations have run so far: ``wall_s`` (each invocation adds its own span, so a
+    resumed run counts every part and a re-run of a finished one adds only its own short check), else the
+    one span ``ended - started`` of a status written before ``wall_s`` existed, else 0 (an invocation
+    killed before its closing write)."""
+    if isinstance(status.get("wall_s"), (int, float)):
+        return float(status["wall_s"])
+    if isinstance(status.get("started"), (int, float)) and isinstance(status.get("ended"), (int, float)):
+        return float(status["ended"]) - float(status["started"])
+    return 0.0
+
+
 def record_rank_failure(run_dir: str | Path, rank: int, status: dict) -> None:
     """Rank ``rank``'s (> 0) failure as the run's status, unless a failure is recorded already."""
     current = read_status(run_dir) or {}

@@ -37,7 +37,12 @@ def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monk
             run(compose_cfg(tmp_path, *GRPO, "training.steps=5", "training.lr=2e-3", "task.num_eval=32"))
     assert (tmp_path / "status.json").read_text() == status  # the run's own record is untouched
 
+    first = json.loads(status)
     final = run(compose_cfg(tmp_path, *GRPO, "training.steps=3", "logger.progress=true"))
     assert final["step"] == 3
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
-    assert json.loads((tmp_path / "status.json").read_text())["status"] == "completed"
+    resumed = json.loads((tmp_path / "status.json").read_text())
+    assert resumed["status"] == "completed"
+    # the wall time counts both invocations (the report's setup block reads it), not the last one alone
+    assert first["wall_s"] == pytest.approx(first["ended"] - first["started"])
+    assert resumed["wall_s"] == pytest.approx(first["wall_s"] + resumed["ended"] - resumed["started"])

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from refexp.status import wall_seconds
+
 from .group import Group
 from .load import Run, _get
 
@@ -39,10 +41,9 @@ def _shown(values: list[Any]) -> str | None:
 
 
 def _wall_time(runs: list[Run]) -> str | None:
-    """Total and per-run wall time from status.json's ``started`` / ``ended``."""
-    spans = [float(r.status["ended"]) - float(r.status["started"]) for r in runs
-             if r.status and isinstance(r.status.get("started"), (int, float))
-             and isinstance(r.status.get("ended"), (int, float))]
+    """Total and per-run wall time: status.json's ``wall_s`` (every invocation of a resumed run), else its
+    ``ended - started``."""
+    spans = [wall_seconds(r.status) for r in runs if r.status and ("wall_s" in r.status or "ended" in r.status)]
     if not spans:
         return None
     total = sum(spans)
