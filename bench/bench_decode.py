@@ -12,8 +12,9 @@ row count and path, in one process and alternated round by round (so both paths 
 
 Paths: ``plain`` (the one-token step over plain weights, ``refexp/titan/decode_step_plain.py``, what a
 single-process or FSDP model decodes with) and ``modules`` (the decoder's sub-modules, what TP decodes
-with; the path every model took before the plain step). One JSON line per (rows, path), then a markdown
-table with ``--markdown``. Not a timed test. OpenMP reads ``OMP_WAIT_POLICY`` at start-up, so set it in the
+with; the path every model took before the plain step: run with ``--paths modules`` and an older checkout
+first on ``PYTHONPATH`` for the code before it). One JSON line per (rows, path), then a markdown table with
+``--markdown``. Not a timed test. OpenMP reads ``OMP_WAIT_POLICY`` at start-up, so set it in the
 environment (bench/README.md: ACTIVE on a quiet machine, PASSIVE on a shared one).
 
     OMP_WAIT_POLICY=ACTIVE python bench/bench_decode.py --rows 32 128 --threads 2 --markdown
@@ -56,12 +57,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _use_path(path: str):
-    """Force a decode path for the generations that follow; returns the undo."""
-    from refexp.titan import decode_step_plain
+    """Force a decode path for the generations that follow; returns the undo. A tree without the plain
+    step (``--paths modules`` on an older checkout, for a before/after) decodes through the modules anyway."""
+    try:
+        from refexp.titan import decode_step_plain
+    except ImportError:
+        if path != "modules":
+            raise
+        return lambda: None
 
     original = decode_step_plain.PlainStepWeights.of
     if path == "modules":
-        decode_step_plain.PlainStepWeights.of = staticmethod(lambda decoder: None)
+        decode_step_plain.PlainStepWeights.of = staticmethod(lambda decoder, **kw: None)
 
     def undo():
         decode_step_plain.PlainStepWeights.of = original
