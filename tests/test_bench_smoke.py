@@ -47,6 +47,22 @@ def test_bench_step_prints_one_line_per_configuration(tmp_path, capsys):
     assert by[("grpo", "none", False)]["ref_params_resident"] == 0
 
 
+def test_bench_decode_measures_every_path_on_the_same_tokens(capsys):
+    import bench_decode
+
+    bench_decode.main(["--rows", "4", "--group", "2", "--prompt-len", "4", "--new-tokens", "3", "--rounds", "1",
+                       "--dim", "32", "--layers", "1", "--heads", "2", "--ffn", "64", "--vocab", "64", "--threads", "1",
+                       "--markdown"])
+    out = capsys.readouterr().out
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert [r["path"] for r in lines] == list(bench_decode.PATHS)
+    for r in lines:
+        assert r["ms_per_token"] > 0 and r["ops_per_token"] > 0 and r["same_tokens_every_path"], r
+    plain, modules = (next(r for r in lines if r["path"] == p) for p in ("plain", "modules"))
+    assert plain["ops_per_token"] < modules["ops_per_token"]  # the plain step's point: fewer operators
+    assert "| 4 | plain |" in out
+
+
 def test_compare_trl_interleaved_worker(tmp_path):
     import compare_trl
 
