@@ -63,6 +63,29 @@ def test_bench_decode_measures_every_path_on_the_same_tokens(capsys):
     assert "| 4 | plain |" in out
 
 
+def test_error_kinds_classifies_each_mistake_and_reads_a_run(tmp_path, capsys):
+    import yaml
+
+    import error_kinds
+    from refexp.run import run
+    from tests.helpers import GRPO, TINY, compose_cfg
+
+    assert error_kinds.classify("018+025=", "0043") == "correct"
+    assert error_kinds.classify("018+025=", "0033") == "missed ones-carry"  # 8+5 carries; the tens forgot it
+    assert error_kinds.classify("012+025=", "0047") == "carry added without one"  # 2+5 does not carry
+    assert error_kinds.classify("012+025=", "0036") == "other"
+    assert error_kinds.classify("012+025=", "x") == "other"
+    overrides = [*TINY, *GRPO, "training.steps=1"]
+    run(compose_cfg(tmp_path, *overrides))
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    error_kinds.main([str(tmp_path), "--prompts", "8"])
+    out = capsys.readouterr().out
+    line = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
+    assert line["checkpoint"] == "step-1" and sum(line.get(k, 0) for k in error_kinds.KINDS) == 8
+    assert "| run |" in out  # the group table (no variant override: one group "run")
+
+
 def test_compare_trl_interleaved_worker(tmp_path):
     import compare_trl
 
