@@ -30,7 +30,8 @@ from refexp.context import RunContext
 from refexp.io import write_json_atomic
 from refexp.logging import MetricLogger
 from refexp.provenance import provenance
-from refexp.status import close_status, read_status, record_launch_failure, record_rank_failure, wall_seconds
+from refexp.status import (close_status, read_status, record_launch_failure, record_rank_failure, wall_seconds,
+                           with_provenance)
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:
@@ -214,7 +215,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     status = {"status": "running", "error": None, "algo": cfg.algo.name, "reference": cfg.reference.name,
               "seed": cfg.training.seed, "steps": cfg.training.steps, "last_step": 0, "final": {},
               "started": time.time(), "provenance": provenance()}
-    earlier_wall_s = wall_seconds(read_status(run_dir) or {})  # a resumed (or re-run) run's earlier invocations
+    earlier = read_status(run_dir) or {}  # a resumed (or re-run) run's earlier invocations
     if info.is_rank0:
         write_json_atomic(run_dir / "status.json", status)
     rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/status.py)
@@ -234,7 +235,8 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
         raise
     finally:
         status["ended"] = time.time()
-        status["wall_s"] = earlier_wall_s + status["ended"] - status["started"]
+        status["wall_s"] = wall_seconds(earlier) + status["ended"] - status["started"]
+        status["provenances"] = with_provenance(status, earlier)
         if info.is_rank0:
             close_status(run_dir, status)
         elif status["status"] == "failed":

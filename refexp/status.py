@@ -43,6 +43,25 @@ def wall_seconds(status: dict) -> float:
     return 0.0
 
 
+def provenances(status: dict) -> list[dict]:
+    """The code versions that computed a run (``provenances``: one per invocation that advanced it, in order;
+    a status written before that field: its one ``provenance``)."""
+    if isinstance(status.get("provenances"), list):
+        return [p for p in status["provenances"] if isinstance(p, dict)]
+    return [status["provenance"]] if isinstance(status.get("provenance"), dict) else []
+
+
+def with_provenance(status: dict, earlier: dict) -> list[dict]:
+    """``earlier``'s provenances, plus this invocation's (``status["provenance"]``) when it advanced the run
+    (a re-run of a finished run computes nothing, so it does not claim the run's numbers) and differs from
+    the last one recorded."""
+    seen = provenances(earlier)
+    advanced = not seen or int(status.get("last_step") or 0) > int(earlier.get("last_step") or 0)
+    if advanced and (not seen or seen[-1] != status.get("provenance")):
+        seen = [*seen, status["provenance"]]
+    return seen
+
+
 def record_rank_failure(run_dir: str | Path, rank: int, status: dict) -> None:
     """Rank ``rank``'s (> 0) failure as the run's status, unless a failure is recorded already."""
     current = read_status(run_dir) or {}

@@ -38,6 +38,9 @@ def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monk
     assert (tmp_path / "status.json").read_text() == status  # the run's own record is untouched
 
     first = json.loads(status)
+    import refexp.run
+
+    monkeypatch.setattr(refexp.run, "provenance", lambda: {"commit": "resumed-with"})
     final = run(compose_cfg(tmp_path, *GRPO, "training.steps=3", "logger.progress=true"))
     assert final["step"] == 3
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
@@ -46,3 +49,9 @@ def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monk
     # the wall time counts both invocations (the report's setup block reads it), not the last one alone
     assert first["wall_s"] == pytest.approx(first["ended"] - first["started"])
     assert resumed["wall_s"] == pytest.approx(first["wall_s"] + resumed["ended"] - resumed["started"])
+    # every code version that computed part of the run; a re-run of the finished run computed nothing
+    assert resumed["provenances"] == [first["provenance"], {"commit": "resumed-with"}]
+    monkeypatch.setattr(refexp.run, "provenance", lambda: {"commit": "a-no-op-rerun"})
+    run(compose_cfg(tmp_path, *GRPO, "training.steps=3"))
+    again = json.loads((tmp_path / "status.json").read_text())
+    assert again["status"] == "completed" and again["provenances"] == resumed["provenances"]

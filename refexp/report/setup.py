@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from refexp.status import wall_seconds
+from refexp.status import provenances, wall_seconds
 
 from .group import Group
 from .load import Run, _get
@@ -52,7 +52,7 @@ def _wall_time(runs: list[Run]) -> str | None:
 
 def _provenance(runs: list[Run]) -> tuple[str | None, str | None]:
     """(the refexp commit(s), the library versions) recorded in the runs' status.json."""
-    provs = [r.status.get("provenance") for r in runs if r.status and isinstance(r.status.get("provenance"), dict)]
+    provs = [p for r in runs if r.status for p in provenances(r.status)]
     if not provs:
         return None, None
     commit = _shown([p.get("commit") for p in provs])
