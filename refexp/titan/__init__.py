@@ -12,7 +12,9 @@ Modules:
   build       parallel dims, weight init, TP/FSDP parallelize, compile -> ``build_model``
   logprobs    forward, full ``logits``, vocab-parallel ``token_logprobs``
   weights     name canonicalisation, copy/EMA, snapshots, DCP and HF checkpoints in and out, ``load_weights``
+  kv_cache    the decode state: KV-cache buffers and the write of a step's keys/values
   decode      KV-cache decoding: ``prefill``, ``decode_step``, ``repeat_decode_rows``, ``finish_decode``
+  decode_step_plain  the one-token step on plain weights and its fixed-shape (CUDA-graph) form
   components  torchtitan's optimizer/LR-schedule containers and ``CheckpointManager``
 
 CPU workarounds (docs/torchtitan-notes.md §n):
@@ -47,7 +49,8 @@ from refexp.titan import cpu_compat  # noqa: F401
 from refexp.titan.attention import MaskedSDPA
 from refexp.titan.build import build_model, make_parallel_dims
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
-from refexp.titan.decode import DecodeState, decode_step, finish_decode, prefill, repeat_decode_rows
+from refexp.titan.decode import decode_step, finish_decode, prefill, repeat_decode_rows
+from refexp.titan.kv_cache import DecodeState
 from refexp.titan.logprobs import logits, token_logprobs
 from refexp.titan.spec import build_model_spec, model_cfg_overrides_from_hf
 from refexp.titan.weights import _canonical_name  # noqa: F401  (tests match gradients by canonical name)

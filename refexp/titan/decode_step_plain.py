@@ -30,6 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from refexp.titan.kv_cache import _append_kv
+
 
 @dataclass
 class _Layer:
@@ -91,8 +93,6 @@ def plain_decode_step(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: 
 
     tokens_B, positions_B: [B] long. Returns float32 logits [B, V] for the following token.
     """
-    from refexp.titan.decode import _append_kv
-
     B = tokens_B.shape[0]
     hpk, hd = w.heads_per_kv, w.head_dim
     h_BD = F.embedding(tokens_B, w.embedding)
