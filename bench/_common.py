@@ -194,6 +194,21 @@ class Shape:
         return total
 
 
+def add_shape_args(p) -> None:
+    """The llama3 shape options every bench script takes (defaults: the TRL-comparison model, ``Shape()``)."""
+    d = Shape()
+    p.add_argument("--dim", type=int, default=d.dim)
+    p.add_argument("--layers", type=int, default=d.layers)
+    p.add_argument("--heads", type=int, default=d.heads)
+    p.add_argument("--kv-heads", type=int, default=None)
+    p.add_argument("--ffn", type=int, default=d.ffn)
+    p.add_argument("--vocab", type=int, default=d.vocab)
+
+
+def shape_from_args(args) -> Shape:
+    return Shape(args.dim, args.layers, args.heads, args.ffn, args.vocab, getattr(args, "kv_heads", None))
+
+
 def save_init_checkpoint(model: torch.nn.Module, out_dir: Path) -> Path:
     """The weights as a refexp SFT-style output dir (``model/`` DCP + ``sft.json``), which
     ``refexp.models.build_frozen``/``build_policy`` load and ``refcache.cache_key`` stamps."""

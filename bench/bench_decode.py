@@ -44,12 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=None)
-    p.add_argument("--ffn", type=int, default=512)
-    p.add_argument("--vocab", type=int, default=512)
+    C.add_shape_args(p)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--top", type=int, default=6, help="operators listed per configuration")
     p.add_argument("--markdown", action="store_true")
@@ -94,7 +89,7 @@ def main(argv=None) -> None:
 
     from refexp import sampler, titan
 
-    shape = C.Shape(args.dim, args.layers, args.heads, args.ffn, args.vocab, args.kv_heads)
+    shape = C.shape_from_args(args)
     model = titan.build_model(shape.model_config(args.prompt_len + args.new_tokens + 1), vocab_size=None,
                               device="cpu", requires_grad=False)
     model.eval()

@@ -44,12 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--loss", default=None, help="DPO loss_type (default sigmoid; simpo with --reference none)")
     p.add_argument("--beta", type=float, default=None, help="GRPO 0.04 / DPO 0.1 by default; GRPO none: 0")
     # model shape
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=None)
-    p.add_argument("--ffn", type=int, default=512)
-    p.add_argument("--vocab", type=int, default=512)
+    C.add_shape_args(p)
     # batch shape
     p.add_argument("--prompts", type=int, default=8, help="GRPO prompts per step")
     p.add_argument("--group", type=int, default=4, help="GRPO completions per prompt (G)")
@@ -108,7 +103,7 @@ def build(args, algo: str, reference: str, precompute: bool):
     from refexp.tasks import Task
 
     device = titan.resolve_device(args.device)
-    shape = C.Shape(args.dim, args.layers, args.heads, args.ffn, args.vocab, args.kv_heads)
+    shape = C.shape_from_args(args)
     n_steps = args.warmup + args.steps
     if algo == "grpo":
         seq = args.prompt_len + args.new_tokens

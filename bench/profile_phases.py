@@ -77,11 +77,7 @@ def analyse(prof, wall_s: float, peak_gflops: float, top: int) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn", type=int, default=512)
-    p.add_argument("--vocab", type=int, default=512)
+    C.add_shape_args(p)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--compile", action="store_true", help="per-block torch.compile (compile.enable)")
     p.add_argument("--reps", type=int, default=5)
@@ -95,7 +91,7 @@ def main(argv=None) -> None:
     from refexp import sampler, titan
     from refexp.config import CompileConfig
 
-    shape = C.Shape(args.dim, args.layers, args.heads, args.ffn, args.vocab)
+    shape = C.shape_from_args(args)
     model = titan.build_model(shape.model_config(128), vocab_size=None, device="cpu",
                               compile_cfg=CompileConfig(enable=args.compile))
     frozen = titan.build_model(shape.model_config(128), vocab_size=None, device="cpu", requires_grad=False,
