@@ -86,13 +86,18 @@ def _rms_norm(x: torch.Tensor, norm: nn.RMSNorm) -> torch.Tensor:
     return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
 
 
-def plain_decode_step(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: torch.Tensor, state,
-                      allowed_B1S: torch.Tensor | None = None) -> torch.Tensor:
-    """One new token per row at ``positions_B``; appends its K/V to ``state``'s buffers and attends to
-    every cached slot that ``allowed_B1S`` ([B, 1, S] bool, None: all) allows.
+def _ffn(lw: _Layer, x_BD: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: w2(silu(w1 x) * w3 x), with w1 and w3 as one GEMM where they were concatenated."""
+    if lw.w13_W is not None:
+        gate_BF, up_BF = F.linear(x_BD, lw.w13_W).chunk(2, dim=-1)
+    else:
+        gate_BF, up_BF = F.linear(x_BD, lw.w1_W), F.linear(x_BD, lw.w3_W)
+    return F.linear(F.silu(gate_BF) * up_BF, lw.w2_W)
 
-    tokens_B, positions_B: [B] long. Returns float32 logits [B, V] for the following token.
-    """
+
+def _forward_one_token(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: torch.Tensor, attend) -> torch.Tensor:
+    """The decoder over one new token per row; ``attend(layer, attention, q_B1NH, k_B1NH, v_B1NH)`` stores the
+    layer's new keys/values and returns the attention output [B, n_heads, 1, head_dim]. Float32 logits [B, V]."""
     B = tokens_B.shape[0]
     hpk, hd = w.heads_per_kv, w.head_dim
     h_BD = F.embedding(tokens_B, w.embedding)
@@ -107,14 +112,27 @@ def plain_decode_step(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: 
         if rope_cache is None:  # the same positions in every layer
             rope_cache = att.rope._reshape_cache(q_B1NH, positions_B[:, None])
         q_B1NH, k_B1NH = att.rope.apply_rotary_emb(q_B1NH, k_B1NH, rope_cache)
-        _append_kv(state, i, k_B1NH.transpose(1, 2), v_B1NH.transpose(1, 2))
-        out_BN1H = F.scaled_dot_product_attention(q_B1NH.transpose(1, 2), state.keys[i], state.values[i],
-                                                  attn_mask=None if allowed_B1S is None else allowed_B1S[:, None],
-                                                  scale=att.scaling, enable_gqa=att.enable_gqa)
+        out_BN1H = attend(i, att, q_B1NH, k_B1NH, v_B1NH)
         h_BD = h_BD + F.linear(out_BN1H.reshape(B, -1), lw.wo_W)
-        gate_BF, up_BF = F.linear(_rms_norm(h_BD, lw.ffn_norm), lw.w13_W).chunk(2, dim=-1)
-        h_BD = h_BD + F.linear(F.silu(gate_BF) * up_BF, lw.w2_W)
+        h_BD = h_BD + _ffn(lw, _rms_norm(h_BD, lw.ffn_norm))
     return F.linear(_rms_norm(h_BD, w.norm), w.lm_head_W).float()
+
+
+def plain_decode_step(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: torch.Tensor, state,
+                      allowed_B1S: torch.Tensor | None = None) -> torch.Tensor:
+    """One new token per row at ``positions_B``; appends its K/V to ``state``'s buffers and attends to
+    every cached slot that ``allowed_B1S`` ([B, 1, S] bool, None: all) allows.
+
+    tokens_B, positions_B: [B] long. Returns float32 logits [B, V] for the following token.
+    """
+    mask = None if allowed_B1S is None else allowed_B1S[:, None]
+
+    def attend(i, att, q_B1NH, k_B1NH, v_B1NH):
+        _append_kv(state, i, k_B1NH.transpose(1, 2), v_B1NH.transpose(1, 2))
+        return F.scaled_dot_product_attention(q_B1NH.transpose(1, 2), state.keys[i], state.values[i], attn_mask=mask,
+                                              scale=att.scaling, enable_gqa=att.enable_gqa)
+
+    return _forward_one_token(w, tokens_B, positions_B, attend)
 
 
 def plain_static_step(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: torch.Tensor, slot_1: torch.Tensor,
@@ -125,30 +143,16 @@ def plain_static_step(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: 
     ([B, C] bool: the slots a query may see; in place), and attention reads all C slots under that mask.
     Unfilled slots must hold finite values (the buffers are zero-initialised). Returns float32 logits [B, V].
     """
-    B = tokens_B.shape[0]
-    hpk, hd = w.heads_per_kv, w.head_dim
     allowed_BC.index_fill_(1, slot_1, True)
     mask_B11C = allowed_BC[:, None, None, :]
-    h_BD = F.embedding(tokens_B, w.embedding)
-    rope_cache = None
-    for i, lw in enumerate(w.layers):
-        att = lw.attention
-        qkv = F.linear(_rms_norm(h_BD, lw.attn_norm), lw.wqkv_W).view(B, 1, -1, hpk + 2, hd)
-        q_B1NH = qkv[:, :, :, :hpk].reshape(B, 1, -1, hd)
-        k_B1NH, v_B1NH = qkv[:, :, :, hpk], qkv[:, :, :, hpk + 1]
-        if att.q_norm is not None:
-            q_B1NH, k_B1NH = att.q_norm(q_B1NH), att.k_norm(k_B1NH)
-        if rope_cache is None:
-            rope_cache = att.rope._reshape_cache(q_B1NH, positions_B[:, None])
-        q_B1NH, k_B1NH = att.rope.apply_rotary_emb(q_B1NH, k_B1NH, rope_cache)
+
+    def attend(i, att, q_B1NH, k_B1NH, v_B1NH):
         key_bufs[i].index_copy_(2, slot_1, k_B1NH.transpose(1, 2))
         value_bufs[i].index_copy_(2, slot_1, v_B1NH.transpose(1, 2))
-        out_BN1H = F.scaled_dot_product_attention(q_B1NH.transpose(1, 2), key_bufs[i], value_bufs[i],
-                                                  attn_mask=mask_B11C, scale=att.scaling, enable_gqa=att.enable_gqa)
-        h_BD = h_BD + F.linear(out_BN1H.reshape(B, -1), lw.wo_W)
-        x_BD = _rms_norm(h_BD, lw.ffn_norm)
-        h_BD = h_BD + F.linear(F.silu(F.linear(x_BD, lw.w1_W)) * F.linear(x_BD, lw.w3_W), lw.w2_W)
-    return F.linear(_rms_norm(h_BD, w.norm), w.lm_head_W).float()
+        return F.scaled_dot_product_attention(q_B1NH.transpose(1, 2), key_bufs[i], value_bufs[i], attn_mask=mask_B11C,
+                                              scale=att.scaling, enable_gqa=att.enable_gqa)
+
+    return _forward_one_token(w, tokens_B, positions_B, attend)
 
 
 _CAPTURED: dict[str, object] = {}
