@@ -191,9 +191,7 @@ def _static_decode_step(tokens_B: torch.Tensor, state: DecodeState) -> torch.Ten
                      state.allowed_BC)
     state.next_pos_B.add_(1)  # in place: fixed addresses
     state.slot_1.add_(1)
-    filled = state.keys[0].shape[2] + 1  # host-side bookkeeping only (no device read)
-    state.keys = [kb[:, :, :filled] for kb in state.key_bufs]
-    state.values = [vb[:, :, :filled] for vb in state.value_bufs]
+    state.filled += 1  # host-side bookkeeping only (no device read, no per-layer views)
     return logits_BV
 
 
@@ -207,8 +205,8 @@ def repeat_decode_rows(state: DecodeState, rows_B: torch.LongTensor) -> DecodeSt
     if state.static:
         out.slot_1 = _static_address(state.slot_1.clone(), out)
         out.allowed_BC = _static_address(state.allowed_BC[rows_B], out)
-    for kb, vb, k in zip(state.key_bufs, state.value_bufs, state.keys):
-        filled = k.shape[2]
+    filled = out.filled = state.filled
+    for kb, vb in zip(state.key_bufs, state.value_bufs):
         for src, dst in ((kb, out.key_bufs), (vb, out.value_bufs)):
             buf = _static_address(src.new_zeros(len(rows_B), *src.shape[1:]), out)
             buf[:, :, :filled] = src[rows_B, :, :filled]

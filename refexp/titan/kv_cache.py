@@ -19,6 +19,8 @@ class DecodeState:
     of preallocated buffers (``key_bufs``/``value_bufs``, ``capacity`` slots, grown by doubling), so a
     decode step writes one slot in place instead of copying the whole cache (a ``torch.cat`` per layer
     per step would copy it every step).
+    ``filled``: how many slots hold keys/values (every layer alike after a whole step). A fixed-shape
+    decode (``static``) reads the whole buffers and does not refresh ``keys``/``values`` after prefill.
     ``next_pos_B`` is the RoPE position of each row's next token. ``padded``: some prompt was
     left-padded, so attention needs the explicit ``valid_BS`` mask (otherwise it is plain causal).
     ``plain``: the weights of the one-token step on plain tensors (``decode_step_plain.py``), None where
@@ -34,6 +36,7 @@ class DecodeState:
     values: list[torch.Tensor] = field(default_factory=list)
     unsharded: list[nn.Module] = field(default_factory=list)
     capacity: int = 0
+    filled: int = 0
     key_bufs: list[torch.Tensor] = field(default_factory=list)
     value_bufs: list[torch.Tensor] = field(default_factory=list)
     padded: bool = True
@@ -66,6 +69,7 @@ def _append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: tor
     kb[:, :, start:start + L].copy_(k_BNLH)
     vb[:, :, start:start + L].copy_(v_BNLH)
     state.keys[layer], state.values[layer] = kb[:, :, :start + L], vb[:, :, :start + L]
+    state.filled = start + L
     return start
 
 
