@@ -215,7 +215,8 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     status = {"status": "running", "error": None, "algo": cfg.algo.name, "reference": cfg.reference.name,
               "seed": cfg.training.seed, "steps": cfg.training.steps, "last_step": 0, "final": {},
               "started": time.time(), "provenance": provenance()}
-    earlier = read_status(run_dir) or {}  # a resumed (or re-run) run's earlier invocations
+    # a resumed (or re-run) run's earlier invocations; rank 0 reads it before writing over it
+    earlier = (read_status(run_dir) or {}) if info.is_rank0 else {}
     if info.is_rank0:
         write_json_atomic(run_dir / "status.json", status)
     rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/status.py)
@@ -235,9 +236,9 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
         raise
     finally:
         status["ended"] = time.time()
-        status["wall_s"] = wall_seconds(earlier) + status["ended"] - status["started"]
-        status["provenances"] = with_provenance(status, earlier)
         if info.is_rank0:
+            status["wall_s"] = wall_seconds(earlier) + status["ended"] - status["started"]
+            status["provenances"] = with_provenance(status, earlier)
             close_status(run_dir, status)
         elif status["status"] == "failed":
             record_rank_failure(run_dir, info.rank, status)  # before this process exits and the launcher stops rank 0
