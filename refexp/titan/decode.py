@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from refexp.titan.build import _decoder
 from refexp.titan.decode_step_plain import PlainStepWeights, plain_decode_step, static_step_for
-from refexp.titan.kv_cache import DecodeState, _append_kv, _static_address
+from refexp.titan.kv_cache import DecodeState, _append_kv, _static_address, new_cache_buffer
 from refexp.titan.logprobs import _vocab_shard_mesh_dim
 
 
@@ -208,7 +208,7 @@ def repeat_decode_rows(state: DecodeState, rows_B: torch.LongTensor) -> DecodeSt
     filled = out.filled = state.filled
     for kb, vb in zip(state.key_bufs, state.value_bufs):
         for src, dst in ((kb, out.key_bufs), (vb, out.value_bufs)):
-            buf = _static_address(src.new_zeros(len(rows_B), *src.shape[1:]), out)
+            buf = new_cache_buffer(src, (len(rows_B), *src.shape[1:]), out)
             buf[:, :, :filled] = src[rows_B, :, :filled]
             dst.append(buf)
         out.keys.append(out.key_bufs[-1][:, :, :filled])

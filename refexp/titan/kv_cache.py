@@ -52,9 +52,8 @@ def _append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: tor
     B, N, L, H = k_BNLH.shape
     if layer == len(state.key_bufs):  # prefill: the layer's first tokens
         start, cap = 0, max(state.capacity, L)
-        # zeros: the fixed-shape step reads unfilled slots (masked, but 0 x NaN would still be NaN)
-        state.key_bufs.append(_static_address(k_BNLH.new_zeros(B, N, cap, H), state))
-        state.value_bufs.append(_static_address(v_BNLH.new_zeros(B, N, cap, H), state))
+        state.key_bufs.append(new_cache_buffer(k_BNLH, (B, N, cap, H), state))
+        state.value_bufs.append(new_cache_buffer(v_BNLH, (B, N, cap, H), state))
         state.keys.append(k_BNLH)
         state.values.append(v_BNLH)
     else:
@@ -71,6 +70,14 @@ def _append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: tor
     state.keys[layer], state.values[layer] = kb[:, :, :start + L], vb[:, :, :start + L]
     state.filled = start + L
     return start
+
+
+def new_cache_buffer(like: torch.Tensor, shape: tuple[int, ...], state: DecodeState) -> torch.Tensor:
+    """An uninitialised cache buffer, zeroed for a fixed-shape decode: its step reads unfilled slots
+    (masked, but 0 x NaN would still be NaN); the other paths read only the filled ones."""
+    if not state.static:
+        return like.new_empty(shape)
+    return _static_address(like.new_zeros(shape), state)
 
 
 def _static_address(t: torch.Tensor, state: DecodeState) -> torch.Tensor:
