@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("titan_dist_worker.py")
 TOL = 1e-5
-CHECKS = ("logprobs_grads", "lerp", "lerp_unresharded", "decode", "generate", "hf_roundtrip")
+CHECKS = ("logprobs_grads", "shared_rows", "lerp", "lerp_unresharded", "decode", "generate", "hf_roundtrip")
 CHECKS_2X2 = ("decode", "generate", "hf_roundtrip")  # 4 processes on 2 cores: only what FSDP x TP adds
 
 
@@ -48,6 +48,7 @@ def results_2x2(tmp_path_factory):
 def test_matches_single_process(results, layout, name, check):
     """logprobs_grads: log-probs, entropies and gradients; lerp: EMA step and exact reset (also
     right after a forward with fsdp_reshard_after_forward=never, when FSDP holds full weights);
+    shared_rows: prompt sharing through gathered usual rows (``titan.CausalRows``), log-probs and gradients;
     decode: KV-cache decoding (TP: each rank caches its own heads); generate: greedy and sampled
     completions token for token; hf_roundtrip: export_hf into an
     indexed file set and load_hf_weights_ back, each rank reading only its own shards."""

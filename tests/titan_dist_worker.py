@@ -77,6 +77,34 @@ def check_logprobs_and_grads(cfg, par, dims) -> float:
     return err
 
 
+def check_shared_rows(cfg, par, dims) -> float:
+    """Prompt sharing through ``titan.CausalRows`` (gathered usual rows, causal attention): the same log-probs
+    and gradients as one process's usual layout. Data-parallel ranks each take one of the two groups."""
+    from functools import partial
+
+    from refexp.algos.shared_prompt import row_logprobs, share_groups
+
+    ref, model = build(cfg), build(cfg, par, dims)
+    G, p, c = 4, 3, 6
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(1, V, (2 * G, p + c), generator=g)
+    tokens[:, :p] = torch.randint(1, V, (2, p), generator=g).repeat_interleave(G, 0)
+    mask = torch.zeros(2 * G, p + c - 1, dtype=torch.bool)
+    for i in range(2 * G):
+        mask[i, p - 1:p - 1 + c - i % 3] = True  # ragged completions (the rest is padding)
+    lp_ref = torch.where(mask, titan.token_logprobs(ref, tokens), 0.0)
+    (-lp_ref.sum() / mask.sum()).backward()
+    rows = slice(None) if par.tensor_parallel_degree > 1 else slice(dist.get_rank() * G, (dist.get_rank() + 1) * G)
+    shared = share_groups(tokens[rows], mask[rows], G, pad_id=0, attention="rows")
+    lp = row_logprobs(partial(titan.token_logprobs, model), tokens[rows], mask[rows], shared)
+    (-lp.sum() / mask.sum()).backward()
+    err = (lp - lp_ref[rows]).abs().max().item()
+    ref_grads = {titan._canonical_name(n): q.grad for n, q in ref.named_parameters()}
+    for n, q in model.named_parameters():
+        err = max(err, (full(q.grad) - ref_grads[titan._canonical_name(n)]).abs().max().item())
+    return err
+
+
 def check_lerp(cfg, par, dims) -> float:
     """EMA step and hard reset on sharded models equal the single-process result, read back through
     FSDP's sharded parameters (what the optimizer and the next all-gather see)."""
@@ -209,6 +237,7 @@ def run_checks(workdir: str, only: set[str] | None = None) -> dict:
                 cfg = dataclasses.replace(cfg, n_kv_heads=4)
             checks = {
                 "logprobs_grads": lambda: check_logprobs_and_grads(cfg, par, dims),
+                "shared_rows": lambda: check_shared_rows(cfg, par, dims),
                 "lerp": lambda: check_lerp(cfg, par, dims),
                 "lerp_unresharded": lambda: check_lerp(
                     cfg, dataclasses.replace(par, fsdp_reshard_after_forward="never"), dims),

@@ -7,7 +7,7 @@ modules see plain ``torch.nn.Module`` objects and the functions re-exported belo
 
 Modules:
   cpu_compat  the EP-kernel stand-in (installed first, on import), device re-pointing, ``resolve_device``
-  attention   ``MaskedSDPA`` and the swap of flex attention for SDPA
+  attention   ``MaskedSDPA`` (dense masks, ``CausalRows``) and the swap of flex attention for SDPA
   spec        families, flavors, ``model.*`` overrides, HF config.json -> ``build_model_spec``
   build       parallel dims, weight init, TP/FSDP parallelize, compile -> ``build_model``
   logprobs    forward, full ``logits``, vocab-parallel ``token_logprobs``
@@ -46,7 +46,7 @@ Departures from torchtitan's own trainer:
 
 # First: installs the EP-kernel stand-in before any module below imports torchtitan (§1).
 from refexp.titan import cpu_compat  # noqa: F401
-from refexp.titan.attention import MaskedSDPA
+from refexp.titan.attention import CausalRows, MaskedSDPA
 from refexp.titan.build import build_model, make_parallel_dims
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
 from refexp.titan.decode import decode_step, finish_decode, prefill, repeat_decode_rows
@@ -69,6 +69,7 @@ from refexp.titan.weights import (
 )
 
 __all__ = [
+    "CausalRows",
     "DecodeState",
     "MaskedSDPA",
     "build_model",
