@@ -63,6 +63,19 @@ def test_bench_decode_measures_every_path_on_the_same_tokens(capsys):
     assert "| 4 | plain |" in out
 
 
+def test_bench_shared_attention_times_both_ways_and_reports_autos_pick(capsys):
+    import bench_shared_attention
+
+    rows = bench_shared_attention.main(["--layouts", "2x2x4x4", "1x8x2x24", "--heads", "2", "--head-dim", "8",
+                                        "--threads", "1", "--reps", "1", "--markdown"])
+    assert [r["layout"] for r in rows] == ["2x2x4x4", "1x8x2x24"]
+    short, long = rows
+    assert short["S"] == 4 + 4 + 5 and short["N"] == 4 and short["T"] == 8
+    assert short["auto_picks"] == "mask" and long["auto_picks"] == "rows"  # 8 * 26 * 126 < 201^2
+    assert all(r["mask_ms"] > 0 and r["rows_ms"] > 0 for r in rows)
+    assert "| 1x8x2x24 | 201 |" in capsys.readouterr().out
+
+
 def test_error_kinds_classifies_each_mistake_and_reads_a_run(tmp_path, capsys):
     import yaml
 

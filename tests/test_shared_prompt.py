@@ -53,11 +53,14 @@ def test_layout_of_one_pair_by_hand():
     assert s.src_NT[1, p - 1:p + 2].tolist() == [p + 2, p + 3, p + 4]
 
 
-def test_shared_logprobs_equal_the_two_row_pass():
+@pytest.mark.parametrize("attention", ["mask", "rows"])
+def test_shared_logprobs_equal_the_two_row_pass(attention):
+    """Either way of attending (dense mask, or causal attention over gathered usual rows)."""
     torch.manual_seed(0)
     model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=0)
     batch = pack_pairs(TOK, _pairs())
-    shared = share_prompts(batch, TOK.pad_id)
+    shared = share_prompts(batch, TOK.pad_id, attention=attention)
+    assert (shared.rows is not None) == (attention == "rows") and (shared.allowed_USS is None) == (attention == "rows")
     assert shared.tokens_US.numel() < batch.tokens_BT.numel()
     lp = partial(titan.token_logprobs, model)
     two_rows = pair_logprobs(lp, batch, None)
@@ -94,6 +97,53 @@ def test_reference_strategy_takes_the_shared_layout():
                                atol=1e-5, rtol=0)
 
 
+def test_gathered_rows_gradients_equal_the_usual_layout():
+    """A GRPO-like group of 16 long completions after a short prompt: "auto" attends through gathered
+    usual rows (fewer query-key pairs than the dense mask, which it never builds), and the log-probs and
+    every parameter gradient equal the usual layout's."""
+    from refexp.algos.shared_prompt import GATHER_COST_PAIRS, row_logprobs, share_groups
+
+    model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=3)
+    g = torch.Generator().manual_seed(0)
+    p, G, c = 4, 16, 40
+    prompt = torch.randint(3, TOK.vocab_size, (p,), generator=g)
+    lengths = [c - (i % 5) for i in range(G)]  # ragged, right-padded
+    tokens = torch.full((G, p + c), TOK.pad_id, dtype=torch.long)
+    mask = torch.zeros(G, p + c - 1, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        tokens[i, :p] = prompt
+        tokens[i, p:p + n] = torch.randint(3, TOK.vocab_size, (n,), generator=g)
+        mask[i, p - 1:p - 1 + n] = True
+    shared = share_groups(tokens, mask, G, TOK.pad_id)
+    S, T = shared.tokens_US.shape[1], p + c
+    assert G * T * (T + GATHER_COST_PAIRS) < S * S
+    assert shared.rows is not None and shared.allowed_USS is None
+    lp = partial(titan.token_logprobs, model)
+
+    def logp_and_grads(sh):
+        model.zero_grad(set_to_none=True)
+        logp = torch.where(mask, row_logprobs(lp, tokens, mask, sh), 0.0)  # the usual layout scores pads too
+        (logp * torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)).sum().backward()
+        return logp.detach(), [q.grad.clone() for q in model.parameters()]
+
+    usual_logp, usual_g = logp_and_grads(None)
+    logp, grads = logp_and_grads(shared)
+    torch.testing.assert_close(logp, usual_logp, atol=1e-5, rtol=0)
+    for a, b in zip(grads, usual_g):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    # and the dense mask of the same layout gives the same
+    dense = share_groups(tokens, mask, G, TOK.pad_id, attention="mask")
+    torch.testing.assert_close(logp_and_grads(dense)[0], logp, atol=1e-5, rtol=0)
+
+
+def test_short_groups_keep_the_dense_mask():
+    batch = pack_pairs(TOK, _pairs())
+    shared = share_prompts(batch, TOK.pad_id)
+    assert shared.rows is None and shared.allowed_USS is not None
+    with pytest.raises(ValueError, match="attention='dense': expected 'auto', 'mask' or 'rows'"):
+        share_prompts(batch, TOK.pad_id, attention="dense")
+
+
 def test_pairs_with_different_prompts_are_refused():
     batch = pack_pairs(TOK, {"prompt": ["12"], "chosen": ["3"], "rejected": ["4"]})
     batch.tokens_BT[1, 1] = TOK.encode("9")[0]
@@ -110,9 +160,10 @@ def test_share_prompt_needs_sdpa(tmp_path):
                                      "algo.share_prompt=false")).algo.share_prompt
 
 
-def test_grpo_groups_share_their_prompt():
+@pytest.mark.parametrize("attention", ["mask", "rows"])
+def test_grpo_groups_share_their_prompt(attention):
     """Rollouts of 3 prompts x 4 samples (ragged completions, one right-padded batch, as the sampler
-    lays them out): log-probs and entropies of the shared rows equal the usual ones."""
+    lays them out): log-probs and entropies of the shared rows equal the usual ones, either way of attending."""
     from refexp import sampler
     from refexp.algos.shared_prompt import row_logprobs, share_groups
 
@@ -120,7 +171,7 @@ def test_grpo_groups_share_their_prompt():
     prompts = [p for p in ("12+34=", "5+6=", "789+1=") for _ in range(4)]
     r = sampler.generate(model, TOK, prompts, max_new_tokens=6, keys=[(0, 1, i) for i in range(12)])
     assert len(set(len(c) for c in r.completion_ids)) > 1  # ragged: the layout must not assume equal lengths
-    shared = share_groups(r.tokens_BT, r.mask_BT, 4, TOK.pad_id)
+    shared = share_groups(r.tokens_BT, r.mask_BT, 4, TOK.pad_id, attention=attention)
     assert shared.tokens_US.shape[0] == 3 and shared.tokens_US.numel() < r.tokens_BT.numel()
     lp = partial(titan.token_logprobs, model)
     usual_logp, usual_ent = row_logprobs(lp, r.tokens_BT, r.mask_BT, None, temperature=0.7, with_entropy=True)

@@ -18,11 +18,15 @@ Every log-prob is therefore the one of the usual layout (up to float summation o
 prompt's K rows of p + c tokens become one of p + sum(c) + K - 1: for DPO at 32 + 32 + 32 tokens,
 25% fewer tokens; for GRPO's 4 completions of 32 tokens after a 32-token prompt, 36% fewer.
 
-The cost: the mask is dense ([rows, S, S] booleans; SDPA computes every query x key product), so
-attention grows with the square of the shared row. That is small next to the projections and MLP
-while S is well below ~6 x the model dim; with many long completions per prompt (GRPO with G=16 and
-1k-token rollouts) set ``algo.share_prompt=false``. Only the SDPA backend takes the mask
-(``titan.MaskedSDPA``; checked in ``config.check_cross_fields``).
+Attention runs one of two ways, whichever is cheaper (``GATHER_COST_PAIRS``):
+- a dense mask ([U, S, S] booleans): SDPA computes every query x key product of the shared row, U x S^2
+  pairs, which grows with the square of the whole group;
+- ``titan.CausalRows``: every query sees exactly the keys it sees in its usual row, so the usual rows'
+  queries/keys/values are gathered out of the shared rows, attended causally and scattered back: N x T^2
+  pairs plus the gathers. Only the projections and the MLP are then shared; with many long completions
+  per prompt (GRPO with G=16 and 1k-token rollouts) this is several times cheaper than the mask, and
+  no [U, S, S] tensor is built.
+Only the SDPA backend takes either (``titan.MaskedSDPA``; checked in ``config.check_cross_fields``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,14 @@ from dataclasses import dataclass
 
 import torch
 
+from refexp import titan
 from refexp.algos.dpo_data import PairBatch
+
+GATHER_COST_PAIRS = 100
+"""What gathering one usual-row position costs (its query/key/value in, its output back, and their
+gradients), in query-key pairs of attention. ``attention="auto"`` takes ``titan.CausalRows`` when
+N x T x (T + this) < U x S^2, i.e. when the pairs it saves pay for its gathers. Fitted on CPU with
+``bench/bench_shared_attention.py`` (which prints the value each layout implies)."""
 
 
 @dataclass
@@ -40,7 +51,9 @@ class SharedPrompt:
 
     tokens_US:    [U, S] long, U prompts
     positions_US: [U, S] long RoPE positions
-    allowed_USS:  [U, S, S] bool, query x key: True where the query may attend to the key
+    allowed_USS:  [U, S, S] bool, query x key: True where the query may attend to the key; None when
+                  ``rows`` is set
+    rows:         ``titan.CausalRows`` (the same attention from gathered usual rows), or None
     group_N:      [N] long: the shared row holding usual row n
     src_NT:       [N, T-1] long: for each completion column of usual row n, the column of the shared
                   log-probs [U, S-1] that holds it (0 where the mask is False)
@@ -48,12 +61,14 @@ class SharedPrompt:
 
     tokens_US: torch.Tensor
     positions_US: torch.Tensor
-    allowed_USS: torch.Tensor
+    allowed_USS: torch.Tensor | None
+    rows: "titan.CausalRows | None"
     group_N: torch.Tensor
     src_NT: torch.Tensor
 
     def forward_kwargs(self) -> dict:
-        return {"positions_BT": self.positions_US, "allowed_BTT": self.allowed_USS}
+        return {"positions_BT": self.positions_US,
+                "allowed_BTT": self.allowed_USS if self.rows is None else self.rows}
 
     def scatter(self, shared_US: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
         """Per-column values [U, S-1] (log-probs, entropies) back in the usual layout [N, T-1], 0 off the mask."""
@@ -76,13 +91,17 @@ def _completion_spans(mask_NT: torch.Tensor) -> tuple[list[int], list[int]]:
 
 
 def share_prompt_rows(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, groups: list[list[int]],
-                      pad_id: int) -> SharedPrompt:
+                      pad_id: int, attention: str = "auto") -> SharedPrompt:
     """The shared layout of the usual rows: ``groups[u]`` lists the rows whose prompt is shared row u's.
 
     ``mask_NT[n, t]`` is True where ``tokens_NT[n, t+1]`` is a completion token (``token_logprobs``'
     alignment); a row's prompt is everything before its completion. Runs once per training step:
     the per-row work is integer bookkeeping, the tensors are built in a few whole-batch operations.
+    ``attention``: "mask" (dense [U, S, S]), "rows" (``titan.CausalRows``) or "auto" (the cheaper one,
+    ``GATHER_COST_PAIRS``).
     """
+    if attention not in ("auto", "mask", "rows"):
+        raise ValueError(f"attention={attention!r}: expected 'auto', 'mask' or 'rows'")
     tokens, mask = tokens_NT.cpu(), mask_NT.cpu()
     N, T = tokens.shape
     first, count = _completion_spans(mask)
@@ -90,6 +109,7 @@ def share_prompt_rows(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, groups: li
     # per shared row: where each slot's token comes from (row, column), its RoPE position, its segment
     rows_src: list[tuple[list[int], list[int], list[int], list[int]]] = []
     src_n, src_c, src_v = [], [], []  # usual (row, column) -> shared column, for ``src_NT``
+    member_slots: list[tuple[int, list[int]]] = []  # (shared row, its slot of each usual column), for CausalRows
     for u, members in enumerate(groups):
         n0 = members[0]
         p = first[n0] + 1  # column t predicts token t+1: the first completion token sits at position p
@@ -107,6 +127,8 @@ def share_prompt_rows(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, groups: li
             src_n += [n] * length
             src_c += range(first[n], first[n] + length)
             src_v += range(start - 1, start - 1 + length)  # predicted one column earlier
+            # its usual row: the prompt's first p-1 tokens, its last one (the bridge from k=1 on), the completion
+            member_slots.append((u, [*range(p - 1), start - 1, *range(start, start + length)]))
             group_N[n], lead_N[n], p_N[n] = u, n0, p
         rows_src.append((r, c, pos, seg))
     if min(group_N, default=0) < 0:
@@ -126,28 +148,55 @@ def share_prompt_rows(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, groups: li
     tokens_US = torch.where(seg_US >= 0, tokens[src_rows, src_cols], torch.full((), pad_id, dtype=tokens.dtype))
     src = torch.zeros(mask.shape, dtype=torch.long)
     src[src_n, src_c] = torch.tensor(src_v, dtype=torch.long)
+    device = tokens_NT.device
+    shared = dict(tokens_US=tokens_US.to(device), positions_US=positions_US.to(device),
+                  group_N=torch.tensor(group_N, device=device), src_NT=src.to(device))
+    T = max(len(slots) for _, slots in member_slots)
+    rows_cost, mask_cost = len(member_slots) * T * (T + GATHER_COST_PAIRS), U * S * S
+    if attention == "rows" or (attention == "auto" and rows_cost < mask_cost):
+        rows = _causal_rows(member_slots, [p_N[g[0]] for g in groups], S, T, device)
+        return SharedPrompt(**shared, allowed_USS=None, rows=rows)
     q_idx, k_idx = torch.arange(S)[None, :, None], torch.arange(S)[None, None, :]
     seg_q, seg_k = seg_US[:, :, None], seg_US[:, None, :]
     p_U = torch.tensor([p_N[g[0]] for g in groups])[:, None, None]
     # prompt and first completion: causal; a later completion: prompt[:p-1], its bridge and itself, causal
     real = (k_idx <= q_idx) & ((seg_q == 0) | (seg_k == seg_q) | (k_idx <= p_U - 2)) & (seg_q >= 0)
     pad_self = (seg_q < 0) & (k_idx == q_idx)  # padding sees itself only (never used; an all-masked row is NaN)
-    device = tokens_NT.device
-    return SharedPrompt(tokens_US.to(device), positions_US.to(device), (real | pad_self).to(device),
-                        torch.tensor(group_N, device=device), src.to(device))
+    return SharedPrompt(**shared, allowed_USS=(real | pad_self).to(device), rows=None)
 
 
-def share_prompts(batch: PairBatch, pad_id: int) -> SharedPrompt:
+def _causal_rows(member_slots: list[tuple[int, list[int]]], p_U: list[int], S: int, T: int,
+                 device) -> "titan.CausalRows":
+    """``titan.CausalRows`` of the layout: usual row m gathers ``member_slots[m]`` of its shared row (padded
+    with its last slot); a shared slot takes the output of the usual position it stands for (the prompt's
+    first p-1 slots: the group's first member's; padding slots: position 0 of that member)."""
+    N, U = len(member_slots), len(p_U)
+    gather = torch.empty(N, T, dtype=torch.long)
+    owner = torch.full((U, S), -1, dtype=torch.long)
+    first_member = {}
+    for m, (u, slots) in enumerate(member_slots):
+        gather[m] = torch.tensor([u * S + s for s in slots + [slots[-1]] * (T - len(slots))])
+        first = first_member.setdefault(u, m)
+        p = p_U[u]
+        cols = range(len(slots)) if first == m else range(p - 1, len(slots))  # the prompt's own slots once
+        owner[u, torch.tensor([slots[t] for t in cols])] = torch.tensor([m * T + t for t in cols])
+    for u, m in first_member.items():
+        owner[u][owner[u] < 0] = m * T  # padding
+    return titan.CausalRows(gather.to(device), owner.to(device))
+
+
+def share_prompts(batch: PairBatch, pad_id: int, attention: str = "auto") -> SharedPrompt:
     """DPO: one shared row per pair of ``batch`` (rows ``[chosen; rejected]``)."""
     B = batch.num_pairs
-    return share_prompt_rows(batch.tokens_BT, batch.mask_BT, [[i, B + i] for i in range(B)], pad_id)
+    return share_prompt_rows(batch.tokens_BT, batch.mask_BT, [[i, B + i] for i in range(B)], pad_id, attention)
 
 
-def share_groups(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, group_size: int, pad_id: int) -> SharedPrompt:
+def share_groups(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, group_size: int, pad_id: int,
+                 attention: str = "auto") -> SharedPrompt:
     """GRPO: one shared row per prompt of consecutive groups of ``group_size`` rows."""
     N = tokens_NT.shape[0]
     return share_prompt_rows(tokens_NT, mask_NT, [list(range(u, u + group_size)) for u in range(0, N, group_size)],
-                             pad_id)
+                             pad_id, attention)
 
 
 def row_logprobs(logprobs_fn, tokens_NT: torch.Tensor, mask_NT: torch.Tensor, shared: SharedPrompt | None,

@@ -61,8 +61,9 @@ class GRPOConfig(AlgoConfig):
     """None = task.max_new_tokens."""
     share_prompt: bool = True
     """Training forwards (policy, reference) take one row per prompt, its G completions sharing one pass over
-    the prompt (refexp/algos/shared_prompt.py; same log-probs, fewer tokens; a dense mask, so set false for
-    many long rollouts per prompt). Needs model.attn_backend=sdpa."""
+    the prompt (refexp/algos/shared_prompt.py; same log-probs, fewer tokens; attention through a dense mask,
+    or causal attention over the gathered usual rows where that is cheaper: many long rollouts per prompt).
+    Needs model.attn_backend=sdpa."""
     kl_in_reward: bool = False
     """Subtract beta * KL(sequence) (k1, summed over the completion) from the reward instead of adding a KL
     loss term."""
