@@ -22,6 +22,11 @@ by s * t, replication does not):
   ``selective`` per-op checkpointing (matmul outputs kept), dim per block with ``full`` plus one block's
   full set while it is recomputed; and the logits: the model's output in the compute dtype plus the
   float32 copy the log-softmax keeps and its gradient (V * (c + 8) bytes per token, vocab sharded by t);
+- shared prompts (``algo.share_prompt``, ``refexp/algos/shared_prompt.py``), attended the way the run will
+  (``attention_way``): the dense mask, U x S^2 booleans per chunk, or for ``titan.CausalRows`` the usual
+  rows' queries, keys, values and outputs that SDPA keeps (N x T x (2*dim + 2*kv_dim) per layer whose
+  activations are kept) in place of the shared rows' queries, keys and values (U x S x (dim + 2*kv_dim),
+  counted among the activations above);
 - the rollout's KV cache (GRPO and DPO's ``kl/*`` samples): rows x L x layers x 2 x kv_dim in the
   compute dtype;
 - the peak is the resident state plus the larger of the training chunk and generation.
@@ -140,6 +145,30 @@ def _rows_and_length(cfg, dp: int) -> tuple[int, int, int, int]:
         prompt + completion
 
 
+def _shared_attention(cfg, s: Shapes, shared_rows: int, shared_len: int, compute: int, tp: int) -> tuple[float, str]:
+    """Bytes and description of the shared-prompt attention's own memory for one training chunk (see the
+    module docstring)."""
+    a, task = cfg.algo, cfg.task
+    if not getattr(a, "share_prompt", False):
+        return 0, "prompts not shared"
+    from refexp.algos.shared_prompt import attention_way
+
+    per_prompt = a.group_size if a.name == "grpo" else 2  # GRPO's group, DPO's chosen and rejected
+    N, T = shared_rows * per_prompt, task.max_prompt_len + (getattr(a, "max_new_tokens", None) or task.max_new_tokens)
+    if attention_way(N, T, shared_rows, shared_len) == "mask":
+        return shared_rows * shared_len ** 2, f"dense mask: {shared_rows} x {shared_len}^2 booleans"
+    ac = cfg.activation_checkpoint
+    if ac.mode == "full":
+        layers = 1  # the block being recomputed
+    elif ac.mode == "selective" and ac.selective_ac_option != "op":
+        layers = s.n_layers - s.n_layers // int(ac.selective_ac_option) + 1
+    else:
+        layers = s.n_layers
+    elems = N * T * (2 * s.dim + 2 * s.kv_dim) - shared_rows * shared_len * (s.dim + 2 * s.kv_dim)
+    return elems * layers * compute / tp, (f"{N} usual rows x {T} tokens gathered for causal attention, "
+                                           f"{layers} layer{'s' if layers > 1 else ''} kept")
+
+
 def _activation_elems_per_token(s: Shapes, ac) -> tuple[int, int]:
     """(elements kept per token for all blocks, elements of one block's full set), see the module docstring."""
     full_block = 7 * s.dim + 2 * s.kv_dim + 4 * s.ffn
@@ -194,10 +223,12 @@ def plan(cfg) -> list[tuple[str, float, str]]:
     lines.append(("activations", acts, f"{rows} rows x {length} tokens, activation_checkpoint="
                   f"{cfg.activation_checkpoint.mode}"))
     lines.append(("logits and log-probs", logits, f"{tokens} tokens x {s.vocab} vocab"))
+    shared, shared_how = _shared_attention(cfg, s, rows, length, compute, tp)
+    lines.append(("shared-prompt attention", shared, shared_how))
     kv = gen_rows * gen_len * s.n_layers * 2 * s.kv_dim * compute / tp
     lines.append(("generation KV cache", kv, f"{gen_rows} rows x {gen_len} tokens"))
     resident = sum(b for _, b, _ in lines[:6])
-    peak = resident + max(acts + logits, kv)
+    peak = resident + max(acts + logits + shared, kv)
     ckpt = s.params * master + s.params * 8
     if ref_cfg.name in MOVING and a.name != "sft" and getattr(cfg.checkpoint, "save_reference", True):
         ckpt += s.params * ref_bytes

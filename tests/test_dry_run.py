@@ -97,3 +97,34 @@ def test_a_real_run_of_a_pretrained_preset_needs_its_checkpoint_dir(preset):
 
     with pytest.raises(ConfigError, match=r"model.hf_assets_path=DIR"):
         validate(compose_root("algo=grpo", f"model={preset}"))
+
+
+@pytest.mark.parametrize("extra", [[], ["algo.max_new_tokens=16"],
+                                   ["algo.group_size=16", "algo.max_new_tokens=1024", "activation_checkpoint=full"]],
+                         ids=["8x512", "8x272", "16x1280-full-ac"])
+def test_the_plan_counts_the_shared_prompt_attention_the_run_builds(extra):
+    """The plan's line matches what ``share_groups`` builds for one rank's chunk of the same layout: the mask's
+    booleans, or the gathered rows' q/k/v/output (bf16) less the shared rows' q/k/v, per kept layer."""
+    import torch
+
+    from refexp.algos.shared_prompt import share_groups
+    from refexp.config import to_object
+    from refexp.dry_run import fill_data_paths
+
+    cfg = to_object(fill_data_paths(compose_root(*LLAMA_8X, *extra)))
+    G, p, c = cfg.algo.group_size, cfg.task.max_prompt_len, cfg.algo.max_new_tokens or cfg.task.max_new_tokens
+    U = cfg.algo.prompts_per_step * G // 8 // G  # prompts per rank
+    prompts = torch.randint(1, 100, (U, p)).repeat_interleave(G, 0)
+    tokens_NT = torch.cat([prompts, torch.randint(1, 100, (U * G, c))], dim=1)
+    mask_NT = torch.zeros(U * G, p + c - 1, dtype=torch.bool)
+    mask_NT[:, p - 1:] = True
+    shared = share_groups(tokens_NT, mask_NT, G, pad_id=0)
+    planned = dry_run(compose_root(*LLAMA_8X, *extra))["shared-prompt attention"]
+    if shared.rows is None:
+        assert planned == shared.allowed_USS.numel()
+    else:
+        dim, kv_dim, layers = 4096, 8 * 128, 1 if "activation_checkpoint=full" in extra else 32
+        S = shared.tokens_US.shape[1]
+        gathered = U * G * (p + c) * (2 * dim + 2 * kv_dim) - U * S * (dim + 2 * kv_dim)
+        assert planned == gathered * layers * 2
+    assert dry_run(compose_root(*LLAMA_8X, *extra, "algo.share_prompt=false"))["shared-prompt attention"] == 0

@@ -45,6 +45,14 @@ N x T x (T + this) < U x S^2, i.e. when the pairs it saves pay for its gathers. 
 ``bench/bench_shared_attention.py`` (which prints the value each layout implies)."""
 
 
+def attention_way(rows_N: int, length_T: int, shared_U: int, shared_S: int) -> str:
+    """How ``attention="auto"`` attends for N usual rows of T tokens shared as U rows of S: "rows"
+    (``titan.CausalRows``) when its N x T x (T + ``GATHER_COST_PAIRS``) pairs are fewer than the dense
+    mask's U x S^2, else "mask". The memory plan (``refexp/dry_run.py``) asks the same question."""
+    rows_cost = rows_N * length_T * (length_T + GATHER_COST_PAIRS)
+    return "rows" if rows_cost < shared_U * shared_S * shared_S else "mask"
+
+
 @dataclass
 class SharedPrompt:
     """Rows of the usual layout ([N, T] tokens, [N, T-1] completion mask) regrouped one row per prompt.
@@ -98,7 +106,7 @@ def share_prompt_rows(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, groups: li
     alignment); a row's prompt is everything before its completion. Runs once per training step:
     the per-row work is integer bookkeeping, the tensors are built in a few whole-batch operations.
     ``attention``: "mask" (dense [U, S, S]), "rows" (``titan.CausalRows``) or "auto" (the cheaper one,
-    ``GATHER_COST_PAIRS``).
+    ``attention_way``).
     """
     if attention not in ("auto", "mask", "rows"):
         raise ValueError(f"attention={attention!r}: expected 'auto', 'mask' or 'rows'")
@@ -152,8 +160,7 @@ def share_prompt_rows(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, groups: li
     shared = dict(tokens_US=tokens_US.to(device), positions_US=positions_US.to(device),
                   group_N=torch.tensor(group_N, device=device), src_NT=src.to(device))
     T = max(len(slots) for _, slots in member_slots)
-    rows_cost, mask_cost = len(member_slots) * T * (T + GATHER_COST_PAIRS), U * S * S
-    if attention == "rows" or (attention == "auto" and rows_cost < mask_cost):
+    if attention == "rows" or (attention == "auto" and attention_way(len(member_slots), T, U, S) == "rows"):
         rows = _causal_rows(member_slots, [p_N[g[0]] for g in groups], S, T, device)
         return SharedPrompt(**shared, allowed_USS=None, rows=rows)
     q_idx, k_idx = torch.arange(S)[None, :, None], torch.arange(S)[None, None, :]
