@@ -101,7 +101,7 @@ def test_gathered_rows_gradients_equal_the_usual_layout():
     """A GRPO-like group of 16 long completions after a short prompt: "auto" attends through gathered
     usual rows (fewer query-key pairs than the dense mask, which it never builds), and the log-probs and
     every parameter gradient equal the usual layout's."""
-    from refexp.algos.shared_prompt import GATHER_COST_PAIRS, row_logprobs, share_groups
+    from refexp.algos.shared_prompt import attention_way, row_logprobs, share_groups
 
     model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=3)
     g = torch.Generator().manual_seed(0)
@@ -116,7 +116,7 @@ def test_gathered_rows_gradients_equal_the_usual_layout():
         mask[i, p - 1:p - 1 + n] = True
     shared = share_groups(tokens, mask, G, TOK.pad_id)
     S, T = shared.tokens_US.shape[1], p + c
-    assert G * T * (T + GATHER_COST_PAIRS) < S * S
+    assert attention_way(G, T, 1, S) == "rows"
     assert shared.rows is not None and shared.allowed_USS is None
     lp = partial(titan.token_logprobs, model)
 
