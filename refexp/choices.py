@@ -1,0 +1,34 @@
+"""The names every choice in refexp is spelled with, stated once.
+
+Torch-free and dependency-free, so the config schemas, the losses, the strategies, the dry run and the
+report all read the same tuples (and the config docstrings and error texts are built from them).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+ReferenceStrategy = Literal["fixed", "periodic_reset", "ema", "kl_triggered", "none"]
+"""How the reference moves: frozen, reset to the policy every N steps, an EMA of the policy, reset when
+``kl/ref`` crosses a threshold, or absent (docs/architecture.md)."""
+REFERENCE_STRATEGIES: tuple[str, ...] = get_args(ReferenceStrategy)
+MOVING_STRATEGIES: tuple[str, ...] = ("periodic_reset", "ema", "kl_triggered")
+"""The strategies whose reference weights change during a run (so they are checkpointed with it)."""
+
+DPOLossType = Literal["sigmoid", "ipo", "robust", "hinge"]
+"""DPO-family losses measured against a reference (refexp/losses/preference.py)."""
+DPO_LOSS_TYPES: tuple[str, ...] = get_args(DPOLossType)
+DPOReferenceFreeLoss = Literal["simpo", "orpo", "sft"]
+"""Losses that need no reference: SimPO, ORPO and the NLL-only (continued SFT on chosen) baseline."""
+DPO_REFERENCE_FREE_LOSSES: tuple[str, ...] = get_args(DPOReferenceFreeLoss)
+PREFERENCE_LOSSES: tuple[str, ...] = DPO_LOSS_TYPES + DPO_REFERENCE_FREE_LOSSES
+
+GRPOObjective = Literal["grpo", "sft"]
+"""``grpo``: the policy-gradient objective; ``sft``: the continued-SFT baseline on the same prompts."""
+GRPO_OBJECTIVES: tuple[str, ...] = get_args(GRPOObjective)
+GRPOLossAgg = Literal["grpo", "dr_grpo", "dapo"]
+"""How token losses are averaged (refexp/losses/grpo.py)."""
+GRPO_LOSS_AGGS: tuple[str, ...] = get_args(GRPOLossAgg)
+AdvantageScale = Literal["group", "batch", "none"]
+"""What the group-centred rewards are divided by (refexp/losses/grpo.py)."""
+ADVANTAGE_SCALES: tuple[str, ...] = get_args(AdvantageScale)
