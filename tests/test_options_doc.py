@@ -1,0 +1,48 @@
+"""docs/options.md is generated from the config dataclasses (``python -m refexp.config.docs``): the committed
+page matches them, names every field, and each field's meaning is its docstring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from refexp.config import GROUP_SCHEMAS, OPTION_SCHEMAS, RootConfig
+from refexp.config.docs import PAGE, field_docs, render
+
+
+def test_the_committed_options_page_is_up_to_date():
+    assert PAGE.read_text() == render(), "docs/options.md is stale: run `python -m refexp.config.docs`"
+
+
+def test_every_field_of_every_schema_has_a_docstring():
+    schemas = [RootConfig, *GROUP_SCHEMAS.values(), *(s for group in OPTION_SCHEMAS.values() for s in group.values())]
+    missing = [f"{s.__name__}.{f.name}" for s in schemas for f in fields(s) if f.name not in field_docs(s)]
+    assert not missing, f"fields without a docstring under them: {missing}"
+
+
+def test_the_page_has_a_row_for_every_field():
+    page = render()
+    rows = [f"{group}.{f.name}" for group, schema in GROUP_SCHEMAS.items() for f in fields(schema)]
+    rows += [f"{group}.{f.name}" for group, options in OPTION_SCHEMAS.items() for schema in options.values()
+             for f in fields(schema) if f.name != "name"]
+    rows += ["eval.every", "sft.patience", "experiment_name", "dry_run"]
+    assert [r for r in rows if f"| `{r}` |" not in page] == []
+
+
+@dataclass
+class _Base:
+    kept: int = 1
+    """The base's meaning."""
+    renamed: str = "a"
+    """Overridden below."""
+    undocumented: int = 0
+
+
+@dataclass
+class _Child(_Base):
+    renamed: str = "b"
+    """The child's own meaning,
+    over two lines."""
+
+
+def test_field_docs_reads_the_docstring_under_each_field_the_subclass_over_its_base():
+    assert field_docs(_Child) == {"kept": "The base's meaning.", "renamed": "The child's own meaning,\nover two lines."}
