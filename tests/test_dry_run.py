@@ -1,4 +1,4 @@
-"""``dry_run=true``: the memory plan runs for every shipped model preset, with the README's own commands,
+"""``dry_run=true``: the memory plan runs for every shipped model preset, with docs/gpus.md's own commands,
 on this CPU-only machine, and the memory controls lower the printed peak."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 from refexp.dry_run import dry_run
 from tests.helpers import CONF, compose_root, conf_options
 
-README = CONF.parent / "README.md"
+DRY_RUN_PAGE = CONF.parent / "docs" / "gpus.md"
 PEAK = "per-rank peak estimate"
 
 
 def readme_dry_run_commands() -> list[list[str]]:
-    """The overrides of every ``refexp dry_run=true ...`` command in the README (continuation lines joined)."""
-    text = README.read_text().replace("\\\n", " ")
+    """The overrides of every ``refexp dry_run=true ...`` command in docs/gpus.md (continuation lines joined)."""
+    text = DRY_RUN_PAGE.read_text().replace("\\\n", " ")
     return [shlex.split(m.group(1)) for m in re.finditer(r"^\s*refexp (dry_run=true[^\n#]*)", text, re.M)]
 
 
@@ -29,7 +29,7 @@ def _model(overrides: list[str]) -> str:
 
 def test_the_readme_gives_a_dry_run_command_for_every_model_preset():
     covered = {_model(o) for o in readme_dry_run_commands()}
-    assert set(conf_options("model")) <= covered, f"presets without a README dry-run command: " \
+    assert set(conf_options("model")) <= covered, f"presets without a docs/gpus.md dry-run command: " \
                                                   f"{sorted(set(conf_options('model')) - covered)}"
 
 
