@@ -4,9 +4,12 @@ page matches them, names every field, and each field's meaning is its docstring.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Literal, Optional
 
 from refexp.config import GROUP_SCHEMAS, OPTION_SCHEMAS, RootConfig
-from refexp.config.docs import PAGE, field_docs, render
+from refexp.config.docs import PAGE, field_docs, field_table, render
+
+_Choice = Literal["fast", "slow"]
 
 
 def test_the_committed_options_page_is_up_to_date():
@@ -35,6 +38,8 @@ class _Base:
     renamed: str = "a"
     """Overridden below."""
     undocumented: int = 0
+    speed: Optional[_Choice] = None
+    """How fast; | in a docstring stays inside its cell."""
 
 
 @dataclass
@@ -45,4 +50,14 @@ class _Child(_Base):
 
 
 def test_field_docs_reads_the_docstring_under_each_field_the_subclass_over_its_base():
-    assert field_docs(_Child) == {"kept": "The base's meaning.", "renamed": "The child's own meaning,\nover two lines."}
+    assert field_docs(_Child) == {"kept": "The base's meaning.", "renamed": "The child's own meaning,\nover two lines.",
+                                  "speed": "How fast; | in a docstring stays inside its cell."}
+
+
+def test_a_row_gives_the_type_with_its_choices_the_default_and_the_docstring_on_one_line():
+    rows = field_table(_Child, "x", ["renamed", "speed", "undocumented"])
+    assert rows[2:] == [
+        "| `x.renamed` | `str` | `b` | The child's own meaning, over two lines. |",
+        "| `x.speed` | `Optional[Literal['fast', 'slow']]` | `null` | How fast; \\| in a docstring stays inside its cell. |",
+        "| `x.undocumented` | `int` | `0` | (no docstring) |",
+    ]

@@ -34,7 +34,8 @@ docstrings, not this page (tests/test_options_doc.py fails when the two disagree
 Every field below is set on the command line as `<group>.<field>=<value>` (`training.steps=500`,
 `reference.reset_every=20`); a group's option, which sets several fields at once, is chosen as `<group>=<option>`
 (`model=qwen3_0.6b`, `reference=ema`; the options are the YAML files under `conf/<group>/`). `refexp <overrides>
---cfg job` prints the composed config. A bad value fails before any model is built, naming the field.
+--cfg job` prints the composed config, `--info defaults` which file each group's values come from. A bad value
+fails before any model is built, naming the field.
 """
 
 
@@ -63,6 +64,13 @@ def _default(f: Field) -> str:
     return f"`{value}`" if value != "" else '`""`'
 
 
+def _type(hint: object) -> str:
+    """A resolved annotation as written in Python (``Optional[int]``, ``Literal['a', 'b']``): an alias such as
+    ``choices.ReferenceStrategy`` shows its choices."""
+    return hint.__name__ if isinstance(hint, type) and not getattr(hint, "__args__", None) else \
+        repr(hint).replace("typing.", "")
+
+
 def _cell(text: str) -> str:
     """One Markdown table cell: a single line, its pipes escaped."""
     return " ".join(text.split()).replace("|", "\\|")
@@ -70,12 +78,12 @@ def _cell(text: str) -> str:
 
 def field_table(schema: type, prefix: str, names: list[str]) -> list[str]:
     """The rows of ``names`` (fields of ``schema``) as ``prefix.field``, in declaration order."""
-    docs, by_name = field_docs(schema), {f.name: f for f in fields(schema)}
+    docs, hints, by_name = field_docs(schema), get_type_hints(schema), {f.name: f for f in fields(schema)}
     rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
     for name in names:
         f = by_name[name]
         path = f"{prefix}.{name}" if prefix else name
-        rows.append(f"| `{path}` | `{_cell(str(f.type))}` | {_cell(_default(f))} | "
+        rows.append(f"| `{path}` | `{_cell(_type(hints[name]))}` | {_cell(_default(f))} | "
                     f"{_cell(docs.get(name, '(no docstring)'))} |")
     return rows
 
