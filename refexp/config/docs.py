@@ -67,8 +67,9 @@ def _default(f: Field) -> str:
 def _type(hint: object) -> str:
     """A resolved annotation as written in Python (``Optional[int]``, ``Literal['a', 'b']``): an alias such as
     ``choices.ReferenceStrategy`` shows its choices."""
-    return hint.__name__ if isinstance(hint, type) and not getattr(hint, "__args__", None) else \
-        repr(hint).replace("typing.", "")
+    if isinstance(hint, type) and not getattr(hint, "__args__", None):
+        return hint.__name__
+    return repr(hint).replace("typing.", "")
 
 
 def _cell(text: str) -> str:
@@ -101,7 +102,7 @@ def conf_defaults() -> dict[str, str]:
 
 
 def options_list(group: str) -> str:
-    """```a` (default), `b```: the group's YAML files under conf/, its default first."""
+    """The group's YAML files under conf/ as Markdown code, its default first and marked."""
     default = conf_defaults().get(group)
     names = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
     names = ([default] if default in names else []) + [n for n in names if n != default]
@@ -123,9 +124,9 @@ def option_group_section(name: str, schemas: dict[str, type], root_doc: str) -> 
     shared = [n for n in next(iter(per_option.values())) if all(n in names for names in per_option.values())]
     first = next(iter(schemas.values()))
     lines = [f"## `{name}`", "", root_doc, "", f"Options (`conf/{name}/`): {options_list(name)}.", ""]
-    if [n for n in shared if n != "name"]:
-        lines += [f"Every option of `{name}/` has these:", "",
-                  *field_table(first, name, [n for n in shared if n != "name"]), ""]
+    common = [n for n in shared if n != "name"]
+    if common:
+        lines += [f"Every option of `{name}/` has these:", "", *field_table(first, name, common), ""]
     for option, schema in schemas.items():
         own = [n for n in per_option[option] if n not in shared]
         lines += [f"### `{name}={option}`", "", _class_doc(schema), ""]
