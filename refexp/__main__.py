@@ -1,4 +1,4 @@
-"""``refexp``: the Hydra face. Compose the config, validate it, call ``run(cfg)``; nothing else."""
+"""``refexp``: the Hydra face. Compose the config, validate it, call ``run(cfg)`` (or plan a ``dry_run``)."""
 
 import sys
 from pathlib import Path
@@ -20,16 +20,18 @@ def _app(cfg: DictConfig) -> float | None:
 
     from refexp.config import ConfigError, to_object
 
-    if HydraConfig.get().mode.name == "MULTIRUN":  # a failing job is recorded and the sweep goes on (run.py)
-        from refexp.run import run_from_hydra
-
-        return run_from_hydra(cfg)
     try:
-        if cfg.get("dry_run"):  # the memory plan: meta-device models, no data, no accelerator (refexp/dry_run.py)
+        # The one place a dry run is dispatched, a sweep's jobs included: the memory plan from meta-device
+        # models, no data, no accelerator, no run dir (refexp/dry_run.py).
+        if cfg.get("dry_run"):
             from refexp.dry_run import dry_run
 
             dry_run(cfg)
             return None
+        if HydraConfig.get().mode.name == "MULTIRUN":  # a failing job is recorded and the sweep goes on (run.py)
+            from refexp.run import run_from_hydra
+
+            return run_from_hydra(cfg)
         to_object(cfg)  # every schema and cross-field check, before torch is imported
         from refexp.run import run_from_hydra  # imported late: `refexp --help` and config errors stay fast
 

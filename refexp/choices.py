@@ -2,6 +2,10 @@
 
 Torch-free and dependency-free, so the config schemas, the losses, the strategies, the dry run and the
 report all read the same tuples (and the config docstrings and error texts are built from them).
+
+The config fields that hold a choice are typed ``str`` and checked against the tuple (``config.errors.one_of``),
+their docstrings naming the ``Literal`` alias: OmegaConf 2.3's structured configs reject ``Literal``
+annotations ("Unexpected type annotation").
 """
 
 from __future__ import annotations

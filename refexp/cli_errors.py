@@ -17,8 +17,8 @@ NOT_A_RUN = ("--help", "-h", "--hydra-help", "--version", "-sc", "--shell-comple
 """Flags after which Hydra does not compose the job's config: nothing to check."""
 
 
-def one_line(message: str) -> str:
-    """Hydra's multi-line composition message as one line."""
+def hydra_message_line(message: str) -> str:
+    """Hydra's multi-line composition message as one line naming the field and what would be valid."""
     text = str(message).strip()
     full = re.search(r"full_key: (\S+)", text)
     missing = re.search(r"Could not find '([^']+)/([^']+)'", text)
@@ -67,7 +67,7 @@ def precheck(argv: list[str], config_dir: str) -> None:
         causes = [e]
         while causes[-1].__cause__ is not None:  # "Could not override" wraps OmegaConf's "Key ... not in ..."
             causes.append(causes[-1].__cause__)
-        fail(one_line("\n".join(str(c) for c in reversed(causes))))
+        fail(hydra_message_line("\n".join(str(c) for c in reversed(causes))))
 
 
 def fail(message: str) -> None:

@@ -31,7 +31,7 @@ by s * t, replication does not):
   compute dtype;
 - the peak is the resident state plus the larger of the training chunk and generation.
 One checkpoint on disk: weights (``training.dtype``) + AdamW state (8 bytes/parameter) + the moving
-reference's weights when ``checkpoint.save_reference`` (GRPO/DPO with periodic_reset, ema or kl_triggered).
+reference's weights when ``checkpoint.save_reference`` (GRPO/DPO with one of ``MOVING_STRATEGIES``).
 These are estimates (allocator fragmentation, NCCL buffers and CUDA context, ~1-3 GiB, are not counted).
 """
 
@@ -42,9 +42,10 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from refexp.choices import MOVING_STRATEGIES
+
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
-MOVING = ("periodic_reset", "ema", "kl_triggered")
 UNSET = "<unset in a dry run>"
 
 
@@ -230,7 +231,7 @@ def plan(cfg) -> list[tuple[str, float, str]]:
     resident = sum(b for _, b, _ in lines[:6])
     peak = resident + max(acts + logits + shared, kv)
     ckpt = s.params * master + s.params * 8
-    if ref_cfg.name in MOVING and a.name != "sft" and getattr(cfg.checkpoint, "save_reference", True):
+    if ref_cfg.name in MOVING_STRATEGIES and a.name != "sft" and getattr(cfg.checkpoint, "save_reference", True):
         ckpt += s.params * ref_bytes
     lines.append(("one checkpoint on disk (all ranks)", ckpt, "weights + AdamW state" +
                   (" + moving reference" if ckpt > s.params * (master + 8) else "")))

@@ -1,4 +1,5 @@
-"""What a job of a sweep set: its Hydra overrides as ``{key: value}``, without the seed and Hydra's own keys.
+"""What a job of a sweep set: its Hydra overrides as ``{key: value}``, without the seed and Hydra's own keys;
+and which keys a sweep varies across its jobs.
 
 The report groups runs by these settings (``refexp/report/group.py``) and W&B groups them the same way
 (``refexp/wandb_conventions.py``), so a dashboard's line and a report's row are the same runs.
@@ -6,8 +7,15 @@ The report groups runs by these settings (``refexp/report/group.py``) and W&B gr
 
 from __future__ import annotations
 
+from typing import Iterable
+
 SEED_KEYS = {"training.seed", "seed"}
 """What a group averages over: never part of a group."""
+
+
+def _key(override_key: str) -> str:
+    """``+x`` / ``++x`` / ``~x`` -> ``x``: adding or deleting a key sets the same setting."""
+    return override_key.lstrip("+~")
 
 
 def swept_settings(overrides: list[str], *, drop: tuple[str, ...] = ("algo", "reference")) -> dict[str, str]:
@@ -17,10 +25,26 @@ def swept_settings(overrides: list[str], *, drop: tuple[str, ...] = ("algo", "re
     out: dict[str, str] = {}
     for o in overrides:
         key, eq, value = o.partition("=")
-        key = key.lstrip("+~")
+        key = _key(key)
         if not eq:
             value = "<deleted>"
         if key in SEED_KEYS or key in drop or key == "hydra" or key.startswith(("hydra.", "hydra/")):
             continue
         out[key] = value
     return out
+
+
+def swept_keys(sweep_overrides: Iterable[str]) -> set[str]:
+    """The keys a sweep varies across its jobs: those of its overrides that Hydra's parser reads as a sweep
+    (``a,b``, ``choice(...)``, ``range(...)``, ``interval(...)``), spelled as ``swept_settings`` spells them.
+    ``sweep_overrides`` is the sweep's command line plus its ``hydra.sweeper.params`` as ``key=value``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(sweep_overrides))
+    return {_key(o.get_key_element()) for o in parsed if o.is_sweep_override()}
+
+
+def only_swept(overrides: list[str], swept: Iterable[str]) -> list[str]:
+    """The overrides whose key is in ``swept`` (``swept_keys``): what tells a sweep's jobs apart."""
+    keys = set(swept)
+    return [o for o in overrides if _key(o.partition("=")[0]) in keys]

@@ -22,6 +22,7 @@ from typing import Callable, Mapping
 import torch
 
 from refexp import titan
+from refexp.choices import MOVING_STRATEGIES
 from refexp.config import (
     REFERENCE_SCHEMAS,
     ConfigError,
@@ -98,8 +99,8 @@ class ReferenceStrategy:
     # -------------------------------------------------------------- queries
     @property
     def moves(self) -> bool:
-        """Whether the reference's weights can change during training."""
-        return False
+        """Whether the reference's weights can change during training (refexp/choices.py)."""
+        return self.name in MOVING_STRATEGIES
 
     def logprobs(self, tokens_BT: torch.Tensor, **forward_kwargs) -> torch.Tensor | None:
         """[B, T-1] float32 reference log-probs of ``tokens_BT`` (None when reference-free).
@@ -165,10 +166,6 @@ class PeriodicResetReference(ReferenceStrategy):
     name = "periodic_reset"
     cfg: PeriodicResetReferenceConfig
 
-    @property
-    def moves(self) -> bool:
-        return True
-
     def after_step(self, step, policy, metrics) -> bool:
         if step % self.cfg.reset_every != 0:
             return False
@@ -183,10 +180,6 @@ class EMAReference(ReferenceStrategy):
     name = "ema"
     cfg: EMAReferenceConfig
 
-    @property
-    def moves(self) -> bool:
-        return True
-
     def after_step(self, step, policy, metrics) -> bool:
         if step % self.cfg.sync_every != 0:
             return False
@@ -200,10 +193,6 @@ class KLTriggeredReference(ReferenceStrategy):
 
     name = "kl_triggered"
     cfg: KLTriggeredReferenceConfig
-
-    @property
-    def moves(self) -> bool:
-        return True
 
     def after_step(self, step, policy, metrics) -> bool:
         kl = metrics.get("kl/ref")
@@ -225,6 +214,7 @@ REGISTRY: dict[str, type[ReferenceStrategy]] = {
     cls.name: cls
     for cls in (FixedReference, PeriodicResetReference, EMAReference, KLTriggeredReference, NoReference)
 }
+"""``reference.name`` -> its strategy; the keys are ``REFERENCE_STRATEGIES`` (tests/test_config.py)."""
 
 
 def build_reference(cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Module] | None, *,

@@ -45,7 +45,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     if HydraConfig.get().mode.name != "MULTIRUN":
         started = time.monotonic()
         final = run(cfg)
-        if rdist.is_rank0() and isinstance(final, dict) and not cfg.get("dry_run"):
+        if rdist.is_rank0() and isinstance(final, dict):
             print(summary_line(final, time.monotonic() - started, cfg.run_dir))
         return objective(final)
     # In a sweep, one failing job must not stop the others (Hydra would re-raise the first failure
@@ -107,7 +107,12 @@ def _record_failure_if_unrecorded(run_dir: Path, error: BaseException) -> None:
 
 
 def validate(dcfg: DictConfig) -> RootConfig:
-    """All checks that need no weights: schema, values, cross-field, model/parallelism."""
+    """Every check that needs no weights: the config layer's (``to_object``), then those it cannot make.
+
+    Those stay here because the config layer sits below them: the degrees against the launched world size
+    and the model's shapes against the parallelism need torchtitan (``ParallelDims``, the flavor's model
+    args or the checkpoint's ``config.json``); the task's sources need the datasets Hub and the reward hook's
+    import; the rerun check needs the run dir's saved config."""
     cfg = to_object(dcfg)
     if cfg.run_dir is None:
         raise ConfigError("run_dir is not set (run through `refexp`, or pass run_dir=DIR)")
@@ -115,23 +120,10 @@ def validate(dcfg: DictConfig) -> RootConfig:
     world = world if world > 1 else cfg.parallelism.nproc_per_node
     if world > 1:
         titan.make_parallel_dims(cfg.parallelism, world, "cpu")  # degrees vs world size; no mesh yet
-    # A pretrained-size flavor needs its weights: OmegaConf does not let a preset's `???` override the
-    # schema's None, so the requirement is checked here (a dry run plans without it).
-    if cfg.model.flavor != "debugmodel" and not cfg.model.hf_assets_path:
-        raise ConfigError(f"model.flavor={cfg.model.flavor!r} needs model.hf_assets_path=DIR (the HF checkpoint "
-                          f"dir of that model): refexp does not train a {cfg.model.name} {cfg.model.flavor} from "
-                          f"random weights (a debugmodel flavor, e.g. model=qwen3_debug, needs none)")
-    if cfg.model.hf_assets_path and not Path(cfg.model.hf_assets_path).is_dir():
-        raise ConfigError(f"model.hf_assets_path={cfg.model.hf_assets_path!r} is not a directory")
     # The tokenizer is not loaded yet: an HF checkpoint's config.json states its own vocabulary, and the
     # embedded task's is small; 64 stands in for it only to check the shapes against the parallelism.
     vocab = cfg.model.vocab_size or (None if cfg.model.hf_assets_path else 64)
     titan.build_model_spec(cfg.model, vocab_size=vocab, parallelism=cfg.parallelism)
-    for field_name, p in (("checkpoint.initial_load_path", cfg.checkpoint.initial_load_path),
-                          ("reference.checkpoint", cfg.reference.checkpoint),
-                          ("sft.checkpoint", cfg.sft.checkpoint)):
-        if p and not Path(p).is_dir():
-            raise ConfigError(f"{field_name}={p!r} is not a directory (expected a checkpoint directory)")
     from refexp.tasks.sources import check_sources
 
     check_sources(cfg.task)  # local paths, Hub ids (reachable?), the task.reward hook
@@ -156,10 +148,8 @@ def check_rerun_config(dcfg: DictConfig, run_dir: Path) -> None:
 
 
 def run(dcfg: DictConfig) -> dict:
-    if dcfg.get("dry_run"):  # the memory plan only (refexp/dry_run.py): {line: bytes}
-        from refexp.dry_run import dry_run
-
-        return dry_run(dcfg)
+    """Validate, then train (spawning ``parallelism.nproc_per_node`` workers when started as one process).
+    ``dry_run=true`` never reaches here: ``refexp/__main__.py`` plans it (refexp/dry_run.py)."""
     cfg = validate(dcfg)
     if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
         from refexp.launcher import spawn_workers

@@ -2,21 +2,24 @@
 
 W&B groups runs by ``group`` and draws one mean line (with a band) per group. So:
 - ``group`` = ``<experiment>/<sweep>/<setting>`` where the setting is the strategy (DPO: strategy and
-  loss) plus every swept override but the seed (``refexp/overrides.py``, the report's grouping): the
-  seeds of one setting average into one line, and settings never collapse into one;
+  loss) plus every override the sweep varies across its jobs but the seed (``refexp/overrides.py``, the
+  report's grouping; an override every job shares is no setting): the seeds of one setting average into
+  one line, and settings never collapse into one;
 - ``job_type`` = the strategy; for DPO ``<strategy>:<loss_type>`` (TR-DPO ``periodic_reset:sigmoid``,
   SimPO ``none:simpo`` and ORPO ``none:orpo`` stay apart);
 - tags ``algo:``, ``task:``, ``ref:``, ``loss:`` (DPO), ``sweep:<sweep>``; the config gets ``sweep_id``;
-- ``name`` = the overrides that differ, seed included (one run).
+- ``name`` = the swept overrides, seed included (one run).
+Outside a sweep, or when the sweep's command line is not on disk (a sweeper that writes no
+``multirun.yaml``, such as Optuna's), every override counts as swept.
 ``logger.group`` replaces the derived group.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Collection, Optional
 
-from refexp.overrides import swept_settings
+from refexp.overrides import only_swept, swept_keys, swept_settings
 
 SUMMARIES = {"eval/accuracy": "max", "eval/pref_accuracy": "max", "kl/init": "last", "kl/ref": "last",
              "reward/mean": "last"}
@@ -39,8 +42,12 @@ def setting_label(algo: str, strategy: str, loss_type: Optional[str], overrides:
 
 
 def run_info(*, experiment: str, algo: str, strategy: str, task: str, loss_type: Optional[str],
-             overrides: list[str], sweep: Optional[str], group: Optional[str] = None) -> dict:
-    """W&B ``group`` / ``job_type`` / ``name`` / ``tags`` / ``sweep_id`` of one run (see the module docstring)."""
+             overrides: list[str], sweep: Optional[str], group: Optional[str] = None,
+             swept: Optional[Collection[str]] = None) -> dict:
+    """W&B ``group`` / ``job_type`` / ``name`` / ``tags`` / ``sweep_id`` of one run (see the module docstring).
+    ``swept``: the keys the sweep varies (``overrides.swept_keys``); None counts every override."""
+    if swept is not None:
+        overrides = only_swept(overrides, swept)
     setting = setting_label(algo, strategy, loss_type, overrides)
     derived = "/".join(p for p in (experiment, sweep, setting) if p)
     tags = [f"algo:{algo}", f"task:{task}", f"ref:{strategy}"]
@@ -57,18 +64,34 @@ def hydra_run_info(cfg) -> dict:
     """``run_info`` of a validated RootConfig, with the overrides and sweep dir from Hydra's runtime
     (none outside Hydra: a run started from Python)."""
     overrides: list[str] = []
-    sweep = None
+    sweep = swept = None
     try:
         from hydra.core.hydra_config import HydraConfig
 
         hc = HydraConfig.get()
         overrides = list(hc.overrides.task)
-        sweep = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else None
+        if hc.mode.name == "MULTIRUN":
+            sweep = Path(hc.sweep.dir).name
+            sweep_command = saved_sweep_overrides(hc.sweep.dir)
+            swept = swept_keys(sweep_command) if sweep_command is not None else None
     except ValueError:  # HydraConfig was not set: not started by Hydra
         pass
     return run_info(experiment=cfg.experiment_name, algo=cfg.algo.name, strategy=cfg.reference.name,
                     task=cfg.task.name, loss_type=_loss_of(cfg.algo), overrides=overrides,
-                    sweep=sweep, group=cfg.logger.group)
+                    sweep=sweep, group=cfg.logger.group, swept=swept)
+
+
+def saved_sweep_overrides(sweep_dir) -> Optional[list[str]]:
+    """The sweep's ``hydra.sweeper.params`` and command line as ``key=value`` overrides, from the
+    ``multirun.yaml`` Hydra's basic sweeper writes in the sweep dir before its first job; None without one."""
+    from omegaconf import OmegaConf
+
+    saved = Path(sweep_dir) / "multirun.yaml"
+    if not saved.is_file():
+        return None
+    hydra_node = OmegaConf.to_container(OmegaConf.load(saved).hydra, resolve=False)
+    params = hydra_node["sweeper"].get("params") or {}
+    return [*(f"{k}={v}" for k, v in params.items()), *hydra_node["overrides"]["task"]]
 
 
 def _loss_of(algo) -> Optional[str]:

@@ -89,12 +89,26 @@ def test_tensor_parallel_degree_must_divide_heads():
         validate(cfg)
 
 
-def test_missing_checkpoint_directory_is_named(tmp_path):
+@pytest.mark.parametrize("field", ["reference.checkpoint", "checkpoint.initial_load_path", "sft.checkpoint",
+                                   "model.hf_assets_path"])
+def test_missing_checkpoint_directory_is_named_by_the_config_layer_but_not_in_a_dry_run(tmp_path, field):
     missing = tmp_path / "nope"
-    with pytest.raises(ConfigError, match="reference.checkpoint"):
-        validate(compose_root("algo=grpo", f"reference.checkpoint={missing}"))
-    with pytest.raises(ConfigError, match="sft.checkpoint|initial_load_path"):
-        validate(compose_root("algo=grpo", f"checkpoint.initial_load_path={missing}"))
+    with pytest.raises(ConfigError, match=re.escape(f"{field}={str(missing)!r} is not a directory")):
+        to_object(compose_root("algo=grpo", f"{field}={missing}"))
+    to_object(compose_root("algo=grpo", f"{field}={missing}", "dry_run=true"))  # a plan reads no weights
+
+
+def test_every_table_keyed_by_strategy_names_exactly_the_reference_strategies():
+    from refexp.choices import MOVING_STRATEGIES, REFERENCE_STRATEGIES
+    from refexp.config import REFERENCE_SCHEMAS
+    from refexp.reference import REGISTRY
+    from refexp.report.group import DPO_REFERENCE_NAMES
+    from refexp.report.plots import STRATEGY_COLOURS
+
+    assert tuple(REFERENCE_SCHEMAS) == REFERENCE_STRATEGIES == tuple(REGISTRY)
+    assert set(DPO_REFERENCE_NAMES) == set(STRATEGY_COLOURS) == set(REFERENCE_STRATEGIES)
+    assert set(MOVING_STRATEGIES) < set(REFERENCE_STRATEGIES)
+    assert conf_options("reference") == sorted(REFERENCE_STRATEGIES)
 
 
 def test_static_decode_needs_plain_weights():

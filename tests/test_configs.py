@@ -28,14 +28,16 @@ from refexp.config import GROUP_SCHEMAS, OPTION_SCHEMAS, register_configs, schem
 from tests.helpers import CONF, compose_root, conf_options
 
 GROUPS = [*GROUP_SCHEMAS, *OPTION_SCHEMAS]
-# Options that need a value no default can give (a local checkpoint or data file).
+# Options that need a value no default can give (a local checkpoint or data file). The checkpoint is a
+# directory that exists (to_object checks that much); data paths are read only by a run.
+SOME_DIR = str(CONF)
 REQUIRED = {
-    ("model", "qwen3_0.6b"): ["model.hf_assets_path=/nonexistent"],
-    ("model", "llama3_8b"): ["model.hf_assets_path=/nonexistent"],
+    ("model", "qwen3_0.6b"): [f"model.hf_assets_path={SOME_DIR}"],
+    ("model", "llama3_8b"): [f"model.hf_assets_path={SOME_DIR}"],
     ("task", "gsm8k"): ["task.train_path=/x.jsonl", "task.tokenizer_path=/tok"],
     # Pairs only: DPO from a pretrained checkpoint (the SFT stage would need demonstrations).
     ("task", "preference"): ["task.preference_path=/x.jsonl", "task.tokenizer_path=/tok", "algo=dpo",
-                             "sft.enable=false", "model.hf_assets_path=/nonexistent"],
+                             "sft.enable=false", f"model.hf_assets_path={SOME_DIR}"],
 }
 # Groups whose schema defaults are deliberately no option: ModelConfig's None fields keep the torchtitan
 # flavor's values (every option picks a model), and ParallelismConfig's data_parallel_shard_degree=-1 is

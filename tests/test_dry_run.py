@@ -82,6 +82,15 @@ def test_the_cli_dry_run_prints_the_plan_and_builds_nothing(tmp_path):
     assert not (tmp_path / "run").exists()  # no run dir, no checkpoint, no metrics
 
 
+def test_a_sweep_of_dry_runs_plans_every_job_and_runs_none(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = subprocess.run([sys.executable, "-m", "refexp", "-m", "dry_run=true", "algo=grpo", "reference=fixed,ema",
+                          f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert len(re.findall(rf"^{PEAK}: [0-9.]+ GiB$", out.stdout, re.M)) == 2
+    assert not list(sweep.rglob("status.json")) and not list(sweep.rglob("metrics.jsonl"))
+
+
 def test_a_bad_value_fails_the_dry_run_naming_the_field():
     from refexp.config import ConfigError
 
@@ -91,12 +100,12 @@ def test_a_bad_value_fails_the_dry_run_naming_the_field():
 
 @pytest.mark.parametrize("preset", ["qwen3_0.6b", "llama3_8b"])
 def test_a_real_run_of_a_pretrained_preset_needs_its_checkpoint_dir(preset):
-    """The plan needs no weights; a run does, and says so before anything is built."""
-    from refexp.config import ConfigError
-    from refexp.run import validate
+    """The plan needs no weights; a run does, and the config layer says so before anything is built."""
+    from refexp.config import ConfigError, to_object
 
     with pytest.raises(ConfigError, match=r"model.hf_assets_path=DIR"):
-        validate(compose_root("algo=grpo", f"model={preset}"))
+        to_object(compose_root("algo=grpo", f"model={preset}"))
+    assert to_object(compose_root("algo=grpo", f"model={preset}", "dry_run=true")).model.hf_assets_path is None
 
 
 @pytest.mark.parametrize("extra", [[], ["algo.max_new_tokens=16"],

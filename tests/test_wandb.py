@@ -4,6 +4,7 @@ no step sent twice when a run resumes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 
 from refexp.config import LoggerConfig
 from refexp.logging import MetricLogger
+from refexp.overrides import swept_keys
 from refexp.wandb_conventions import run_info
 from tests.helpers import GRPO, TINY
 from tests.wandb_records import read_offline_run
@@ -28,6 +30,43 @@ def test_run_info_groups_by_setting_not_by_seed():
     assert c["group"] != a["group"] and a["name"] != b["name"]
     assert a["job_type"] == "periodic_reset" and "sweep:2026-12-03_10-00-00" in a["tags"]
     assert a["sweep_id"] == "2026-12-03_10-00-00"
+
+
+# Runs the real `refexp -m` app with run_from_hydra replaced by printing each job's W&B fields: the sweep's
+# own Hydra runtime (multirun.yaml, the job's overrides), no training.
+PRINT_RUN_INFO = """
+import json, sys, types
+from refexp.config import to_object
+from refexp.wandb_conventions import hydra_run_info
+fake_run = types.ModuleType("refexp.run")
+fake_run.run_from_hydra = lambda cfg: print("RUN_INFO", json.dumps(hydra_run_info(to_object(cfg))))
+sys.modules["refexp.run"] = fake_run
+from refexp.__main__ import main
+sys.argv[0] = "refexp"
+main()
+"""
+
+
+@pytest.mark.parametrize("sweep, groups", [
+    (["algo=grpo", "logger=wandb", "training.steps=2", "reference=fixed,none"],
+     {"default/sweep/fixed", "default/sweep/none"}),
+    (["experiment=quickstart", "logger=wandb", "hydra.sweeper.params.grpo_variant='fixed,none'",
+      "~hydra.callbacks.report"],
+     {"quickstart/sweep/fixed grpo_variant=fixed", "quickstart/sweep/none grpo_variant=none"}),
+], ids=["command line", "sweeper params"])
+def test_a_sweeps_groups_name_only_the_overrides_its_jobs_differ_by(tmp_path, sweep, groups):
+    """``logger=wandb training.steps=2`` is shared by every job: no setting, so not in the group."""
+    p = subprocess.run([sys.executable, "-c", PRINT_RUN_INFO, "-m", *sweep, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    infos = [json.loads(line.split(" ", 1)[1]) for line in p.stdout.splitlines() if line.startswith("RUN_INFO ")]
+    assert {info["group"] for info in infos} == groups and len(infos) == 2
+    assert all("logger" not in info["name"] and "=" in info["name"] for info in infos)
+
+
+def test_swept_keys_are_the_overrides_hydra_sweeps():
+    overrides = ["logger=wandb", "reference=fixed,none", "+x=choice(5, 10)", "algo.beta=tag(log, interval(0.01, 2))"]
+    assert swept_keys(overrides) == {"reference", "x", "algo.beta"}
 
 
 def test_dpo_job_types_tell_the_variants_apart():

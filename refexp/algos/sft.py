@@ -79,13 +79,8 @@ def ensure_sft(ctx: RunContext) -> Path:
     output, cached or trained now."""
     if not ctx.cfg.sft.enable:  # RootConfig's checks guarantee hf_assets_path is set
         return Path(ctx.cfg.model.hf_assets_path)
-    if ctx.cfg.sft.checkpoint:
-        p = Path(ctx.cfg.sft.checkpoint)
-        if not p.is_dir():
-            from refexp.config import ConfigError
-
-            raise ConfigError(f"sft.checkpoint={str(p)!r} is not a directory (expected a refexp SFT output dir)")
-        return p
+    if ctx.cfg.sft.checkpoint:  # a directory: config.check_start_weights
+        return Path(ctx.cfg.sft.checkpoint)
     out = ctx.cache_dir / "sft" / sft_fingerprint(ctx)
     if _complete(out):
         return out

@@ -5,6 +5,9 @@ A typo in an override or a value of the wrong type fails at compose time, and th
 checks fail before any model is built (``to_object``). The dataclasses hold every default; an option
 file in ``conf/`` sets only what differs from them (tests/test_configs.py keeps it so).
 
+Choices (a strategy, a loss type, an objective) are named once in ``refexp/choices.py``; see there why the
+fields holding them are typed ``str``.
+
 Field names mirror torchtitan 0.3.0's config dataclasses (``torchtitan/config/configs.py``,
 ``CheckpointManager.Config``) where a group mirrors one, so torchtitan's docs carry over.
 
@@ -13,14 +16,13 @@ Modules: ``errors`` (ConfigError and the checks), ``model`` (model, parallelism,
 ``reference``, ``root`` (RootConfig, registration, to_object).
 """
 
-from .algo import ALGO_SCHEMAS, DPO_REFERENCE_FREE_LOSSES, AlgoConfig, DPOConfig, GRPOConfig, SFTAlgoConfig
+from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig, GRPOConfig, SFTAlgoConfig
 from .blocks import EvalConfig, SFTConfig
 from .errors import ConfigError
 from .logger import LoggerConfig
 from .model import CompileConfig, ModelConfig, ParallelismConfig
 from .reference import (
     REFERENCE_SCHEMAS,
-    REFERENCE_STRATEGIES,
     EMAReferenceConfig,
     FixedReferenceConfig,
     KLTriggeredReferenceConfig,
@@ -43,8 +45,8 @@ from .runtime import ActivationCheckpointConfig, CheckpointConfig, CommConfig, T
 from .task import TaskConfig
 
 __all__ = [
-    "ALGO_SCHEMAS", "ActivationCheckpointConfig", "DPO_REFERENCE_FREE_LOSSES", "GROUP_SCHEMAS", "OPTION_SCHEMAS", "REFERENCE_SCHEMAS",
-    "REFERENCE_STRATEGIES", "AlgoConfig", "CheckpointConfig", "CommConfig", "CompileConfig", "ConfigError",
+    "ALGO_SCHEMAS", "ActivationCheckpointConfig", "GROUP_SCHEMAS", "OPTION_SCHEMAS", "REFERENCE_SCHEMAS",
+    "AlgoConfig", "CheckpointConfig", "CommConfig", "CompileConfig", "ConfigError",
     "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig",
     "KLTriggeredReferenceConfig", "LoggerConfig", "ModelConfig", "NoReferenceConfig", "ParallelismConfig",
     "PeriodicResetReferenceConfig", "ReferenceConfig", "RolloutConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig", "TaskConfig",

@@ -7,6 +7,9 @@ from typing import Optional
 
 from omegaconf import MISSING
 
+from refexp.choices import (ADVANTAGE_SCALES, DPO_REFERENCE_FREE_LOSSES, GRPO_LOSS_AGGS, GRPO_OBJECTIVES,
+                            PREFERENCE_LOSSES)
+
 from .errors import ConfigError, check, non_negative, one_of, positive_int
 
 
@@ -44,13 +47,13 @@ class GRPOConfig(AlgoConfig):
     k3's expected gradient is that of KL(ref||policy), k2's that of KL(policy||ref) (refexp/kl.py); k1 is refused
     (zero expected gradient as a loss term). The reward penalty of ``kl_in_reward`` always uses k1."""
     loss_agg: str = "grpo"
-    """grpo | dr_grpo | dapo."""
+    """A ``GRPOLossAgg`` (refexp/choices.py): how token losses are averaged."""
     eps_low: float = 0.2
     """Lower clip of the probability ratio (1 - eps_low)."""
     eps_high: float = 0.2
     """Upper clip of the probability ratio (1 + eps_high; DAPO raises it)."""
     advantage_scale: str = "group"
-    """group | batch | none: the std that divides (reward - group mean)."""
+    """An ``AdvantageScale`` (refexp/choices.py): the std that divides (reward - group mean)."""
     updates_per_batch: int = 1
     """Optimizer steps on each rollout batch (TRL's num_iterations); >1 makes the clip bind."""
     temperature: float = 1.0
@@ -73,9 +76,10 @@ class GRPOConfig(AlgoConfig):
     """Horizon of the adaptive controller in samples (each step counts its global batch's rows, as Ziegler et
     al. 2019 and TRL): beta moves by at most 20% per ``kl_horizon`` samples."""
     objective: str = "grpo"
-    """grpo | sft. sft is the continued-SFT baseline: the same prompts per step and the same steps, trained on
-    their demonstrations with the SFT stage's token-mean NLL instead of rollouts and rewards (no reference:
-    reference=none), so a comparison can tell what GRPO adds over more SFT from the same start."""
+    """A ``GRPOObjective`` (refexp/choices.py). sft is the continued-SFT baseline: the same prompts per step
+    and the same steps, trained on their demonstrations with the SFT stage's token-mean NLL instead of rollouts
+    and rewards (no reference: reference=none), so a comparison can tell what GRPO adds over more SFT from the
+    same start."""
     tis_cap: Optional[float] = None
     """Truncated importance sampling (Yao et al. 2025): the clipped surrogate's ratio is taken against the
     trainer's own log-probs of the rollout, and each token's loss is weighted by min(pi_trainer / pi_rollout,
@@ -84,7 +88,7 @@ class GRPOConfig(AlgoConfig):
     def __post_init__(self) -> None:
         if self.tis_cap is not None:
             check(self.tis_cap >= 1, "algo.tis_cap", self.tis_cap, "a number >= 1 or null (off)")
-        one_of("algo.objective", self.objective, ("grpo", "sft"))
+        one_of("algo.objective", self.objective, GRPO_OBJECTIVES)
         positive_int("algo.prompts_per_step", self.prompts_per_step)
         check(isinstance(self.group_size, int) and self.group_size >= 2, "algo.group_size", self.group_size,
               "an integer >= 2 (advantages are relative within a group)")
@@ -92,10 +96,10 @@ class GRPOConfig(AlgoConfig):
         check(self.kl_estimator in ("k2", "k3"), "algo.kl_estimator", self.kl_estimator,
               "k3 or k2 (k1 = log pi - log ref has zero expected gradient as a loss term, E_pi[grad log pi] = 0, "
               "so it would not regularise; algo.kl_in_reward=true penalises the reward with k1)")
-        one_of("algo.loss_agg", self.loss_agg, ("grpo", "dr_grpo", "dapo"))
+        one_of("algo.loss_agg", self.loss_agg, GRPO_LOSS_AGGS)
         non_negative("algo.eps_low", self.eps_low)
         non_negative("algo.eps_high", self.eps_high)
-        one_of("algo.advantage_scale", self.advantage_scale, ("group", "batch", "none"))
+        one_of("algo.advantage_scale", self.advantage_scale, ADVANTAGE_SCALES)
         positive_int("algo.updates_per_batch", self.updates_per_batch)
         check(self.temperature > 0, "algo.temperature", self.temperature, "a number > 0")
         check(0 < self.top_p <= 1, "algo.top_p", self.top_p, "a number in (0, 1]")
@@ -106,9 +110,6 @@ class GRPOConfig(AlgoConfig):
         positive_int("algo.kl_horizon", self.kl_horizon)
 
 
-DPO_REFERENCE_FREE_LOSSES = ("simpo", "orpo", "sft")
-
-
 @dataclass
 class DPOConfig(AlgoConfig):
     """The DPO family (Rafailov et al. 2023) and the reference-free SimPO / ORPO."""
@@ -116,7 +117,7 @@ class DPOConfig(AlgoConfig):
     name: str = "dpo"
     """Always dpo."""
     loss_type: str = "sigmoid"
-    """sigmoid | ipo | robust | hinge (need a reference) | simpo | orpo | sft (reference-free; sft = NLL of the
+    """A ``DPOLossType`` (needs a reference) or a ``DPOReferenceFreeLoss`` (refexp/choices.py; sft = NLL of the
     chosen completions only, TRL's loss_type="sft": the continued-SFT baseline)."""
     beta: float = 1.0
     """1, not the paper's 0.1: on the embedded task with the tiny model, 0.1 let the chosen log-probs fall
@@ -144,7 +145,7 @@ class DPOConfig(AlgoConfig):
     """Seeds the generation of those pairs (part of their cache key)."""
 
     def __post_init__(self) -> None:
-        one_of("algo.loss_type", self.loss_type, ("sigmoid", "ipo", "robust", "hinge") + DPO_REFERENCE_FREE_LOSSES)
+        one_of("algo.loss_type", self.loss_type, PREFERENCE_LOSSES)
         check(self.beta > 0, "algo.beta", self.beta, "a number > 0")
         check(0 <= self.label_smoothing < 0.5, "algo.label_smoothing", self.label_smoothing, "a number in [0, 0.5)")
         if self.label_smoothing and self.loss_type in ("ipo", "hinge"):

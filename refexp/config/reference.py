@@ -13,8 +13,6 @@ from omegaconf import MISSING
 
 from .errors import check, one_of, positive_int
 
-REFERENCE_STRATEGIES = ("fixed", "periodic_reset", "ema", "kl_triggered", "none")
-
 
 @dataclass
 class ReferenceConfig:
@@ -25,7 +23,7 @@ class ReferenceConfig:
     """
 
     name: str = MISSING
-    """fixed | periodic_reset | ema | kl_triggered | none (set by ``reference=<name>``)."""
+    """One of ``REFERENCE_STRATEGIES`` (refexp/choices.py), set by ``reference=<name>``."""
     checkpoint: Optional[str] = None
     """A different checkpoint dir for the reference (None = the policy's start)."""
     dtype: Optional[str] = None
@@ -121,16 +119,15 @@ class NoReferenceConfig(ReferenceConfig):
     """Always none."""
 
 
-REFERENCE_SCHEMAS: dict[str, type[ReferenceConfig]] = {
-    "fixed": FixedReferenceConfig,
-    "periodic_reset": PeriodicResetReferenceConfig,
-    "ema": EMAReferenceConfig,
-    "kl_triggered": KLTriggeredReferenceConfig,
-    "none": NoReferenceConfig,
-}
-"""``reference=<name>`` -> its schema (registered as ``reference_<name>_schema``)."""
-
-
 def strategy_of(schema: type[ReferenceConfig]) -> str:
     """The strategy a schema describes: the default of its ``name`` field."""
     return next(f.default for f in fields(schema) if f.name == "name")
+
+
+REFERENCE_SCHEMAS: dict[str, type[ReferenceConfig]] = {
+    strategy_of(schema): schema
+    for schema in (FixedReferenceConfig, PeriodicResetReferenceConfig, EMAReferenceConfig,
+                   KLTriggeredReferenceConfig, NoReferenceConfig)
+}
+"""``reference=<name>`` -> its schema (registered as ``reference_<name>_schema``); its keys are
+``REFERENCE_STRATEGIES`` in that order (tests/test_config.py)."""

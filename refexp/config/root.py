@@ -9,10 +9,13 @@ one. Each option file starts with ``defaults: [/<its schema>@_here_, _self_]``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from refexp.choices import DPO_REFERENCE_FREE_LOSSES, REFERENCE_STRATEGIES
 
 from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig
 from .blocks import EvalConfig, SFTConfig
@@ -110,7 +113,8 @@ def _gpu_count() -> int:
 
 
 def to_object(cfg: DictConfig) -> RootConfig:
-    """Resolve a composed DictConfig into dataclasses, running every ``__post_init__`` check.
+    """Resolve a composed DictConfig into dataclasses, running every ``__post_init__`` check, the cross-field
+    checks and (unless ``dry_run``) ``check_start_weights``.
 
     Raises ConfigError naming the field (OmegaConf's own type errors are re-raised as ConfigError too).
     """
@@ -135,6 +139,8 @@ def to_object(cfg: DictConfig) -> RootConfig:
     if type(obj.reference) not in REFERENCE_SCHEMAS.values():
         raise ConfigError(f"reference is not chosen: expected reference=<one of {', '.join(REFERENCE_SCHEMAS)}>")
     check_cross_fields(obj)
+    if not obj.dry_run:
+        check_start_weights(obj)
     return obj
 
 
@@ -184,9 +190,6 @@ def check_cross_fields(cfg: RootConfig) -> None:
         if cfg.algo.name == "sft":
             raise ConfigError("sft.enable=false is invalid with algo=sft: the SFT stage is all that algo runs "
                               "(use algo=grpo or algo=dpo to start from model.hf_assets_path)")
-        if not cfg.model.hf_assets_path:
-            raise ConfigError("sft.enable=false needs model.hf_assets_path: a pretrained HF checkpoint dir for "
-                              "the policy, the reference and the kl/init anchor to start from (or sft.enable=true)")
     if (cfg.sft.enable and not cfg.sft.checkpoint and cfg.sft.target_accuracy < 1.0
             and cfg.task.val_path is None and not cfg.task.val_share()):
         raise ConfigError(f"sft.target_accuracy={cfg.sft.target_accuracy} needs a validation split to read (the "
@@ -213,6 +216,27 @@ def check_cross_fields(cfg: RootConfig) -> None:
         if cfg.reference.name == "none" and not cfg.algo.reference_free:
             raise ConfigError(
                 f"reference=none needs a reference-free loss: algo.loss_type={cfg.algo.loss_type!r} uses a "
-                f"reference; use algo.loss_type=simpo or algo.loss_type=orpo, or pick a reference strategy "
-                f"(fixed, periodic_reset, ema, kl_triggered)"
+                f"reference; use algo.loss_type=<one of {', '.join(DPO_REFERENCE_FREE_LOSSES)}>, or pick a "
+                f"reference strategy ({', '.join(s for s in REFERENCE_STRATEGIES if s != 'none')})"
             )
+
+
+def check_start_weights(cfg: RootConfig) -> None:
+    """The weights a run starts from are named and on disk. Not for a dry run, which plans from shapes
+    alone (refexp/dry_run.py) and whose paths may be another machine's."""
+    if not cfg.sft.enable and not cfg.model.hf_assets_path:
+        raise ConfigError("sft.enable=false needs model.hf_assets_path: a pretrained HF checkpoint dir for "
+                          "the policy, the reference and the kl/init anchor to start from (or sft.enable=true)")
+    # A pretrained-size flavor needs its weights: OmegaConf does not let a preset's `???` override the
+    # schema's None, so the requirement is checked here rather than by a MISSING default.
+    if cfg.model.flavor != "debugmodel" and not cfg.model.hf_assets_path:
+        raise ConfigError(f"model.flavor={cfg.model.flavor!r} needs model.hf_assets_path=DIR (the HF checkpoint "
+                          f"dir of that model): refexp does not train a {cfg.model.name} {cfg.model.flavor} from "
+                          f"random weights (a debugmodel flavor, e.g. model=qwen3_debug, needs none)")
+    if cfg.model.hf_assets_path and not Path(cfg.model.hf_assets_path).is_dir():
+        raise ConfigError(f"model.hf_assets_path={cfg.model.hf_assets_path!r} is not a directory")
+    for field_name, p in (("checkpoint.initial_load_path", cfg.checkpoint.initial_load_path),
+                          ("reference.checkpoint", cfg.reference.checkpoint),
+                          ("sft.checkpoint", cfg.sft.checkpoint)):
+        if p and not Path(p).is_dir():
+            raise ConfigError(f"{field_name}={p!r} is not a directory (expected a checkpoint directory)")

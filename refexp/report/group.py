@@ -10,19 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from refexp.overrides import swept_settings as settings_of
+from refexp.choices import REFERENCE_STRATEGIES
+from refexp.overrides import swept_settings
 
 from .load import Run, natural_key
 
-# Strategies in the order the README introduces them; anything else sorts after, by name.
-STRATEGY_ORDER = ("fixed", "periodic_reset", "ema", "kl_triggered", "none")
 ALGO_ORDER = ("grpo", "dpo", "sft")
-
-
-def swept_settings(run: Run) -> dict[str, str]:
-    """The run's overrides as {key: value} without the seed, ``hydra*`` and the group choices
-    ``algo=`` / ``reference=`` (they are the table and the strategy already): ``refexp.overrides``."""
-    return settings_of(run.overrides)
 
 
 @dataclass
@@ -47,10 +40,12 @@ def _rank(name: str, order: tuple[str, ...]) -> tuple:
 
 
 def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
-    """algo -> its groups, ordered by strategy then settings; every run (failed too) is in one."""
+    """algo -> its groups, ordered by strategy (as ``REFERENCE_STRATEGIES``, unknown ones after, by name) then
+    settings; every run (failed too) is in one."""
     groups: dict[tuple, Group] = {}
     for run in runs:
-        settings = tuple(sorted(swept_settings(run).items()))
+        # ``algo=`` / ``reference=`` are left out: they are the table and the strategy already
+        settings = tuple(sorted(swept_settings(run.overrides).items()))
         key = (run.algo, run.strategy, run.loss_type, run.nll_weight, run.objective, settings)
         if key not in groups:
             groups[key] = Group(run.algo, run.strategy, settings)
@@ -60,7 +55,7 @@ def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
     for g in groups.values():
         by_algo.setdefault(g.algo, []).append(g)
     for algo, gs in by_algo.items():
-        gs.sort(key=lambda g: (_rank(g.strategy, STRATEGY_ORDER), natural_key(str(g.settings))))
+        gs.sort(key=lambda g: (_rank(g.strategy, REFERENCE_STRATEGIES), natural_key(str(g.settings))))
         _label(gs)
     return dict(sorted(by_algo.items(), key=lambda kv: _rank(kv[0], ALGO_ORDER)))
 
@@ -71,7 +66,8 @@ DPO_LOSS_NAMES = {"simpo": "SimPO", "orpo": "ORPO", "ipo": "IPO", "hinge": "SLiC
 """Published names of the DPO family's losses (TRL's ``loss_type`` values); sigmoid is DPO itself."""
 DPO_REFERENCE_NAMES = {"fixed": "DPO", "periodic_reset": "TR-DPO hard", "ema": "TR-DPO soft",
                        "kl_triggered": "DPO, KL-triggered reset", "none": "DPO"}
-"""DPO (sigmoid) by reference strategy: TR-DPO (Gorbatovski et al. 2024) is DPO with a moving reference."""
+"""DPO (sigmoid) by reference strategy (keyed by ``REFERENCE_STRATEGIES``: tests/test_config.py): TR-DPO
+(Gorbatovski et al. 2024) is DPO with a moving reference."""
 
 
 def variant_name(algo: str, strategy: str, loss_type: str | None, nll_weight: float = 0.0,

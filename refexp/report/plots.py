@@ -17,7 +17,8 @@ from .group import Group
 from .reduce import ACC, PREF_ACC, ref_cost
 from .stats import mean_ci, seed_band
 
-_STRATEGY_COLOURS = {"fixed": "C0", "periodic_reset": "C1", "ema": "C2", "kl_triggered": "C3", "none": "C7"}
+STRATEGY_COLOURS = {"fixed": "C0", "periodic_reset": "C1", "ema": "C2", "kl_triggered": "C3", "none": "C7"}
+"""One colour per ``REFERENCE_STRATEGIES`` entry (tests/test_config.py checks the keys); none is grey."""
 _SPARE_COLOURS = ("C4", "C5", "C6", "C8", "C9")
 _LINESTYLES = ("-", "--", ":", "-.")
 REWARD_KEYS = ("reward/mean", "rewards/margins", "rewards/accuracies")
@@ -27,7 +28,7 @@ REWARD_KEYS = ("reward/mean", "rewards/margins", "rewards/accuracies")
 def styles(groups: list[Group]) -> dict[str, tuple[str, str]]:
     """label -> (colour, line style)."""
     spare = iter(_SPARE_COLOURS * 4)
-    colours = dict(_STRATEGY_COLOURS)
+    colours = dict(STRATEGY_COLOURS)
     out, used = {}, {}
     for g in groups:
         if g.strategy not in colours:

@@ -16,7 +16,7 @@ from pathlib import Path
 from refexp.io import write_text_atomic
 
 from .reduce import COLUMNS, TAIL
-from .table import DEFAULT_TARGET_MARGIN, header_and_cells, one_line
+from .table import DEFAULT_TARGET_MARGIN, error_cell, header_and_cells
 
 HOW_TO_READ = (
     "Each row is one group of runs that differ only by seed; each cell is the mean across the group's "
@@ -102,7 +102,7 @@ def _md_table(header: list[str], body: list[list[str]], numeric: bool = True) ->
 
 
 def _problem_cells(p) -> list[str]:
-    return [p.name, p.algo, p.label, p.state, one_line(p.error)]
+    return [p.name, p.algo, p.label, p.state, error_cell(p.error)]
 
 
 _PROBLEM_HEADER = ["run", "algo", "group", "status", "error"]

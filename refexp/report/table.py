@@ -184,7 +184,7 @@ def cell_text(est: Optional[Estimate], kind: str = "num") -> str:
     return text + " ± " + fmt.format(h) + unit + (" (n=1)" if est.n == 1 else "")
 
 
-def one_line(text: str, limit: int = 300) -> str:
+def error_cell(text: str, limit: int = 300) -> str:
     """An error as one table cell: the last non-empty line of a traceback says what went wrong."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
     line = lines[-1] if lines else ""
@@ -260,5 +260,5 @@ def format_table(report) -> str:
     if report.problems:
         console.print(f"Not counted ({len(report.problems)} runs):")
         for p in report.problems:
-            console.print(f"  {p.name} [{p.algo} {p.label}] {p.state}: {one_line(p.error)}", markup=False)
+            console.print(f"  {p.name} [{p.algo} {p.label}] {p.state}: {error_cell(p.error)}", markup=False)
     return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines()) + "\n"
