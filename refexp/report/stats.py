@@ -1,65 +1,23 @@
 """Numbers across seeds: Student-t confidence intervals and per-step seed bands.
 
-scipy is not a dependency, so the t quantile is computed here: the t CDF through the
-regularised incomplete beta function (continued fraction, Numerical Recipes 3rd ed. §6.4)
-and inverted by bisection. That is exact to ~1e-10 for every dof, which a lookup table is not.
+The t and normal quantiles come from ``scipy.stats``. Intervals here are over seeds only; paired
+differences that also carry the test prompts' sampling noise are ``bootstrap.py``'s.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b) for 0 <= x <= 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                 + a * math.log(x) + b * math.log1p(-x))
-    # The continued fraction converges fast only for x < (a+1)/(a+b+2); use the symmetry otherwise.
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+from scipy.stats import norm
+from scipy.stats import t as student_t
 
 
 def t_cdf(t: float, df: float) -> float:
     """P(T <= t) for Student's t with ``df`` degrees of freedom."""
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
+    return float(student_t.cdf(t, df))
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -68,20 +26,7 @@ def t_quantile(p: float, df: float) -> float:
         raise ValueError(f"p={p!r} must lie in (0, 1)")
     if df <= 0:
         raise ValueError(f"df={df!r} must be > 0")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:  # grow the bracket; df=1, p=0.9995 needs ~637
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+    return float(student_t.ppf(p, df))
 
 
 @dataclass(frozen=True)
@@ -122,14 +67,15 @@ def with_evaluation_noise(est: Optional[Estimate], n_prompts: Optional[int], con
     by that evaluation's binomial noise: half-width sqrt(h_seeds² + (z·sqrt(p(1-p)/N))²).
 
     The prompts are one sample of the task's problems shared by all seeds, so their noise does not shrink
-    with more seeds (it is added, not divided by n); one seed gets the binomial interval alone. Seed-paired
-    differences measure both runs on the same prompts and keep the seed interval: the shared prompt noise
-    largely cancels in them.
+    with more seeds (it is added, not divided by n); one seed gets the binomial interval alone. A seed-paired
+    difference measures both runs on the same prompts, but its prompt noise cancels only where the two arms
+    agree on a prompt; where they disagree it does not, and ``bootstrap.paired_hierarchical_bootstrap``
+    (seeds, then prompts) is the interval that includes it.
     """
     if est is None or not n_prompts or not math.isfinite(est.mean):
         return est
     p = min(max(est.mean, 0.0), 1.0)
-    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    z = float(norm.ppf(0.5 + confidence / 2.0))
     binomial = z * math.sqrt(p * (1.0 - p) / n_prompts)
     half = binomial if est.half_width is None else math.hypot(est.half_width, binomial)
     return Estimate(est.mean, half, est.std, est.n, est.values, eval_prompts=n_prompts)

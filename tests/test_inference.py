@@ -1,0 +1,235 @@
+"""The paired hierarchical bootstrap, Holm's adjustment, equivalence tests and the verdict words
+(refexp/report/bootstrap.py, refexp/report/inference.py), on synthetic per-prompt outcomes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from refexp.report.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
+from refexp.report.inference import (equivalence, family_verdicts, holm, minimum_detectable_difference,
+                                     verdict_word)
+from refexp.report.stats import mean_ci
+
+FORBIDDEN = ("stops", "the same", "equal", "does not order")
+
+
+def _seed_runs(wins: int, losses: int, ties_right: int, n_prompts: int, offset: int):
+    """(arm, baseline) 0/1 outcomes over ``n_prompts`` prompts: the arm alone right on ``wins`` prompts, the
+    baseline alone on ``losses``, both on ``ties_right``; the rest both wrong. ``offset`` rotates which
+    prompts, so seeds disagree on different prompts."""
+    arm, base = np.zeros(n_prompts), np.zeros(n_prompts)
+    k = 0
+    for n, a, b in ((wins, 1, 0), (losses, 0, 1), (ties_right, 1, 1)):
+        for _ in range(n):
+            i = (k + offset) % n_prompts
+            arm[i], base[i] = a, b
+            k += 1
+    return arm, base
+
+
+def _normal_result(point: float, se: float, n_boot: int = 20000) -> BootstrapResult:
+    """A bootstrap distribution shaped exactly like N(point, se²): its quantiles at (i + 0.5) / B."""
+    reps = point + se * norm.ppf((np.arange(n_boot) + 0.5) / n_boot)
+    return BootstrapResult.from_replicates(reps, point, alpha=0.05, levels=("seed", "prompt"),
+                                           n_units=(5, 1000), resampled=("seed", "prompt"))
+
+
+# ------------------------------------------------------------------ (a) prompts widen the interval
+def test_seed_only_interval_excludes_0_but_the_prompt_level_one_does_not_and_the_verdict_says_so():
+    # 3 seeds, 20 prompts each: the arm wins 4-5 prompts and loses 2 on each seed, so the seed means
+    # (+0.10, +0.10, +0.15) happen to agree, while 6-7 disagreeing prompts out of 20 are a noisy sample.
+    runs = {0: _seed_runs(4, 2, 6, 20, 0), 1: _seed_runs(4, 2, 6, 20, 7), 2: _seed_runs(5, 2, 6, 20, 13)}
+    per_seed = [a.mean() - b.mean() for a, b in runs.values()]
+    assert per_seed == pytest.approx([0.10, 0.10, 0.15])
+    seed_only = mean_ci(per_seed)
+    assert seed_only.mean - seed_only.half_width > 0  # the seed-only t interval excludes 0
+
+    result = paired_hierarchical_bootstrap(runs, n_boot=4000, seed=1)
+    assert result.point == pytest.approx(np.mean(per_seed))
+    assert result.interval[0] < 0 < result.interval[1]
+    assert result.p_value > 0.05
+    (v,) = family_verdicts({"ema": result}, alpha=0.05).values()
+    assert v.word == "not separated"
+    assert "not separated from fixed" in v.sentence("fixed")
+
+
+# ------------------------------------------------------------------ (b) Holm
+def test_holm_matches_the_hand_computed_step_down():
+    # sorted 0.01, 0.03, 0.04 -> 3*0.01 = 0.03, max(0.03, 2*0.03) = 0.06, max(0.06, 1*0.04) = 0.06
+    h = holm([0.04, 0.01, 0.03], alpha=0.05)
+    np.testing.assert_allclose(h.adjusted, [0.06, 0.03, 0.06])
+    assert h.reject.tolist() == [False, True, False]
+    # the issue's DPO family: 0.016 against 0.05/4 = 0.0125 first, so nothing is rejected
+    h = holm([0.016, 0.2, 0.5, 0.03], alpha=0.05)
+    np.testing.assert_allclose(h.adjusted, [0.064, 0.4, 0.5, 0.09])
+    assert not h.reject.any()
+    np.testing.assert_allclose(holm([0.3, 0.6], 0.05).adjusted, [0.6, 0.6])  # monotone, capped at 1 below
+    assert holm([0.7, 0.9], 0.05).adjusted.max() == 1.0
+    with pytest.raises(ValueError):
+        holm([0.2, 1.5])
+
+
+def test_holm_changes_verdicts_that_unadjusted_tests_would_call_separated():
+    # raw two-sided p of 0.01, 0.03, 0.04 (z = 2.576, 2.170, 2.054 with se 0.05)
+    results = {name: _normal_result(norm.ppf(1 - p / 2) * 0.05, 0.05)
+               for name, p in (("ema", 0.01), ("reset", 0.03), ("none", 0.04))}
+    for name, p in (("ema", 0.01), ("reset", 0.03), ("none", 0.04)):
+        assert results[name].p_value == pytest.approx(p, abs=2e-4)
+        alone = family_verdicts({name: results[name]}, alpha=0.05)[name]
+        assert alone.word == "higher"  # a family of one: the unadjusted test
+    family = family_verdicts(results, alpha=0.05)
+    assert {k: v.word for k, v in family.items()} == {"ema": "higher", "reset": "not separated",
+                                                       "none": "not separated"}
+    assert family["reset"].p_holm == pytest.approx(0.06, abs=5e-4)
+    text = family["reset"].sentence("fixed")
+    assert "family of 3 comparisons against fixed" in text and "Bonferroni 98.33% interval" in text
+    assert "Holm-adjusted p 0.06" in text
+
+
+def test_the_verdict_needs_both_the_adjusted_p_and_the_interval():
+    assert verdict_word((0.01, 0.2), 0.04, 0.05) == "higher"
+    assert verdict_word((-0.2, -0.01), 0.04, 0.05) == "lower"
+    assert verdict_word((0.01, 0.2), 0.06, 0.05) == "not separated"   # interval alone is not enough
+    assert verdict_word((-0.01, 0.2), 0.01, 0.05) == "not separated"  # nor is p alone
+
+
+# ------------------------------------------------------------------ (c) coverage
+def _coverage(n_seeds: int, n_prompts: int, seed_sd: float, sims: int) -> float:
+    """Share of ``sims`` simulated sweeps whose 95% interval covers the true difference 0.1: per seed the
+    arm's accuracy is 0.6 + N(0, seed_sd), the baseline's 0.5, each prompt a Bernoulli outcome."""
+    rng = np.random.default_rng(2024)
+    truth, covered = 0.1, 0
+    for sim in range(sims):
+        runs = {s: (rng.random(n_prompts) < 0.5 + truth + rng.normal(0.0, seed_sd), rng.random(n_prompts) < 0.5)
+                for s in range(n_seeds)}
+        r = paired_hierarchical_bootstrap(runs, n_boot=1000, seed=sim)
+        covered += r.interval[0] <= truth <= r.interval[1]
+    return covered / sims
+
+
+def test_the_95_percent_interval_covers_a_known_difference_about_95_percent_of_the_time():
+    assert 0.88 <= _coverage(n_seeds=8, n_prompts=100, seed_sd=0.1, sims=200) <= 0.99
+
+
+def test_where_prompt_noise_dominates_the_interval_errs_wide():
+    # Resampling prompts within each seed counts their noise twice (it is already in the spread of the
+    # seed means), so with little seed-to-seed spread the interval is conservative, never too narrow.
+    assert _coverage(n_seeds=8, n_prompts=40, seed_sd=0.0, sims=100) >= 0.97
+
+
+# ------------------------------------------------------------------ (d) degenerate data
+def test_all_equal_outcomes_give_a_collapsed_interval_p_1_and_no_nan():
+    runs = {s: (np.ones(20), np.ones(20)) for s in range(3)}
+    r = paired_hierarchical_bootstrap(runs, n_boot=500)
+    assert (r.point, r.interval, r.p_value, r.se) == (0.0, (0.0, 0.0), 1.0, 0.0)
+    (v,) = family_verdicts({"a": r}, margin=0.05).values()
+    assert v.word == "equivalent within ±0.05" and v.mdd == 0.0
+    assert all(math.isfinite(x) for x in (v.p_holm, *v.interval, v.mdd))
+    (v,) = family_verdicts({"a": r}).values()
+    assert v.word == "not separated"
+
+
+def test_an_arm_right_on_every_prompt_the_baseline_misses_is_higher_with_the_smallest_p():
+    r = paired_hierarchical_bootstrap({s: (np.ones(10), np.zeros(10)) for s in range(3)}, n_boot=999)
+    assert (r.point, r.interval, r.se) == (1.0, (1.0, 1.0), 0.0)
+    assert r.p_value == pytest.approx(2 / 1000)
+    assert family_verdicts({"a": r})["a"].word == "higher"
+
+
+def test_one_seed_resamples_prompts_only_and_says_so():
+    rng = np.random.default_rng(0)
+    r = paired_hierarchical_bootstrap({7: (rng.random(50) < 0.6, rng.random(50) < 0.5)}, n_boot=500)
+    assert r.resampled == ("prompt",) and r.n_units == (1, 50)
+    assert r.method == "paired percentile bootstrap over prompts; B=500"
+    assert "one seed only" in r.note and r.se > 0 and r.interval[0] < r.point < r.interval[1]
+    assert "Note: one seed only" in family_verdicts({"a": r})["a"].sentence("fixed")
+    one = paired_hierarchical_bootstrap({0: ([1.0], [0.0])}, n_boot=50)
+    assert one.resampled == () and one.interval == (1.0, 1.0) and "nothing" in one.method
+
+
+def test_malformed_input_is_refused():
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_hierarchical_bootstrap({0: (np.ones(3), np.ones(4))})
+    with pytest.raises(ValueError, match="NaN"):
+        paired_hierarchical_bootstrap({0: (np.array([1.0, np.nan]), np.ones(2))})
+    with pytest.raises(ValueError, match="mapping"):
+        paired_hierarchical_bootstrap({0: (np.ones(3), np.ones(3))}, levels=("start", "seed", "prompt"))
+    with pytest.raises(ValueError, match="shared_prompts"):
+        paired_hierarchical_bootstrap({0: ([1.0], [0.0]), 1: ([1.0, 1.0], [0.0, 0.0])}, shared_prompts=True)
+
+
+# ------------------------------------------------------------------ (e) equivalence
+def test_tost_claims_equivalence_within_a_wide_margin_and_not_within_a_narrow_one():
+    rng = np.random.default_rng(5)
+    runs = {s: (rng.random(200) < 0.5, rng.random(200) < 0.5) for s in range(5)}
+    r = paired_hierarchical_bootstrap(runs, n_boot=2000)
+    wide, narrow = equivalence(r, 0.2, 0.05), equivalence(r, 0.01, 0.05)
+    assert wide.equivalent and wide.p_value < 0.05 and -0.2 < wide.interval[0] < wide.interval[1] < 0.2
+    assert not narrow.equivalent and narrow.p_value > 0.05
+    assert family_verdicts({"a": r}, margin=0.2)["a"].word == "equivalent within ±0.2"
+    assert family_verdicts({"a": r}, margin=0.01)["a"].word == "not separated"
+
+
+# ------------------------------------------------------------------ (f) determinism
+def test_a_fixed_seed_gives_the_same_replicates_and_another_seed_does_not():
+    rng = np.random.default_rng(3)
+    runs = {s: (rng.random(30) < 0.6, rng.random(30) < 0.5) for s in range(4)}
+    for shared in (False, True):
+        a = paired_hierarchical_bootstrap(runs, n_boot=300, seed=11, shared_prompts=shared)
+        b = paired_hierarchical_bootstrap(runs, n_boot=300, seed=11, shared_prompts=shared)
+        c = paired_hierarchical_bootstrap(runs, n_boot=300, seed=12, shared_prompts=shared)
+        np.testing.assert_array_equal(a.replicates, b.replicates)
+        assert a == b and not np.array_equal(a.replicates, c.replicates)
+
+
+# ------------------------------------------------------------------ levels and shared prompts
+def test_three_nested_levels_resample_starts_then_seeds_then_prompts():
+    rng = np.random.default_rng(4)
+    tree = {start: {s: (rng.random(25) < 0.6, rng.random(25) < 0.5) for s in range(2 + i)}
+            for i, start in enumerate(("sft-a", "sft-b"))}
+    r = paired_hierarchical_bootstrap(tree, levels=("SFT start", "seed", "prompt"), n_boot=500)
+    assert r.n_units == (2, 5, 125) and r.resampled == ("SFT start", "seed", "prompt")
+    assert r.method == ("paired hierarchical percentile bootstrap: SFT starts, then seeds within SFT start, "
+                        "then prompts within seed; B=500")
+    per_start = [np.mean([a.mean() - b.mean() for a, b in seeds.values()]) for seeds in tree.values()]
+    assert r.point == pytest.approx(np.mean(per_start))
+
+
+def test_shared_prompt_draws_keep_a_prompt_effect_that_more_seeds_do_not_shrink():
+    # every seed disagrees on the same prompts the same way: the prompts' noise is shared by the seeds
+    rng = np.random.default_rng(6)
+    effect = rng.choice([-1.0, 0.0, 1.0], size=100)
+    runs = {s: (effect.copy(), np.zeros(100)) for s in range(9)}
+    nested = paired_hierarchical_bootstrap(runs, n_boot=3000)
+    shared = paired_hierarchical_bootstrap(runs, n_boot=3000, shared_prompts=True)
+    prompt_se = effect.std() / math.sqrt(100)
+    assert shared.se == pytest.approx(prompt_se, rel=0.1)
+    assert nested.se == pytest.approx(prompt_se / 3, rel=0.1)  # nested: as if 9 x 100 independent prompts
+    assert nested.method == "paired hierarchical percentile bootstrap: seeds, then prompts within seed; B=3000"
+    assert shared.method == nested.method + "; one prompt draw per replicate for every run"
+
+
+# ------------------------------------------------------------------ power and words
+def test_minimum_detectable_difference_is_the_normal_approximation():
+    assert minimum_detectable_difference(0.02, 0.05) == pytest.approx((1.959964 + 0.841621) * 0.02, rel=1e-5)
+    assert minimum_detectable_difference(0.02, 0.05, power=0.9) > minimum_detectable_difference(0.02, 0.05)
+    assert minimum_detectable_difference(0.0, 0.05) == 0.0
+
+
+def test_sentences_state_family_adjustment_and_power_and_never_use_forbidden_words():
+    results = {"up": _normal_result(0.2, 0.03), "down": _normal_result(-0.2, 0.03),
+               "noise": _normal_result(0.02, 0.05), "flat": _normal_result(0.0, 0.01)}
+    verdicts = family_verdicts(results, alpha=0.05, margin=0.05)
+    assert {k: v.word for k, v in verdicts.items()} == {"up": "higher", "down": "lower",
+                                                         "noise": "not separated",
+                                                         "flat": "equivalent within ±0.05"}
+    for v in verdicts.values():
+        text = v.sentence("fixed")
+        assert "family of 4 comparisons against fixed" in text and "Holm-adjusted p" in text
+        assert "Bonferroni 98.75% interval" in text and "80% power at alpha 0.0125" in text
+        assert "With 5 seeds and 200 prompts" in text
+        assert not any(word in text.lower() for word in FORBIDDEN), text
