@@ -60,11 +60,11 @@ def _hf_rope_config(name: str, hf: dict, head_dim: int, max_seq_len: int):
 def model_cfg_overrides_from_hf(hf_dir: str) -> dict[str, Any]:
     """``ModelConfig`` fields that describe the HF checkpoint in ``hf_dir`` (``ModelConfig(**d)``)."""
     hf = _read_hf_config(hf_dir)
-    name = {fam.hf_model_type: n for n, fam in FAMILIES.items()}.get(hf.get("model_type"))
+    name = {family.hf_model_type: family_name for family_name, family in FAMILIES.items()}.get(hf.get("model_type"))
     if name is None:
         raise ConfigError(
             f"model.hf_assets_path={hf_dir!r}: model_type={hf.get('model_type')!r} in config.json is not "
-            f"supported (expected one of {', '.join(f.hf_model_type for f in FAMILIES.values())})"
+            f"supported (expected one of {', '.join(family.hf_model_type for family in FAMILIES.values())})"
         )
     return {
         "name": name,

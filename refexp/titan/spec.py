@@ -22,7 +22,7 @@ def _is_moe(cfg) -> bool:
 
 
 def _dense_flavors(family: Family) -> list[str]:
-    return [f for f, make in family.flavors.items() if not _is_moe(make(attn_backend="flex"))]
+    return [flavor for flavor, make in family.flavors.items() if not _is_moe(make(attn_backend="flex"))]
 
 
 def _flavor_arch(model_cfg: ModelConfig) -> Arch:
