@@ -151,9 +151,9 @@ def build(args, algo: str, reference: str, precompute: bool):
         key = f"init-{shape.dim}-{shape.layers}-{shape.heads}-{shape.kv_heads}-{shape.ffn}-{shape.vocab}-s{args.seed}"
         init_dir = workdir / key
         if not (init_dir / "sft.json").is_file():
-            from refexp.models import build_model
+            from refexp.models import build_run_model
 
-            model = build_model(ctx, trainable=False)
+            model = build_run_model(ctx, trainable=False)
             C.save_init_checkpoint(model, init_dir)
             del model
     policy = build_policy(ctx, init_dir)

@@ -16,7 +16,7 @@ only resumes from ``step-N`` folders that have it, so a kill during a save leave
 checkpoint in charge. ``keep_latest_k`` prunes older folders.
 
 Model weights alone (the SFT output, a reference checkpoint) are written and read by
-``refexp/titan/weights.py`` (``save_model_weights``; ``load_weights`` for DCP or HF dirs); its
+``refexp/titan/checkpoint_dirs.py`` (``save_model_weights``; ``load_weights`` for DCP or HF dirs); its
 DCP helpers are re-exported here.
 """
 
@@ -31,7 +31,7 @@ import torch
 
 from refexp.config import CheckpointConfig, ConfigError
 from refexp.titan.components import CheckpointManager
-from refexp.titan.weights import latest_checkpoint_step
+from refexp.titan.checkpoint_dirs import latest_checkpoint_step
 
 
 class TrainState:

@@ -164,12 +164,6 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
-def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
-    if world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when ``flag`` is True on any rank (a collective: every rank must call it).
 

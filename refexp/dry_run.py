@@ -82,7 +82,7 @@ def model_shapes(model_cfg, parallelism) -> Shapes:
     spec = titan.build_model_spec(model_cfg, vocab_size=None, parallelism=parallelism)
     with torch.device("meta"):
         model = spec.model.build()
-    dec = titan.build._decoder(model)
+    dec = titan.unwrap.decoder_of(model)
     block = next(iter(dec.layers.values()))
     attn = block.attention
     dim = dec.tok_embeddings.weight.shape[1]

@@ -17,8 +17,8 @@ from refexp import titan
 from refexp.context import RunContext
 
 
-def build_model(ctx: RunContext, *, trainable: bool, seed: int | None = None, dtype: str | None = None,
-                compile_enable: bool | None = None, weights_loaded_next: bool = False) -> torch.nn.Module:
+def build_run_model(ctx: RunContext, *, trainable: bool, seed: int | None = None, dtype: str | None = None,
+                    compile_enable: bool | None = None, weights_loaded_next: bool = False) -> torch.nn.Module:
     """A model of the configured family/shape with the run's parallelism and compute dtype (weights: fresh
     init, from ``seed``, default ``training.seed``); ``dtype``/``compile_enable`` override the training ones.
     A trainable model gets ``activation_checkpoint``; frozen copies have no backward to recompute for.
@@ -50,6 +50,7 @@ def build_model(ctx: RunContext, *, trainable: bool, seed: int | None = None, dt
 def build_frozen(ctx: RunContext, checkpoint: str | Path, *, dtype: str | None = None,
                  compile_enable: bool | None = None) -> torch.nn.Module:
     """A frozen (no grad, no optimizer state, eval mode) copy with the weights of ``checkpoint``."""
-    model = build_model(ctx, trainable=False, dtype=dtype, compile_enable=compile_enable, weights_loaded_next=True)
+    model = build_run_model(ctx, trainable=False, dtype=dtype, compile_enable=compile_enable,
+                            weights_loaded_next=True)
     titan.load_weights(model, ctx.cfg.model, checkpoint)  # a refexp/DCP dir or an HF safetensors dir
     return model

@@ -280,7 +280,7 @@ def test_two_srun_tasks_form_a_process_group_and_exit_cleanly():
     in six ended with a rank aborted by gloo during interpreter finalisation (exit 134), so several pairs run.
     """
     code = ("import torch; from refexp import distributed as d; i = d.init_distributed(torch.device('cpu')); "
-            "t = torch.tensor([i.rank + 1.0]); d.all_reduce_sum_(t); print(i.rank, i.world_size, i.local_rank, t.item())")
+            "t = torch.tensor([i.rank + 1.0]); torch.distributed.all_reduce(t); print(i.rank, i.world_size, i.local_rank, t.item())")
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT")}
     for attempt in range(12):

@@ -16,6 +16,7 @@ from refexp.config import ActivationCheckpointConfig, ConfigError, ModelConfig
 from refexp.logging import read_metrics
 from refexp.run import run, validate
 from refexp.titan import logprobs as titan_logprobs
+from refexp.titan.unwrap import canonical_name
 from tests.helpers import GRPO, compose_cfg
 
 TOL = 1e-5
@@ -32,7 +33,7 @@ def loss_and_grads(model, tokens) -> tuple[float, dict[str, torch.Tensor]]:
     lp = titan.token_logprobs(model, tokens, temperature=0.7)
     loss = -lp.mean()
     loss.backward()
-    return loss.item(), {titan._canonical_name(n): p.grad.clone() for n, p in model.named_parameters()}
+    return loss.item(), {canonical_name(n): p.grad.clone() for n, p in model.named_parameters()}
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -89,7 +90,7 @@ def recorded_grads(monkeypatch):
     original = grpo_mod.optimizer_step
 
     def record(ctx, policy, loss, step, ckpt):
-        steps.append({titan._canonical_name(n): p.grad.detach().clone() for n, p in policy.model.named_parameters()})
+        steps.append({canonical_name(n): p.grad.detach().clone() for n, p in policy.model.named_parameters()})
         return original(ctx, policy, loss, step, ckpt)
 
     monkeypatch.setattr(grpo_mod, "optimizer_step", record)

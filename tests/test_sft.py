@@ -55,6 +55,28 @@ def test_model_weights_round_trip_through_dcp(tmp_path):
     torch.testing.assert_close(titan.token_logprobs(a, tokens), titan.token_logprobs(b, tokens), rtol=0, atol=0)
 
 
+def test_best_weights_puts_back_the_saved_shards_of_a_sharded_model():
+    """BestWeights on DTensor parameters (bf16 compute: FSDP on a 1-rank mesh) restores the values it saved."""
+    from torch.distributed.tensor import DTensor
+
+    from refexp.algos.sft import BestWeights
+    from refexp.config import TrainingConfig
+
+    titan.prepare_torchtitan("cpu")
+    cfg = ModelConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
+    bf16 = TrainingConfig(mixed_precision_param="bfloat16")
+    model = titan.build_model(cfg, vocab_size=17, device="cpu", seed=1, training_cfg=bf16)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    saved = [p.to_local().clone() for p in model.parameters()]
+    best = BestWeights(model)
+    best.save(step=3)
+    titan.lerp_weights_(model, titan.build_model(cfg, vocab_size=17, device="cpu", seed=2, training_cfg=bf16), 1.0)
+    assert not all(torch.equal(p.to_local(), s) for p, s in zip(model.parameters(), saved))
+    best.restore()
+    assert best.step == 3
+    assert all(torch.equal(p.to_local(), s) for p, s in zip(model.parameters(), saved))
+
+
 def test_missing_checkpoint_dir_is_a_clear_error(tmp_path):
     from refexp.config import ConfigError
 

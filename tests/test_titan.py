@@ -238,13 +238,15 @@ def test_lerp_maps_wrapper_names_and_checks_layouts():
         titan.lerp_weights_(dst, wider, 0.5)
 
 
-def test_save_and_load_model_state():
+def test_a_host_copy_of_the_shards_restores_the_weights():
     model = build("qwen3")
-    snapshot = titan.save_model_state(model)
+    copies = titan.copy_shards_to_host(model)
     saved = params(model)
     titan.lerp_weights_(model, build("qwen3", seed=1), 1.0)
-    titan.load_model_state_(model, snapshot)
+    assert any(not torch.equal(p, saved[n]) for n, p in model.named_parameters())
+    titan.restore_shards_(model, copies)
     assert all(torch.equal(p, saved[n]) for n, p in model.named_parameters())
+    assert all(c.device.type == "cpu" and c.data_ptr() != p.data_ptr() for c, p in zip(copies, model.parameters()))
 
 
 # --------------------------------------------------------------------------- HF weights

@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from refexp import titan
 from refexp.config import ModelConfig, ParallelismConfig
+from refexp.titan.unwrap import canonical_name
 
 V = 15  # odd: uneven vocab shards under TP and FSDP
 
@@ -71,9 +72,9 @@ def check_logprobs_and_grads(cfg, par, dims) -> float:
     lp, ent = titan.token_logprobs(model, tokens[rows], temperature=0.7, with_entropy=True)
     (-lp.sum() / lp_ref.numel()).backward()
     err = max((lp - lp_ref[rows]).abs().max().item(), (ent - ent_ref[rows]).abs().max().item())
-    ref_grads = {titan._canonical_name(n): p.grad for n, p in ref.named_parameters()}
+    ref_grads = {canonical_name(n): p.grad for n, p in ref.named_parameters()}
     for n, p in model.named_parameters():
-        err = max(err, (full(p.grad) - ref_grads[titan._canonical_name(n)]).abs().max().item())
+        err = max(err, (full(p.grad) - ref_grads[canonical_name(n)]).abs().max().item())
     return err
 
 
@@ -99,9 +100,9 @@ def check_shared_rows(cfg, par, dims) -> float:
     lp = row_logprobs(partial(titan.token_logprobs, model), tokens[rows], mask[rows], shared)
     (-lp.sum() / mask.sum()).backward()
     err = (lp - lp_ref[rows]).abs().max().item()
-    ref_grads = {titan._canonical_name(n): q.grad for n, q in ref.named_parameters()}
+    ref_grads = {canonical_name(n): q.grad for n, q in ref.named_parameters()}
     for n, q in model.named_parameters():
-        err = max(err, (full(q.grad) - ref_grads[titan._canonical_name(n)]).abs().max().item())
+        err = max(err, (full(q.grad) - ref_grads[canonical_name(n)]).abs().max().item())
     return err
 
 

@@ -27,7 +27,7 @@ from refexp.checkpoint import Checkpointer, TrainState
 from refexp.context import RunContext
 from refexp.evaluation import InitAnchor, evaluate
 from refexp.logging import peak_rss_mb
-from refexp.models import build_frozen, build_model
+from refexp.models import build_frozen, build_run_model
 from refexp.optim import NonFiniteError, build_optimizer, clip_and_step, reset_optimizer_state
 from refexp.progress import progress_bar
 from refexp.timing import now
@@ -51,7 +51,7 @@ class Policy:
 
 def build_policy(ctx: RunContext, init_path: Path) -> Policy:
     cfg = ctx.cfg
-    model = build_model(ctx, trainable=True, weights_loaded_next=True)  # the start checkpoint is loaded next
+    model = build_run_model(ctx, trainable=True, weights_loaded_next=True)  # the start checkpoint is loaded next
     src = cfg.checkpoint.initial_load_path or init_path
     # initial_load_in_hf forces the HF reader; otherwise the directory's contents decide.
     titan.load_weights(model, cfg.model, src, hf=True if cfg.checkpoint.initial_load_in_hf else None)

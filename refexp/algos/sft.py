@@ -37,7 +37,7 @@ from refexp.hashing import stable_hash
 from refexp.io import atomic_dir, remove_temporaries, write_json_atomic
 from refexp.logging import MetricLogger
 from refexp.losses import sft_loss
-from refexp.models import build_model
+from refexp.models import build_run_model
 from refexp.optim import build_optimizer, clip_and_step
 from refexp.progress import progress_bar
 from refexp.rollout import build_engine
@@ -151,19 +151,11 @@ class BestWeights:
         self.saved: list[torch.Tensor] | None = None
         self.step: int | None = None
 
-    def _shards(self) -> list[torch.Tensor]:
-        from torch.distributed.tensor import DTensor
-
-        return [p.to_local() if isinstance(p, DTensor) else p for p in self.model.parameters()]
-
-    @torch.no_grad()
     def save(self, step: int) -> None:
-        self.saved, self.step = [t.detach().to("cpu", copy=True) for t in self._shards()], step
+        self.saved, self.step = titan.copy_shards_to_host(self.model), step
 
-    @torch.no_grad()
     def restore(self) -> None:
-        for t, saved in zip(self._shards(), self.saved or []):
-            t.copy_(saved)
+        titan.restore_shards_(self.model, self.saved or [])
 
 
 def train_sft(ctx: RunContext, out_dir: Path) -> dict:
@@ -175,7 +167,7 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         print("[refexp] SFT: the task has no validation split (task.val_path / task.val_fraction), so no stop "
               f"rule applies: training to the sft.steps={sft.steps} cap")
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = build_model(ctx, trainable=True, seed=sft.seed)
+    model = build_run_model(ctx, trainable=True, seed=sft.seed)
     if cfg.model.hf_assets_path:
         titan.load_weights(model, cfg.model, cfg.model.hf_assets_path, hf=True)
     optimizers, schedulers = build_optimizer(model, optimizer=cfg.training.optimizer, lr=sft.lr,

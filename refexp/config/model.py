@@ -122,12 +122,22 @@ def resolve_shard_degree(parallelism: ParallelismConfig, world_size: int) -> int
     return shard
 
 
-def check_tensor_parallel_heads(model: ModelConfig, parallelism: ParallelismConfig) -> None:
-    """The tensor-parallel degree must divide the attention heads the config states (a flavor's own heads
-    are checked when its shapes are known, ``titan.build_model_spec``)."""
-    tp = parallelism.tensor_parallel_degree
-    for what in ("n_heads", "n_kv_heads"):
-        n = getattr(model, what)
+def check_attention_heads(*, n_heads: int | None, n_kv_heads: int | None, tensor_parallel_degree: int = 1,
+                          dim: int | None = None, head_dim: int | None = None) -> None:
+    """The attention shapes torchtitan would otherwise hit as an assert or a view error mid-build: n_kv_heads
+    divides n_heads, head_dim is even (RoPE rotates pairs), and the tensor-parallel degree divides both head
+    counts (heads are split across TP ranks). A None skips the rules that need it.
+
+    One rule set, run twice: on the heads a config states (``check_cross_fields``), and by
+    ``titan.build_model_spec`` on the resolved shapes. Those cannot be checked here: a flavor's own heads
+    come from torchtitan's registry (this layer imports no torch) and a checkpoint's from its config.json
+    (``model.hf_assets_path``), which a dry run plans without."""
+    if n_heads is not None and n_kv_heads is not None and (n_kv_heads > n_heads or n_heads % n_kv_heads):
+        raise ConfigError(f"model.n_kv_heads={n_kv_heads} is invalid: expected a divisor of n_heads={n_heads}")
+    if head_dim is not None and head_dim % 2:
+        raise ConfigError(f"model.dim={dim} is invalid: head_dim={head_dim} must be even for RoPE (dim / n_heads)")
+    tp = tensor_parallel_degree
+    for what, n in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
         if n is not None and n % tp:
             raise ConfigError(f"parallelism.tensor_parallel_degree={tp} is invalid: it must divide model.{what}={n} "
                               f"(attention heads are split across tensor-parallel ranks)")

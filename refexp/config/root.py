@@ -21,7 +21,7 @@ from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig
 from .blocks import EvalConfig, SFTConfig
 from .errors import ConfigError
 from .logger import LoggerConfig
-from .model import CompileConfig, ModelConfig, ParallelismConfig, check_tensor_parallel_heads
+from .model import CompileConfig, ModelConfig, ParallelismConfig, check_attention_heads
 from .reference import REFERENCE_SCHEMAS, ReferenceConfig
 from .rollout import RolloutConfig
 from .runtime import ActivationCheckpointConfig, CheckpointConfig, CommConfig, TrainingConfig
@@ -195,7 +195,8 @@ def check_cross_fields(cfg: RootConfig) -> None:
         raise ConfigError(f"sft.target_accuracy={cfg.sft.target_accuracy} needs a validation split to read (the "
                           f"test split never stops anything): set task.val_path or task.val_fraction, or leave "
                           f"sft.target_accuracy at 1.0")
-    check_tensor_parallel_heads(cfg.model, cfg.parallelism)
+    check_attention_heads(n_heads=cfg.model.n_heads, n_kv_heads=cfg.model.n_kv_heads,
+                          tensor_parallel_degree=cfg.parallelism.tensor_parallel_degree)
     if cfg.rollout.static_decode and cfg.parallelism.tensor_parallel_degree > 1:
         raise ConfigError("rollout.static_decode=true needs plain (unsharded) weights to decode with, and "
                           f"parallelism.tensor_parallel_degree={cfg.parallelism.tensor_parallel_degree} decodes "

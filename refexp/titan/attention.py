@@ -83,7 +83,7 @@ class MaskedSDPA(ScaledDotProductAttention):
         return out_BNLH.transpose(1, 2)
 
 
-def _set_attention_backend(cfg, backend: str) -> None:
+def set_attention_backend(cfg, backend: str) -> None:
     """Swap every inner-attention config for ``backend`` (SDPA is the trainable one on CPU:
     docs/torchtitan-notes.md §3).
 

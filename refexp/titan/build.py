@@ -1,18 +1,7 @@
-"""Build a torchtitan decoder: parallel dims, weight init, TP/FSDP parallelize, per-block compile.
-
-A model trained from scratch (the embedded task's SFT stage) is initialised on the full (unsharded) model
-before parallelizing, so its weights do not depend on the world size. A model whose weights are loaded
-next (the policy, the reference, the kl/init anchor: ``weights_loaded_next``) is parallelized on the meta
-device and each rank allocates only its shards, as torchtitan's trainer does, so no rank holds a whole 8B
-model. Tied embeddings are re-tied right after TP and before FSDP
-(``_retie_embeddings_after_tp``). FSDP's divide factor is 1, as in torchtitan: gradients are summed
-over data-parallel ranks (docs/torchtitan-notes.md §5).
-
-Mixed precision is FSDP2's ``MixedPrecisionPolicy`` (fp32 master parameters, ``training.mixed_precision_param``
-compute, ``mixed_precision_reduce`` gradient reduction) at every world size: with one process and a compute
-dtype other than float32 the model is sharded over a 1-rank mesh, so one process and N processes run the same
-code (docs/torchtitan-notes.md §12). Activation checkpointing (``activation_checkpoint``) wraps the blocks of a
-trainable model with torchtitan's policies.
+"""Build a torchtitan decoder: parallel dims, weight init, TP/FSDP parallelize (FSDP2 mixed precision at
+every world size), activation checkpointing, per-block compile (``build_model``). Why weights are initialised
+before sharding, tied embeddings re-tied after TP, and gradients summed: docs/torchtitan-notes.md
+("Departures from torchtitan's trainer", §5, §12).
 """
 
 from __future__ import annotations
@@ -41,16 +30,7 @@ from refexp.config import (
 from refexp.config.model import resolve_shard_degree
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
 from refexp.titan.spec import build_model_spec
-
-
-def _decoder(model: nn.Module) -> nn.Module:
-    """The torchtitan Decoder inside ``torch.compile``/DDP-style wrappers."""
-    while not hasattr(model, "layers"):
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if inner is None:
-            raise TypeError(f"{type(model).__name__} is not a torchtitan decoder")
-        model = inner
-    return model
+from refexp.titan.unwrap import decoder_of
 
 
 def _titan_parallelism(parallelism: ParallelismConfig) -> TTParallelismConfig:
@@ -85,8 +65,8 @@ def _init_weights_(model: nn.Module, device: torch.device, seed: int, embedding_
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         model.init_states(buffer_device=device)
-        emb = getattr(_decoder(model), "tok_embeddings", None)
-        if embedding_init_std is not None and emb is not None and not _decoder(model).enable_weight_tying:
+        emb = getattr(decoder_of(model), "tok_embeddings", None)
+        if embedding_init_std is not None and emb is not None and not decoder_of(model).enable_weight_tying:
             with torch.no_grad():
                 nn.init.normal_(emb.weight, std=embedding_init_std)
 
@@ -109,7 +89,7 @@ def _retie_embeddings_after_tp(model: nn.Module) -> None:
     initialises before parallelizing, so the tie is restored right after TP and before FSDP (which
     then shards one shared parameter), by wrapping this model's ``parallelize``.
     """
-    dec = _decoder(model)
+    dec = decoder_of(model)
     if not dec.enable_weight_tying:
         return
     tensor_parallelize = dec.parallelize
@@ -192,6 +172,73 @@ def single_rank_dims(parallelism: ParallelismConfig, device: torch.device) -> Pa
     return _SINGLE_RANK_DIMS[key]
 
 
+def _mesh_for(mesh: ParallelDims | None, parallelism: ParallelismConfig | None, compute_dtype: str,
+              device: torch.device) -> tuple[ParallelDims | None, ParallelismConfig]:
+    """The mesh the model is parallelized over (None: a plain module) and the parallelism that goes with
+    it: ``mesh`` when it has several ranks, a 1-rank mesh for FSDP's mixed precision when the compute
+    dtype is not float32, else none."""
+    parallel = mesh is not None and mesh.world_size > 1
+    if not parallel and compute_dtype != "float32":
+        mesh = single_rank_dims(parallelism or ParallelismConfig(), device)
+        parallel = True
+    if not parallel:
+        return None, parallelism or ParallelismConfig()
+    return mesh, _parallelism_of(mesh, parallelism)
+
+
+def _build_on_device(spec, model_cfg: ModelConfig, device: torch.device, *, dtype: str, seed: int,
+                     requires_grad: bool, sharded_init: bool) -> nn.Module:
+    """The model built on the meta device, then (unless ``sharded_init``: its shards are allocated after
+    parallelizing) allocated on ``device`` and initialised under ``seed``; cast to ``dtype``, frozen
+    (eval mode) without ``requires_grad``."""
+    with torch.device("meta"):
+        model = spec.model.build()
+    if not sharded_init:
+        model.to_empty(device=device)
+        _init_weights_(model, device, seed, model_cfg.embedding_init_std)
+    if dtype != "float32":
+        for p in model.parameters():
+            p.data = p.data.to(getattr(torch, dtype))
+    if not requires_grad:
+        model.requires_grad_(False)
+        model.eval()
+    return model
+
+
+def _parallelize(model: nn.Module, spec, mesh: ParallelDims, parallelism: ParallelismConfig,
+                 training_cfg: TrainingConfig, compute_dtype: str, tt_compile: TTCompileConfig, tt_ac,
+                 *, requires_grad: bool) -> None:
+    """torchtitan's ``parallelize_fn`` (TP, FSDP with mixed precision, AC, compile) with refexp's
+    additions: tied embeddings re-tied after TP, SUM gradient reduction, frozen copies resharded."""
+    _retie_embeddings_after_tp(model)
+    spec.parallelize_fn(
+        model,
+        parallel_dims=mesh,
+        training=TTTrainingConfig(
+            mixed_precision_param=compute_dtype,
+            mixed_precision_reduce=training_cfg.mixed_precision_reduce,
+        ),
+        parallelism=_titan_parallelism(parallelism),
+        compile_config=tt_compile,
+        ac_config=tt_ac,
+        dump_folder="",
+    )
+    _force_sum_reduction(model)
+    if not requires_grad and parallelism.fsdp_reshard_after_forward == "default":
+        _reshard_frozen_after_forward(model)
+
+
+def _checkpoint_and_compile_one_process(model: nn.Module, tt_compile: TTCompileConfig, tt_ac,
+                                        spmd_backend: str) -> None:
+    """A plain module's activation checkpointing, then per-block compile (``parallelize_fn``'s order)."""
+    if tt_ac is not None:
+        tt_ac.build(dump_folder="").apply(model)
+    if tt_compile.enable and "model" in tt_compile.components:
+        single = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1,
+                              spmd_backend=spmd_backend)
+        apply_compile(model, compile_config=tt_compile, parallel_dims=single)
+
+
 def build_model(
     model_cfg: ModelConfig,
     *,
@@ -225,11 +272,7 @@ def build_model(
     prepare_torchtitan(device.type)
     training_cfg = training_cfg or TrainingConfig()
     compute_dtype = training_cfg.compute_dtype(device.type)
-    parallel = mesh is not None and mesh.world_size > 1
-    if not parallel and compute_dtype != "float32":
-        mesh = single_rank_dims(parallelism or ParallelismConfig(), device)
-        parallel = True
-    parallelism = _parallelism_of(mesh, parallelism) if parallel else (parallelism or ParallelismConfig())
+    mesh, parallelism = _mesh_for(mesh, parallelism, compute_dtype, device)
     if model_cfg.attn_backend == "varlen" and device.type != "cuda":
         raise ConfigError("model.attn_backend='varlen' is invalid on CPU: it is CUDA-only "
                           "(expected sdpa; docs/torchtitan-notes.md §3)")
@@ -237,49 +280,19 @@ def build_model(
     # A model-wide switch that torchtitan reads while running, not only while building
     # (docs/torchtitan-notes.md §4).
     tt_dist_utils.set_spmd_backend(parallelism.spmd_backend)
-
-    with torch.device("meta"):
-        model = spec.model.build()
-    sharded_init = parallel and weights_loaded_next
-    if not sharded_init:
-        model.to_empty(device=device)
-        _init_weights_(model, device, seed, model_cfg.embedding_init_std)
-    if dtype != "float32":
-        for p in model.parameters():
-            p.data = p.data.to(getattr(torch, dtype))
-    if not requires_grad:
-        model.requires_grad_(False)
-        model.eval()
-
+    sharded_init = mesh is not None and weights_loaded_next
+    model = _build_on_device(spec, model_cfg, device, dtype=dtype, seed=seed, requires_grad=requires_grad,
+                             sharded_init=sharded_init)
     compile_cfg = compile_cfg or CompileConfig()
     tt_compile = TTCompileConfig(enable=compile_cfg.enable, components=list(compile_cfg.components),
                                  backend=compile_cfg.backend)
     tt_ac = titan_ac_config(ac_cfg) if requires_grad else None  # a frozen model has no backward
-    if parallel:
-        _retie_embeddings_after_tp(model)
-        spec.parallelize_fn(
-            model,
-            parallel_dims=mesh,
-            training=TTTrainingConfig(
-                mixed_precision_param=compute_dtype,
-                mixed_precision_reduce=training_cfg.mixed_precision_reduce,
-            ),
-            parallelism=_titan_parallelism(parallelism),
-            compile_config=tt_compile,
-            ac_config=tt_ac,
-            dump_folder="",
-        )
-        _force_sum_reduction(model)
-        if not requires_grad and parallelism.fsdp_reshard_after_forward == "default":
-            _reshard_frozen_after_forward(model)
-        if sharded_init:  # each rank allocates its shards; init_states also fills the buffers (RoPE tables)
-            model.to_empty(device=device)
-            _init_weights_(model, device, seed, None)
+    if mesh is None:
+        _checkpoint_and_compile_one_process(model, tt_compile, tt_ac, parallelism.spmd_backend)
         return model
-    if tt_ac is not None:  # before compile, as torchtitan's parallelize_fn orders them
-        tt_ac.build(dump_folder="").apply(model)
-    if tt_compile.enable and "model" in tt_compile.components:
-        single = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1,
-                              spmd_backend=parallelism.spmd_backend)
-        apply_compile(model, compile_config=tt_compile, parallel_dims=single)
+    _parallelize(model, spec, mesh, parallelism, training_cfg, compute_dtype, tt_compile, tt_ac,
+                 requires_grad=requires_grad)
+    if sharded_init:  # each rank allocates its shards; init_states also fills the buffers (RoPE tables)
+        model.to_empty(device=device)
+        _init_weights_(model, device, seed, None)
     return model

@@ -15,10 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from refexp.titan.build import _decoder
 from refexp.titan.decode_step_plain import PlainStepWeights, plain_decode_step, static_step_for
-from refexp.titan.kv_cache import DecodeState, _append_kv, _static_address, new_cache_buffer
-from refexp.titan.logprobs import _vocab_shard_mesh_dim
+from refexp.titan.kv_cache import DecodeState, append_kv, new_cache_buffer, static_address
+from refexp.titan.logprobs import vocab_shard_mesh_dim
+from refexp.titan.unwrap import decoder_of, local_tensor
 
 
 def _unshard_for_decoding(model: nn.Module) -> list[nn.Module]:
@@ -35,10 +35,6 @@ def _unshard_for_decoding(model: nn.Module) -> list[nn.Module]:
 def _call_without_hooks(module: nn.Module, *args):
     """``module.forward`` directly: FSDP's pre/post-forward hooks would reshard what we unsharded."""
     return module.forward(*args)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _replicated(x: torch.Tensor) -> torch.Tensor:
@@ -73,9 +69,9 @@ def _attend(attention: nn.Module, x_BLD: torch.Tensor, positions_BL: torch.Tenso
         q_BLNH, k_BLNH = attention.q_norm(q_BLNH), attention.k_norm(k_BLNH)
     q_BLNH, k_BLNH = attention.rope(q_BLNH, k_BLNH, positions_BL)
     q_sharded = q_BLNH
-    q_BLNH, k_BLNH, v_BLNH = _local(q_BLNH), _local(k_BLNH), _local(v_BLNH)  # this rank's heads
+    q_BLNH, k_BLNH, v_BLNH = local_tensor(q_BLNH), local_tensor(k_BLNH), local_tensor(v_BLNH)  # this rank's heads
     B, L = q_BLNH.shape[:2]
-    start = _append_kv(state, layer, k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2))
+    start = append_kv(state, layer, k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2))
     is_causal = False
     if allowed_BLS is None and L > 1:
         if start == 0:
@@ -98,7 +94,7 @@ def _last_position_logits(out_BLV: torch.Tensor) -> torch.Tensor:
     indexed locally and only those [B, V] are gathered."""
     if not isinstance(out_BLV, DTensor):
         return out_BLV[:, -1].float()
-    mesh_dim = _vocab_shard_mesh_dim(out_BLV)
+    mesh_dim = vocab_shard_mesh_dim(out_BLV)
     last_Bv = out_BLV.to_local()[:, -1]
     placements = [Replicate()] * out_BLV.device_mesh.ndim
     placements[mesh_dim] = Shard(1)
@@ -111,7 +107,7 @@ def _last_position_logits(out_BLV: torch.Tensor) -> torch.Tensor:
 def _cached_forward(model: nn.Module, tokens_BL: torch.Tensor, positions_BL: torch.Tensor,
                     state: DecodeState, allowed_BLS: torch.Tensor | None) -> torch.Tensor:
     """The decoder's forward over new tokens, attending to cached keys; last-position logits [B, V]."""
-    dec = _decoder(model)
+    dec = decoder_of(model)
     h = _call_without_hooks(dec.tok_embeddings, tokens_BL)
     for i, block in enumerate(dec.layers.values()):
         h = h + _attend(block.attention, block.attention_norm(h), positions_BL, state, i, allowed_BLS)
@@ -148,17 +144,17 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
                         capacity=L + max(0, int(max_new_tokens)), padded=bool((lens_B < L).any()))
     state.unsharded = _unshard_for_decoding(model)
     # the unsharded weights, where they are plain tensors
-    state.plain = PlainStepWeights.of(_decoder(model), fuse_ffn=not static)
+    state.plain = PlainStepWeights.of(decoder_of(model), fuse_ffn=not static)
     if static:
         if state.plain is None:
             finish_decode(state)
             raise ValueError("prefill(static=True) needs plain weights; this model's are DTensors (tensor "
                              "parallel): decode with static=False")
         state.static = True
-        state.slot_1 = _static_address(torch.full((1,), L, dtype=torch.long, device=prompt_BL.device), state)
+        state.slot_1 = static_address(torch.full((1,), L, dtype=torch.long, device=prompt_BL.device), state)
         allowed = torch.zeros(len(lens_B), state.capacity, dtype=torch.bool, device=prompt_BL.device)
         allowed[:, :L] = valid_BL
-        state.allowed_BC = _static_address(allowed, state)
+        state.allowed_BC = static_address(allowed, state)
     if not state.padded:  # plain causal attention, no mask to build or apply
         return _cached_forward(model, prompt_BL, positions_BL, state, None), state
     # Query i sees real keys j <= i; pad queries see themselves only (their output is never used,
@@ -203,8 +199,8 @@ def repeat_decode_rows(state: DecodeState, rows_B: torch.LongTensor) -> DecodeSt
                       next_pos_B=state.next_pos_B[rows_B], unsharded=state.unsharded,
                       capacity=state.capacity, padded=state.padded, plain=state.plain, static=state.static)
     if state.static:
-        out.slot_1 = _static_address(state.slot_1.clone(), out)
-        out.allowed_BC = _static_address(state.allowed_BC[rows_B], out)
+        out.slot_1 = static_address(state.slot_1.clone(), out)
+        out.allowed_BC = static_address(state.allowed_BC[rows_B], out)
     filled = out.filled = state.filled
     for kb, vb in zip(state.key_bufs, state.value_bufs):
         for src, dst in ((kb, out.key_bufs), (vb, out.value_bufs)):

@@ -1,24 +1,7 @@
-"""The one-token decode step on plain (unsharded, non-DTensor) weights: the same arithmetic as the
-decoder's sub-modules with a fraction of their per-token operators.
-
-A decode step is launch/dispatch bound (a [B, D] activation through ~7 small GEMMs per layer), so what
-costs is the operators and Python around the GEMMs, not the FLOPs. Against the module path
-(``decode._cached_forward``) this step
-- calls ``F.linear``/``F.rms_norm`` on the weights directly (no module call, FSDP hook or ``local_map``
-  wrapper per sub-module);
-- looks the RoPE table up once per step for all layers (``rope._reshape_cache``: a gather and a bounds
-  check per layer before), then applies torchtitan's own ``apply_rotary_emb``, so every RoPE flavour's
-  convention is the model's;
-- runs the gate and up projections of the SwiGLU FFN (Shazeer 2020) as one GEMM on ``cat(w1, w3)``,
-  concatenated once per generation (the fixed-shape step keeps two, on the parameters);
-- keeps the activation [B, D] (no sequence axis) and writes K/V straight into the cache's next slot.
-
-``plain_static_step`` is the same step with fixed shapes (``rollout.static_decode``): it attends over the
-cache's whole capacity under a mask of filled slots and writes K/V at a slot index held in a device tensor,
-so nothing in it depends on a host-side value and CUDA graphs can capture it (``static_step_for``).
-
-``PlainStepWeights.of(model)`` is None where the step does not apply (TP's DTensor weights, MoE
-layers, a decoder other than llama3/dense qwen3): decoding then takes the module path.
+"""The one-token decode step on plain (unsharded, non-DTensor) weights: the decoder's sub-modules'
+arithmetic with a fraction of their per-token operators (``plain_decode_step``), and its fixed-shape form
+for CUDA graphs (``plain_static_step``, ``rollout.static_decode``). ``PlainStepWeights.of(model)`` is None
+where it does not apply (TP, MoE): decoding then takes the module path. Why: docs/torchtitan-notes.md §16.
 """
 
 from __future__ import annotations
@@ -30,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from refexp.titan.kv_cache import _append_kv
+from refexp.titan.kv_cache import append_kv
 
 
 @dataclass
@@ -128,7 +111,7 @@ def plain_decode_step(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: 
     mask = None if allowed_B1S is None else allowed_B1S[:, None]
 
     def attend(i, att, q_B1NH, k_B1NH, v_B1NH):
-        _append_kv(state, i, k_B1NH.transpose(1, 2), v_B1NH.transpose(1, 2))
+        append_kv(state, i, k_B1NH.transpose(1, 2), v_B1NH.transpose(1, 2))
         return F.scaled_dot_product_attention(q_B1NH.transpose(1, 2), state.keys[i], state.values[i], attn_mask=mask,
                                               scale=att.scaling, enable_gqa=att.enable_gqa)
 

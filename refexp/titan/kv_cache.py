@@ -46,7 +46,7 @@ class DecodeState:
     allowed_BC: torch.Tensor | None = None
 
 
-def _append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: torch.Tensor) -> int:
+def append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: torch.Tensor) -> int:
     """Write the new keys/values into the layer's buffers (in place; doubling when full), point
     ``state.keys[layer]``/``values[layer]`` at the filled slots, and return how many were filled before."""
     B, N, L, H = k_BNLH.shape
@@ -77,10 +77,10 @@ def new_cache_buffer(like: torch.Tensor, shape: tuple[int, ...], state: DecodeSt
     (masked, but 0 x NaN would still be NaN); the other paths read only the filled ones."""
     if not state.static:
         return like.new_empty(shape)
-    return _static_address(like.new_zeros(shape), state)
+    return static_address(like.new_zeros(shape), state)
 
 
-def _static_address(t: torch.Tensor, state: DecodeState) -> torch.Tensor:
+def static_address(t: torch.Tensor, state: DecodeState) -> torch.Tensor:
     """Mark a fixed-shape decode's buffer as living at a fixed address (CUDA graphs then read and write it
     in place rather than copying it in at every replay)."""
     if state.static and t.is_cuda:

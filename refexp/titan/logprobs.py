@@ -20,11 +20,11 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torchtitan.models.common import ScaledDotProductAttention
 
 from refexp.titan.attention import MaskedSDPA
-from refexp.titan.build import _decoder
+from refexp.titan.unwrap import decoder_of, full_tensor
 
 
 def _inner_attention(model: nn.Module) -> nn.Module:
-    return next(iter(_decoder(model).layers.values())).attention.inner_attention
+    return next(iter(decoder_of(model).layers.values())).attention.inner_attention
 
 
 def _forward(model: nn.Module, tokens_BT: torch.Tensor, positions_BT: torch.Tensor | None = None,
@@ -43,7 +43,7 @@ def _forward(model: nn.Module, tokens_BT: torch.Tensor, positions_BT: torch.Tens
         return model(tokens_BT)
     B, T = tokens_BT.shape
     positions_BT = torch.arange(T, device=tokens_BT.device).expand(B, T)
-    masks = _decoder(model).get_attention_masks(positions_BT)
+    masks = decoder_of(model).get_attention_masks(positions_BT)
     return model(tokens_BT, attention_masks=masks)
 
 
@@ -60,21 +60,16 @@ def _outside_inference_mode(model: nn.Module) -> bool:
     return torch.is_inference_mode_enabled() and any(isinstance(m, FSDPModule) for m in model.modules())
 
 
-def _full_vocab(x: torch.Tensor) -> torch.Tensor:
-    """A vocab-sharded DTensor gathered into a plain tensor (plain tensors pass through)."""
-    return x.full_tensor() if isinstance(x, DTensor) else x
-
-
 def logits(model: nn.Module, tokens_BT: torch.Tensor) -> torch.Tensor:
     """Full logits float32 [B, T, V] (all-gathered over the vocab under TP). Only for small
     vocabularies / debugging: prefer ``token_logprobs``."""
     if _outside_inference_mode(model):
         with torch.inference_mode(False), torch.no_grad():
             return logits(model, tokens_BT)
-    return _full_vocab(_forward(model, tokens_BT)).float()
+    return full_tensor(_forward(model, tokens_BT)).float()  # a vocab-sharded DTensor under TP
 
 
-def _vocab_shard_mesh_dim(x: DTensor) -> int:
+def vocab_shard_mesh_dim(x: DTensor) -> int:
     dims = [i for i, p in enumerate(x.placements) if isinstance(p, Shard) and p.dim in (-1, x.ndim - 1)]
     others = [p for i, p in enumerate(x.placements) if i not in dims and not isinstance(p, Replicate)]
     if len(dims) != 1 or others:
@@ -96,7 +91,7 @@ def _vocab_parallel_logprobs(logits_BTV: DTensor, targets_BT: torch.Tensor, temp
     each rank works on its [B, T, V/tp] slice; max, sum-exp and the target logit are all-reduced."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    mesh_dim = _vocab_shard_mesh_dim(logits_BTV)
+    mesh_dim = vocab_shard_mesh_dim(logits_BTV)
     local_shape, offset = compute_local_shape_and_global_offset(
         logits_BTV.shape, logits_BTV.device_mesh, logits_BTV.placements
     )

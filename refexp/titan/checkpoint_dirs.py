@@ -1,0 +1,77 @@
+"""Weights directories on disk: refexp's model-only DCP checkpoints (save and load, reshardable), a
+run's ``checkpoint/step-N``, and ``load_weights``, the one entry point that loads any of them or an
+HF safetensors dir into a built model.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch.nn as nn
+
+from refexp.config import ConfigError, ModelConfig
+from refexp.titan.hf_weights import load_hf_weights_
+
+
+def latest_checkpoint_step(folder: str | os.PathLike) -> int:
+    """Highest ``step-N`` under folder whose DCP metadata was written (-1 if none)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return -1
+    steps = [int(m.group(1)) for p in folder.iterdir()
+             if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file()]
+    return max(steps, default=-1)
+
+
+def is_hf_dir(path: str | os.PathLike) -> bool:
+    """An HF checkpoint dir: config.json beside safetensors weights."""
+    p = Path(path)
+    return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
+
+
+def save_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> None:
+    """Model-only DCP checkpoint (reshardable: loads into any parallelism)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(model.state_dict(), checkpoint_id=str(checkpoint_dir))
+
+
+def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> None:
+    """Load model weights from a refexp model-only checkpoint, a run's ``checkpoint/step-N``, or a run dir."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(checkpoint_dir)
+    if not path.is_dir():
+        raise ConfigError(f"checkpoint directory {str(path)!r} does not exist")
+    if (path / "model").is_dir() and (path / "model" / ".metadata").is_file():
+        path = path / "model"  # a refexp SFT output dir
+    elif not (path / ".metadata").is_file():
+        step = latest_checkpoint_step(path / "checkpoint") if (path / "checkpoint").is_dir() else -1
+        if step >= 0:
+            path = path / "checkpoint" / f"step-{step}"
+        else:
+            raise ConfigError(
+                f"{str(checkpoint_dir)!r} holds no DCP checkpoint (.metadata) — expected a refexp SFT output, "
+                f"a run's checkpoint/step-N, or a run dir with checkpoint/"
+            )
+    state = model.state_dict()
+    dcp.load(state, checkpoint_id=str(path))
+    model.load_state_dict(state)
+
+
+def load_weights(model: nn.Module, model_cfg: ModelConfig, path: str | os.PathLike, *,
+                 hf: bool | None = None) -> None:
+    """Load the weights in ``path`` into ``model`` in place: the one entry point for a weights directory.
+
+    ``hf=True``: an HF safetensors dir (``load_hf_weights_``); ``hf=False``: a refexp/DCP checkpoint
+    (``load_model_weights``: an SFT output, a run's ``checkpoint/step-N``, or a run dir);
+    ``hf=None``: decided by ``is_hf_dir(path)`` (config.json beside ``*.safetensors``).
+    """
+    if hf is None:
+        hf = is_hf_dir(path)
+    if hf:
+        load_hf_weights_(model, model_cfg, str(path))
+    else:
+        load_model_weights(model, path)
