@@ -196,7 +196,7 @@ class InitAnchor:
 def reference_logprobs(strategy: ReferenceStrategy):
     """``with reference_logprobs(strategy) as fn:`` the strategy's log-prob function (``fn`` as
     ``InitAnchor.logprobs``'). A fixed reference whose model was released (DPO's precomputed table,
-    refexp/algos/dpo.py ``build_ref_source``) is built for the measurement and released after it."""
+    refexp/algos/dpo_reference.py ``build_ref_source``) is built for the measurement and released after it."""
     built = strategy.model is None
     if built:
         strategy.ensure_model()

@@ -99,39 +99,79 @@ def generate(
     collective with several ranks); finished rows emit masked padding meanwhile, so the result is the same.
     ``static_decode``: fixed-shape decode steps (``titan.prefill(static=True)``; finished rows stay in the batch).
     """
+    device = next(model.parameters()).device
+    prompt_UL, lens_U, rows_B = _distinct_prompts(tokenizer, prompts, max_prompt_len, device)
+    n = len(prompts)
+    u_BT = None
+    if not greedy:
+        if keys is None or len(keys) != n:
+            raise ValueError("generate(): keys (one per row) are required for sampling")
+        u_BT = row_uniforms(keys, max_new_tokens).to(device)
+
+    logits_UV, cache = titan.prefill(model, prompt_UL, lens_U, max_new_tokens=max_new_tokens, static=static_decode)
+    if prompt_UL.shape[0] < n:
+        cache, logits_AV = titan.repeat_decode_rows(cache, rows_B), logits_UV[rows_B]
+    else:
+        logits_AV = logits_UV
+    sampling = _Sampling(greedy, temperature, top_p, u_BT)
+    out, logp_out, lengths = _decode(model, tokenizer, logits_AV, cache, sampling, n=n, max_new_tokens=max_new_tokens,
+                                     stop_check_every=stop_check_every, static_decode=static_decode)
+    return _to_training_layout(tokenizer, prompt_UL[rows_B], lens_U[rows_B], out, logp_out, lengths)
+
+
+def _distinct_prompts(tokenizer, prompts: list[str], max_prompt_len: int | None, device
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct prompts, left-padded [U, L], their lengths [U], and each row's distinct prompt [B].
+
+    Each distinct prompt is prefilled once and its cache repeated for its rows (GRPO's G samples of a prompt
+    share it): the prefill forward shrinks by the group size.
+    """
     from refexp.tasks.batching import encode_prompts
 
-    device = next(model.parameters()).device
-    # Each distinct prompt is prefilled once and its cache repeated for its rows (GRPO's G samples
-    # of a prompt share it): the prefill forward shrinks by the group size.
     distinct = list(dict.fromkeys(prompts))
     try:
         prompt_UL, lens_U = encode_prompts(tokenizer, distinct, max_prompt_len or 1 << 30)
     except ValueError:
         encode_prompts(tokenizer, prompts, max_prompt_len or 1 << 30)  # the error names the row of ``prompts``
         raise
-    prompt_UL, lens_U = prompt_UL.to(device), lens_U.to(device)
     index = {p: i for i, p in enumerate(distinct)}
     rows_B = torch.tensor([index[p] for p in prompts], dtype=torch.long, device=device)
-    prompt_BL, lens_B = prompt_UL[rows_B], lens_U[rows_B]
-    n = len(prompts)
-    if not greedy:
-        if keys is None or len(keys) != n:
-            raise ValueError("generate(): keys (one per row) are required for sampling")
-        u_BT = row_uniforms(keys, max_new_tokens).to(device)
+    return prompt_UL.to(device), lens_U.to(device), rows_B
 
-    pad = tokenizer.pad_id
+
+@dataclass
+class _Sampling:
+    """How a decode step picks its tokens: greedily, or by inverse CDF of the row's uniforms ``u_BT``
+    [B, max_new_tokens] after temperature and top-p."""
+
+    greedy: bool
+    temperature: float
+    top_p: float
+    u_BT: torch.Tensor | None
+
+    def next_tokens(self, logits_AV: torch.Tensor, rows, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens [A] of the rows ``rows`` still decoding at decode step ``t``, and their behaviour
+        log-probs [A] (before top-p: what the trainer recomputes)."""
+        logits_AV = logits_AV.float()
+        if self.greedy:
+            tok = logits_AV.argmax(-1)
+            return tok, torch.log_softmax(logits_AV, -1).gather(-1, tok[:, None]).squeeze(-1)
+        logp_AV = torch.log_softmax(logits_AV if self.temperature == 1.0 else logits_AV / self.temperature, -1)
+        probs = _top_p_filter(logp_AV.exp(), self.top_p)
+        tok = _inverse_cdf(probs, self.u_BT[rows, t])
+        return tok, logp_AV.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def _decode(model, tokenizer, logits_AV: torch.Tensor, cache, sampling: _Sampling, *, n: int, max_new_tokens: int,
+            stop_check_every: int, static_decode: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The decode loop from the prefill's last logits [n, V] and cache: sampled tokens [n, max_new_tokens]
+    (padding after a row's stop id), their log-probs (0 there) and each row's completion length [n]."""
+    device, pad = logits_AV.device, tokenizer.pad_id
     # Every eos id of the checkpoint's generation_config.json ends a row (TextTokenizer.stop_ids).
     stop_S = torch.tensor(tokenizer.stop_ids, dtype=torch.long, device=device)
     out = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
     logp_out = torch.zeros(n, max_new_tokens, dtype=torch.float32, device=device)
     lengths = torch.zeros(n, dtype=torch.long, device=device)
-
-    logits_UV, cache = titan.prefill(model, prompt_UL, lens_U, max_new_tokens=max_new_tokens, static=static_decode)
-    if len(distinct) < n:
-        cache, logits_AV = titan.repeat_decode_rows(cache, rows_B), logits_UV[rows_B]
-    else:
-        logits_AV = logits_UV
     # A: the rows still decoding (``active_A`` indexes the batch; None = all of them). Finished rows are
     # dropped from the decode batch at the stop checks, once enough of them have finished to pay for
     # copying the others' cache; until then they emit masked padding.
@@ -139,15 +179,7 @@ def generate(
     try:
         for t in range(max_new_tokens):
             rows = slice(None) if active_A is None else active_A
-            logits_AV = logits_AV.float()
-            if greedy:
-                tok = logits_AV.argmax(-1)
-                logp = torch.log_softmax(logits_AV, -1).gather(-1, tok[:, None]).squeeze(-1)
-            else:
-                logp_AV = torch.log_softmax(logits_AV if temperature == 1.0 else logits_AV / temperature, -1)
-                probs = _top_p_filter(logp_AV.exp(), top_p)
-                tok = _inverse_cdf(probs, u_BT[rows, t])
-                logp = logp_AV.gather(-1, tok[:, None]).squeeze(-1)
+            tok, logp = sampling.next_tokens(logits_AV, rows, t)
             tok = torch.where(done_A, pad, tok)
             out[rows, t] = tok
             logp_out[rows, t] = torch.where(done_A, 0.0, logp)
@@ -168,8 +200,7 @@ def generate(
             logits_AV, cache = titan.decode_step(model, tok, cache)
     finally:
         titan.finish_decode(cache)
-
-    return _to_training_layout(tokenizer, prompt_BL, lens_B, out, logp_out, lengths)
+    return out, logp_out, lengths
 
 
 DROP_FINISHED_SHARE = 0.125

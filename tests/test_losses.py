@@ -6,6 +6,7 @@ import statistics
 import pytest
 import torch
 
+from refexp.choices import PREFERENCE_LOSSES
 from refexp.losses import dpo_loss, group_advantages, grpo_loss, orpo_loss, sft_loss, simpo_loss
 
 
@@ -438,3 +439,27 @@ def test_rpo_adds_the_weighted_chosen_nll_to_the_preference_loss():
     assert total.item() == pytest.approx(dpo.item() + 0.4)
     assert m2["loss/nll"].item() == pytest.approx(0.8) and m2["loss/total"].item() == pytest.approx(total.item())
     assert m2["rewards/margins"] is m["rewards/margins"]  # the preference metrics are the DPO loss's
+
+
+# ---------------------------------------------------------------- from algo.loss_type to the loss
+@pytest.mark.parametrize("loss_type, nll_weight", [(lt, 0.0) for lt in PREFERENCE_LOSSES] + [
+    (lt, 0.5) for lt in PREFERENCE_LOSSES if lt not in ("orpo", "sft")])  # those two are NLL losses already
+def test_preference_loss_dispatches_each_loss_type_to_its_loss(loss_type, nll_weight):
+    from types import SimpleNamespace
+
+    from refexp.losses import add_nll_term, nll_only_loss, preference_loss
+
+    pc, pr, rc, rr = t([-1.0, -2.0]), t([-2.0, -2.5]), t([-1.5, -2.0]), t([-1.8, -2.2])
+    lc, lr, nll = torch.tensor([2, 3]), torch.tensor([4, 1]), t(0.8)
+    s = SimpleNamespace(loss_type=loss_type, beta=0.3, gamma=0.2, lam=0.4, label_smoothing=0.0, nll_weight=nll_weight)
+    loss, m = preference_loss(s, pc, pr, lc, lr, rc, rr, nll)
+    direct = {"sft": lambda: nll_only_loss(pc, pr, nll),
+              "orpo": lambda: orpo_loss(pc, pr, lc, lr, nll, lam=0.4),
+              "simpo": lambda: simpo_loss(pc, pr, lc, lr, beta=0.3, gamma=0.2)}.get(
+        loss_type, lambda: dpo_loss(pc, pr, rc, rr, beta=0.3, loss_type=loss_type, chosen_lengths=lc,
+                                    rejected_lengths=lr))
+    expected, em = direct()
+    if nll_weight:
+        expected, em = add_nll_term(expected, em, nll, nll_weight)
+        assert m["loss/nll"].item() == pytest.approx(0.8)
+    assert loss.item() == expected.item() and m.keys() == em.keys()

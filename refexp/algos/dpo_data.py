@@ -1,26 +1,6 @@
-"""Preference pairs for DPO: on-policy pairs from the SFT model for the embedded task, or a file.
-
-The embedded task has no preference data, so it is made the way on-policy preference sets are
-(e.g. the "self-generated rejected" pairs of SPIN, Chen et al. 2024): for train-split prompts, in
-train order, ``chosen`` is the correct completion (the demonstration, or the task's ``solution`` where
-demonstrations may be wrong: ``task.demo_slip``) and ``rejected`` is the
-first *incorrect* completion among ``TRIES`` samples of the SFT model itself (temperature 1,
-``refexp.rollout`` (the configured engine) keyed by ``(algo.pair_seed, prompt_id, k)``). A prompt the SFT model always
-gets right gives no pair and is skipped. Sampling stops at ``algo.num_pairs`` pairs (or the end of
-the train split, with a warning).
-
-The set is generated once and stored as a ``datasets`` dataset in the cache dir
-(``<cache_dir>/pairs/<hash>/``), keyed by everything it is a function of: the task
-(``task_fingerprint``, reward hook included), the start checkpoint's identity (resolved path and the
-stamp of its weights, ``refcache.checkpoint_stamp``), the model config and dtype it is loaded into,
-and ``num_pairs``, ``pair_seed``, ``max_new_tokens``. Never in the checkpoint folder: a user's
-``sft.checkpoint`` may be read-only or shared. It is written to a temporary directory and renamed
-into place, so concurrent jobs of a sweep never see half a set (the loser of a race loads the
-winner's, which is identical).
-
-With ``task.preference_path`` the pairs are that file's (``refexp.tasks.preference``) instead.
-
-``pack_pairs`` lays a batch of pairs out for one forward: ``[chosen rows; rejected rows]``.
+"""Preference pairs for DPO: on-policy pairs sampled from the SFT model for the embedded task (stored once in the
+cache dir), or a file's (``task.preference_path``); ``pack_pairs`` lays a batch out for one forward as
+``[chosen rows; rejected rows]``. How the pairs are made and keyed: docs/algorithms.md, "The preference pairs".
 """
 
 from __future__ import annotations
@@ -34,6 +14,7 @@ import datasets
 import torch
 
 from refexp import distributed as rdist
+from refexp.cache_dirs import marker_check
 from refexp.context import RunContext
 from refexp.hashing import digest, stable_hash
 from refexp.io import atomic_dir
@@ -61,7 +42,7 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
     a = ctx.cfg.algo
     out = pairs_dir(ctx.cache_dir, pairs_key(ctx, sft_dir))
     # All ranks agree on rank 0's view: every rank must join the sharded forwards of generation.
-    if rdist.broadcast_object(not _complete(out)):
+    if rdist.broadcast_object(not _pairs_saved(out)):
         model = build_frozen(ctx, sft_dir)
         rows = sample_pairs(model, ctx.task, num_pairs=a.num_pairs, pair_seed=a.pair_seed,
                             max_new_tokens=ctx.task.max_new_tokens,
@@ -134,13 +115,13 @@ def sample_pairs(model: torch.nn.Module, task, *, num_pairs: int, pair_seed: int
     return rows
 
 
-def _complete(out: Path) -> bool:
-    return (out / "pairs.json").is_file()
+_pairs_saved = marker_check("pairs.json")
+"""Whether a pairs dir is complete (``pairs.json`` is written last)."""
 
 
 def _save_atomic(ds: datasets.Dataset, out: Path, meta: dict) -> None:
     """Write into a private temp dir, then rename it into place (a lost race keeps the winner's)."""
-    with atomic_dir(out, is_complete=_complete) as tmp:
+    with atomic_dir(out, is_complete=_pairs_saved) as tmp:
         ds.save_to_disk(str(tmp))
         (tmp / "pairs.json").write_text(json.dumps(meta, indent=2))  # last: marks the set complete
 

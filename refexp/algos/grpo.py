@@ -1,33 +1,6 @@
-"""GRPO (Shao et al. 2024, DeepSeekMath §4.1, eq. 3) with a pluggable reference strategy.
-
-One step (docs/architecture.md): prompts -> G completions each from the policy (behaviour log-probs) ->
-rewards -> group-normalised advantages -> reference log-probs (None when reference-free; a prompt's
-G completions share one row in this and the policy forwards, ``algo.share_prompt``) ->
-``updates_per_batch`` clipped-surrogate updates with beta*KL(policy||ref) -> the loop's
-reference update, eval, log, checkpoint.
-
-Departures and choices:
-- The prompt order is a permutation of the train split keyed by (seed, epoch); sampling noise is
-  keyed by (seed, step, prompt id, sample id): the global batch is the same at any world size.
-  Data-parallel ranks take whole prompt groups, so group statistics never cross ranks.
-- ``kl/ref`` is the mean over completion tokens of the k3 estimate on the training batch, the
-  same quantity ``kl/init`` measures against the initial model on held-out prompts.
-- Reference log-probs are tempered with ``algo.temperature`` like the policy's and the behaviour ones.
-- ``algo.kl_in_reward``: the per-sequence k1 KL (sum over tokens of log pi - log ref) times beta is
-  subtracted from the reward before advantages (the PPO-RLHF form, Ouyang et al. 2022), and the
-  loss then has no KL term; ``algo.kl_estimator`` only chooses the loss term's estimator.
-- ``algo.kl_target``: beta follows the adaptive controller of Ziegler et al. 2019 fed with ``kl/ref``,
-  counting the global batch's samples against ``algo.kl_horizon``.
-- ``algo.objective=sft`` is the continued-SFT baseline: the same prompts per step trained on their
-  demonstrations (the SFT stage's NLL), no rollouts, rewards or reference; what GRPO adds is its difference.
-- Rollouts come from the configured engine (``refexp/rollout.py``). ``rollout/logprob_diff`` (and ``_max``)
-  compare its log-probs with the trainer's first-update log-probs of the same tokens; ``algo.tis_cap`` is
-  truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
-  Off-Policy RL Training"): the clip ratio is taken against the trainer's pre-update log-probs and each
-  token's policy loss is weighted by min(pi_trainer / pi_rollout, tis_cap).
-- ``training.micro_batch_size``: the reference and policy forwards and the backward run over chunks of
-  whole prompt groups, each chunk's loss weighted by its share of the rows (grpo, dr_grpo) or of the
-  completion tokens (dapo), so the accumulated gradient and the logged metrics are the whole step's.
+"""GRPO (Shao et al. 2024, DeepSeekMath §4.1, eq. 3) with a pluggable reference strategy: ``GRPOStep`` samples,
+scores, computes advantages and updates the policy; ``grpo_metrics.GRPOStepMetrics`` measures what it computed.
+The step, its choices and departures: docs/algorithms.md, GRPO.
 """
 
 from __future__ import annotations
@@ -39,13 +12,14 @@ import torch
 
 from refexp import distributed as rdist
 from refexp import titan
+from refexp.algos.grpo_metrics import GRPOStepMetrics, GRPOStepResult, RowCounts, StepRollouts
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, run_loop
 from refexp.algos.microbatch import combine_metrics, row_chunks
 from refexp.algos.shared_prompt import SharedPrompt, row_logprobs, share_groups
 from refexp.config import GRPOConfig
 from refexp.context import RunContext
 from refexp.data_order import batch_ids
-from refexp.kl import AdaptiveKLController, FixedKLController, mean_token_kl, sequence_kl
+from refexp.kl import AdaptiveKLController, FixedKLController, sequence_kl
 from refexp.losses import group_advantages, grpo_loss, sft_loss
 from refexp.reference import ReferenceStrategy
 from refexp.rollout import build_engine
@@ -61,7 +35,8 @@ def _cat_rows(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
 
 
 class GRPOStep:
-    """The step function of GRPO; state it needs across steps (the KL controller) lives here."""
+    """The step function of GRPO; state it needs across steps (the KL controller) lives here. It trains;
+    ``GRPOStepMetrics`` measures what it computed."""
 
     def __init__(self, ctx: RunContext, policy: Policy, strategy: ReferenceStrategy):
         self.ctx, self.policy, self.strategy = ctx, policy, strategy
@@ -70,112 +45,94 @@ class GRPOStep:
                        if self.a.kl_target is not None else FixedKLController(self.a.beta))
         self.max_new = self.a.max_new_tokens or ctx.task.max_new_tokens
         self.engine = build_engine(ctx.cfg.rollout, policy.model, ctx.task.tokenizer)
+        self.metrics = GRPOStepMetrics(ctx)
 
     def __call__(self, step: int, ckpt) -> dict:
         if self.a.objective == "sft":
             return self._continued_sft_step(step, ckpt)
+        started = now(self.ctx.device)
+        rollouts = self._sample(step)
+        # training.micro_batch_size: chunks of whole prompt groups (refexp/algos/microbatch.py); the G
+        # completions of a prompt share one pass over it (refexp/algos/shared_prompt.py)
+        chunks = self._chunks(rollouts.tokens_NT, rollouts.mask_NT)
+        ref_logp, ref_s = self._reference_logprobs(rollouts, chunks)
+        beta = self.kl_ctl.beta
+        shaped, adv = self._advantages(rollouts, ref_logp, beta)
+        counts = RowCounts.of(rollouts.mask_NT, self.ctx.parallel_dims)
+        update_metrics, ent_sum, trainer_logp = self._update(step, ckpt, chunks, rollouts, ref_logp, adv, beta, counts)
+        out = self.metrics(step, GRPOStepResult(rollouts, counts, update_metrics, ent_sum, trainer_logp, ref_logp,
+                                                shaped, adv, beta, started, ref_s))
+        # the controller sees the global kl/ref, so beta stays the same on every rank
+        # and, as in Ziegler et al. 2019 and TRL, it counts samples (the global batch's rows) against kl_horizon
+        self.kl_ctl.update(out["kl/ref"] if ref_logp is not None else 0.0, self.a.prompts_per_step * self.a.group_size)
+        return out
+
+    def _sample(self, step: int) -> StepRollouts:
+        """This rank's prompts of ``step`` (whole groups of the global batch), G completions each from the
+        policy as it is now, and their rewards."""
         ctx, a, task = self.ctx, self.a, self.ctx.task
         G, seed = a.group_size, ctx.cfg.training.seed
-        pd = ctx.parallel_dims
-        ids = batch_ids(len(task.train), a.prompts_per_step, seed, step)[rdist.local_slice(pd, a.prompts_per_step)]
+        ids = batch_ids(len(task.train), a.prompts_per_step, seed, step)[
+            rdist.local_slice(ctx.parallel_dims, a.prompts_per_step)]
         rows = task.train.select(ids)
         prompts = [p for p in rows["prompt"] for _ in range(G)]
         answers = [x for x in rows["answer"] for _ in range(G)]
         keys = [(seed, step, pid, g) for pid in ids for g in range(G)]
-
         t0 = now(ctx.device)
         model = self.policy.model
         model.eval()
         self.engine.load_weights(model)  # the policy after its last update
-        r = self.engine.generate(prompts, max_new_tokens=self.max_new, temperature=a.temperature, top_p=a.top_p,
-                                 keys=keys)
+        rollout = self.engine.generate(prompts, max_new_tokens=self.max_new, temperature=a.temperature,
+                                       top_p=a.top_p, keys=keys)
         model.train()
         gen_s = now(ctx.device) - t0
-        tokens, mask, old_logp = r.tokens_BT.to(ctx.device), r.mask_BT.to(ctx.device), r.behaviour_logp.to(ctx.device)
-        rewards = torch.tensor(task.score(r.texts, answers, prompts), dtype=torch.float32, device=ctx.device)
+        rewards = torch.tensor(task.score(rollout.texts, answers, prompts), dtype=torch.float32, device=ctx.device)
+        return StepRollouts(rollout, prompts, answers, rollout.tokens_BT.to(ctx.device), rollout.mask_BT.to(ctx.device),
+                            rollout.behaviour_logp.to(ctx.device), rewards, gen_s)
 
-        # training.micro_batch_size: chunks of whole prompt groups (refexp/algos/microbatch.py); the G
-        # completions of a prompt share one pass over it (refexp/algos/shared_prompt.py)
-        chunks = self._chunks(tokens, mask)
-        t1 = now(ctx.device)
-        # tempered like the policy's and the behaviour log-probs (TRL tempers the reference too): at policy ==
-        # reference the KL is then exactly 0 at any algo.temperature
+    def _reference_logprobs(self, rollouts: StepRollouts, chunks) -> tuple[torch.Tensor | None, float]:
+        """The reference's log-probs of the rollouts [N, T-1] (None when reference-free), and the seconds taken.
+        Tempered like the policy's and the behaviour log-probs (TRL tempers the reference too): at policy ==
+        reference the KL is then exactly 0 at any ``algo.temperature``."""
+        t1 = now(self.ctx.device)
+        tokens, mask = rollouts.tokens_NT, rollouts.mask_NT
         with self.strategy.resident():  # reference.offload: one move to the device for all chunks
             ref_logp = _cat_rows([row_logprobs(self.strategy.logprobs, tokens[sl], mask[sl], shared,
-                                               temperature=a.temperature) for sl, shared in chunks])
-        ref_s = now(ctx.device) - t1
+                                               temperature=self.a.temperature) for sl, shared in chunks])
+        return ref_logp, now(self.ctx.device) - t1
 
-        beta = self.kl_ctl.beta
+    def _advantages(self, rollouts: StepRollouts, ref_logp: torch.Tensor | None, beta: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rewards less ``algo.kl_in_reward``'s KL penalty [N], and their group advantages [N]."""
+        a, rewards = self.a, rollouts.rewards_N
         shaped = rewards
         if a.kl_in_reward and ref_logp is not None and beta > 0:
             # k1 whatever algo.kl_estimator says: as a (detached) reward only k1 = log(pi/ref) gives, through the
             # policy gradient, the score-function gradient of KL(pi||ref) (refexp/kl.py; TRL's RLOO does the same)
-            shaped = rewards - beta * sequence_kl(old_logp, ref_logp, mask, "k1")
+            shaped = rewards - beta * sequence_kl(rollouts.behaviour_logp_NT, ref_logp, rollouts.mask_NT, "k1")
         # "batch" scaling divides by the std of the global batch (over data-parallel ranks)
-        adv = group_advantages(shaped, G, scale=a.advantage_scale, batch_sum=partial(rdist.dp_sum, pd))
+        adv = group_advantages(shaped, a.group_size, scale=a.advantage_scale,
+                               batch_sum=partial(rdist.dp_sum, self.ctx.parallel_dims))
+        return shaped, adv
 
-        n_rows = torch.tensor(float(tokens.shape[0]), device=ctx.device)
-        n_tok = mask.sum().to(torch.float32)
-        g_rows, g_tok = rdist.dp_sum(pd, n_rows), rdist.dp_sum(pd, n_tok)
+    def _update(self, step: int, ckpt, chunks, rollouts: StepRollouts, ref_logp: torch.Tensor | None,
+                adv: torch.Tensor, beta: float, counts: RowCounts) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """``algo.updates_per_batch`` updates of the policy on the rollouts. Returns the last update's metrics
+        (with ``optim/grad_norm``, ``optim/lr``), its entropy sum over completion tokens, and the trainer's
+        log-probs of the rollout before the first update [N, T-1]."""
         # Each rank's share of the global aggregate: FSDP sums gradients over ranks (docs/torchtitan-notes.md §5).
-        share = {"grpo": n_rows / g_rows, "dr_grpo": n_rows / g_rows, "dapo": n_tok / g_tok}[a.loss_agg]
+        share = (counts.tokens / counts.global_tokens if self.a.loss_agg == "dapo"
+                 else counts.rows / counts.global_rows)
         agg: dict[str, float] = {}
         trainer_logp = None  # [N, T-1] the trainer's log-probs of the rollout before this batch's first update
-        for _ in range(a.updates_per_batch):
-            loss, agg, ent_sum, logp_now = self._forward_backward(chunks, tokens, mask, old_logp, ref_logp, adv,
-                                                                  beta, share, trainer_logp)
+        for _ in range(self.a.updates_per_batch):
+            loss, agg, ent_sum, logp_now = self._forward_backward(
+                chunks, rollouts.tokens_NT, rollouts.mask_NT, rollouts.behaviour_logp_NT, ref_logp, adv, beta, share,
+                trainer_logp)
             trainer_logp = logp_now if trainer_logp is None else trainer_logp
-            gn, lr = optimizer_step(ctx, self.policy, loss, step, ckpt)
+            gn, lr = optimizer_step(self.ctx, self.policy, loss, step, ckpt)
             agg["optim/grad_norm"], agg["optim/lr"] = gn, lr
-        # how far the rollout engine's log-probs are from the trainer's on the same tokens and weights
-        diff = torch.where(mask, (trainer_logp - old_logp).abs(), torch.zeros((), device=mask.device))
-        diff_sum, diff_max = diff.sum(), diff.max()
-        ent = float(ent_sum / mask.sum().clamp(min=1))
-        kl_ref = None
-        if ref_logp is not None:
-            kl_ref = float(mean_token_kl(old_logp, ref_logp, mask))
-
-        out = {
-            **agg,
-            "reward/shaped_mean": float(shaped.mean()),
-            "policy/entropy": ent,
-            "policy/completion_len": float(n_tok) / float(n_rows),
-            "perf/gen_s": gen_s,
-            "perf/ref_fwd_s": ref_s,
-            "perf/tokens_per_s": float(tokens.numel()) / max(now(ctx.device) - t0, 1e-9),
-        }
-        if kl_ref is not None:  # kl/beta too: without a reference there is no KL term to weigh
-            out["kl/ref"], out["kl/beta"] = kl_ref, beta
-        out["rollout/logprob_diff"] = float(diff_sum / n_tok.clamp(min=1))
-        out = rdist.dp_mean_metrics(pd, out, self._dp_weights(out, n_rows, n_tok), device=ctx.device)
-        out["rollout/logprob_diff_max"] = float(rdist.dp_sum(pd, diff_max, op=torch.distributed.ReduceOp.MAX))
-        # the controller sees the global kl/ref, so beta stays the same on every rank
-        # and, as in Ziegler et al. 2019 and TRL, it counts samples (the global batch's rows) against kl_horizon
-        self.kl_ctl.update(out["kl/ref"] if kl_ref is not None else 0.0, a.prompts_per_step * G)
-        # reward statistics over the global batch (exact at any world size)
-        s1, s2 = rdist.dp_sum(pd, rewards.sum()), rdist.dp_sum(pd, (rewards * rewards).sum())
-        mean = s1 / g_rows
-        out["reward/mean"] = float(mean)
-        out["reward/std"] = float((s2 / g_rows - mean * mean).clamp(min=0).sqrt())
-        # TRL's frac_reward_zero_std and completions/clipped_ratio, as global counts: a rank holds whole groups,
-        # so summing its counts over ranks is exact. A group whose rewards are all equal has zero advantage
-        # (no learning signal); a completion is clipped when it ends without a stop id (it ran to max_new_tokens).
-        spread = rewards.view(-1, G)
-        zero_std = (spread.max(dim=1).values - spread.min(dim=1).values).abs() <= 1e-8
-        stops = set(task.tokenizer.stop_ids)
-        clipped = float(sum(not ids or ids[-1] not in stops for ids in r.completion_ids))
-        # one collective for both counts; the global number of groups is algo.prompts_per_step
-        zero_groups, clipped_rows = rdist.dp_sum(
-            pd, torch.stack([zero_std.sum().to(torch.float32), torch.tensor(clipped, device=ctx.device)]))
-        out["frac_reward_zero_std"] = float(zero_groups) / a.prompts_per_step
-        out["completions/clipped_ratio"] = float(clipped_rows / g_rows)
-        k = ctx.cfg.eval.log_samples
-        if k and step % ctx.cfg.eval.every == 0:  # a few of this rank's rollouts, on the evaluation schedule
-            out["samples/rollout"] = [
-                {"prompt": p, "completion": c, "answer": ans, "reward": float(x), "advantage": float(v)}
-                for p, c, ans, x, v in zip(prompts[:k], r.texts[:k], answers[:k], rewards[:k].tolist(),
-                                           adv[:k].tolist())]
-        return out
+        return agg, ent_sum, trainer_logp
 
     def _continued_sft_step(self, step: int, ckpt) -> dict:
         """``algo.objective=sft``: the step's prompts (the ones GRPO would sample from) trained on their
@@ -254,18 +211,6 @@ class GRPOStep:
             ent_sum = ent_sum + (entropy * m_c).sum()
             logps.append(logp.detach())
         return total, combine_metrics(chunk_metrics, weights), ent_sum, torch.cat(logps)
-
-    TOKEN_MEANS = ("kl/ref", "clip/low", "clip/high", "clip/ratio", "policy/entropy", "rollout/logprob_diff")
-    """Metrics that are means over completion tokens (the rest are means over rows)."""
-
-    def _dp_weights(self, metrics: dict, n_rows: torch.Tensor, n_tok: torch.Tensor) -> dict[str, float]:
-        """What each metric is a mean over on this rank, to average it over ranks: token means weigh
-        by the rank's completion tokens, row means by its rows (ranks may hold different token
-        counts); timings are per rank and not averaged."""
-        by_token = set(self.TOKEN_MEANS)
-        if self.a.loss_agg == "dapo":  # the loss is a token mean too
-            by_token |= {k for k in metrics if k.startswith("loss/")}
-        return {k: float(n_tok) if k in by_token else float(n_rows) for k in metrics if not k.startswith("perf/")}
 
     # the KL controller is part of the checkpoint (torch Stateful)
     def state_dict(self) -> dict:

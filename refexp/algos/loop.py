@@ -3,7 +3,7 @@
 Per step (docs/architecture.md, "One GRPO step"): the algorithm's step -> every ``eval.every`` steps
 the held-out measurements -> the reference strategy's ``after_step`` (reset / EMA / KL-triggered) ->
 log -> checkpoint. The measurements come before ``after_step`` so that a strategy sees the ones of
-its own step: DPO's ``kl_triggered`` reads the eval-time ``kl/ref`` (refexp/algos/dpo.py). They
+its own step: DPO's ``kl_triggered`` reads the eval-time ``kl/ref`` (docs/algorithms.md, DPO). They
 measure the policy (and, for DPO, the reference as it was during the step), which ``after_step``
 does not change, so for GRPO the order does not change a number.
 
@@ -111,64 +111,26 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
     states = {"train_state": state, "reference": strategy, **(extra_states or {})}
     ckpt = Checkpointer(cfg.checkpoint, ctx.run_dir, model=policy.model, optimizers=policy.optimizers,
                         lr_schedulers=policy.lr_schedulers, states=states)
-    resumed = ckpt.resume()
-    start = state.step if resumed else 0
-    last_eval: dict[str, float] = {}
-    # Rows logged after the checkpoint (all rows, when there is none) are from an attempt that was
-    # killed: the steps are run again and logged once.
-    ctx.logger.truncate_after(start if resumed else -1)
-    if resumed:
-        if ctx.dist.is_rank0:
-            print(f"[refexp] resumed {ctx.run_dir} at step {start}")
-    else:
-        last_eval = measure()
-        ctx.logger.log({**last_eval, **strategy.metrics()}, step=0)
-
-    preempted: dict = {"signum": None}
-    prev = {s: signal.signal(s, lambda signum, _frame: preempted.__setitem__("signum", signum))
-            for s in PREEMPT_SIGNALS}
+    start, last_eval = _resume_or_measure(ctx, ckpt, state, strategy, measure)
+    signals = _StopSignals()
     bar = progress_bar(total=cfg.training.steps, initial=start, desc=desc,
                        enabled=ctx.dist.is_rank0 and cfg.logger.progress)
     metrics: dict = {}
     step = start
     try:
         for step in range(start + 1, cfg.training.steps + 1):
-            if ctx.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(ctx.device)  # mem/peak_gpu_mb is this step's peak
-            t0 = now(ctx.device)
-            metrics = step_fn(step, ckpt)
-            if step == start + 1:  # set-up (compilation, first allocations) is over, as in torchtitan's trainer
-                rdist.set_collective_timeout(cfg.comm.train_timeout_seconds, ctx.parallel_dims)
-            eval_s = 0.0
-            if step % cfg.eval.every == 0 or step == cfg.training.steps:
-                t_eval = now(ctx.device)
-                last_eval = measure()
-                metrics.update(last_eval)
-                eval_s = now(ctx.device) - t_eval
-            strategy.after_step(step, policy.model, metrics)
-            if strategy.reset_optimizer_requested:
-                reset_optimizer_state(policy.optimizers)
-                strategy.reset_optimizer_requested = False
-            metrics.update(strategy.metrics())
-            metrics["perf/step_s"] = now(ctx.device) - t0 - eval_s  # the step and its reference update
-            metrics["mem/peak_rss_mb"] = peak_rss_mb()
-            if ctx.device.type == "cuda":
-                metrics["mem/peak_gpu_mb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
-            ctx.logger.log(metrics, step=step)
+            metrics, measured = _run_step(ctx, policy, strategy, step_fn, measure, ckpt, step,
+                                          first=step == start + 1)
+            if measured is not None:
+                last_eval = measured
             state.step = step
             bar.update(1)
             bar.set_postfix(reward=f"{metrics.get('reward/mean', metrics.get('rewards/accuracies', 0.0)):.2f}")
             if step < cfg.training.steps:
                 ckpt.save(step)
             # a signal can reach ranks at different steps, and the save that follows is a collective
-            if rdist.any_rank(preempted["signum"] is not None, ctx.device):
-                if ckpt.latest_step() != step:
-                    ckpt.save(step, force=True)
-                chained = prev.get(preempted["signum"])
-                if callable(chained):  # submitit's handler requeues the job, now that the checkpoint exists
-                    chained(preempted["signum"], None)
-                raise Preempted(f"stop signal received: saved step {step} to {ckpt.folder}; "
-                                f"rerun the same run dir to resume")
+            if rdist.any_rank(signals.signum is not None, ctx.device):
+                signals.save_and_stop(ckpt, step)
         if cfg.checkpoint.enable and ckpt.latest_step() != step:
             ckpt.save(step, final=True)  # the end of a run always writes a checkpoint
         if cfg.checkpoint.last_save_in_hf:
@@ -176,11 +138,83 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
                             tokenizer=ctx.task.tokenizer)
     finally:
         bar.close()
-        for s, handler in prev.items():
-            signal.signal(s, handler)
+        signals.restore()
         ckpt.close()
     if not metrics:  # resumed at the end: no step ran in this process, so measure the final policy here
         last_eval = measure()
     final = {k: v for k, v in {**metrics, **last_eval}.items() if isinstance(v, (int, float))}  # numbers only
     final["step"] = step
     return final
+
+
+def _resume_or_measure(ctx: RunContext, ckpt: Checkpointer, state: TrainState, strategy: ReferenceStrategy,
+                       measure: Callable[[], dict]) -> tuple[int, dict]:
+    """Resume from the run dir's latest checkpoint, or measure and log step 0 on a fresh start.
+    Returns the step to continue from and the step-0 measurements (empty when resumed)."""
+    resumed = ckpt.resume()
+    start = state.step if resumed else 0
+    # Rows logged after the checkpoint (all rows, when there is none) are from an attempt that was
+    # killed: the steps are run again and logged once.
+    ctx.logger.truncate_after(start if resumed else -1)
+    if resumed:
+        if ctx.dist.is_rank0:
+            print(f"[refexp] resumed {ctx.run_dir} at step {start}")
+        return start, {}
+    last_eval = measure()
+    ctx.logger.log({**last_eval, **strategy.metrics()}, step=0)
+    return start, last_eval
+
+
+def _run_step(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, step_fn, measure, ckpt: Checkpointer,
+              step: int, *, first: bool) -> tuple[dict, dict | None]:
+    """One step of the loop: the algorithm's step, the held-out measurements when due, the reference
+    strategy's update, the log row. Returns the logged metrics and the measurements (None when not due)."""
+    cfg = ctx.cfg
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)  # mem/peak_gpu_mb is this step's peak
+    t0 = now(ctx.device)
+    metrics = step_fn(step, ckpt)
+    if first:  # set-up (compilation, first allocations) is over, as in torchtitan's trainer
+        rdist.set_collective_timeout(cfg.comm.train_timeout_seconds, ctx.parallel_dims)
+    eval_s, measured = 0.0, None
+    if step % cfg.eval.every == 0 or step == cfg.training.steps:
+        t_eval = now(ctx.device)
+        measured = measure()
+        metrics.update(measured)
+        eval_s = now(ctx.device) - t_eval
+    strategy.after_step(step, policy.model, metrics)
+    if strategy.reset_optimizer_requested:
+        reset_optimizer_state(policy.optimizers)
+        strategy.reset_optimizer_requested = False
+    metrics.update(strategy.metrics())
+    metrics["perf/step_s"] = now(ctx.device) - t0 - eval_s  # the step and its reference update
+    metrics["mem/peak_rss_mb"] = peak_rss_mb()
+    if ctx.device.type == "cuda":
+        metrics["mem/peak_gpu_mb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
+    ctx.logger.log(metrics, step=step)
+    return metrics, measured
+
+
+class _StopSignals:
+    """``PREEMPT_SIGNALS`` recorded (not acted on) while the loop runs, the previous handlers restored after."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.prev = {s: signal.signal(s, self._record) for s in PREEMPT_SIGNALS}
+
+    def _record(self, signum, _frame) -> None:
+        self.signum = signum
+
+    def save_and_stop(self, ckpt: Checkpointer, step: int) -> None:
+        """Checkpoint ``step`` (unless saved), hand the signal to the previous handler, raise ``Preempted``."""
+        if ckpt.latest_step() != step:
+            ckpt.save(step, force=True)
+        chained = self.prev.get(self.signum)
+        if callable(chained):  # submitit's handler requeues the job, now that the checkpoint exists
+            chained(self.signum, None)
+        raise Preempted(f"stop signal received: saved step {step} to {ckpt.folder}; "
+                        f"rerun the same run dir to resume")
+
+    def restore(self) -> None:
+        for s, handler in self.prev.items():
+            signal.signal(s, handler)

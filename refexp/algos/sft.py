@@ -1,21 +1,6 @@
-"""The SFT stage: the model every RL run starts from and that ``reference=fixed`` keeps.
-
-Masked next-token loss on the task's demonstrations (prompt tokens masked out) until it converges:
-every ``sft.eval_every`` steps the *validation* split's loss (``sft/val_loss``, NLL per demonstration
-token) and greedy exact match (``sft/val_accuracy``), and a stop once the loss has not fallen by
-``sft.min_delta`` for ``sft.patience`` evaluations (a plateau, once past ``sft.min_steps``), the
-accuracy reaches ``sft.target_accuracy``, or the ``sft.steps`` cap. Accuracy on the embedded task sits
-near zero and then jumps at a seed-dependent step (a plateau rule on it stops before the jump; the loss
-keeps falling through it), so a fixed step count would give different models per seed. The held-out
-test split is measured once, on the model kept (``eval/accuracy``), and never decides anything. A task without a validation
-split trains to the cap (the accuracy rules need one).
-
-The output is cached under ``<cache>/sft/<hash of everything that determines it>/``: ``model/``
-(a model-only DCP checkpoint, loads into any parallelism), ``hf/`` (HF safetensors export),
-``tokenizer.json``, ``metrics.jsonl`` and ``sft.json`` (written last: its presence marks a complete
-result). A file lock makes concurrent jobs of a sweep train it once; the result is written to a
-temporary directory and renamed into place (``refexp.io.atomic_dir``). A failed stage removes its
-temporary; one killed outright cannot, and the next job to take the lock removes it.
+"""The SFT stage: the model every RL run starts from and that ``reference=fixed`` keeps, trained on the task's
+demonstrations until the validation loss plateaus (or the accuracy target, or the step cap) and cached under
+``<cache>/sft/<hash>/``. Stop rules, cache layout and locking: docs/algorithms.md, "The SFT stage".
 """
 
 from __future__ import annotations
@@ -30,6 +15,7 @@ import torch
 from refexp import distributed as rdist
 from refexp import titan
 from refexp.titan import save_model_weights
+from refexp.cache_dirs import marker_check
 from refexp.context import RunContext
 from refexp.evaluation import greedy_accuracy, logp_correct
 from refexp.data_order import batch_ids
@@ -82,24 +68,24 @@ def ensure_sft(ctx: RunContext) -> Path:
     if ctx.cfg.sft.checkpoint:  # a directory: config.check_start_weights
         return Path(ctx.cfg.sft.checkpoint)
     out = ctx.cache_dir / "sft" / sft_fingerprint(ctx)
-    if _complete(out):
+    if _sft_cached(out):
         return out
     # Rank 0 takes the cross-process lock; all ranks then agree on whether training is needed.
     lock = _file_lock(ctx.cache_dir / "sft" / f"{out.name}.lock") if ctx.dist.is_rank0 else nullcontext()
     with lock:
         if ctx.dist.is_rank0:
             remove_temporaries(out)  # left by a run killed while training this model; the lock excludes live ones
-        if rdist.broadcast_object(not _complete(out)):
+        if rdist.broadcast_object(not _sft_cached(out)):
             # rank 0 makes the temp dir and renames it into place; every rank trains into it
-            with (atomic_dir(out, is_complete=_complete) if ctx.dist.is_rank0 else nullcontext()) as tmp:
+            with (atomic_dir(out, is_complete=_sft_cached) if ctx.dist.is_rank0 else nullcontext()) as tmp:
                 tmp = Path(rdist.broadcast_object(str(tmp) if tmp is not None else None))
                 train_sft(ctx, tmp)
             rdist.barrier()
     return out
 
 
-def _complete(out: Path) -> bool:
-    return (out / "sft.json").is_file()  # written last
+_sft_cached = marker_check("sft.json")
+"""Whether an SFT output dir is complete (``sft.json`` is written last)."""
 
 
 def sft_batch(ctx: RunContext, step: int) -> list[int]:
@@ -167,15 +153,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         print("[refexp] SFT: the task has no validation split (task.val_path / task.val_fraction), so no stop "
               f"rule applies: training to the sft.steps={sft.steps} cap")
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = build_run_model(ctx, trainable=True, seed=sft.seed)
-    if cfg.model.hf_assets_path:
-        titan.load_weights(model, cfg.model, cfg.model.hf_assets_path, hf=True)
-    optimizers, schedulers = build_optimizer(model, optimizer=cfg.training.optimizer, lr=sft.lr,
-                                             weight_decay=sft.weight_decay, warmup_steps=sft.warmup_steps,
-                                             total_steps=sft.steps, decay_ratio=sft.decay_ratio, decay_type="cosine")
+    model, optimizers, schedulers = _build_sft_model(ctx)
     log = MetricLogger(out_dir, enabled=ctx.dist.is_rank0)
-    tok = ctx.task.tokenizer
-    train = ctx.task.train
     engine = build_engine(cfg.rollout, model, ctx.task.tokenizer)  # the configured engine, as every evaluation
     stop = ValidationStop(sft, has_val=has_val)
     best = BestWeights(model)
@@ -197,20 +176,7 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         if pending:
             log.log(pending, step=step)
         step += 1
-        rows = train.select(sft_batch(ctx, step))
-        tokens, mask = pack_sequences(tok, rows["prompt"], rows["completion"], add_eos=True)
-        tokens, mask = tokens.to(ctx.device), mask.to(ctx.device)
-        logp = titan.token_logprobs(model, tokens)
-        # mask[:, t] marks token t as a completion token; its log-prob sits at logp[:, t-1].
-        target = mask[:, 1:]
-        loss, metrics = sft_loss(logp, target)
-        # FSDP sums gradients over ranks (docs/torchtitan-notes.md §5): weight the local mean by this
-        # rank's share of the global target tokens so the update equals the single-process one.
-        n_local = target.sum().to(torch.float32)
-        n_global = rdist.dp_sum(ctx.parallel_dims, n_local)
-        (loss * n_local / n_global).backward()
-        grad_norm, _ = clip_and_step(model, optimizers, schedulers, max_norm=cfg.training.max_norm, loss=loss,
-                                     step=step)
+        loss, n_local, n_global, grad_norm = _sft_update(ctx, model, optimizers, schedulers, step)
         if step == 1:  # set-up is over (refexp/distributed.py, set_collective_timeout)
             rdist.set_collective_timeout(cfg.comm.train_timeout_seconds, ctx.parallel_dims)
         bar.update(1)
@@ -227,17 +193,57 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims, engine=engine)
     log.log({**pending, "eval/accuracy": acc}, step=step)
     bar.close()
-    wall = now(ctx.device) - t0
+    summary = {"steps": step, "eval_accuracy": acc, "val_accuracy": stop.accuracy, "best_val_loss": stop.best_loss,
+               "kept_step": step if best.step is None else best.step, "stopped_by": stop.reason(),
+               "wall_s": now(ctx.device) - t0}
+    _save_sft_output(ctx, model, out_dir, summary)
+    log.close()
+    rdist.barrier()
+    return summary
+
+
+def _build_sft_model(ctx: RunContext):
+    """The model the stage trains (from ``model.hf_assets_path`` when set, else initialised with ``sft.seed``),
+    its optimizer and its warmup-cosine schedule."""
+    cfg, sft = ctx.cfg, ctx.cfg.sft
+    model = build_run_model(ctx, trainable=True, seed=sft.seed)
+    if cfg.model.hf_assets_path:
+        titan.load_weights(model, cfg.model, cfg.model.hf_assets_path, hf=True)
+    optimizers, schedulers = build_optimizer(model, optimizer=cfg.training.optimizer, lr=sft.lr,
+                                             weight_decay=sft.weight_decay, warmup_steps=sft.warmup_steps,
+                                             total_steps=sft.steps, decay_ratio=sft.decay_ratio, decay_type="cosine")
+    return model, optimizers, schedulers
+
+
+def _sft_update(ctx: RunContext, model, optimizers, schedulers, step: int):
+    """One SFT update on this rank's rows of ``step``: the masked next-token loss, backward, clip, step.
+    Returns (this rank's token-mean loss, its target tokens, the global batch's, the grad norm)."""
+    rows = ctx.task.train.select(sft_batch(ctx, step))
+    tokens, mask = pack_sequences(ctx.task.tokenizer, rows["prompt"], rows["completion"], add_eos=True)
+    tokens, mask = tokens.to(ctx.device), mask.to(ctx.device)
+    logp = titan.token_logprobs(model, tokens)
+    # mask[:, t] marks token t as a completion token; its log-prob sits at logp[:, t-1].
+    target = mask[:, 1:]
+    loss, _ = sft_loss(logp, target)
+    # FSDP sums gradients over ranks (docs/torchtitan-notes.md §5): weight the local mean by this
+    # rank's share of the global target tokens so the update equals the single-process one.
+    n_local = target.sum().to(torch.float32)
+    n_global = rdist.dp_sum(ctx.parallel_dims, n_local)
+    (loss * n_local / n_global).backward()
+    grad_norm, _ = clip_and_step(model, optimizers, schedulers, max_norm=ctx.cfg.training.max_norm, loss=loss,
+                                 step=step)
+    return loss, n_local, n_global, grad_norm
+
+
+def _save_sft_output(ctx: RunContext, model, out_dir: Path, summary: dict) -> None:
+    """The kept model as a DCP checkpoint and an HF export, the tokenizer, and ``sft.json`` (last: it marks
+    the output complete)."""
+    cfg, tok = ctx.cfg, ctx.task.tokenizer
     # what follows (saving, exporting, building the RL stage's models) is set-up again
     rdist.set_collective_timeout(cfg.comm.init_timeout_seconds, ctx.parallel_dims)
     save_model_weights(model, out_dir / "model")
     if ctx.dist.is_rank0:
         tok.save(str(out_dir))
     titan.export_hf(model, cfg.model, str(out_dir / "hf"), tokenizer=tok)
-    summary = {"steps": step, "eval_accuracy": acc, "val_accuracy": stop.accuracy, "best_val_loss": stop.best_loss,
-               "kept_step": step if best.step is None else best.step, "stopped_by": stop.reason(), "wall_s": wall}
     if ctx.dist.is_rank0:
         write_json_atomic(out_dir / "sft.json", summary)
-    log.close()
-    rdist.barrier()
-    return summary

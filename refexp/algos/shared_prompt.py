@@ -1,32 +1,7 @@
-"""One forward for several completions of the same prompt: DPO's chosen and rejected, GRPO's group.
-
-The usual layout runs the prompt once per completion: DPO's concatenated pass (``dpo_data.pack_pairs``)
-has a chosen row and a rejected row, GRPO has G rows per prompt. Prefix sharing (Wang et al. 2024,
-"Accelerating Direct Preference Optimization with Prefix Sharing", arXiv:2410.20305) packs the
-completions of a prompt into one row and lets an attention mask keep each completion from seeing
-the others:
-
-    row u:  prompt (p tokens) | completion 0 (c0) | bridge | completion 1 (c1) | bridge | ... | pad
-    RoPE:   0 .. p-1          | p .. p+c0-1       | p-1    | p .. p+c1-1       | p-1    | ... | 0
-
-A *bridge* is a copy of the prompt's last token at the prompt's last position, attending to the
-prompt's first p-1 tokens and to itself: exactly what the prompt's last token sees in its own row,
-so its hidden state equals that token's at every layer, and its next-token distribution is the one
-the completion's first token is scored by. A completion's tokens attend to the first p-1 prompt
-tokens, their bridge (standing for the prompt's last token) and the completion's earlier tokens.
-Every log-prob is therefore the one of the usual layout (up to float summation order), and a
-prompt's K rows of p + c tokens become one of p + sum(c) + K - 1: for DPO at 32 + 32 + 32 tokens,
-25% fewer tokens; for GRPO's 4 completions of 32 tokens after a 32-token prompt, 36% fewer.
-
-Attention runs one of two ways, whichever is cheaper (``GATHER_COST_PAIRS``):
-- a dense mask ([U, S, S] booleans): SDPA computes every query x key product of the shared row, U x S^2
-  pairs, which grows with the square of the whole group;
-- ``titan.CausalRows``: every query sees exactly the keys it sees in its usual row, so the usual rows'
-  queries/keys/values are gathered out of the shared rows, attended causally and scattered back: N x T^2
-  pairs plus the gathers. Only the projections and the MLP are then shared; with many long completions
-  per prompt (GRPO with G=16 and 1k-token rollouts) this is several times cheaper than the mask, and
-  no [U, S, S] tensor is built.
-Only the SDPA backend takes either (``titan.MaskedSDPA``; checked in ``config.check_cross_fields``).
+"""One forward for several completions of the same prompt (DPO's chosen and rejected, GRPO's group): the
+completions of a prompt packed into one row, with RoPE positions and an attention (a dense mask or
+``titan.CausalRows``, whichever is cheaper) that give every log-prob of the usual layout. The layout, its bridges
+and the cost rule: docs/algorithms.md, "One forward for several completions of a prompt".
 """
 
 from __future__ import annotations
@@ -111,65 +86,94 @@ def share_prompt_rows(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, groups: li
     if attention not in ("auto", "mask", "rows"):
         raise ValueError(f"attention={attention!r}: expected 'auto', 'mask' or 'rows'")
     tokens, mask = tokens_NT.cpu(), mask_NT.cpu()
-    N, T = tokens.shape
-    first, count = _completion_spans(mask)
-    group_N, lead_N, p_N = [-1] * N, [0] * N, [0] * N
-    # per shared row: where each slot's token comes from (row, column), its RoPE position, its segment
-    rows_src: list[tuple[list[int], list[int], list[int], list[int]]] = []
-    src_n, src_c, src_v = [], [], []  # usual (row, column) -> shared column, for ``src_NT``
-    member_slots: list[tuple[int, list[int]]] = []  # (shared row, its slot of each usual column), for CausalRows
-    for u, members in enumerate(groups):
-        n0 = members[0]
-        p = first[n0] + 1  # column t predicts token t+1: the first completion token sits at position p
-        r, c, pos, seg = [n0] * p, list(range(p)), list(range(p)), [0] * p
-        for k, n in enumerate(members):
-            if first[n] + 1 != p:
-                raise ValueError(f"rows {n0} and {n}: completions of one group do not share the prompt")
-            if k > 0:  # the bridge: the prompt's last token again, at its position
-                r.append(n), c.append(p - 1), pos.append(p - 1), seg.append(k)
-            start, length = len(r), count[n]  # where this completion's first token goes
-            r += [n] * length
-            c += range(p, p + length)
-            pos += range(p, p + length)
-            seg += [k] * length
-            src_n += [n] * length
-            src_c += range(first[n], first[n] + length)
-            src_v += range(start - 1, start - 1 + length)  # predicted one column earlier
-            # its usual row: the prompt's first p-1 tokens, its last one (the bridge from k=1 on), the completion
-            member_slots.append((u, [*range(p - 1), start - 1, *range(start, start + length)]))
-            group_N[n], lead_N[n], p_N[n] = u, n0, p
-        rows_src.append((r, c, pos, seg))
-    if min(group_N, default=0) < 0:
-        raise ValueError(f"rows {[n for n in range(N) if group_N[n] < 0]} are in no group")
-    in_prompt = torch.arange(T)[None, :] < torch.tensor(p_N)[:, None]
-    differs = ((tokens != tokens[lead_N]) & in_prompt).any(1)
-    if bool(differs.any()):
-        n = int(differs.nonzero()[0])
-        raise ValueError(f"rows {lead_N[n]} and {n}: completions of one group do not share the prompt")
-
-    U, S = len(rows_src), max(len(x[0]) for x in rows_src)
+    lay = _Layout.of(groups, *_completion_spans(mask), N=tokens.shape[0])
+    lay.check_prompts(tokens)
+    U, S = len(lay.rows_src), max(len(x[0]) for x in lay.rows_src)
     pad = lambda xs, v: xs + [v] * (S - len(xs))  # noqa: E731
-    src_rows = torch.tensor([pad(x[0], 0) for x in rows_src])
-    src_cols = torch.tensor([pad(x[1], 0) for x in rows_src])
-    seg_US = torch.tensor([pad(x[3], -1) for x in rows_src])  # -1: padding
-    positions_US = torch.tensor([pad(x[2], 0) for x in rows_src])
+    src_rows = torch.tensor([pad(x[0], 0) for x in lay.rows_src])
+    src_cols = torch.tensor([pad(x[1], 0) for x in lay.rows_src])
+    seg_US = torch.tensor([pad(x[3], -1) for x in lay.rows_src])  # -1: padding
+    positions_US = torch.tensor([pad(x[2], 0) for x in lay.rows_src])
     tokens_US = torch.where(seg_US >= 0, tokens[src_rows, src_cols], torch.full((), pad_id, dtype=tokens.dtype))
     src = torch.zeros(mask.shape, dtype=torch.long)
-    src[src_n, src_c] = torch.tensor(src_v, dtype=torch.long)
+    src[lay.src_n, lay.src_c] = torch.tensor(lay.src_v, dtype=torch.long)
     device = tokens_NT.device
     shared = dict(tokens_US=tokens_US.to(device), positions_US=positions_US.to(device),
-                  group_N=torch.tensor(group_N, device=device), src_NT=src.to(device))
-    T = max(len(slots) for _, slots in member_slots)
-    if attention == "rows" or (attention == "auto" and attention_way(len(member_slots), T, U, S) == "rows"):
-        rows = _causal_rows(member_slots, [p_N[g[0]] for g in groups], S, T, device)
-        return SharedPrompt(**shared, allowed_USS=None, rows=rows)
+                  group_N=torch.tensor(lay.group_N, device=device), src_NT=src.to(device))
+    T = max(len(slots) for _, slots in lay.member_slots)
+    p_U = [lay.p_N[g[0]] for g in groups]
+    if attention == "rows" or (attention == "auto" and attention_way(len(lay.member_slots), T, U, S) == "rows"):
+        return SharedPrompt(**shared, allowed_USS=None, rows=_causal_rows(lay.member_slots, p_U, S, T, device))
+    return SharedPrompt(**shared, allowed_USS=_dense_mask(seg_US, p_U).to(device), rows=None)
+
+
+@dataclass
+class _Layout:
+    """Where each slot of each shared row comes from, as integer lists (built row by row).
+
+    rows_src:      per shared row u: (usual row, usual column, RoPE position, segment) of each of its slots;
+                   segment k is the group's k-th completion (0 also for the prompt), with its bridge
+    src_n, src_c:  the usual (row, column) of every completion log-prob column; src_v: its shared column
+    member_slots:  per usual row m: (its shared row, the shared slot of each of its usual columns), for CausalRows
+    group_N, lead_N, p_N: per usual row: its shared row, its group's first row, its prompt length
+    """
+
+    rows_src: list[tuple[list[int], list[int], list[int], list[int]]]
+    src_n: list[int]
+    src_c: list[int]
+    src_v: list[int]
+    member_slots: list[tuple[int, list[int]]]
+    group_N: list[int]
+    lead_N: list[int]
+    p_N: list[int]
+
+    @classmethod
+    def of(cls, groups: list[list[int]], first: list[int], count: list[int], *, N: int) -> "_Layout":
+        lay = cls([], [], [], [], [], [-1] * N, [0] * N, [0] * N)
+        for u, members in enumerate(groups):
+            n0 = members[0]
+            p = first[n0] + 1  # column t predicts token t+1: the first completion token sits at position p
+            r, c, pos, seg = [n0] * p, list(range(p)), list(range(p)), [0] * p
+            for k, n in enumerate(members):
+                if first[n] + 1 != p:
+                    raise ValueError(f"rows {n0} and {n}: completions of one group do not share the prompt")
+                if k > 0:  # the bridge: the prompt's last token again, at its position
+                    r.append(n), c.append(p - 1), pos.append(p - 1), seg.append(k)
+                start, length = len(r), count[n]  # where this completion's first token goes
+                r += [n] * length
+                c += range(p, p + length)
+                pos += range(p, p + length)
+                seg += [k] * length
+                lay.src_n.extend([n] * length)
+                lay.src_c.extend(range(first[n], first[n] + length))
+                lay.src_v.extend(range(start - 1, start - 1 + length))  # predicted one column earlier
+                # its usual row: the prompt's first p-1 tokens, its last one (the bridge from k=1 on), the completion
+                lay.member_slots.append((u, [*range(p - 1), start - 1, *range(start, start + length)]))
+                lay.group_N[n], lay.lead_N[n], lay.p_N[n] = u, n0, p
+            lay.rows_src.append((r, c, pos, seg))
+        if min(lay.group_N, default=0) < 0:
+            raise ValueError(f"rows {[n for n in range(N) if lay.group_N[n] < 0]} are in no group")
+        return lay
+
+    def check_prompts(self, tokens_NT: torch.Tensor) -> None:
+        """Every row's prompt tokens equal its group's first row's (ValueError naming the two rows)."""
+        in_prompt = torch.arange(tokens_NT.shape[1])[None, :] < torch.tensor(self.p_N)[:, None]
+        differs = ((tokens_NT != tokens_NT[self.lead_N]) & in_prompt).any(1)
+        if bool(differs.any()):
+            n = int(differs.nonzero()[0])
+            raise ValueError(f"rows {self.lead_N[n]} and {n}: completions of one group do not share the prompt")
+
+
+def _dense_mask(seg_US: torch.Tensor, p_U: list[int]) -> torch.Tensor:
+    """The [U, S, S] query x key booleans of the layout: the prompt and first completion attend causally; a
+    later completion to the prompt's first p-1 tokens, its bridge and itself, causally."""
+    S = seg_US.shape[1]
     q_idx, k_idx = torch.arange(S)[None, :, None], torch.arange(S)[None, None, :]
     seg_q, seg_k = seg_US[:, :, None], seg_US[:, None, :]
-    p_U = torch.tensor([p_N[g[0]] for g in groups])[:, None, None]
-    # prompt and first completion: causal; a later completion: prompt[:p-1], its bridge and itself, causal
-    real = (k_idx <= q_idx) & ((seg_q == 0) | (seg_k == seg_q) | (k_idx <= p_U - 2)) & (seg_q >= 0)
+    p = torch.tensor(p_U)[:, None, None]
+    real = (k_idx <= q_idx) & ((seg_q == 0) | (seg_k == seg_q) | (k_idx <= p - 2)) & (seg_q >= 0)
     pad_self = (seg_q < 0) & (k_idx == q_idx)  # padding sees itself only (never used; an all-masked row is NaN)
-    return SharedPrompt(**shared, allowed_USS=(real | pad_self).to(device), rows=None)
+    return real | pad_self
 
 
 def _causal_rows(member_slots: list[tuple[int, list[int]]], p_U: list[int], S: int, T: int,

@@ -9,11 +9,9 @@ from typing import Callable
 
 import torch
 
+from refexp.choices import ADVANTAGE_SCALES, GRPO_LOSS_AGGS
 from refexp.kl import _compute_dtype, _where_mask, kl_estimate, masked_mean, masked_sum
 from refexp.losses.common import Metrics, check_shape, metric
-
-ADVANTAGE_SCALES = ("group", "batch", "none")
-GRPO_LOSS_AGGS = ("grpo", "dr_grpo", "dapo")
 
 
 def group_advantages(
@@ -156,33 +154,16 @@ def grpo_loss(
         ``r > 1 + eps_high`` and ``A > 0``, ``clip/ratio``: either (the tokens whose gradient the
         clip removes; TRL's ``clip_ratio/*``), all token-weighted over the mask.
 
+    Long for its docstring: the equation, the aggregations and the departures from TRL stay next to the code
+    that computes them.
+
     Departures from TRL: ``bnpo`` is not offered (it is ``dapo`` without ``num_active_tokens``);
     TRL's division by gradient-accumulation steps is left to the caller; the log-ratio is not
     clamped (as TRL; torchtitan clamps it to +-10).
     """
-    if logp.dim() != 2:
-        raise ValueError(f"logp has shape {tuple(logp.shape)}, expected [B, T]")
-    B, T = logp.shape
-    check_shape("mask", mask, (B, T))
-    check_shape("advantages", advantages, (B,))
-    if old_logp is not None:
-        check_shape("old_logp", old_logp, (B, T))
-    if ref_logp is not None:
-        check_shape("ref_logp", ref_logp, (B, T))
-    if loss_agg not in GRPO_LOSS_AGGS:
-        raise ValueError(f"loss_agg={loss_agg!r} is invalid: expected one of {', '.join(GRPO_LOSS_AGGS)}")
-    if loss_agg == "dr_grpo" and (max_completion_length is None or max_completion_length < 1):
-        raise ValueError(
-            f"max_completion_length={max_completion_length!r} is invalid: loss_agg='dr_grpo' needs the "
-            "generation budget (a positive integer)"
-        )
-    if num_active_tokens is not None and loss_agg != "dapo":
-        raise ValueError(f"num_active_tokens is only used by loss_agg='dapo', not {loss_agg!r}")
-    if beta < 0:
-        raise ValueError(f"beta={beta!r} is invalid: expected a number >= 0")
-    if kl_estimator not in ("k1", "k2", "k3"):
-        raise ValueError(f"kl_estimator={kl_estimator!r} is invalid: expected one of k1, k2, k3")
-
+    _check_grpo_inputs(logp, old_logp, ref_logp, advantages, mask, beta=beta, kl_estimator=kl_estimator,
+                       loss_agg=loss_agg, max_completion_length=max_completion_length,
+                       num_active_tokens=num_active_tokens, token_weight=token_weight)
     m = mask.ne(0)
     logp = _where_mask(_compute_dtype(logp), m)
     old = logp.detach() if old_logp is None else _where_mask(_compute_dtype(old_logp.detach()), m)
@@ -192,7 +173,6 @@ def grpo_loss(
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     policy_BT = -torch.min(ratio * adv, clipped * adv)
     if token_weight is not None:
-        check_shape("token_weight", token_weight, (B, T))
         policy_BT = policy_BT * _compute_dtype(token_weight.detach())
     policy = _aggregate(policy_BT, m, loss_agg, max_completion_length, num_active_tokens)
 
@@ -217,3 +197,32 @@ def grpo_loss(
     metrics["loss/kl"] = metric(kl_part)
     metrics["loss/total"] = metric(loss)
     return loss, metrics
+
+
+def _check_grpo_inputs(logp, old_logp, ref_logp, advantages, mask, *, beta, kl_estimator, loss_agg,
+                       max_completion_length, num_active_tokens, token_weight) -> None:
+    """``grpo_loss``'s shape and option checks (ValueError naming the argument)."""
+    if logp.dim() != 2:
+        raise ValueError(f"logp has shape {tuple(logp.shape)}, expected [B, T]")
+    B, T = logp.shape
+    check_shape("mask", mask, (B, T))
+    check_shape("advantages", advantages, (B,))
+    if old_logp is not None:
+        check_shape("old_logp", old_logp, (B, T))
+    if ref_logp is not None:
+        check_shape("ref_logp", ref_logp, (B, T))
+    if token_weight is not None:
+        check_shape("token_weight", token_weight, (B, T))
+    if loss_agg not in GRPO_LOSS_AGGS:
+        raise ValueError(f"loss_agg={loss_agg!r} is invalid: expected one of {', '.join(GRPO_LOSS_AGGS)}")
+    if loss_agg == "dr_grpo" and (max_completion_length is None or max_completion_length < 1):
+        raise ValueError(
+            f"max_completion_length={max_completion_length!r} is invalid: loss_agg='dr_grpo' needs the "
+            "generation budget (a positive integer)"
+        )
+    if num_active_tokens is not None and loss_agg != "dapo":
+        raise ValueError(f"num_active_tokens is only used by loss_agg='dapo', not {loss_agg!r}")
+    if beta < 0:
+        raise ValueError(f"beta={beta!r} is invalid: expected a number >= 0")
+    if kl_estimator not in ("k1", "k2", "k3"):
+        raise ValueError(f"kl_estimator={kl_estimator!r} is invalid: expected one of k1, k2, k3")

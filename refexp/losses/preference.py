@@ -11,10 +11,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from refexp.choices import DPO_LOSS_TYPES
 from refexp.kl import _compute_dtype
 from refexp.losses.common import Metrics, check_shape, metric
-
-DPO_LOSS_TYPES = ("sigmoid", "ipo", "robust", "hinge")
 
 
 def _preference_metrics(
@@ -92,33 +91,16 @@ def dpo_loss(
     (fraction of pairs with chosen reward strictly greater), ``logps/chosen``, ``logps/rejected``
     (policy, as used in the loss, i.e. averaged for IPO with lengths), ``loss/total``.
 
+    Long for its docstring: the four equations, IPO's length handling and the departures from TRL stay next to
+    the code that computes them.
+
     Departures from TRL 1.16: ``"sigmoid"`` with ``label_smoothing > 0`` is conservative DPO (cDPO, the
     form above and of earlier TRL releases); TRL 1.16's sigmoid ignores ``label_smoothing``, so the two agree
     only at ``label_smoothing = 0``. ``label_smoothing != 0`` with ``ipo``/``hinge`` raises (TRL ignores
     it); ``robust`` requires ``0 <= label_smoothing < 1/2`` (TRL checks the same).
     """
-    shape_B = tuple(policy_chosen_logps.shape)
-    if len(shape_B) != 1:
-        raise ValueError(f"policy_chosen_logps has shape {shape_B}, expected [B]")
-    for name, t in (
-        ("policy_rejected_logps", policy_rejected_logps),
-        ("ref_chosen_logps", ref_chosen_logps),
-        ("ref_rejected_logps", ref_rejected_logps),
-    ):
-        check_shape(name, t, shape_B)
-    if loss_type not in DPO_LOSS_TYPES:
-        raise ValueError(f"loss_type={loss_type!r} is invalid: expected one of {', '.join(DPO_LOSS_TYPES)}")
-    if not beta > 0:
-        raise ValueError(f"beta={beta!r} is invalid: expected a number > 0")
-    if loss_type in ("ipo", "hinge") and label_smoothing != 0.0:
-        raise ValueError(
-            f"label_smoothing={label_smoothing!r} is invalid: loss_type={loss_type!r} has no label smoothing"
-        )
-    if loss_type == "robust" and not 0.0 <= label_smoothing < 0.5:
-        raise ValueError(f"label_smoothing={label_smoothing!r} is invalid: 'robust' needs a number in [0, 0.5)")
-    if loss_type == "sigmoid" and not 0.0 <= label_smoothing <= 0.5:
-        raise ValueError(f"label_smoothing={label_smoothing!r} is invalid: expected a number in [0, 0.5]")
-
+    _check_dpo_inputs(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta=beta,
+                      loss_type=loss_type, label_smoothing=label_smoothing)
     pc, pr = _compute_dtype(policy_chosen_logps), _compute_dtype(policy_rejected_logps)
     rc, rr = _compute_dtype(ref_chosen_logps.detach()), _compute_dtype(ref_rejected_logps.detach())
     if loss_type == "ipo" and (chosen_lengths is not None or rejected_lengths is not None):
@@ -142,6 +124,32 @@ def dpo_loss(
     metrics = _preference_metrics(beta * (pc - rc), beta * (pr - rr), pc, pr)
     metrics["loss/total"] = metric(loss)
     return loss, metrics
+
+
+def _check_dpo_inputs(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, *,
+                      beta: float, loss_type: str, label_smoothing: float) -> None:
+    """``dpo_loss``'s shape and option checks (ValueError naming the argument)."""
+    shape_B = tuple(policy_chosen_logps.shape)
+    if len(shape_B) != 1:
+        raise ValueError(f"policy_chosen_logps has shape {shape_B}, expected [B]")
+    for name, t in (
+        ("policy_rejected_logps", policy_rejected_logps),
+        ("ref_chosen_logps", ref_chosen_logps),
+        ("ref_rejected_logps", ref_rejected_logps),
+    ):
+        check_shape(name, t, shape_B)
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"loss_type={loss_type!r} is invalid: expected one of {', '.join(DPO_LOSS_TYPES)}")
+    if not beta > 0:
+        raise ValueError(f"beta={beta!r} is invalid: expected a number > 0")
+    if loss_type in ("ipo", "hinge") and label_smoothing != 0.0:
+        raise ValueError(
+            f"label_smoothing={label_smoothing!r} is invalid: loss_type={loss_type!r} has no label smoothing"
+        )
+    if loss_type == "robust" and not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"label_smoothing={label_smoothing!r} is invalid: 'robust' needs a number in [0, 0.5)")
+    if loss_type == "sigmoid" and not 0.0 <= label_smoothing <= 0.5:
+        raise ValueError(f"label_smoothing={label_smoothing!r} is invalid: expected a number in [0, 0.5]")
 
 
 def simpo_loss(

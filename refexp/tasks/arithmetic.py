@@ -35,6 +35,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 
+from refexp.cache_dirs import marker_check
 from refexp.config import ConfigError, TaskConfig
 from refexp.hashing import stable_hash
 from refexp.io import atomic_dir
@@ -101,15 +102,15 @@ def load_arithmetic(cfg: TaskConfig, data_dir: str) -> datasets.DatasetDict:
     it loads the winner's.
     """
     final = os.path.join(data_dir, f"arithmetic-{arithmetic_fingerprint(cfg)}")
-    if not _complete(Path(final)):
+    if not _dataset_saved(Path(final)):
         _check(cfg)  # before creating anything
-        with atomic_dir(final, is_complete=_complete) as tmp:
+        with atomic_dir(final, is_complete=_dataset_saved) as tmp:
             generate_arithmetic(cfg).save_to_disk(str(tmp))
     return datasets.load_from_disk(final)
 
 
-def _complete(out: Path) -> bool:
-    return (out / "dataset_dict.json").is_file()
+_dataset_saved = marker_check("dataset_dict.json")
+"""Whether a generated data dir is complete (``DatasetDict.save_to_disk`` wrote its ``dataset_dict.json``)."""
 
 
 def _check(cfg: TaskConfig) -> None:
