@@ -3,8 +3,8 @@
 Runs a 30-step GRPO arm of every reference strategy (the quickstart's settings) and a 30-step DPO run
 with a fixed, an EMA and a precomputed reference, one thread each, into OUT/<arm>/; then, given a second
 directory made the same way on another checkout, compares every logged value of every step.
-Timings and memory (``perf/*``, ``mem/*``) are left out of the comparison: they are measurements of the
-machine, not of the run.
+Timings and memory (``perf/*``, ``mem/*``, any ``*_s`` duration such as ``refcache/build_s``) are left out
+of the comparison: they are measurements of the machine, not of the run.
 
     python bench/same_numbers.py run OUT            # on this checkout
     python bench/same_numbers.py compare OUT_A OUT_B
@@ -54,7 +54,7 @@ def run_all(out: Path) -> None:
 
 def _rows(path: Path) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{k: v for k, v in row.items() if not k.startswith(MACHINE_KEYS)} for row in rows]
+    return [{k: v for k, v in row.items() if not (k.startswith(MACHINE_KEYS) or k.endswith("_s"))} for row in rows]
 
 
 def _same(a, b) -> bool:
