@@ -82,9 +82,7 @@ def precheck_search(argv: list[str], config_dir: str) -> None:
     themselves, or a command line Hydra will reject anyway, is left to the trials and to Hydra."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     from refexp.config import ConfigError, check_search_validation
     from refexp.config.search import VALIDATION_FIELDS
@@ -99,7 +97,7 @@ def precheck_search(argv: list[str], config_dir: str) -> None:
         if cfg.get("dry_run") or swept & set(VALIDATION_FIELDS):
             return
         task = OmegaConf.to_object(cfg.task)
-    except (HydraException, OmegaConfBaseException, ConfigError):
+    except Exception:  # this check must never stop a command line that Hydra would run
         return  # reported by the single-run check below, by Hydra, or by each job
     try:
         check_search_validation(sweeper, task)
