@@ -2,14 +2,19 @@
 headroom task's demonstration slip, docs/headroom-task.md), a carry added where the ones column has none,
 or anything else.
 
-For each run dir (a job of a sweep: its ``.hydra/overrides.yaml`` recomposes its config) the last checkpoint
-is loaded and greedy completions of the first ``--prompts`` test prompts are classified; ``--start DIR`` also
-measures the start the runs began from (an SFT output's ``model/`` under ``<sft.cache_dir>/sft/``, the one whose
-``sft.json`` holds the runs' start accuracy), with the first run's config. Prints one JSON
-line per run, then per group of runs (the swept variant: ``grpo_variant=``/``dpo_variant=``/``reference=``)
-the counts summed over its seeds, as a markdown table.
+For each run dir (a job of a sweep: its ``.hydra/overrides.yaml`` recomposes its config; a sweep dir stands for
+its jobs) the last checkpoint is loaded and greedy completions of the first ``--prompts`` test prompts are
+classified; ``--start DIR`` also measures the start the runs began from (an SFT output's ``model/`` under
+``<sft.cache_dir>/sft/``, the one whose ``sft.json`` holds the runs' start accuracy), with the first run's config.
+Prints one JSON line per run, then per group of runs (the swept variant: ``grpo_variant=``/``dpo_variant=``/
+``reference=``) each kind's share of the completions pooled over its seeds, as a markdown table.
 
-    python bench/error_kinds.py /path/to/sweep/*/ --start ~/.cache/refexp/sft/<key>/model
+A missed ones-carry is the headroom task's own slip (``refexp.tasks.arithmetic.slip_carry``: the tens digit one
+lower, mod 10, on a sum whose ones column carries, so ``0101`` -> ``0191``); a carry added without one is that slip
+undone where there is no carry to forget (the tens digit one higher, mod 10). ``--markdown OUT.md`` also writes
+the group table to a file to commit, naming the sweep and the start by their directory names only.
+
+    python bench/error_kinds.py /path/to/sweep/ --start ~/.cache/refexp/sft/<key>/model --markdown docs/x.md
 """
 
 from __future__ import annotations
@@ -20,25 +25,66 @@ import json
 import sys
 from pathlib import Path
 
+from refexp.tasks.arithmetic import format_problem, ones_carry, slip_carry
+
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("correct", "missed ones-carry", "carry added without one", "other")
 
 
 def classify(prompt: str, completion: str) -> str:
-    """``a+b=`` and the completion -> one of KINDS."""
-    a, b = (int(x) for x in prompt.rstrip("=").split("+"))
-    try:
-        got = int(completion.strip())
-    except ValueError:
+    """``a+b=`` (zero-padded operands) and the completion -> one of KINDS, the slip as the task makes it."""
+    left, right = prompt.rstrip("=").split("+")
+    a, b = int(left), int(right)
+    _, correct, _ = format_problem("+", a, b, len(left))
+    got = completion.strip()
+    if not (got.isascii() and got.isdigit()):
         return "other"
-    ones_carry = a % 10 + b % 10 >= 10
-    if got == a + b:
+    if int(got) == a + b:
         return "correct"
-    if ones_carry and got == a + b - 10:
+    got = got.zfill(len(correct))
+    if len(got) != len(correct):
+        return "other"
+    if ones_carry("+", a, b) and got == slip_carry(correct):
         return "missed ones-carry"
-    if not ones_carry and got == a + b + 10:
+    if not ones_carry("+", a, b) and slip_carry(got) == correct:
         return "carry added without one"
     return "other"
+
+
+def run_dirs(paths: list[Path]) -> list[Path]:
+    """The run dirs (with a ``checkpoint/``) among ``paths``, a sweep dir standing for its jobs in job order."""
+    def job_order(d: Path):
+        return (0, int(d.name), "") if d.name.isdigit() else (1, 0, d.name)
+
+    found = []
+    for p in paths:
+        if (p / "checkpoint").is_dir():
+            found.append(p)
+        elif p.is_dir():
+            found += sorted((d for d in p.iterdir() if (d / "checkpoint").is_dir()), key=job_order)
+    return found
+
+
+def markdown_table(totals: dict[str, collections.Counter], runs_per_group: dict[str, int]) -> str:
+    """One row per group: each kind's share of the group's completions (pooled over its runs), runs, completions."""
+    lines = [f"| group | {' | '.join(KINDS)} | runs | test completions |", "|---|" + "---:|" * (len(KINDS) + 2)]
+    for group, counts in totals.items():
+        n = sum(counts.values())
+        shares = " | ".join(f"{counts[k] / n:.3f}" if n else "-" for k in KINDS)
+        lines.append(f"| {group} | {shares} | {runs_per_group.get(group, 1)} | {n} |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_file(table: str, experiments: list[str], start: Path | None, prompts: int) -> str:
+    """The table with what produced it: the experiment(s) by name and the start by its SFT cache key (no machine
+    paths)."""
+    sweeps = ", ".join(f"`{e}`" for e in dict.fromkeys(experiments))
+    start_line = (f" The SFT start is the model of SFT cache entry `{start.parent.name}`." if start else "")
+    return (f"# Error kinds of {sweeps}\n\n"
+            f"Greedy completions of the first {prompts} test prompts of each run's last checkpoint, classified by "
+            f"`bench/error_kinds.py` (a missed ones-carry is the task's own slip, `slip_carry`; a carry added "
+            f"without one is that slip undone on a sum whose ones column does not carry). Shares are pooled over "
+            f"each group's runs (seeds), with no interval.{start_line}\n\n{table}")
 
 
 def compose_run_config(run_dir: Path):
@@ -78,16 +124,19 @@ def measure(cfg, weights: Path, prompts: int) -> collections.Counter:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("runs", nargs="+", type=Path, help="run dirs, or sweep dirs standing for their jobs")
     p.add_argument("--prompts", type=int, default=200)
     p.add_argument("--start", type=Path, default=None, help="also measure these start weights (an SFT model/ dir)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--markdown", type=Path, default=None, help="also write the group table to this markdown file")
     args = p.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
     totals: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    runs = [r for r in args.runs if (r / "checkpoint").is_dir()]
+    runs_per_group: collections.Counter = collections.Counter()
+    runs = run_dirs(args.runs)
+    experiments = []
     if args.start and runs:
         cfg, _ = compose_run_config(runs[0])
         counts = measure(cfg, args.start, args.prompts)
@@ -95,15 +144,17 @@ def main(argv=None) -> None:
         print(json.dumps({"run": "SFT start", **counts}), flush=True)
     for run in runs:
         cfg, overrides = compose_run_config(run)
+        experiments.append(cfg.experiment_name)
         last = max((run / "checkpoint").glob("step-*"), key=lambda d: int(d.name.split("-")[1]))
         counts = measure(cfg, last, args.prompts)
         totals[group_of(overrides)] += counts
+        runs_per_group[group_of(overrides)] += 1
         print(json.dumps({"run": str(run), "group": group_of(overrides), "checkpoint": last.name, **counts}), flush=True)
-    print(f"\n| group | {' | '.join(KINDS)} | test prompts |")
-    print("|---|" + "---:|" * (len(KINDS) + 1))
-    for group, counts in totals.items():
-        n = sum(counts.values())
-        print(f"| {group} | " + " | ".join(f"{counts[k] / n:.3f}" for k in KINDS) + f" | {n} |")
+    table = markdown_table(totals, runs_per_group)
+    print("\n" + table, end="")
+    if args.markdown:
+        args.markdown.write_text(markdown_file(table, experiments, args.start, args.prompts))
+        print(f"wrote {args.markdown}")
 
 
 if __name__ == "__main__":

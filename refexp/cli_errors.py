@@ -5,7 +5,9 @@ exits 1; refexp's own checks (``refexp.config``) raise ``ConfigError``. ``preche
 run's command line once with Hydra's compose API (a fraction of a second) and validates it, so both kinds
 surface as one line naming the field and what would be valid, whether the run would start or only print
 its config (``--cfg job``). Sweeps (``-m``) are left to Hydra: a job's bad values are recorded in its
-``status.json`` and the sweep goes on.
+``status.json`` and the sweep goes on. One check covers a sweep too: a search (``hparams_search``, any
+sweeper that selects on the jobs' results) needs a validation split (``precheck_search``), since it must
+never select on test.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ def hydra_message_line(message: str) -> str:
 
 def precheck(argv: list[str], config_dir: str) -> None:
     """Compose and validate the single run ``argv`` describes; exit 2 with one line when it is invalid."""
-    if any(a in ("-m", "--multirun") for a in argv) or any(a.split("=")[0] in NOT_A_RUN for a in argv):
+    if any(a.split("=")[0] in NOT_A_RUN for a in argv):
+        return
+    precheck_search(argv, config_dir)
+    if any(a in ("-m", "--multirun") for a in argv):
         return
     # Hydra's own settings (hydra.run.dir=..., hydra/launcher=...) are not the job's config
     overrides = [a for a in argv if not a.startswith(("-", "hydra", "+hydra", "~hydra")) and "=" in a]
@@ -68,6 +73,36 @@ def precheck(argv: list[str], config_dir: str) -> None:
         while causes[-1].__cause__ is not None:  # "Could not override" wraps OmegaConf's "Key ... not in ..."
             causes.append(causes[-1].__cause__)
         fail(hydra_message_line("\n".join(str(c) for c in reversed(causes))))
+
+
+def precheck_search(argv: list[str], config_dir: str) -> None:
+    """Exit 2 with one line when ``argv`` is a search whose task has no validation split
+    (``refexp.config.check_search_validation``). Composed from the overrides every trial shares (a swept
+    value, ``a=1,2`` or ``choice(...)``, is each trial's own); a search that sweeps the validation fields
+    themselves, or a command line Hydra will reject anyway, is left to the trials and to Hydra."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from refexp.config import ConfigError, check_search_validation
+    from refexp.config.search import VALIDATION_FIELDS
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-") and "=" in a])
+        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+            cfg = compose("config", overrides=[o.input_line for o in parsed if not o.is_sweep_override()],
+                          return_hydra_config=True)
+        sweeper = str(cfg.hydra.sweeper.get("_target_", ""))
+        swept = {o.key_or_group for o in parsed if o.is_sweep_override()} | set(cfg.hydra.sweeper.get("params") or {})
+        if cfg.get("dry_run") or swept & set(VALIDATION_FIELDS):
+            return
+        task = OmegaConf.to_object(cfg.task)
+    except Exception:  # this check must never stop a command line that Hydra would run
+        return  # reported by the single-run check below, by Hydra, or by each job
+    try:
+        check_search_validation(sweeper, task)
+    except ConfigError as e:
+        fail(str(e))
 
 
 def fail(message: str) -> None:

@@ -66,11 +66,13 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
 
 
 def objective(final) -> float | None:
-    """What a sweeper (Optuna's, conf/hparams_search/) maximises: the final validation accuracy when the run has
-    a validation split (``val/accuracy``), else the final held-out ``eval/accuracy``."""
+    """What a sweeper (Optuna's, conf/hparams_search/) maximises: the final validation accuracy
+    (``val/accuracy``), else None, never the held-out ``eval/accuracy``: a search must not select on test.
+    Optuna records a None as a failed trial; a search without a validation split is refused before its
+    first trial (``refexp.config.check_search_validation``)."""
     if not isinstance(final, dict):
         return None
-    return final.get("val/accuracy", final.get("eval/accuracy"))
+    return final.get("val/accuracy")
 
 
 def summary_line(final: dict, wall_s: float, run_dir) -> str:

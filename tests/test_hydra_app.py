@@ -62,5 +62,57 @@ def test_an_optuna_search_completes_and_reports_the_best_trial(tmp_path):
 def final_val_accuracy(run_dir):
     import json
 
-    final = json.loads((run_dir / "status.json").read_text())["final"]
-    return final.get("val/accuracy", final.get("eval/accuracy"))
+    return json.loads((run_dir / "status.json").read_text())["final"]["val/accuracy"]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["-m", "hparams_search=grpo_reset", "task.val_fraction=0"],
+    ["hparams_search=grpo_reset", "task.val_fraction=0"],  # hparams_search sets hydra.mode=MULTIRUN itself
+    ["-m", "hparams_search=grpo_reset", "task.val_fraction=0", "algo.beta=0.1,0.2"],  # a swept key elsewhere
+])
+def test_a_search_without_a_validation_split_is_refused_before_its_first_trial(tmp_path, overrides):
+    """A search selects on validation accuracy and never on test: no validation split, no trial."""
+    import time
+
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "refexp", *overrides, "logger=none",
+                          f"hydra.sweep.dir={tmp_path / 'search'}"], capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("refexp: error: task.val_fraction=0.0"), out.stderr
+    assert "task.val_path" in lines[0] and "validation split" in lines[0]
+    assert not (tmp_path / "search").exists()  # no trial ran
+    assert time.monotonic() - t0 < 10
+
+
+def test_objective_is_validation_accuracy_and_never_test_accuracy():
+    from refexp.run import objective
+
+    assert objective({"val/accuracy": 0.5, "eval/accuracy": 0.9}) == 0.5
+    assert objective({"eval/accuracy": 0.9}) is None
+    assert objective(None) is None
+
+
+@pytest.mark.parametrize("overrides, has_validation", [
+    ([], True),  # the embedded task carves off DEFAULT_VAL_FRACTION
+    (["task.val_fraction=0"], False),
+    (["task=gsm8k", "task.train_path=train.jsonl"], False),  # a data file: none unless asked for
+    (["task=gsm8k", "task.train_path=train.jsonl", "task.val_path=val.jsonl"], True),
+    (["task=gsm8k", "task.train_path=train.jsonl", "task.val_fraction=0.1"], True),
+    (["algo=dpo", "task=preference", "task.preference_path=pairs.jsonl", "sft.enable=false"], False),
+])
+def test_only_a_search_needs_a_validation_split(overrides, has_validation):
+    from omegaconf import OmegaConf
+
+    from refexp.config import ConfigError, check_search_validation
+    from refexp.config.search import BASIC_SWEEPER
+
+    task = OmegaConf.to_object(compose_root(*overrides).task)
+    assert task.has_validation() == has_validation
+    check_search_validation(BASIC_SWEEPER, task)  # a grid sweep ignores the jobs' return values
+    optuna = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    if has_validation:
+        check_search_validation(optuna, task)
+    else:
+        with pytest.raises(ConfigError, match="validation split"):
+            check_search_validation(optuna, task)

@@ -13,7 +13,7 @@ Field names mirror torchtitan 0.3.0's config dataclasses (``torchtitan/config/co
 
 Modules: ``errors`` (ConfigError and the checks), ``model`` (model, parallelism, compile), ``runtime``
 (checkpoint, comm, training), ``task``, ``logger``, ``blocks`` (the root's eval and sft), ``algo``,
-``reference``, ``root`` (RootConfig, registration, to_object).
+``reference``, ``root`` (RootConfig, registration, to_object), ``search`` (a search selects on validation).
 """
 
 from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig, GRPOConfig, SFTAlgoConfig
@@ -42,6 +42,7 @@ from .root import (
 )
 from .rollout import RolloutConfig
 from .runtime import ActivationCheckpointConfig, CheckpointConfig, CommConfig, TrainingConfig
+from .search import check_search_validation
 from .task import TaskConfig
 
 __all__ = [
@@ -50,5 +51,6 @@ __all__ = [
     "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig",
     "KLTriggeredReferenceConfig", "LoggerConfig", "ModelConfig", "NoReferenceConfig", "ParallelismConfig",
     "PeriodicResetReferenceConfig", "ReferenceConfig", "RolloutConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig", "TaskConfig",
-    "TrainingConfig", "check_cross_fields", "check_known_fields", "register_configs", "schema_name", "to_object",
+    "TrainingConfig", "check_cross_fields", "check_known_fields", "check_search_validation", "register_configs",
+    "schema_name", "to_object",
 ]

@@ -190,8 +190,7 @@ def check_cross_fields(cfg: RootConfig) -> None:
         if cfg.algo.name == "sft":
             raise ConfigError("sft.enable=false is invalid with algo=sft: the SFT stage is all that algo runs "
                               "(use algo=grpo or algo=dpo to start from model.hf_assets_path)")
-    if (cfg.sft.enable and not cfg.sft.checkpoint and cfg.sft.target_accuracy < 1.0
-            and cfg.task.val_path is None and not cfg.task.val_share()):
+    if cfg.sft.enable and not cfg.sft.checkpoint and cfg.sft.target_accuracy < 1.0 and not cfg.task.has_validation():
         raise ConfigError(f"sft.target_accuracy={cfg.sft.target_accuracy} needs a validation split to read (the "
                           f"test split never stops anything): set task.val_path or task.val_fraction, or leave "
                           f"sft.target_accuracy at 1.0")

@@ -130,6 +130,10 @@ class TaskConfig:
             return float(self.val_fraction)
         return DEFAULT_VAL_FRACTION if self.name == "arithmetic" and self.val_path is None else 0.0
 
+    def has_validation(self) -> bool:
+        """Whether the task has a validation split (``Task.val``): ``val_path``, or a non-zero ``val_share()``."""
+        return self.val_path is not None or bool(self.val_share())
+
     def _check_preference(self) -> None:
         """``preference`` reads pairs only: a field for questions, answers or their reward would be silently unused."""
         check(self.preference_path is not None, "task.preference_path", self.preference_path,
