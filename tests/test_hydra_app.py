@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from refexp.config import to_object
+from refexp.record.status import read_status
 from tests.helpers import GRPO, TINY, compose_root, conf_options
 
 
@@ -60,7 +61,5 @@ def test_an_optuna_search_completes_and_reports_the_best_trial(tmp_path):
 
 
 def final_val_accuracy(run_dir):
-    import json
-
-    final = json.loads((run_dir / "status.json").read_text())["final"]
+    final = read_status(run_dir)["final"]
     return final.get("val/accuracy", final.get("eval/accuracy"))

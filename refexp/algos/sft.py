@@ -14,7 +14,7 @@ The output is cached under ``<cache>/sft/<hash of everything that determines it>
 (a model-only DCP checkpoint, loads into any parallelism), ``hf/`` (HF safetensors export),
 ``tokenizer.json``, ``metrics.jsonl`` and ``sft.json`` (written last: its presence marks a complete
 result). A file lock makes concurrent jobs of a sweep train it once; the result is written to a
-temporary directory and renamed into place (``refexp.io.atomic_dir``). A failed stage removes its
+temporary directory and renamed into place (``refexp.record.atomic.atomic_dir``). A failed stage removes its
 temporary; one killed outright cannot, and the next job to take the lock removes it.
 """
 
@@ -34,8 +34,8 @@ from refexp.context import RunContext
 from refexp.evaluation import greedy_accuracy, logp_correct
 from refexp.data_order import batch_ids
 from refexp.hashing import stable_hash
-from refexp.io import atomic_dir, remove_temporaries, write_json_atomic
-from refexp.logging import MetricLogger
+from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
+from refexp.metric_logger import MetricLogger
 from refexp.losses import sft_loss
 from refexp.models import build_model
 from refexp.optim import build_optimizer, clip_and_step

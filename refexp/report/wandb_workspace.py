@@ -90,7 +90,7 @@ def save_workspace(report, *, online: Optional[bool] = None) -> str:
                                 logged=logged)
     if online:
         return workspace.save().url
-    from refexp.io import write_text_atomic
+    from refexp.record.atomic import write_text_atomic
 
     path = Path(report.sweep_dir) / SPEC_FILE
     write_text_atomic(path, json.dumps(workspace_spec(workspace), indent=1) + "\n")
