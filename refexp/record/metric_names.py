@@ -18,6 +18,9 @@ REWARD_MEAN = "reward/mean"
 EVAL_ACCURACY = "eval/accuracy"
 VAL_ACCURACY = "val/accuracy"
 EVAL_PREF_ACCURACY = "eval/pref_accuracy"
+EVAL_PREF_MARGIN = "eval/pref_margin"
+LOGPS_CHOSEN_DELTA = "logps/chosen_delta"
+REF_VERSION = "ref/version"
 KL_INIT = "kl/init"
 KL_REF = "kl/ref"
 REWARDS_ACCURACIES = "rewards/accuracies"
@@ -92,7 +95,7 @@ METRICS: tuple[Metric, ...] = (
            "tokens: a drift diagnostic, not comparable with `kl/ref`", "DPO with a reference, every step"),
     Metric("kl/beta", "the KL coefficient the step used (moves with `algo.kl_target`, counting samples against "
            "`algo.kl_horizon`)", "GRPO with a reference, every step"),
-    Metric("ref/version", "how many times the reference changed", "every step (GRPO, DPO)"),
+    Metric(REF_VERSION, "how many times the reference changed", "every step (GRPO, DPO)"),
     Metric("ref/last_update_step", "the step of the reference's last change", "every step (GRPO, DPO)"),
     Metric("rewards/chosen", "DPO implicit reward of the chosen completions", "DPO, every step", "same name"),
     Metric("rewards/rejected", "DPO implicit reward of the rejected completions", "DPO, every step", "same name"),
@@ -103,12 +106,12 @@ METRICS: tuple[Metric, ...] = (
            "same name"),
     Metric("logps/rejected", "DPO: the policy's summed log-prob of the rejected completions", "DPO, every step",
            "same name"),
-    Metric("logps/chosen_delta", "DPO: the policy's mean summed log-prob of the chosen completions of the first "
+    Metric(LOGPS_CHOSEN_DELTA, "DPO: the policy's mean summed log-prob of the chosen completions of the first "
            "`eval.kl_prompts` pairs minus its step-0 value; a fall flags likelihood displacement", f"DPO, {_EVAL}"),
     Metric(EVAL_PREF_ACCURACY, "DPO on `task=preference`: `rewards/accuracies` over the first `eval.num_prompts` "
            "held-out pairs, from the policy and the current reference", f"DPO on `task=preference`, {_EVAL}",
            summary="max"),
-    Metric("eval/pref_margin", "DPO on `task=preference`: `rewards/margins` over the same held-out pairs",
+    Metric(EVAL_PREF_MARGIN, "DPO on `task=preference`: `rewards/margins` over the same held-out pairs",
            f"DPO on `task=preference`, {_EVAL}"),
     Metric("eval/logp_correct", "DPO: the policy's mean summed log-prob (EOS included) of the correct answer on "
            "the `eval.kl_prompts` held-out prompts", f"DPO on a task with answers, {_EVAL}"),
