@@ -572,7 +572,9 @@ class Bench:
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"timed out after {time_left:.0f} s (the budget's remainder); log: {log}") from None
         wall = time.monotonic() - t0
-        status = _read_json(work / "run" / "status.json")
+        from refexp.record.status import read_status
+
+        status = read_status(work / "run") or {}  # none: the run died before writing it
         if p.returncode != 0 or status.get("status") != "completed":
             tail = [x for x in log.read_text(errors="replace").strip().splitlines()
                     if x.strip() and "HYDRA_FULL_ERROR" not in x][-5:]
@@ -589,13 +591,6 @@ class Bench:
         else:
             shutil.rmtree(work, ignore_errors=True)
         return out
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except Exception:  # noqa: BLE001 - no status.json: the run died before writing it
-        return {}
 
 
 # ---------------------------------------------------------------- running figures under the budget

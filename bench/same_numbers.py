@@ -13,12 +13,14 @@ of the comparison: they are measurements of the machine, not of the run.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from refexp.record.metrics import read_metrics
+from refexp.record.status import read_status
 
 QUICKSTART = [
     "algo=grpo", "task.demo_slip=0.85", "training.lr=1e-4", "algo.prompts_per_step=16", "algo.group_size=8",
@@ -45,16 +47,16 @@ def run_all(out: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for name, overrides in arms().items():
         run_dir = out / name
-        if (run_dir / "status.json").exists():
+        if read_status(run_dir) is not None:
             continue
         print(f"[same_numbers] {name}", flush=True)
         subprocess.run([sys.executable, "-m", "refexp", *overrides, f"hydra.run.dir={run_dir}"],
                        check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def _rows(path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{k: v for k, v in row.items() if not (k.startswith(MACHINE_KEYS) or k.endswith("_s"))} for row in rows]
+def _rows(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in row.items() if not (k.startswith(MACHINE_KEYS) or k.endswith("_s"))}
+            for row in read_metrics(run_dir)]
 
 
 def _same(a, b) -> bool:
@@ -67,7 +69,7 @@ def compare(a: Path, b: Path) -> int:
     """Print one line per arm (identical, or the first difference); return the number of arms that differ."""
     differing = 0
     for name in arms():
-        rows_a, rows_b = _rows(a / name / "metrics.jsonl"), _rows(b / name / "metrics.jsonl")
+        rows_a, rows_b = _rows(a / name), _rows(b / name)
         diff = None
         if len(rows_a) != len(rows_b):
             diff = f"{len(rows_a)} vs {len(rows_b)} rows"

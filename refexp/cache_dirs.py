@@ -1,6 +1,6 @@
 """When a cache directory holds a finished result: its marker file, written last, exists.
 
-Torch-free; ``io.atomic_dir(out, is_complete=...)`` and the caches of the SFT model, the preference pairs and
+Torch-free; ``record.atomic.atomic_dir(out, is_complete=...)`` and the caches of the SFT model, the preference pairs and
 the generated task data ask it.
 """
 

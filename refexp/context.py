@@ -11,7 +11,7 @@ import torch
 
 from refexp.config import RootConfig
 from refexp.distributed import DistInfo
-from refexp.logging import MetricLogger
+from refexp.metric_logger import MetricLogger
 
 
 @dataclass

@@ -41,6 +41,8 @@ from refexp import titan
 from refexp.context import RunContext
 from refexp.distributed import dp_sum, padded_share
 from refexp.kl import masked_sum, sequence_kl
+from refexp.record.metric_names import EVAL_ACCURACY, VAL_ACCURACY
+from refexp.record.outcomes import EvalOutcomes
 from refexp.reference import HOST, ReferenceStrategy, model_device, on_device
 from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine
 from refexp.tasks.batching import pack_sequences
@@ -48,6 +50,9 @@ from refexp.tasks.batching import pack_sequences
 EVAL_SAMPLES = "samples/eval"
 """The metrics key of an evaluation's sample completions (a list of dicts; ``MetricLogger`` turns it into
 ``samples.jsonl`` rows and a W&B table, never a number)."""
+EVAL_OUTCOMES, VAL_OUTCOMES = "outcomes/eval", "outcomes/val"
+"""The metrics keys of an evaluation's per-prompt scores (``EvalOutcomes``; ``MetricLogger`` writes them to
+``eval_outcomes.jsonl`` only: not a metric, not sent to W&B)."""
 KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
 
 LogprobFn = Callable[..., torch.Tensor]
@@ -71,16 +76,26 @@ def _global_sums(parallel_dims, device: torch.device, *values: float) -> list[fl
     return dp_sum(parallel_dims, torch.tensor(values, dtype=torch.float64, device=device)).tolist()
 
 
+def _all_scores(parallel_dims, device: torch.device, ids: list[int], mine: list[float], n: int) -> list[float]:
+    """[n] every prompt's score, on every rank, from each rank's scores ``mine`` of its first ``len(mine)``
+    ``ids`` (one rank holds each prompt: the others add an exact 0)."""
+    out = torch.zeros(n, dtype=torch.float64, device=device)
+    out[torch.tensor(ids[:len(mine)], dtype=torch.long, device=device)] = torch.tensor(
+        mine, dtype=torch.float64, device=device)
+    return dp_sum(parallel_dims, out).tolist()
+
+
 @torch.no_grad()
 def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None,
                     split: str = "eval", samples: list | None = None, num_samples: int = 0,
-                    engine: RolloutEngine | None = None) -> float:
+                    engine: RolloutEngine | None = None, scores: list | None = None) -> float:
     """Mean reward of greedy completions on the first ``num_prompts`` prompts of ``task.<split>`` (the
     held-out ``eval`` prompts, or ``val``), split over the data-parallel ranks of ``parallel_dims`` (None:
     this process does them all). Collective. ``samples``: a list that receives the first ``num_samples``
     rows this rank measured as ``{"prompt", "completion", "answer", "reward"}`` (rank 0 holds the first
     prompts, and only rank 0 logs). ``engine``: the rollout engine that generates (None: the built-in one
-    on ``model``)."""
+    on ``model``). ``scores``: a list that receives the score of each of the ``num_prompts`` prompts, in
+    order, on every rank (one more collective)."""
     engine = engine or BuiltinEngine(model, task.tokenizer)
     data = getattr(task, split)
     n = min(num_prompts, len(data))
@@ -88,18 +103,23 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, par
     rows = data.select(ids)
     prompts, answers = rows["prompt"], rows["answer"]
     total = 0.0
+    mine: list[float] = []  # this rank's real prompts' scores, in order
     was_training = model.training
     model.eval()
     for sl in _batches(len(prompts), batch_size):
         out = engine.generate(prompts[sl], max_new_tokens=task.max_new_tokens, greedy=True)
-        scores = task.score(out.texts, answers[sl], prompts[sl])
-        total += sum(s for s, keep in zip(scores, _real_rows(sl, real).tolist()) if keep)
+        batch_scores = task.score(out.texts, answers[sl], prompts[sl])
+        kept = [s for s, keep in zip(batch_scores, _real_rows(sl, real).tolist()) if keep]
+        total += sum(kept)
+        mine += [float(s) for s in kept]
         if samples is not None:
-            keep = max(0, min(num_samples - len(samples), real - sl.start, len(scores)))
+            keep = max(0, min(num_samples - len(samples), real - sl.start, len(batch_scores)))
             samples += [{"prompt": p, "completion": c, "answer": a, "reward": float(r)} for p, c, a, r
-                        in zip(prompts[sl][:keep], out.texts[:keep], answers[sl][:keep], scores[:keep])]
+                        in zip(prompts[sl][:keep], out.texts[:keep], answers[sl][:keep], batch_scores[:keep])]
     model.train(was_training)
     (total,) = _global_sums(parallel_dims, model_device(model), total)
+    if scores is not None:
+        scores += _all_scores(parallel_dims, model_device(model), ids, mine, n)
     return total / max(1, n)
 
 
@@ -221,13 +241,17 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     out = {}
     if with_accuracy:
         samples: list[dict] = []
-        out["eval/accuracy"] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd,
-                                               samples=samples, num_samples=ecfg.log_samples, engine=engine)
+        scores: list[float] = []
+        out[EVAL_ACCURACY] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, samples=samples,
+                                             num_samples=ecfg.log_samples, engine=engine, scores=scores)
+        out[EVAL_OUTCOMES] = EvalOutcomes("eval", EVAL_ACCURACY, list(range(len(scores))), scores)
         if samples:
             out[EVAL_SAMPLES] = samples  # the logger writes them to samples.jsonl and a W&B table
         if ctx.task.val is not None and len(ctx.task.val):  # what a search selects on (run.objective)
-            out["val/accuracy"] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, split="val",
-                                                  engine=engine)
+            scores = []
+            out[VAL_ACCURACY] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, split="val",
+                                                engine=engine, scores=scores)
+            out[VAL_OUTCOMES] = EvalOutcomes("val", VAL_ACCURACY, list(range(len(scores))), scores)
     measure_ref = reference is not None and reference.holds_model
     # the fixed reference on the start checkpoint is the anchor (InitAnchor.shared): its kl/ref is kl/init
     ref_is_anchor = measure_ref and reference is anchor.shared

@@ -32,7 +32,7 @@ import torch
 from refexp import distributed as rdist
 from refexp.titan import latest_checkpoint_step
 from refexp.hashing import stable_hash
-from refexp.io import torch_save_atomic
+from refexp.record.atomic import torch_save_atomic
 
 CACHE_FORMAT = 1
 """Bump when what is stored changes, so files of the old layout are not read."""
@@ -174,7 +174,7 @@ def cache_file(cache_dir: str | os.PathLike, key: str) -> Path:
 
 
 def save(table: RefLogps, path: Path) -> None:
-    """Write atomically: a private temp name, then ``os.replace`` (``refexp.io``)."""
+    """Write atomically: a private temp name, then ``os.replace`` (``refexp/record/atomic.py``)."""
     torch_save_atomic(table.tensors(), path)
 
 

@@ -27,11 +27,11 @@ from refexp import titan
 from refexp.config import ConfigError, RootConfig, to_object
 from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.context import RunContext
-from refexp.io import write_json_atomic
-from refexp.logging import MetricLogger
+from refexp.metric_logger import MetricLogger
 from refexp.provenance import provenance
-from refexp.status import (close_status, read_status, record_launch_failure, record_rank_failure, wall_seconds,
-                           with_provenance)
+from refexp.record.metric_names import EVAL_ACCURACY, EVAL_PREF_ACCURACY, KL_INIT, KL_REF, VAL_ACCURACY
+from refexp.record.resolved_config import read_resolved_config, write_resolved_config
+from refexp.record.status import RunStatus, close_run_status, open_status, record_early_failure, record_launch_failure
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:
@@ -59,7 +59,8 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         import sys
 
         logging.getLogger("refexp").exception("job %s failed; the sweep goes on", cfg.run_dir)
-        _record_failure_if_unrecorded(Path(cfg.run_dir), sys.exc_info()[1])
+        if rdist.is_rank0():
+            record_early_failure(cfg.run_dir, sys.exc_info()[1])  # a job failed before run_worker: a config error
         print(f"[refexp] job failed: {cfg.run_dir} (see its status.json)", file=sys.stderr)
         return None
     return objective(final)
@@ -72,13 +73,13 @@ def objective(final) -> float | None:
     first trial (``refexp.config.check_search_validation``)."""
     if not isinstance(final, dict):
         return None
-    return final.get("val/accuracy")
+    return final.get(VAL_ACCURACY)
 
 
 def summary_line(final: dict, wall_s: float, run_dir) -> str:
     """One line at the end of a single run: what it reached, how far it drifted, how long it took, where it is."""
-    parts = [f"{k} {final[k]:.3f}" for k in ("eval/accuracy", "eval/pref_accuracy", "val/accuracy", "kl/init",
-                                              "kl/ref") if isinstance(final.get(k), (int, float))]
+    parts = [f"{k} {final[k]:.3f}" for k in (EVAL_ACCURACY, EVAL_PREF_ACCURACY, VAL_ACCURACY, KL_INIT, KL_REF)
+             if isinstance(final.get(k), (int, float))]
     steps = final.get("step")
     parts.append(f"{int(steps)} steps" if isinstance(steps, (int, float)) else "")
     return f"[refexp] done: {', '.join(p for p in parts if p)} in {wall_s / 60:.1f} min; run dir {run_dir}"
@@ -99,13 +100,6 @@ def _use_own_gpu(cfg: DictConfig) -> None:
 
     gpu = claim_gpu(Path(hc.sweep.dir) / ".gpus", torch.cuda.device_count(), first=hc.job.num)
     cfg.training.device = f"cuda:{gpu}"
-
-
-def _record_failure_if_unrecorded(run_dir: Path, error: BaseException) -> None:
-    """A job that failed before run_worker (a config error) still leaves a status.json for the report."""
-    status = run_dir / "status.json"
-    if rdist.is_rank0() and not status.exists():
-        write_json_atomic(status, {"status": "failed", "error": f"{type(error).__name__}: {error}", "final": {}})
 
 
 def validate(dcfg: DictConfig) -> RootConfig:
@@ -137,10 +131,9 @@ def check_rerun_config(dcfg: DictConfig, run_dir: Path) -> None:
     """A run dir that holds a run (its ``resolved_config.yaml``) is resumed, so the rerun's config must
     be that run's up to ``RESUMABLE_CHANGES`` (refexp/config/diff.py); checked before any model is built
     and before ``run_worker`` writes the new config over the old."""
-    saved = run_dir / "resolved_config.yaml"
-    if not saved.is_file():
+    old = read_resolved_config(run_dir)
+    if old is None:
         return
-    old = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)
     changed = changed_fields(old, resolved_container(dcfg))
     if changed:
         fields = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
@@ -198,43 +191,30 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
 
     resolved = resolved_container(dcfg)
     if info.is_rank0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create(resolved), run_dir / "resolved_config.yaml")
+        write_resolved_config(run_dir, resolved)
     logger = MetricLogger(run_dir, enabled=info.is_rank0, wandb_cfg=cfg.logger, resolved_config=resolved,
                           run_info=wandb_run_info(cfg, dcfg))
     ctx = RunContext(cfg=cfg, run_dir=run_dir, cache_dir=cache_dir, device=device, dist=info,
                      parallel_dims=parallel_dims, task=task, logger=logger)
-    status = {"status": "running", "error": None, "algo": cfg.algo.name, "reference": cfg.reference.name,
-              "seed": cfg.training.seed, "steps": cfg.training.steps, "last_step": 0, "final": {},
-              "started": time.time(), "provenance": provenance()}
-    # a resumed (or re-run) run's earlier invocations; rank 0 reads it before writing over it
-    earlier = (read_status(run_dir) or {}) if info.is_rank0 else {}
-    if info.is_rank0:
-        write_json_atomic(run_dir / "status.json", status)
-    rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/status.py)
-    exit_code = 1
+    status = RunStatus(algo=cfg.algo.name, reference=cfg.reference.name, seed=cfg.training.seed,
+                       steps=cfg.training.steps, provenance=provenance())
+    earlier = open_status(run_dir, status) if info.is_rank0 else {}  # a resumed run's earlier invocations
+    rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/record/status.py)
     try:
         final = _dispatch(ctx)
-        status.update(status="completed", final=final, last_step=int(final.get("step", cfg.training.steps)))
-        exit_code = 0
+        status.status, status.final, status.last_step = "completed", final, int(final.get("step", cfg.training.steps))
         logger.summary(final)
         return final
     except BaseException as e:
         from refexp.algos.loop import Preempted
 
         rdist.note_run_failed()
-        status.update(status="preempted" if isinstance(e, Preempted) else "failed", error=f"{type(e).__name__}: {e}",
-                      traceback=traceback.format_exc(limit=20), last_step=logger.last_step)
+        status.stopped(e, preempted=isinstance(e, Preempted), last_step=logger.last_step,
+                       traceback=traceback.format_exc(limit=20))
         raise
     finally:
-        status["ended"] = time.time()
-        if info.is_rank0:
-            status["wall_s"] = wall_seconds(earlier) + status["ended"] - status["started"]
-            status["provenances"] = with_provenance(status, earlier)
-            close_status(run_dir, status)
-        elif status["status"] == "failed":
-            record_rank_failure(run_dir, info.rank, status)  # before this process exits and the launcher stops rank 0
-        logger.close(exit_code)
+        close_run_status(run_dir, status, earlier, info.rank)
+        logger.close(0 if status.status == "completed" else 1)
 
 
 def _agree_on_run_dir(cfg: RootConfig, info) -> Path:
@@ -265,12 +245,12 @@ def _dispatch(ctx: RunContext) -> dict:
     if algo == "sft":
         import json
 
-        from refexp.logging import read_metrics
+        from refexp.record.metrics import read_metrics
 
         summary = json.loads((sft_dir / "sft.json").read_text())
-        for row in read_metrics(sft_dir / "metrics.jsonl"):  # the stage's curve, also when it was cached
+        for row in read_metrics(sft_dir):  # the stage's curve, also when it was cached
             ctx.logger.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-        final = {"eval/accuracy": summary["eval_accuracy"], "step": summary["steps"], "sft/wall_s": summary["wall_s"],
+        final = {EVAL_ACCURACY: summary["eval_accuracy"], "step": summary["steps"], "sft/wall_s": summary["wall_s"],
                  "sft/dir": str(sft_dir)}
         if summary.get("val_accuracy") is not None:
             final["sft/val_accuracy"] = summary["val_accuracy"]

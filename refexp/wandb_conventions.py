@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Collection, Optional
 
 from refexp.overrides import only_swept, swept_keys, swept_settings
+from refexp.record.metric_names import summaries
 
-SUMMARIES = {"eval/accuracy": "max", "eval/pref_accuracy": "max", "kl/init": "last", "kl/ref": "last",
-             "reward/mean": "last"}
+SUMMARIES = summaries()
 """The runs table's summary of a metric: the best held-out accuracy, the last drift (W&B's default is
-the last value of everything)."""
+the last value of everything); stated in the metric registry (``refexp/record/metric_names.py``)."""
 
 
 def job_type(algo: str, strategy: str, loss_type: Optional[str]) -> str:

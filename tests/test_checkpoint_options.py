@@ -10,7 +10,7 @@ import pytest
 
 from refexp.checkpoint import is_model_only
 from refexp.config import ConfigError
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers import GRPO, compose_cfg
 
@@ -20,7 +20,7 @@ def _size(path: Path) -> int:
 
 
 def _steps(run_dir: Path) -> list[int]:
-    return [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    return [r["step"] for r in read_metrics(run_dir)]
 
 
 def test_model_only_final_save_resumes_from_the_last_full_checkpoint(tmp_path, dense_reward):

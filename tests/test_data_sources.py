@@ -12,7 +12,8 @@ import datasets
 import pytest
 
 from refexp.config import ConfigError, TaskConfig
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
+from refexp.record.status import read_status
 from refexp.run import run, validate
 from refexp.tasks import build_task, sources
 from refexp.tasks.gsm8k import load_gsm8k
@@ -207,7 +208,7 @@ def test_reward_hook_by_dotted_path_drives_grpo(tmp_path):
     assert load_reward("tests.rewards_for_tests.by_length")("abc", "1") == 3.0
     run(compose_cfg(tmp_path, *GRPO, "sft.steps=0", "training.steps=2",
                     "task.reward=tests.rewards_for_tests:by_length"))
-    rows = read_metrics(tmp_path / "metrics.jsonl")
+    rows = read_metrics(tmp_path)
     n = 4 * 4  # prompts_per_step x group_size
     for r in rows[1:]:  # the mean of integer lengths up to max_new_tokens=6: beyond any [0, 1] reward
         assert 1.0 < r["reward/mean"] <= 6.0
@@ -217,5 +218,5 @@ def test_reward_hook_by_dotted_path_drives_grpo(tmp_path):
 def test_reward_hook_that_raises_names_the_sample(tmp_path):
     with pytest.raises(Exception, match="sample 0.*KeyError: 'boom'"):
         run(compose_cfg(tmp_path, *GRPO, "sft.steps=0", "task.reward=tests.rewards_for_tests:raises"))
-    status = json.loads((tmp_path / "status.json").read_text())
+    status = read_status(tmp_path)
     assert status["status"] == "failed" and "boom" in status["error"]

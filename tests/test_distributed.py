@@ -22,7 +22,6 @@ world size and the model before anything is built.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -35,7 +34,8 @@ from hydra import compose, initialize_config_dir
 
 from refexp import distributed as rdist
 from refexp.config import ConfigError, register_configs
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
+from refexp.record.status import read_status
 from refexp.run import run, validate
 
 slow = pytest.mark.slow
@@ -84,7 +84,7 @@ def torchrun(*overrides: str, cache: Path, nproc: int = 2) -> subprocess.Complet
 
 
 def metrics(run_dir: Path) -> dict[int, dict]:
-    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+    rows = read_metrics(Path(run_dir))
     steps = [r["step"] for r in rows]
     assert len(steps) == len(set(steps)), f"{run_dir}: steps logged twice: {steps}"
     return {r["step"]: r for r in rows}
@@ -105,7 +105,7 @@ def assert_same_metrics(got_dir: Path, want_dir: Path, tol: float = TOL) -> None
 
 
 def status(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / "status.json").read_text())
+    return read_status(Path(run_dir))
 
 
 # ---------------------------------------------------------------- single-process baselines

@@ -15,7 +15,8 @@ from hydra import compose, initialize_config_dir
 from refexp import titan
 from refexp.algos.dpo_data import pairs_dir, sample_pairs
 from refexp.config import ConfigError, ModelConfig, TaskConfig, register_configs
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
+from refexp.record.status import read_status
 from refexp.run import run
 from refexp.tasks import build_task
 
@@ -37,8 +38,8 @@ def compose_cfg(run_dir: Path, *overrides: str):
 
 def run_dpo(run_dir: Path, *overrides: str) -> tuple[dict, list[dict]]:
     final = run(compose_cfg(run_dir, *overrides))
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+    rows = read_metrics(run_dir)
+    assert read_status(run_dir)["status"] == "completed"
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows[1:]:
         assert DPO_METRICS <= r.keys(), DPO_METRICS - r.keys()

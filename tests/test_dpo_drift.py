@@ -15,7 +15,7 @@ from refexp import titan
 from refexp.config import ModelConfig
 from refexp.config.reference import FixedReferenceConfig
 from refexp.evaluation import InitAnchor, reference_logprobs
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.reference import build_reference
 from refexp.run import run
 from tests.helpers import compose_cfg
@@ -45,7 +45,7 @@ def runs(tmp_path_factory) -> dict[str, list[dict]]:
         mp.setenv("REFEXP_CACHE", str(cache))
         for name, overrides in RUNS.items():
             run(compose_cfg(out / name, *DPO, *overrides))
-            rows[name] = read_metrics(out / name / "metrics.jsonl")
+            rows[name] = read_metrics(out / name)
             assert [r["step"] for r in rows[name]] == [0, 1, 2, 3, 4]
     return rows
 

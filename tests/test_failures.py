@@ -3,7 +3,7 @@
 Rank 1 raises in GRPO's second step (``tests/rewards_for_tests.py:fails_on_rank1_at_step2``) while
 rank 0 goes on into the step's collectives; the job must end within a minute of the failure, started
 by refexp itself (torch's elastic agent) or by torchrun, and the run dir must name the root cause,
-not rank 0's "Connection closed by peer". Fast unit tests of ``refexp/status.py`` come first.
+not rank 0's "Connection closed by peer". Fast unit tests of ``refexp/record/status.py`` come first.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from refexp import status as rstatus
+from refexp.record import status as rstatus
+from refexp.record.status import read_status
 from tests.helpers import GRPO, TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,7 @@ def test_rank_failure_is_kept_over_rank0s_later_error(tmp_path):
     written = rstatus.close_status(tmp_path, {"status": "failed", "error": "RuntimeError: Connection closed by peer"})
     assert written["error"] == "rank 1: KeyError: boom" and written["failed_rank"] == 1
     assert written["rank0_error"] == "RuntimeError: Connection closed by peer"
-    assert json.loads((tmp_path / "status.json").read_text()) == written
+    assert read_status(tmp_path) == written
 
 
 def test_first_rank_failure_wins(tmp_path):
@@ -104,7 +105,7 @@ def _run_failing_job(args: list[str], run_dir: Path) -> tuple[subprocess.Complet
 
 def _assert_failed_fast(proc: subprocess.CompletedProcess, ended: float, run_dir: Path) -> None:
     assert proc.returncode != 0, proc.stdout[-2000:]
-    st = json.loads((run_dir / "status.json").read_text())
+    st = read_status(run_dir)
     assert st["status"] == "failed", st
     assert "injected failure on rank 1" in st["error"], st["error"]
     assert st["failed_rank"] == 1

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
+from refexp.record.status import read_status
 from refexp.run import run
 from tests.helpers import GRPO, compose_cfg
 
@@ -22,7 +22,7 @@ STRATEGY_OVERRIDES = {
 @pytest.mark.parametrize("strategy", list(STRATEGY_OVERRIDES))
 def test_grpo_runs_and_logs_the_contract_metrics(tmp_path, strategy):
     final = run(compose_cfg(tmp_path, *GRPO, f"reference={strategy}", *STRATEGY_OVERRIDES[strategy]))
-    rows = read_metrics(tmp_path / "metrics.jsonl")
+    rows = read_metrics(tmp_path)
     steps = [r["step"] for r in rows]
     assert steps == [0, 1, 2, 3, 4]
     for key in ("loss/total", "reward/mean", "reward/std", "perf/step_s", "perf/gen_s", "perf/ref_fwd_s",
@@ -40,7 +40,7 @@ def test_grpo_runs_and_logs_the_contract_metrics(tmp_path, strategy):
         assert not any("kl/ref" in r for r in rows)
     else:
         assert all("kl/ref" in r for r in rows[1:])
-    status = json.loads((tmp_path / "status.json").read_text())
+    status = read_status(tmp_path)
     assert status["status"] == "completed" and status["final"]["step"] == 4
     assert final["step"] == 4
     assert (tmp_path / "checkpoint" / "step-4" / ".metadata").is_file()
@@ -48,7 +48,7 @@ def test_grpo_runs_and_logs_the_contract_metrics(tmp_path, strategy):
 
 def test_periodic_reset_changes_reference_exactly_every_n_steps(tmp_path, dense_reward):
     run(compose_cfg(tmp_path, *GRPO, "training.steps=7", "reference=periodic_reset", "reference.reset_every=3"))
-    rows = {r["step"]: r for r in read_metrics(tmp_path / "metrics.jsonl")}
+    rows = {r["step"]: r for r in read_metrics(tmp_path)}
     versions = [rows[s]["ref/version"] for s in range(1, 8)]
     assert versions == [0, 0, 1, 1, 1, 2, 2]
     assert [rows[s]["ref/last_update_step"] for s in (3, 6, 7)] == [3, 6, 6]
@@ -76,7 +76,7 @@ def test_reward_function_error_names_the_sample(tmp_path, monkeypatch):
     cfg = compose_cfg(tmp_path, *GRPO, "sft.steps=0")
     with pytest.raises(Exception, match="sample 0"):
         run(cfg)
-    status = json.loads((tmp_path / "status.json").read_text())
+    status = read_status(tmp_path)
     assert status["status"] == "failed" and "boom" in status["error"]
 
 
@@ -178,7 +178,7 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
         run(compose_cfg(tmp_path, *GRPO, "training.steps=4", "checkpoint.interval=2"))
     assert (tmp_path / "checkpoint" / "step-2" / ".metadata").is_file()
     assert not (tmp_path / "checkpoint" / "step-3").exists()
-    status = json.loads((tmp_path / "status.json").read_text())
+    status = read_status(tmp_path)
     assert status["status"] == "failed" and "non-finite" in status["error"]
 
 
@@ -190,7 +190,7 @@ def test_continued_sft_baseline_trains_on_demonstrations_without_rollouts(tmp_pa
         to_object(compose_cfg(tmp_path / "x", *GRPO, "algo.objective=sft"))
     final = run(compose_cfg(tmp_path, *GRPO, "algo.objective=sft", "reference=none", "training.steps=6",
                             "training.micro_batch_size=3", "eval.every=3"))
-    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    rows = [r for r in read_metrics(tmp_path) if r["step"] > 0]
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert all(r["loss/total"] == r["loss/sft"] > 0 for r in rows)
     assert not any(k.startswith(("reward", "kl/ref", "rollout/")) for r in rows for k in r)

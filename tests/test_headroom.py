@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from refexp.config import TaskConfig
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 from refexp.tasks import build_task
 from refexp.tasks.arithmetic import generate_arithmetic, slip_carry
@@ -107,7 +108,7 @@ def test_sft_stops_and_selects_on_validation_and_measures_test_once_on_the_model
     summary = json.loads((Path(final["sft/dir"]) / "sft.json").read_text())
     assert summary["stopped_by"] == "plateau" and summary["kept_step"] == 1 and summary["steps"] == 4
     assert summary["best_val_loss"] == 1.0
-    rows = [json.loads(line) for line in (Path(final["sft/dir"]) / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(final["sft/dir"])
     assert [r["sft/val_loss"] for r in rows if "sft/val_loss" in r] == [2.0, 1.0, 1.5, 1.6, 1.7]
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [4]  # under its own name, once
     assert final["eval/accuracy"] == summary["eval_accuracy"]

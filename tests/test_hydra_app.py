@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from refexp.config import to_object
+from refexp.record.status import read_status
 from tests.helpers import GRPO, TINY, compose_root, conf_options
 
 
@@ -60,9 +61,7 @@ def test_an_optuna_search_completes_and_reports_the_best_trial(tmp_path):
 
 
 def final_val_accuracy(run_dir):
-    import json
-
-    return json.loads((run_dir / "status.json").read_text())["final"]["val/accuracy"]
+    return read_status(run_dir)["final"]["val/accuracy"]
 
 
 @pytest.mark.parametrize("overrides", [

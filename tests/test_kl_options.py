@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from refexp.config import ConfigError, to_object
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers import GRPO, compose_cfg
 
@@ -16,7 +16,7 @@ ROWS_PER_STEP = 4 * 4  # GRPO's tiny preset: 4 prompts x 4 completions
 
 def _rows(tmp_path, *overrides):
     run(compose_cfg(tmp_path, *GRPO, *overrides))
-    return {r["step"]: r for r in read_metrics(tmp_path / "metrics.jsonl")}
+    return {r["step"]: r for r in read_metrics(tmp_path)}
 
 
 def test_reference_logprobs_are_tempered_like_the_policy(tmp_path):

@@ -7,8 +7,11 @@ import json
 import pytest
 
 from refexp.config import LoggerConfig
-from refexp.io import write_json_atomic
-from refexp.logging import MetricLogger, read_metrics
+from refexp.metric_logger import MetricLogger
+from refexp.record.atomic import write_json_atomic
+from refexp.record.metrics import read_metrics
+from refexp.record.outcomes import EvalOutcomes, read_outcomes
+from tests.helpers import GRPO, compose_cfg
 
 
 def test_metrics_jsonl_has_one_object_per_logged_step(tmp_path):
@@ -16,7 +19,7 @@ def test_metrics_jsonl_has_one_object_per_logged_step(tmp_path):
     log.log({"reward/mean": 0.5, "kl/ref": 0.01}, step=1)
     log.log({"reward/mean": 0.75}, step=2)
     log.close()
-    assert read_metrics(tmp_path / "metrics.jsonl") == [
+    assert read_metrics(tmp_path) == [
         {"step": 1, "reward/mean": 0.5, "kl/ref": 0.01}, {"step": 2, "reward/mean": 0.75}]
 
 
@@ -27,13 +30,49 @@ def test_a_torn_last_line_is_skipped_and_truncate_keeps_earlier_steps(tmp_path):
     log.close()
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 6, "loss/to')  # a kill in the middle of a write
-    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
     log = MetricLogger(tmp_path, wandb_cfg=LoggerConfig(name="none"))
     log.truncate_after(3)  # a resume from step 3 re-logs 4, 5
     log.log({"loss/total": 40.0}, step=4)
     log.close()
-    assert [(r["step"], r["loss/total"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [
+    assert [(r["step"], r["loss/total"]) for r in read_metrics(tmp_path)] == [
         (1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+
+
+def test_an_unregistered_metric_name_is_refused_before_anything_is_written(tmp_path):
+    log = MetricLogger(tmp_path, wandb_cfg=LoggerConfig(name="none"))
+    with pytest.raises(ValueError, match=r"\['reward/meen'\] are not registered"):
+        log.log({"reward/mean": 0.5, "reward/meen": 0.5}, step=1)
+    with pytest.raises(ValueError, match="sft/accuracy"):
+        log.summary({"sft/accuracy": 0.5})
+    log.close()
+    assert read_metrics(tmp_path) == []
+
+
+def test_outcomes_go_to_their_own_file_and_are_truncated_on_resume(tmp_path):
+    log = MetricLogger(tmp_path, wandb_cfg=LoggerConfig(name="none"))
+    for step in (1, 2, 3):
+        log.log({"eval/accuracy": 0.5, "outcomes/eval": EvalOutcomes("eval", "eval/accuracy", [0, 1], [0.0, 1.0])},
+                step=step)
+    log.truncate_after(1)
+    log.close()
+    assert read_metrics(tmp_path) == [{"step": 1, "eval/accuracy": 0.5}]
+    assert read_outcomes(tmp_path) == [(1, EvalOutcomes("eval", "eval/accuracy", [0, 1], [0.0, 1.0]))]
+
+
+def test_every_evaluation_records_each_held_out_prompts_score(tmp_path, dense_reward):
+    """eval_outcomes.jsonl: one line per evaluation and split, whose mean score is the logged accuracy."""
+    from refexp.run import run
+
+    run(compose_cfg(tmp_path, *GRPO, "training.steps=2", "eval.every=1"))
+    rows = {r["step"]: r for r in read_metrics(tmp_path)}
+    outcomes = read_outcomes(tmp_path)
+    assert [(step, o.split) for step, o in outcomes] == [(s, split) for s in (0, 1, 2) for split in ("eval", "val")]
+    for step, o in outcomes:
+        assert o.metric == f"{o.split}/accuracy" and o.prompt_ids == list(range(16))  # eval.num_prompts
+        assert sum(o.scores) / len(o.scores) == pytest.approx(rows[step][o.metric], rel=1e-12)
+    assert len({tuple(o.scores) for _, o in outcomes}) > 1  # the dense reward scores prompts apart
+    assert not any(k.startswith("outcomes/") for r in rows.values() for k in r)
 
 
 def test_disabled_logger_writes_nothing(tmp_path):
@@ -57,7 +96,7 @@ def test_wandb_offline_run_gets_the_same_metrics_and_conventions(tmp_path, monke
     log.log({"reward/mean": 0.5}, step=1)
     log.summary({"eval/accuracy": 0.6})
     log.close()
-    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "reward/mean": 0.5}]
+    assert read_metrics(tmp_path) == [{"step": 1, "reward/mean": 0.5}]
     assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline run dir to `wandb sync`"
 
 
@@ -72,7 +111,7 @@ def test_wandb_failures_never_stop_training(tmp_path, monkeypatch):
         log = MetricLogger(tmp_path, wandb_cfg=LoggerConfig(name="wandb"))
     log.log({"reward/mean": 1.0}, step=1)
     log.close()
-    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "reward/mean": 1.0}]
+    assert read_metrics(tmp_path) == [{"step": 1, "reward/mean": 1.0}]
 
 
 def test_write_json_atomic_replaces_whole_files(tmp_path):

@@ -13,7 +13,7 @@ import torch
 
 from refexp import titan
 from refexp.config import ActivationCheckpointConfig, ConfigError, ModelConfig
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run, validate
 from refexp.titan import logprobs as titan_logprobs
 from refexp.titan.unwrap import canonical_name
@@ -101,7 +101,7 @@ def recorded_grads(monkeypatch):
 def run_recording(tmp_path, name: str, recorded: list, *overrides: str) -> tuple[dict[int, dict], list]:
     start = len(recorded)
     run(compose_cfg(tmp_path / name, *overrides))
-    rows = {r["step"]: r for r in read_metrics(tmp_path / name / "metrics.jsonl")}
+    rows = {r["step"]: r for r in read_metrics(tmp_path / name)}
     return rows, recorded[start:]
 
 
@@ -171,8 +171,8 @@ def test_offload_gives_the_same_run_and_the_anchor_is_built_once(tmp_path, dense
     run(compose_cfg(tmp_path / "offload", *base, "reference.offload=true"))
     # one reference and one anchor per run
     assert builds.count(str(tmp_path / "resident")) == 2 and builds.count(str(tmp_path / "offload")) == 2
-    want = {r["step"]: r for r in read_metrics(tmp_path / "resident" / "metrics.jsonl")}
-    got = {r["step"]: r for r in read_metrics(tmp_path / "offload" / "metrics.jsonl")}
+    want = {r["step"]: r for r in read_metrics(tmp_path / "resident")}
+    got = {r["step"]: r for r in read_metrics(tmp_path / "offload")}
     for step, w in want.items():
         assert {k: v for k, v in got[step].items() if not k.startswith(("perf/", "mem/"))} == \
                {k: v for k, v in w.items() if not k.startswith(("perf/", "mem/"))}, step

@@ -18,7 +18,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from refexp import titan
 from refexp.config import ActivationCheckpointConfig, ModelConfig, TrainingConfig
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 from refexp.titan import logprobs as titan_logprobs
 from tests.helpers import GRPO, compose_cfg
@@ -85,7 +85,7 @@ def forward_dtypes(monkeypatch):
 
 
 def assert_finite_run(run_dir, steps: int) -> list[dict]:
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(steps + 1))
     for r in rows:
         bad = {k: v for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)}
@@ -119,7 +119,7 @@ def test_dpo_reference_cache_is_keyed_by_the_compute_dtype(tmp_path):
     for dtype in ("float32", "bfloat16", "bfloat16"):
         name = f"{dtype}-{len(built)}"
         run(compose_cfg(tmp_path / name, *base, f"training.mixed_precision_param={dtype}"))
-        built[name] = read_metrics(tmp_path / name / "metrics.jsonl")[1]["refcache/built"]
+        built[name] = read_metrics(tmp_path / name)[1]["refcache/built"]
     # (the float32 table may come from another test of the session: same key)
     assert (built["bfloat16-1"], built["bfloat16-2"]) == (1.0, 0.0), built
 
@@ -161,7 +161,7 @@ def check_sweep(sweep, single) -> None:
         assert status(sweep / sub)["status"] == "completed", sub
     assert_same_metrics(sweep / "float32", single)  # micro-batched + checkpointed == plain, within 1e-5
     bf16 = assert_finite_run(sweep / "bfloat16", 4)
-    fp32 = {r["step"]: r for r in read_metrics(sweep / "float32" / "metrics.jsonl")}
+    fp32 = {r["step"]: r for r in read_metrics(sweep / "float32")}
     assert bf16[0]["kl/init"] == 0.0
     # computed in bf16: the same run, visibly rounded
     assert any(abs(r["kl/init"] - fp32[r["step"]]["kl/init"]) > 1e-7 for r in bf16 if "kl/init" in r)

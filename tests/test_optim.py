@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refexp.logging import read_metrics
 from refexp.optim import NonFiniteError, build_optimizer, clip_and_step
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers import GRPO, compose_cfg
 
@@ -23,7 +23,7 @@ def expected_lr(step: int) -> float:
 
 
 def _logged_lrs(run_dir) -> dict[int, float]:
-    return {r["step"]: r["optim/lr"] for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] > 0}
+    return {r["step"]: r["optim/lr"] for r in read_metrics(run_dir) if r["step"] > 0}
 
 
 def test_schedule_formula_matches_the_optimizer_in_a_bare_loop():

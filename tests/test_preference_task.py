@@ -10,7 +10,7 @@ import pytest
 
 from refexp.config import ConfigError, TaskConfig
 from refexp.config.root import to_object
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers import compose_cfg, compose_root
 from tests.tiny_qwen3 import MODEL, QUESTIONS
@@ -65,14 +65,14 @@ def _check_eval_rows(rows):
 def test_dpo_on_a_preference_file_logs_heldout_pair_metrics(hf_dir, pairs, tmp_path):
     run_dir = tmp_path / "run"
     final = run(_dpo(run_dir, hf_dir, pairs))
-    _check_eval_rows(read_metrics(run_dir / "metrics.jsonl"))
+    _check_eval_rows(read_metrics(run_dir))
     assert "eval/pref_accuracy" in final and "eval/accuracy" not in final
 
 
 def test_reference_free_loss_uses_its_own_implicit_reward(hf_dir, pairs, tmp_path):
     run_dir = tmp_path / "run"
     run(_dpo(run_dir, hf_dir, pairs, "reference=none", "algo.loss_type=simpo", "training.steps=1"))
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_dir)
     # SimPO's reward is beta times the mean token log-prob: nonzero from the start, unlike DPO's
     assert rows[0]["eval/pref_margin"] != 0.0 and "kl/ref" not in rows[0]
 
@@ -92,7 +92,7 @@ def test_conversational_pairs_render_with_the_chat_template(hf_dir, chat_pairs, 
 
     run_dir = tmp_path / "run"
     run(_dpo(run_dir, hf_dir, chat_pairs, "task.chat_template=true"))
-    _check_eval_rows(read_metrics(run_dir / "metrics.jsonl"))
+    _check_eval_rows(read_metrics(run_dir))
 
 
 def test_heldout_pairs_from_eval_path(hf_dir, pairs, chat_pairs, tmp_path):
@@ -126,10 +126,10 @@ def test_dpo_on_a_preference_file_under_fsdp(hf_dir, pairs, tmp_path):
     run_dir = tmp_path / "run"
     final = run(_dpo(run_dir, hf_dir, pairs, *odd, "parallelism=fsdp", "parallelism.nproc_per_node=2"))
     assert final["step"] == 2
-    two = read_metrics(run_dir / "metrics.jsonl")
+    two = read_metrics(run_dir)
     _check_eval_rows(two)
     run(_dpo(tmp_path / "one", hf_dir, pairs, *odd))
-    one = read_metrics(tmp_path / "one" / "metrics.jsonl")
+    one = read_metrics(tmp_path / "one")
     keys = ("eval/pref_accuracy", "eval/pref_margin", "kl/init", "kl/ref", "logps/chosen_delta")
     for got, want in zip(two[::2], one[::2]):  # the eval steps 0 and 2
         assert {k: got[k] for k in keys} == pytest.approx({k: want[k] for k in keys}, abs=1e-5)

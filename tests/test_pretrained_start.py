@@ -12,7 +12,7 @@ import torch
 
 from refexp.config import ConfigError, TaskConfig
 from refexp.config.root import to_object
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers import compose_cfg, compose_root
 from tests.tiny_qwen3 import CHAT_TEMPLATE, MODEL, QUESTIONS, SYSTEM
@@ -63,7 +63,7 @@ def test_grpo_from_the_pretrained_checkpoint_and_an_export_that_generates(hf_dir
     eos, im_end = json.loads((hf_dir / "generation_config.json").read_text())["eos_token_id"]
     run_dir = tmp_path / "run"
     final = run(_grpo(run_dir, hf_dir, data))
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2] and final["step"] == 2
     assert rows[0]["kl/init"] == pytest.approx(0.0, abs=1e-6)  # the anchor is the checkpoint the policy starts as
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows[1:])
@@ -142,7 +142,7 @@ def test_grpo_from_the_pretrained_checkpoint_under_fsdp(hf_dir, data, tmp_path):
     assert final["step"] == 2
     assert (tmp_path / "run" / "checkpoint" / "hf" / "generation_config.json").is_file()
     run(_grpo(tmp_path / "one", hf_dir, data, *odd))
-    two, one = (read_metrics(tmp_path / d / "metrics.jsonl") for d in ("run", "one"))
+    two, one = (read_metrics(tmp_path / d) for d in ("run", "one"))
     assert [r["step"] for r in two] == [r["step"] for r in one] == [0, 1, 2]
     for got, want in zip(two, one):
         assert got["kl/init"] == pytest.approx(want["kl/init"], abs=1e-5)

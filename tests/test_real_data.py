@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers import compose_cfg
 
@@ -58,7 +58,7 @@ def test_gsm8k_from_an_hf_checkpoint_sft_then_grpo_and_export(tmp_path):
         "algo=grpo", "algo.prompts_per_step=2", "algo.group_size=2", "training.steps=2",
         "eval.num_prompts=4", "eval.kl_prompts=2", "checkpoint.last_save_in_hf=true",
     ))
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows[1:])
     assert final["step"] == 2

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
+from refexp.record.status import read_status
 from refexp.report import build_report, format_table, t_quantile
 from refexp.report.__main__ import main
 from refexp.report.group import group_runs
@@ -325,7 +326,7 @@ def test_a_running_run_reports_the_last_step_it_logged(tmp_path):
     rows = [{"step": s, "reward/mean": 0.1} for s in range(10)]
     _write_run(tmp_path / "0", algo="grpo", strategy="fixed", seed=0, rows=rows, status="running",
                overrides=["algo=grpo", "reference=fixed"])
-    status = json.loads((tmp_path / "0" / "status.json").read_text())
+    status = read_status(tmp_path / "0")
     (tmp_path / "0" / "status.json").write_text(json.dumps({**status, "last_step": 0}))
     (problem,) = build_report(tmp_path).problems
     assert f"last step 9 of {STEPS}" in problem.error
@@ -636,7 +637,7 @@ def test_the_setup_block_names_the_commit_and_versions_a_run_recorded(tmp_path):
 
     run = tmp_path / "0"
     _write_run(run, algo="grpo", strategy="fixed", seed=0, overrides=["algo=grpo"], rows=_grpo_rows("fixed", 0, None))
-    status = json.loads((run / "status.json").read_text())
+    status = read_status(run)
     status.update(provenance=provenance(), started=100.0, ended=160.0)
     (run / "status.json").write_text(json.dumps(status))
     setup = dict(build_report(tmp_path).setup["grpo"])

@@ -8,7 +8,8 @@ import pytest
 
 from refexp.config import ConfigError
 from refexp.config.diff import changed_fields, flatten
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
+from refexp.record.status import read_status
 from refexp.run import run
 from tests.helpers import GRPO, compose_cfg
 
@@ -43,8 +44,8 @@ def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monk
     monkeypatch.setattr(refexp.run, "provenance", lambda: {"commit": "resumed-with"})
     final = run(compose_cfg(tmp_path, *GRPO, "training.steps=3", "logger.progress=true"))
     assert final["step"] == 3
-    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
-    resumed = json.loads((tmp_path / "status.json").read_text())
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]
+    resumed = read_status(tmp_path)
     assert resumed["status"] == "completed"
     # the wall time counts both invocations (the report's setup block reads it), not the last one alone
     assert first["wall_s"] == pytest.approx(first["ended"] - first["started"])
@@ -53,5 +54,5 @@ def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monk
     assert resumed["provenances"] == [first["provenance"], {"commit": "resumed-with"}]
     monkeypatch.setattr(refexp.run, "provenance", lambda: {"commit": "a-no-op-rerun"})
     run(compose_cfg(tmp_path, *GRPO, "training.steps=3"))
-    again = json.loads((tmp_path / "status.json").read_text())
+    again = read_status(tmp_path)
     assert again["status"] == "completed" and again["provenances"] == resumed["provenances"]

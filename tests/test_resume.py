@@ -27,7 +27,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from refexp.config import register_configs
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
+from refexp.record.status import read_status
 from refexp.run import run
 
 pytestmark = pytest.mark.slow
@@ -59,7 +60,7 @@ def compose_small(run_dir: Path, *overrides: str):
 
 
 def metrics(run_dir: Path) -> dict[int, dict]:
-    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+    rows = read_metrics(Path(run_dir))
     steps = [r["step"] for r in rows]
     assert steps == sorted(set(steps)), f"{run_dir}: steps not logged exactly once, in order: {steps}"
     return {r["step"]: r for r in rows}
@@ -151,7 +152,7 @@ def _wait_for(pred, proc: subprocess.Popen, timeout: float, poll: float) -> bool
 
 
 def _logged_steps(run_dir: Path) -> list[int]:
-    return [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    return [r["step"] for r in read_metrics(run_dir)]
 
 
 def _saving(run_dir: Path) -> bool:
@@ -187,7 +188,7 @@ def test_sigterm_saves_and_sigkill_resumes(tmp_path, uninterrupted):
 
     # SIGTERM: the step in progress finished, was saved, and the run said so
     assert term_rc != 0, "a preempted run must not look completed"
-    status = json.loads((term_dir / "status.json").read_text())
+    status = read_status(term_dir)
     stopped = max(_logged_steps(term_dir))
     assert status["status"] == "preempted" and status["last_step"] == stopped, status
     assert stopped < N and (term_dir / "checkpoint" / f"step-{stopped}" / ".metadata").is_file()

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from refexp.logging import read_metrics
 from refexp.losses import grpo_loss
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers import GRPO, compose_cfg
 
@@ -42,7 +42,7 @@ RUN = [*GRPO, "training.steps=2", "eval.every=2", "eval.log_samples=0"]
 
 def _rows(tmp_path, *overrides):
     run(compose_cfg(tmp_path, *RUN, *overrides))
-    return [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    return [r for r in read_metrics(tmp_path) if r["step"] > 0]
 
 
 @pytest.mark.slow

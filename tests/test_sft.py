@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from refexp import titan
+from refexp.record.metrics import read_metrics
 from refexp.titan import load_model_weights, save_model_weights
 from refexp.config import ModelConfig
-from refexp.logging import read_metrics
 from refexp.run import run
 from tests.helpers import TINY, compose_cfg
 
@@ -24,11 +24,11 @@ def test_sft_loss_decreases_and_the_result_is_reused(tmp_path, monkeypatch):
     sft_dir = Path(final["sft/dir"])
     assert (sft_dir / "sft.json").is_file() and (sft_dir / "model" / ".metadata").is_file()
     assert (sft_dir / "hf" / "config.json").is_file() and (sft_dir / "tokenizer.json").is_file()
-    losses = [r["loss/total"] for r in read_metrics(sft_dir / "metrics.jsonl") if "loss/total" in r]
+    losses = [r["loss/total"] for r in read_metrics(sft_dir) if "loss/total" in r]
     assert len(losses) == 40
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5
     # the run dir carries the stage's curve too
-    assert [r["step"] for r in read_metrics(tmp_path / "a" / "metrics.jsonl")][0] == 0
+    assert [r["step"] for r in read_metrics(tmp_path / "a")][0] == 0
 
     import refexp.algos.sft as sft_mod
 
@@ -103,4 +103,4 @@ def test_concurrent_jobs_train_the_sft_model_once(tmp_path):
     dirs = [d for d in (cache / "sft").iterdir() if d.is_dir()]
     assert len(dirs) == 1, dirs  # no leftover temporary dirs, one result
     assert json.loads((dirs[0] / "sft.json").read_text())["steps"] == 20
-    assert len(read_metrics(dirs[0] / "metrics.jsonl")) == 21  # trained once: steps 0..20
+    assert len(read_metrics(dirs[0])) == 21  # trained once: steps 0..20

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import refexp.algos.sft as sft_mod
-import refexp.io
+import refexp.record.atomic
 from refexp.run import run
 from tests.helpers import compose_cfg
 
@@ -42,7 +42,7 @@ def test_a_failed_stage_leaves_no_temporary(tmp_path, monkeypatch):
 def test_a_killed_stages_temporary_is_removed_by_the_next_start(tmp_path, monkeypatch):
     with pytest.MonkeyPatch.context() as mp:
         _fail_at_step_2(mp)
-        mp.setattr(refexp.io.shutil, "rmtree", lambda *a, **k: None)  # a SIGKILL runs no cleanup
+        mp.setattr(refexp.record.atomic.shutil, "rmtree", lambda *a, **k: None)  # a SIGKILL runs no cleanup
         with pytest.raises(RuntimeError, match="injected failure"):
             run(compose_cfg(tmp_path / "killed", *STAGE, "sft.seed=12"))
     left = _temporaries()

@@ -187,7 +187,7 @@ def test_grpo_groups_share_their_prompt(attention):
 @pytest.mark.parametrize("algo", ["grpo", "dpo"])
 def test_runs_with_and_without_sharing_agree(tmp_path, algo):
     """The same steps with algo.share_prompt true and false log the same losses and rewards."""
-    from refexp.logging import read_metrics
+    from refexp.record.metrics import read_metrics
     from refexp.run import run
     from tests.helpers import GRPO
 
@@ -196,7 +196,7 @@ def test_runs_with_and_without_sharing_agree(tmp_path, algo):
     rows = {}
     for share in ("true", "false"):
         run(compose_cfg(tmp_path / share, *extra, f"algo.share_prompt={share}"))
-        rows[share] = read_metrics(tmp_path / share / "metrics.jsonl")
+        rows[share] = read_metrics(tmp_path / share)
     keys = (["loss/total", "reward/mean", "kl/ref"] if algo == "grpo"
             else ["loss/total", "rewards/margins", "kl/ref_chosen_tokens"])
     assert [r["step"] for r in rows["true"]] == [r["step"] for r in rows["false"]]

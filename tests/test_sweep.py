@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
+from refexp.record.status import read_status
 from tests.helpers import GRPO, TINY
 
 
@@ -20,8 +20,7 @@ def test_sweep_with_a_failing_job_still_reports(tmp_path):
            f"hydra.sweep.dir={sweep}", "+hydra.callbacks.report._target_=refexp.sweep.ReportCallback"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert p.returncode != 0, p.stdout + p.stderr  # the sweep says that a job failed
-    statuses = {d.name: json.loads((d / "status.json").read_text()) for d in sweep.iterdir()
-                if (d / "status.json").is_file()}
+    statuses = {d.name: read_status(d) for d in sweep.iterdir() if read_status(d) is not None}
     assert statuses["0"]["status"] == "failed" and "algo.group_size" in statuses["0"]["error"]
     assert statuses["1"]["status"] == "completed"
     report = (sweep / "report.md").read_text()

@@ -38,7 +38,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from refexp.config import register_configs
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -135,7 +135,7 @@ def run_refexp(w: dict, run_dir: Path, reference: list[str], loss: tuple[str, ..
     with initialize_config_dir(config_dir=CONF, version_base=None):
         cfg = compose("config", overrides=overrides)
     run(cfg)
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] >= 1]
+    rows = [r for r in read_metrics(run_dir) if r["step"] >= 1]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     return rows
 

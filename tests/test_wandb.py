@@ -13,8 +13,9 @@ from collections import defaultdict
 import pytest
 
 from refexp.config import LoggerConfig
-from refexp.logging import MetricLogger
+from refexp.metric_logger import MetricLogger
 from refexp.overrides import swept_keys
+from refexp.record.status import read_status
 from refexp.wandb_conventions import run_info
 from tests.helpers import GRPO, TINY
 from tests.wandb_records import read_offline_run
@@ -164,14 +165,15 @@ def test_evaluations_and_rollouts_leave_readable_samples(tmp_path, monkeypatch):
     on the evaluation schedule; never in metrics.jsonl or the final numbers."""
     import json
 
-    from refexp.logging import read_metrics
+    from refexp.record.metrics import read_metrics
+    from refexp.record.samples import read_samples
     from refexp.run import run
     from tests.helpers import compose_cfg
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     final = run(compose_cfg(tmp_path, *GRPO, "training.steps=2", "eval.every=2", "eval.log_samples=3",
                             "logger=wandb"))
-    rows = read_metrics(tmp_path / "samples.jsonl")
+    rows = read_samples(tmp_path)
     by_kind = defaultdict(list)
     for r in rows:
         by_kind[(r["kind"], r["step"])].append(r)
@@ -180,9 +182,9 @@ def test_evaluations_and_rollouts_leave_readable_samples(tmp_path, monkeypatch):
     first = by_kind[("eval", 2)][0]
     assert set(first) == {"step", "kind", "prompt", "completion", "answer", "reward"} and first["prompt"]
     assert {"advantage"} <= set(by_kind[("rollout", 2)][0])
-    assert not any(k.startswith("samples/") for r in read_metrics(tmp_path / "metrics.jsonl") for k in r)
+    assert not any(k.startswith("samples/") for r in read_metrics(tmp_path) for k in r)
     assert not any(k.startswith("samples/") for k in final)
-    assert "samples" not in json.dumps(json.loads((tmp_path / "status.json").read_text())["final"])
+    assert "samples" not in json.dumps(read_status(tmp_path)["final"])
     (run_file,) = tmp_path.rglob("run-*.wandb")
     logged = read_offline_run(run_file)
     tables = [row for row in logged.history if "samples/eval/_type" in row or "samples/eval" in row]

@@ -17,7 +17,7 @@ from refexp import distributed as rdist
 from refexp.cache_dirs import marker_check
 from refexp.context import RunContext
 from refexp.hashing import digest, stable_hash
-from refexp.io import atomic_dir
+from refexp.record.atomic import atomic_dir
 from refexp.models import build_frozen
 from refexp.refcache import checkpoint_stamp
 from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine

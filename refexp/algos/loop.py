@@ -26,7 +26,7 @@ from refexp import titan
 from refexp.checkpoint import Checkpointer, TrainState
 from refexp.context import RunContext
 from refexp.evaluation import InitAnchor, evaluate
-from refexp.logging import peak_rss_mb
+from refexp.metric_logger import peak_rss_mb
 from refexp.models import build_frozen, build_run_model
 from refexp.optim import NonFiniteError, build_optimizer, clip_and_step, reset_optimizer_state
 from refexp.progress import progress_bar

@@ -20,8 +20,8 @@ from refexp.context import RunContext
 from refexp.evaluation import greedy_accuracy, logp_correct
 from refexp.data_order import batch_ids
 from refexp.hashing import stable_hash
-from refexp.io import atomic_dir, remove_temporaries, write_json_atomic
-from refexp.logging import MetricLogger
+from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
+from refexp.metric_logger import MetricLogger
 from refexp.losses import sft_loss
 from refexp.models import build_run_model
 from refexp.optim import build_optimizer, clip_and_step

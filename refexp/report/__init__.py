@@ -6,14 +6,15 @@
 
 or ``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--quiet] [--wandb]``.
 
-This package reads files only and imports from refexp only two foundations, ``refexp.io`` (atomic
-writes) and ``refexp.overrides`` (the swept settings W&B groups by too). The files it reads, per run dir
+This package reads files only and imports from refexp only two foundations, ``refexp.record`` (the run
+record's readers, the metric names, atomic writes) and ``refexp.overrides`` (the swept settings W&B groups
+by too). The files it reads, per run dir
 (found at any depth below SWEEP_DIR by having ``.hydra/``, ``metrics.jsonl`` or ``status.json``):
 
 - ``status.json``: {"status": running|completed|failed, "error", "algo", "reference", "seed",
   "steps", "last_step", "final": {metric: value}}. Only ``completed`` runs are counted; every other
   run (and a run without the file) is listed with its error.
-- ``metrics.jsonl``: one JSON object per logged step with ``"step"``; names listed in reduce.py.
+- ``metrics.jsonl``: one JSON object per logged step with ``"step"``; names in ``refexp/record/metric_names.py``.
 - ``.hydra/overrides.yaml``: the swept ``key=value``s; minus the seed and ``hydra*`` they define the
   group. ``resolved_config.yaml`` (else ``.hydra/config.yaml``) supplies algo.name, reference.name
   and training.seed when status.json lacks them.

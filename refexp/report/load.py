@@ -1,7 +1,7 @@
 """Find the run directories of a sweep and read what each run wrote.
 
-Only files are read; nothing of the trainer is imported, so a report can be made on a
-laptop from a copied sweep directory and while the sweep is still running.
+Only files are read, through the run record's readers (``refexp/record/``, torch-free), so a report can
+be made on a laptop from a copied sweep directory and while the sweep is still running.
 
 Per run dir (see the contract in ``refexp/report/__init__.py``):
 ``.hydra/config.yaml``, ``.hydra/overrides.yaml``, ``resolved_config.yaml``,
@@ -10,7 +10,6 @@ Per run dir (see the contract in ``refexp/report/__init__.py``):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -22,17 +21,20 @@ from typing import Any, Optional
 import numpy as np
 import yaml
 
-_MARKERS = (".hydra", "metrics.jsonl", "status.json")
-_NOT_RUNS = {"wandb", "report_plots", "__pycache__"}
+from refexp.record import layout
+from refexp.record.metric_names import current_names
+from refexp.record.metrics import read_metrics
+from refexp.record.resolved_config import read_resolved_config
+from refexp.record.samples import read_samples
+from refexp.record.status import read_status_file
+
+_NOT_RUNS = {layout.WANDB_DIR, "report_plots", "__pycache__"}
 """Folders in a sweep dir that are never runs: W&B's local files and this report's own plots."""
-RENAMED = {"rewards/accuracy": "rewards/accuracies", "rewards/margin": "rewards/margins"}
-"""Old metric name -> the name logged now (TRL's, README's metric table): runs logged before the rename
-read as if they had logged the new name, so committed sweeps stay comparable with new ones."""
 
 
 def is_run_dir(path: Path) -> bool:
     """A run dir holds any of ``.hydra/``, ``metrics.jsonl`` or ``status.json``."""
-    return any((path / m).exists() for m in _MARKERS)
+    return any((path / m).exists() for m in layout.RUN_MARKERS)
 
 
 def find_run_dirs(sweep_dir: Path) -> list[Path]:
@@ -75,10 +77,10 @@ def read_config(run_dir: Path) -> dict:
     The Hydra file is resolved leniently: OmegaConf resolution is tried, and when an interpolation
     needs Hydra's runtime (``${hydra:...}``, ``${now:...}``) the raw values are kept instead.
     """
-    resolved = _read_yaml(run_dir / "resolved_config.yaml")
-    if isinstance(resolved, dict):
+    resolved = read_resolved_config(run_dir)
+    if resolved is not None:
         return resolved
-    raw = _read_yaml(run_dir / ".hydra" / "config.yaml")
+    raw = _read_yaml(run_dir / layout.HYDRA_DIR / "config.yaml")
     if not isinstance(raw, dict):
         return {}
     try:
@@ -92,36 +94,8 @@ def read_config(run_dir: Path) -> dict:
 
 def read_overrides(run_dir: Path) -> list[str]:
     """``.hydra/overrides.yaml`` as a list of ``key=value`` strings ([] when absent)."""
-    data = _read_yaml(run_dir / ".hydra" / "overrides.yaml")
+    data = _read_yaml(run_dir / layout.HYDRA_DIR / "overrides.yaml")
     return [str(x) for x in data] if isinstance(data, list) else []
-
-
-def read_metrics(path: Path) -> tuple[list[dict], int]:
-    """Lines of ``metrics.jsonl`` that parse and carry a ``step``, and the number that did not.
-
-    A run that is still going (or was killed) can leave a half-written last line; it is skipped.
-    """
-    rows: list[dict] = []
-    bad = 0
-    try:
-        f = open(path)
-    except OSError:
-        return rows, 0
-    with f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if isinstance(row, dict) and _is_number(row.get("step")):
-                rows.append(row)
-            else:
-                bad += 1
-    return rows, bad
 
 
 def _is_number(x: Any) -> bool:
@@ -267,11 +241,7 @@ class Run:
         per_key: dict[str, dict[float, float]] = {}
         for row in self.rows:
             step = row["step"]
-            for k, v in row.items():
-                if k in RENAMED:
-                    if RENAMED[k] in row:  # a row with both names: the new one is the measurement
-                        continue
-                    k = RENAMED[k]
+            for k, v in current_names(row).items():  # a row with both names: the new one is the measurement
                 if k != "step" and _is_number(v):
                     per_key.setdefault(k, {})[step] = float(v)
         out = {}
@@ -291,8 +261,7 @@ class Run:
     def final_samples(self, kind: str = "eval", k: int = 3) -> list[dict]:
         """The first ``k`` sample completions of the run's last logged step of ``kind`` (``samples.jsonl``:
         greedy held-out completions at each evaluation, or GRPO's ``rollout`` samples)."""
-        rows, _ = read_metrics(self.path / "samples.jsonl")
-        rows = [r for r in rows if r.get("kind") == kind]
+        rows = read_samples(self.path, kind)
         if not rows:
             return []
         last = max(r["step"] for r in rows)
@@ -300,10 +269,7 @@ class Run:
 
     def final_from_status(self, key: str) -> Optional[float]:
         """status.json's ``final`` value of a metric, the fallback when metrics.jsonl lacks it."""
-        final = (self.status or {}).get("final") or {}
-        v = final.get(key)
-        if v is None:  # a run logged before a rename wrote the old name
-            v = next((final[old] for old, new in RENAMED.items() if new == key and old in final), None)
+        v = current_names((self.status or {}).get("final") or {}).get(key)  # a run logged before a rename
         return float(v) if _is_number(v) and math.isfinite(v) else None
 
 
@@ -312,19 +278,10 @@ def load_run(run_dir: Path, sweep_dir: Path) -> Run:
     run = Run(path=run_dir, name=str(run_dir.relative_to(sweep_dir)) if run_dir != sweep_dir else ".")
     run.config = read_config(run_dir)
     run.overrides = read_overrides(run_dir)
-    status_path = run_dir / "status.json"
-    if status_path.exists():
-        try:
-            status = json.loads(status_path.read_text())
-            if isinstance(status, dict):
-                run.status = status
-            else:
-                run.status_problem = "status.json is not a JSON object"
-        except (OSError, json.JSONDecodeError) as e:
-            run.status_problem = f"unreadable status.json ({e.__class__.__name__})"
-    metrics_path = run_dir / "metrics.jsonl"
-    run.has_metrics_file = metrics_path.exists()
-    run.rows, run.bad_lines = read_metrics(metrics_path)
+    run.status, run.status_problem = read_status_file(run_dir)
+    run.has_metrics_file = layout.path(run_dir, layout.METRICS).exists()
+    run.rows = read_metrics(run_dir)
+    run.bad_lines = run.rows.bad_lines
     return run
 
 

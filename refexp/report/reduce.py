@@ -24,16 +24,20 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from refexp.record.metric_names import (
+    EVAL_ACCURACY, EVAL_PREF_ACCURACY, EVAL_PREF_MARGIN, KL_INIT, KL_REF, LOGPS_CHOSEN_DELTA, MEM_PEAK_RSS_MB,
+    PERF_REF_FWD_S, PERF_STEP_S, REWARDS_ACCURACIES, REWARDS_MARGINS, REWARD_MEAN, VAL_ACCURACY)
+
 from .load import Run
 from .stats import Estimate, mean_ci, with_evaluation_noise
 
 TAIL = 5
 """How many last logged values a per-step training metric's "final" averages."""
 
-ACC = "eval/accuracy"
-VAL_ACC = "val/accuracy"
+ACC = EVAL_ACCURACY
+VAL_ACC = VAL_ACCURACY
 """Accuracy on the validation split (when the task has one): what "best" is selected on."""
-PREF_ACC = "eval/pref_accuracy"
+PREF_ACC = EVAL_PREF_ACCURACY
 """Held-out implicit-reward accuracy: a ``task=preference`` run's stand-in for ``eval/accuracy``."""
 
 
@@ -99,11 +103,11 @@ def ref_cost(run: Run) -> Optional[float]:
     step_s = ref_s = 0.0
     seen = False
     for row in run.rows:
-        t = row.get("perf/step_s")
+        t = row.get(PERF_STEP_S)
         if isinstance(t, (int, float)) and not isinstance(t, bool):
             seen = True
             step_s += t
-            r = row.get("perf/ref_fwd_s")
+            r = row.get(PERF_REF_FWD_S)
             ref_s += r if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.0
     return ref_s / step_s if seen and step_s > 0 else None
 
@@ -165,20 +169,20 @@ COLUMNS: tuple[Column, ...] = (
     Column("heldout_pref_final", "final held-out pref acc", lambda r: last(r, PREF_ACC), doc=f"last {PREF_ACC}",
            doc_name="final held-out preference accuracy"),
     Column("heldout_pref_best", "best held-out pref acc", lambda r: best(r, PREF_ACC), doc=f"max {PREF_ACC}"),
-    Column("heldout_margin", "final held-out margin", lambda r: last(r, "eval/pref_margin"),
+    Column("heldout_margin", "final held-out margin", lambda r: last(r, EVAL_PREF_MARGIN),
            doc="last eval/pref_margin"),
-    Column("reward", "reward", lambda r: tail_mean(r, "reward/mean"),
+    Column("reward", "reward", lambda r: tail_mean(r, REWARD_MEAN),
            doc=f"reward/mean, mean of last {TAIL} logged"),
-    Column("pref_acc", "pref acc", lambda r: tail_mean(r, "rewards/accuracies"),
+    Column("pref_acc", "pref acc", lambda r: tail_mean(r, REWARDS_ACCURACIES),
            doc=f"DPO rewards/accuracies (rewards/accuracy in older runs), mean of last {TAIL} logged"),
-    Column("margin", "margin", lambda r: tail_mean(r, "rewards/margins"),
+    Column("margin", "margin", lambda r: tail_mean(r, REWARDS_MARGINS),
            doc=f"DPO rewards/margins (rewards/margin in older runs), mean of last {TAIL} logged"),
-    Column("chosen_delta", "chosen Δlogp", lambda r: last(r, "logps/chosen_delta"),
+    Column("chosen_delta", "chosen Δlogp", lambda r: last(r, LOGPS_CHOSEN_DELTA),
            doc="DPO: last logps/chosen_delta, the chosen completions' summed log-prob minus its step-0 value"),
-    Column("kl_init", "kl/init", lambda r: last(r, "kl/init"), doc="last kl/init"),
-    Column("kl_ref", "kl/ref", lambda r: tail_mean(r, "kl/ref"), doc=f"kl/ref, mean of last {TAIL} logged"),
+    Column("kl_init", KL_INIT, lambda r: last(r, KL_INIT), doc="last kl/init"),
+    Column("kl_ref", KL_REF, lambda r: tail_mean(r, KL_REF), doc=f"kl/ref, mean of last {TAIL} logged"),
     Column("ref_cost", "ref cost", ref_cost, kind="pct", doc="sum perf/ref_fwd_s / sum perf/step_s"),
-    Column("peak_rss_mb", "peak RSS MB", lambda r: peak(r, "mem/peak_rss_mb"), kind="int",
+    Column("peak_rss_mb", "peak RSS MB", lambda r: peak(r, MEM_PEAK_RSS_MB), kind="int",
            doc="max mem/peak_rss_mb"),
 )
 """Every column a table can have; a table shows only those some group of its algorithm has data

@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from refexp.io import write_text_atomic
+from refexp.record.atomic import write_text_atomic
 
 from .reduce import COLUMNS, TAIL
 from .table import DEFAULT_TARGET_MARGIN, error_cell, header_and_cells

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from refexp.status import provenances, wall_seconds
+from refexp.record.status import provenances, wall_seconds
 
 from .group import Group
 from .load import Run, _get

@@ -19,11 +19,15 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from refexp.record.metric_names import (
+    EVAL_ACCURACY, EVAL_PREF_ACCURACY, KL_INIT, KL_REF, MEM_PEAK_GPU_MB, MEM_PEAK_RSS_MB, PERF_GEN_S,
+    PERF_REF_FWD_S, PERF_STEP_S, REF_VERSION, REWARDS_ACCURACIES, REWARDS_MARGINS, REWARD_MEAN)
+
 SECTIONS: dict[str, list[str]] = {
-    "Accuracy and drift": ["eval/accuracy", "eval/pref_accuracy", "kl/init"],
-    "Reference events": ["ref/version", "kl/ref"],
-    "Rewards": ["reward/mean", "rewards/margins", "rewards/accuracies"],
-    "Cost": ["perf/step_s", "perf/ref_fwd_s", "perf/gen_s", "mem/peak_rss_mb", "mem/peak_gpu_mb"],
+    "Accuracy and drift": [EVAL_ACCURACY, EVAL_PREF_ACCURACY, KL_INIT],
+    "Reference events": [REF_VERSION, KL_REF],
+    "Rewards": [REWARD_MEAN, REWARDS_MARGINS, REWARDS_ACCURACIES],
+    "Cost": [PERF_STEP_S, PERF_REF_FWD_S, PERF_GEN_S, MEM_PEAK_RSS_MB, MEM_PEAK_GPU_MB],
 }
 SPEC_FILE = "wandb_workspace.json"
 
@@ -46,9 +50,9 @@ def build_workspace(*, entity: str, project: str, sweep_id: str, name: Optional[
     for title, metrics in SECTIONS.items():
         panels = [_line(m) for m in metrics if keep(m)]
         if title == "Accuracy and drift":
-            acc = next((m for m in ("eval/accuracy", "eval/pref_accuracy") if keep(m)), None)
-            if acc and keep("kl/init"):
-                panels.append(wr.ScatterPlot(title=f"best {acc} vs last kl/init", x=wr.SummaryMetric("kl/init"),
+            acc = next((m for m in (EVAL_ACCURACY, EVAL_PREF_ACCURACY) if keep(m)), None)
+            if acc and keep(KL_INIT):
+                panels.append(wr.ScatterPlot(title=f"best {acc} vs last kl/init", x=wr.SummaryMetric(KL_INIT),
                                              y=wr.SummaryMetric(acc)))
         if panels:
             sections.append(ws.Section(name=title, panels=panels, is_open=True))
@@ -90,7 +94,7 @@ def save_workspace(report, *, online: Optional[bool] = None) -> str:
                                 logged=logged)
     if online:
         return workspace.save().url
-    from refexp.io import write_text_atomic
+    from refexp.record.atomic import write_text_atomic
 
     path = Path(report.sweep_dir) / SPEC_FILE
     write_text_atomic(path, json.dumps(workspace_spec(workspace), indent=1) + "\n")

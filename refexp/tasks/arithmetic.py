@@ -38,7 +38,7 @@ import numpy as np
 from refexp.cache_dirs import marker_check
 from refexp.config import ConfigError, TaskConfig
 from refexp.hashing import stable_hash
-from refexp.io import atomic_dir
+from refexp.record.atomic import atomic_dir
 
 FORMAT_VERSION = 2
 """Bump when the generated text changes, so cached datasets of the old format are not reused."""
@@ -98,7 +98,7 @@ def load_arithmetic(cfg: TaskConfig, data_dir: str) -> datasets.DatasetDict:
     """The splits of ``cfg``, generated once into ``data_dir/arithmetic-<fingerprint>`` and reused.
 
     Several processes may call this at once: each writes a private temp dir and renames it into
-    place (``refexp.io.atomic_dir``); the rename of a later one fails on the now complete target and
+    place (``refexp.record.atomic.atomic_dir``); the rename of a later one fails on the now complete target and
     it loads the winner's.
     """
     final = os.path.join(data_dir, f"arithmetic-{arithmetic_fingerprint(cfg)}")

@@ -1,17 +1,18 @@
 """Metrics out: ``<run dir>/metrics.jsonl`` always, W&B when ``logger=wandb``; rank 0 only.
 
 The local file and W&B receive the same dict, so the report (which reads the file) and the
-dashboards agree. W&B conventions (``refexp/wandb_conventions.py``, README "Weights & Biases"): one
-``group`` per compared setting, ``job_type`` = reference strategy (DPO: and loss), tags, the full
-resolved config, step metrics declared with ``define_metric`` (best accuracy and last drift as the
-runs table's summaries), final numbers in ``summary``. A resumed run continues its W&B run (the id is
-kept in the run dir) and does not send W&B the steps it replays: the earlier attempt sent them, with
-the same values (resumption is exact). A logging failure is reported once and never stops training.
+dashboards agree; the files are written through the run record (``refexp/record/``), and every name
+must be in its registry (``refexp/record/metric_names.py``). W&B conventions
+(``refexp/wandb_conventions.py``): one ``group`` per compared setting, ``job_type`` = reference strategy
+(DPO: and loss), tags, the full resolved config, every registered metric declared against ``step``
+(best accuracy and last drift as the runs table's summaries), final numbers in ``summary``. A resumed run
+continues its W&B run (the id is kept in the run dir) and does not send W&B the steps it replays: the
+earlier attempt sent them, with the same values (resumption is exact). A logging failure is reported
+once and never stops training.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -22,7 +23,12 @@ from typing import Any, Mapping
 
 import torch
 
-from refexp.io import write_text_atomic
+from refexp.record import layout
+from refexp.record.jsonl import keep_until
+from refexp.record.metric_names import METRICS, unregistered
+from refexp.record.metrics import MetricsWriter, read_metrics
+from refexp.record.outcomes import EvalOutcomes, append_outcomes
+from refexp.record.samples import append_samples
 from refexp.wandb_conventions import SUMMARIES
 
 SAMPLES_PREFIX = "samples/"
@@ -37,25 +43,13 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """All complete lines of a metrics.jsonl (a torn last line from a kill is skipped)."""
-    rows = []
-    p = Path(path)
-    if not p.exists():
-        return rows
-    for line in p.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
-def _keep_until(path: Path, step: int) -> list[dict]:
-    """Rewrite a jsonl file of logged rows (atomically) without the rows after ``step``; returns the kept rows."""
-    keep = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
-    return keep
+def check_names(names) -> None:
+    """Raise ``ValueError`` naming every metric of ``names`` the registry lacks: a misspelt or renamed metric
+    must not start a new series on the dashboards unnoticed."""
+    bad = unregistered(names)
+    if bad:
+        raise ValueError(f"metric name(s) {bad} are not registered: add them (name, meaning, when logged) to "
+                         f"refexp/record/metric_names.py and run `python -m refexp.record.metric_names`")
 
 
 class MetricLogger:
@@ -72,17 +66,14 @@ class MetricLogger:
     ) -> None:
         self.enabled = enabled
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / "metrics.jsonl"
-        self.samples_path = self.run_dir / "samples.jsonl"
         self._wandb = None
         self._warned = False
         self.last_step = 0  # the last step logged (status.json's last_step when a run stops early)
         if not enabled:
             return
         # metrics.jsonl mirrors what W&B received: steps up to its last one were sent by an earlier attempt
-        self._sent_before = max((int(r.get("step", -1)) for r in read_metrics(self.path)), default=-1)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses at most one line
+        self._sent_before = max((int(r["step"]) for r in read_metrics(self.run_dir)), default=-1)
+        self._metrics = MetricsWriter(self.run_dir)
         if wandb_cfg is not None and wandb_cfg.name == "wandb":
             self._init_wandb(wandb_cfg, resolved_config or {}, run_info or {})
 
@@ -94,7 +85,7 @@ class MetricLogger:
             mode = cfg.mode or os.environ.get("WANDB_MODE") or (
                 "online" if os.environ.get("WANDB_API_KEY") else "offline"
             )
-            id_file = self.run_dir / "wandb_id"
+            id_file = layout.path(self.run_dir, layout.WANDB_ID)
             run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
             id_file.write_text(run_id)
             self._wandb = wandb.init(
@@ -112,16 +103,13 @@ class MetricLogger:
                 settings=wandb.Settings(silent=True, console="off"),
             )
             self._wandb.define_metric("step")
-            for prefix in ("loss", "reward", "rewards", "kl", "eval", "ref", "perf", "mem", "clip", "logps",
-                           "policy", "train", "sft", "orpo", "optim", "refcache"):
-                self._wandb.define_metric(f"{prefix}/*", step_metric="step")
-            for key, summary in SUMMARIES.items():
-                self._wandb.define_metric(key, step_metric="step", summary=summary)
+            for m in METRICS:
+                self._wandb.define_metric(m.name, step_metric="step", **({"summary": m.summary} if m.summary else {}))
             if mode == "offline":
-                print(f"[refexp] W&B is offline; upload later with: wandb sync {self.run_dir / 'wandb'}",
+                print(f"[refexp] W&B is offline; upload later with: wandb sync {self.run_dir / layout.WANDB_DIR}",
                       file=sys.stderr)
         except Exception as e:  # W&B problems must never stop a run
-            self._warn(f"W&B init failed ({e!r}); metrics still go to {self.path}")
+            self._warn(f"W&B init failed ({e!r}); metrics still go to {self._metrics.path}")
             self._wandb = None
 
     def _warn(self, msg: str) -> None:
@@ -131,28 +119,27 @@ class MetricLogger:
 
     # ------------------------------------------------------------------ API
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
-        """One step's metrics; ``samples/<kind>`` keys holding lists of dicts (sample completions) go to
-        ``samples.jsonl`` and a W&B table instead of ``metrics.jsonl``."""
+        """One step's metrics. Not numbers: ``samples/<kind>`` keys holding lists of dicts (sample completions)
+        go to ``samples.jsonl`` and a W&B table, ``EvalOutcomes`` values (per-prompt scores) to
+        ``eval_outcomes.jsonl`` only. Raises ``ValueError`` on a name the registry lacks (``check_names``)."""
         if not self.enabled:
             return
         samples = {k: v for k, v in metrics.items() if k.startswith(SAMPLES_PREFIX) and isinstance(v, list)}
+        outcomes = [v for v in metrics.values() if isinstance(v, EvalOutcomes)]
         row = {"step": int(step)}
+        row.update({k: _plain(v) for k, v in metrics.items() if k not in samples and not isinstance(v, EvalOutcomes)})
+        check_names(row)
         self.last_step = int(step)
-        row.update({k: _plain(v) for k, v in metrics.items() if k not in samples})
-        self._file.write(json.dumps(row) + "\n")
+        self._metrics.write(row)
         if samples:
-            self._write_samples(int(step), samples)
+            append_samples(self.run_dir, int(step), {k[len(SAMPLES_PREFIX):]: v for k, v in samples.items()})
+        if outcomes:
+            append_outcomes(self.run_dir, int(step), outcomes)
         if self._wandb is not None and row["step"] > self._sent_before:
             try:
                 self._wandb.log({**row, **self._wandb_tables(samples)})
             except Exception as e:
                 self._warn(f"W&B log failed ({e!r})")
-
-    def _write_samples(self, step: int, samples: Mapping[str, list]) -> None:
-        with open(self.samples_path, "a") as f:
-            for key, rows in samples.items():
-                for r in rows:
-                    f.write(json.dumps({"step": step, "kind": key[len(SAMPLES_PREFIX):], **r}) + "\n")
 
     def _wandb_tables(self, samples: Mapping[str, list]) -> dict:
         """``samples/<kind>`` -> a ``wandb.Table`` with one row per sample (columns from the first row)."""
@@ -162,7 +149,10 @@ class MetricLogger:
                 for k, rows in samples.items() if rows}
 
     def summary(self, final: Mapping[str, Any]) -> None:
-        if not self.enabled or self._wandb is None:
+        if not self.enabled:
+            return
+        check_names(final)
+        if self._wandb is None:
             return
         try:
             for k, v in final.items():
@@ -172,21 +162,20 @@ class MetricLogger:
             self._warn(f"W&B summary failed ({e!r})")
 
     def truncate_after(self, step: int) -> None:
-        """Drop lines logged after ``step`` (a resumed run re-logs them), atomically."""
+        """Drop what was logged after ``step`` (a resumed run re-logs it), atomically."""
         if not self.enabled:
             return
-        self._file.close()
-        keep = _keep_until(self.path, step)
-        self.last_step = max((int(r.get("step", 0)) for r in keep), default=0)
-        if self.samples_path.exists():
-            _keep_until(self.samples_path, step)
-        self._file = open(self.path, "a", buffering=1)
+        keep = self._metrics.keep_until(step)
+        self.last_step = max((int(r["step"]) for r in keep), default=0)
+        for name in (layout.SAMPLES, layout.EVAL_OUTCOMES):
+            if layout.path(self.run_dir, name).exists():
+                keep_until(layout.path(self.run_dir, name), step)
 
     def close(self, exit_code: int = 0) -> None:
         if not self.enabled:
             return
         try:
-            self._file.close()
+            self._metrics.close()
         finally:
             if self._wandb is not None:
                 try:

@@ -1,0 +1,171 @@
+"""``status.json``: what became of a run (running / completed / failed / preempted, with the error).
+
+Rank 0 writes it at the start and at the end (``RunStatus``, ``open_status``, ``close_run_status``). A
+failure on another rank must reach it too, and first: the launcher (torchrun, ``refexp/launcher.py``) stops
+the surviving ranks when one process fails, and rank 0 may be killed inside a collective before it writes
+anything, or fail itself with nothing more telling than gloo's "Connection closed by peer". So a failing
+rank k > 0 writes its own error into ``status.json`` before its process exits (``record_rank_failure``), and
+rank 0's closing write keeps that error as the run's (``close_status``). The first failure recorded wins:
+it is the root cause, the later ones follow from it. Readers take the file as a dict: it may come from an
+older version of refexp (``wall_seconds`` and ``provenances`` read those too).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from refexp.record import layout
+from refexp.record.atomic import write_json_atomic
+
+ENDED = ("failed", "preempted")
+_SET_AT_THE_END = ("traceback", "ended", "wall_s", "provenances")
+"""``RunStatus`` fields written only once they have a value."""
+
+
+@dataclass(kw_only=True)
+class RunStatus:
+    """This invocation's status, as the trainer fills it (``to_json`` is what ``status.json`` holds)."""
+
+    status: str = "running"
+    """running | completed | failed | preempted."""
+    error: Optional[str] = None
+    algo: Optional[str] = None
+    reference: Optional[str] = None
+    seed: Optional[int] = None
+    steps: Optional[int] = None
+    """``training.steps``: the steps planned."""
+    last_step: int = 0
+    final: dict = field(default_factory=dict)
+    """The final metrics (numbers only) of a completed run."""
+    started: float = field(default_factory=time.time)
+    provenance: Optional[dict] = None
+    """The code that ran this invocation (``refexp/provenance.py``)."""
+    traceback: Optional[str] = None
+    ended: Optional[float] = None
+    wall_s: Optional[float] = None
+    """Seconds run by every invocation of this run dir so far (``wall_seconds``)."""
+    provenances: Optional[list] = None
+    """The code versions that advanced the run, in order (``with_provenance``)."""
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in _SET_AT_THE_END}
+
+    def stopped(self, error: BaseException, *, preempted: bool, last_step: int, traceback: str) -> None:
+        """The run ended with ``error`` (``preempted``: by a stop signal, after saving a checkpoint)."""
+        self.status = "preempted" if preempted else "failed"
+        self.error, self.traceback, self.last_step = f"{type(error).__name__}: {error}", traceback, last_step
+
+
+def read_status_file(run_dir: str | Path) -> tuple[Optional[dict], Optional[str]]:
+    """``(status, problem)``: the run dir's status and None, or None and why it cannot be used (None as well
+    when the run dir has no status.json)."""
+    p = layout.path(run_dir, layout.STATUS)
+    if not p.exists():
+        return None, None
+    try:
+        status = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        return None, f"unreadable status.json ({e.__class__.__name__})"
+    if not isinstance(status, dict):
+        return None, "status.json is not a JSON object"
+    return status, None
+
+
+def read_status(run_dir: str | Path) -> Optional[dict]:
+    """The run dir's status, or None when it has none (or a half-written or broken one)."""
+    return read_status_file(run_dir)[0]
+
+
+def write_status(run_dir: str | Path, status: Mapping[str, Any]) -> None:
+    """``status`` as the run dir's ``status.json``, atomically (a reader sees the old file or the new one)."""
+    write_json_atomic(layout.path(run_dir, layout.STATUS), dict(status))
+
+
+def wall_seconds(status: dict) -> float:
+    """The seconds a run's invocations have run so far: ``wall_s`` (each invocation adds its own span, so a
+    resumed run counts every part and a re-run of a finished one adds only its own short check), else the
+    one span ``ended - started`` of a status written before ``wall_s`` existed, else 0 (an invocation
+    killed before its closing write)."""
+    if isinstance(status.get("wall_s"), (int, float)):
+        return float(status["wall_s"])
+    if isinstance(status.get("started"), (int, float)) and isinstance(status.get("ended"), (int, float)):
+        return float(status["ended"]) - float(status["started"])
+    return 0.0
+
+
+def provenances(status: dict) -> list[dict]:
+    """The code versions that computed a run (``provenances``: one per invocation that advanced it, in order;
+    a status written before that field: its one ``provenance``)."""
+    if isinstance(status.get("provenances"), list):
+        return [p for p in status["provenances"] if isinstance(p, dict)]
+    return [status["provenance"]] if isinstance(status.get("provenance"), dict) else []
+
+
+def with_provenance(status: dict, earlier: dict) -> list[dict]:
+    """``earlier``'s provenances, plus this invocation's (``status["provenance"]``) when it advanced the run
+    (a re-run of a finished run computes nothing, so it does not claim the run's numbers) and differs from
+    the last one recorded."""
+    seen = provenances(earlier)
+    advanced = not seen or int(status.get("last_step") or 0) > int(earlier.get("last_step") or 0)
+    if advanced and (not seen or seen[-1] != status.get("provenance")):
+        seen = [*seen, status["provenance"]]
+    return seen
+
+
+def record_rank_failure(run_dir: str | Path, rank: int, status: dict) -> None:
+    """Rank ``rank``'s (> 0) failure as the run's status, unless a failure is recorded already."""
+    current = read_status(run_dir) or {}
+    if current.get("status") == "failed":
+        return
+    write_status(run_dir, {**current, **status, "status": "failed", "failed_rank": rank,
+                           "error": f"rank {rank}: {status['error']}"})
+
+
+def close_status(run_dir: str | Path, status: dict) -> dict:
+    """Rank 0's final ``status``, written; a failure another rank recorded first stays the error, rank
+    0's own then goes to ``rank0_error``. Returns what was written."""
+    current = read_status(run_dir) or {}
+    if status["status"] in ENDED and current.get("status") == "failed" and current.get("failed_rank", 0) != 0:
+        status = {**status, "status": "failed", "error": current["error"], "failed_rank": current["failed_rank"],
+                  "traceback": current.get("traceback"), "rank0_error": status.get("error")}
+    write_status(run_dir, status)
+    return status
+
+
+def record_launch_failure(run_dir: str | Path, error: str) -> None:
+    """The launching process's account of a job whose workers failed (``refexp/launcher.py``): written
+    only when no rank left a failure (a worker killed by a signal or out of memory writes nothing)."""
+    current = read_status(run_dir) or {}
+    if current.get("status") in ENDED:
+        return
+    write_status(run_dir, {**current, "status": "failed", "error": error, "final": current.get("final", {})})
+
+
+def record_early_failure(run_dir: str | Path, error: BaseException) -> None:
+    """A job that failed before it wrote a status (a config error) still leaves one for the report."""
+    if not layout.path(run_dir, layout.STATUS).exists():
+        write_status(run_dir, {"status": "failed", "error": f"{type(error).__name__}: {error}", "final": {}})
+
+
+def open_status(run_dir: str | Path, status: RunStatus) -> dict:
+    """Rank 0 at the start of an invocation: ``status`` written; returns the status of the run dir's earlier
+    invocations ({} when none), read before it is written over."""
+    earlier = read_status(run_dir) or {}
+    write_status(run_dir, status.to_json())
+    return earlier
+
+
+def close_run_status(run_dir: str | Path, status: RunStatus, earlier: dict, rank: int) -> None:
+    """The end of an invocation on rank ``rank``: rank 0 writes the run's status (its wall time and
+    provenances counting ``earlier``'s invocations); a failed rank > 0 records its failure first."""
+    status.ended = time.time()
+    if rank == 0:
+        status.wall_s = wall_seconds(earlier) + status.ended - status.started
+        status.provenances = with_provenance(status.to_json(), earlier)
+        close_status(run_dir, status.to_json())
+    elif status.status == "failed":
+        record_rank_failure(run_dir, rank, status.to_json())  # before this process exits and the launcher stops rank 0
