@@ -44,7 +44,9 @@ def arms() -> dict[str, list[str]]:
 
 
 def run_all(out: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Each side its own cache (SFT model, pairs, reference tables): a cache one side built would show as a
+    # difference in what the other logs about building it (``refcache/built``).
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "REFEXP_CACHE": str(out / "cache")}
     for name, overrides in arms().items():
         run_dir = out / name
         if read_status(run_dir) is not None:
