@@ -19,7 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from refexp.record.metrics import read_metrics
 from refexp.record.status import read_status
 
 QUICKSTART = [
@@ -57,6 +56,8 @@ def run_all(out: Path) -> None:
 
 
 def _rows(run_dir: Path) -> list[dict]:
+    from refexp.record.metrics import read_metrics  # here, so that `run` works on a checkout from before the record
+
     return [{k: v for k, v in row.items() if not (k.startswith(MACHINE_KEYS) or k.endswith("_s"))}
             for row in read_metrics(run_dir)]
 
