@@ -79,7 +79,8 @@ def precheck(argv: list[str], config_dir: str) -> None:
 
 def check_run_dirs(argv: list[str], config_dir: str, run_dir: str | None) -> None:
     """Exit 2 with one line naming the path when the run's directories (``hydra.run.dir``, where Hydra
-    writes ``.hydra/``, and ``run_dir`` when set) cannot be made or written: Hydra would print a traceback.
+    writes ``.hydra/``, and ``run_dir`` when set) cannot be made or written (Hydra would print a traceback),
+    or are being written by another process (``refexp/run.py`` takes their lock).
     Creates the missing parents (Hydra would), never the run dir itself (its name may hold a timestamp)."""
     from hydra import compose, initialize_config_dir
 
@@ -89,11 +90,18 @@ def check_run_dirs(argv: list[str], config_dir: str, run_dir: str | None) -> Non
                                 return_hydra_config=True).hydra.run.dir
     except Exception:  # Hydra reports its own errors
         hydra_dir = None
+    from refexp.record import layout
+    from refexp.record.lock import held_by
+    from refexp.record.status import run_dir_busy
+
     for d in (hydra_dir, run_dir):
         if d is not None:
             problem = run_dir_problem(Path(str(d)))
             if problem:
                 fail(f"cannot use the run dir {d}: {problem}")
+            owner = held_by(layout.path(d, layout.LOCK))  # before Hydra writes .hydra/ into it (run.py locks it)
+            if owner is not None:
+                fail(run_dir_busy(d, owner))
 
 
 def run_dir_problem(path: Path) -> str | None:

@@ -35,7 +35,8 @@ from refexp.provenance import provenance
 from refexp.record.metric_names import EVAL_ACCURACY, EVAL_PREF_ACCURACY, KL_INIT, KL_REF, VAL_ACCURACY
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
 from refexp.record import layout
-from refexp.record.lock import FileLock, LockHeld, describe_owner
+from refexp.record.lock import FileLock, LockHeld
+from refexp.record.status import run_dir_busy
 from refexp.record.status import (RunStatus, close_run_status, open_status, read_status, record_early_failure,
                                   record_launch_failure)
 from refexp import stop_signals
@@ -197,8 +198,7 @@ def _run_dir_lock(run_dir: str | None) -> Iterator[None]:
     try:
         lock = FileLock(layout.path(run_dir, layout.LOCK)).acquire()
     except LockHeld as e:
-        raise RunDirBusy(f"run_dir={run_dir!r} is being written by {describe_owner(e.owner)}: one process writes a "
-                         f"run dir at a time (wait for it to end, or use another run_dir)") from None
+        raise RunDirBusy(run_dir_busy(run_dir, e.owner)) from None
     try:
         yield
     finally:

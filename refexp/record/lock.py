@@ -42,6 +42,18 @@ class LockHeld(RuntimeError):
         super().__init__(f"{path} is held by {describe_owner(owner)}")
 
 
+def held_by(path: str | os.PathLike) -> Optional[dict]:
+    """The owner of the lock at ``path`` when a live one holds it, else None (a look: the lock is taken
+    and given back at once when free; nothing is created when there is no lock file)."""
+    if not Path(path).exists():
+        return None
+    try:
+        FileLock(path).acquire().release()
+    except LockHeld as e:
+        return e.owner
+    return None
+
+
 def this_owner() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
 
@@ -100,6 +112,9 @@ class FileLock:
 
     def acquire(self) -> "FileLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._flock = has_flock(self.path.parent)
+        if not self._flock:
+            return self._acquire_exclusive()
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -108,12 +123,6 @@ class FileLock:
                 os.close(fd)
                 self._busy(read_owner(self.path))
                 continue
-            except OSError as e:
-                os.close(fd)
-                if e.errno not in _NO_FLOCK:
-                    raise
-                self._flock = False
-                return self._acquire_exclusive()
             if _same_file(fd, self.path):  # else the holder we waited for unlinked it: lock the new file
                 left = read_owner(self.path)
                 if left.get("pid"):
@@ -172,6 +181,22 @@ class FileLock:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def has_flock(directory: Path) -> bool:
+    """Whether ``flock`` works on ``directory``'s file system (tried on a probe file there)."""
+    probe = directory / f".flock-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as e:
+        if e.errno not in _NO_FLOCK:
+            raise
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional
 
 from refexp.record import layout
 from refexp.record.atomic import json_default, write_text_atomic
-from refexp.record.lock import HEARTBEAT_S, owner_alive
+from refexp.record.lock import HEARTBEAT_S, describe_owner, owner_alive
 
 ENDED = ("failed", "preempted")
 _SET_AT_THE_END = ("traceback", "ended", "wall_s", "provenances", "heartbeat")
@@ -127,6 +127,12 @@ def _overwrite_in_place(p: Path, status: Mapping[str, Any]) -> bool:
                 os.fsync(f.fileno())
             return True
     return False
+
+
+def run_dir_busy(run_dir: str | Path, owner: dict) -> str:
+    """The error of a launch into a run dir whose lock (``layout.LOCK``) another process holds."""
+    return (f"run_dir={str(run_dir)!r} is being written by {describe_owner(owner)}: one process writes a run dir "
+            f"at a time (wait for it to end, or use another run_dir)")
 
 
 def new_heartbeat(step: int = 0) -> dict:
