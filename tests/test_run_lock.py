@@ -21,6 +21,7 @@ from refexp.record.metrics import read_metrics
 from refexp.record.samples import read_samples
 from refexp.record.status import read_status
 from tests.helpers import GRPO, TINY
+from tests.test_resume import _wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,17 +108,6 @@ def test_hydra_run_dir_that_cannot_be_made_is_one_line():
     assert p.returncode == 2 and p.stderr.startswith("refexp: error: cannot use the run dir /proc/refexp-no"), p.stderr
 
 
-def _wait_for(pred, proc: subprocess.Popen, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.01)
-    return False
-
-
 def test_second_launch_into_a_running_run_dir_fails_at_once(tmp_path):
     """A real run writes its run dir; a second launch into it fails in one line naming the first's pid,
     writes nothing there, and the first completes with every step logged once."""
@@ -128,7 +118,7 @@ def test_second_launch_into_a_running_run_dir_fails_at_once(tmp_path):
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        assert _wait_for(lambda: any(r["step"] == 1 for r in read_metrics(run_dir)), first, 180), \
+        assert _wait_for(lambda: any(r["step"] == 1 for r in read_metrics(run_dir)), first, 180, 0.01), \
             (tmp_path / "first.log").read_text()[-3000:]
         second = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert first.poll() is None, "the first run ended before the second launch was refused: make it longer"
