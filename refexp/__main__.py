@@ -46,6 +46,10 @@ def main() -> None:
 
     precheck(sys.argv[1:], CONF_DIR)  # a bad command line: one line, exit 2, before torch is imported
     _app()
+    from refexp.sweep import NOT_COMPLETED
+
+    if NOT_COMPLETED:  # a -m sweep: every job ran, the callbacks were called; now say that some failed
+        sys.exit(f"[refexp] {len(NOT_COMPLETED)} job(s) of the sweep did not complete: {', '.join(NOT_COMPLETED)}")
 
 
 if __name__ == "__main__":

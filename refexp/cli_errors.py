@@ -7,13 +7,14 @@ surface as one line naming the field and what would be valid, whether the run wo
 its config (``--cfg job``). Sweeps (``-m``) are left to Hydra: a job's bad values are recorded in its
 ``status.json`` and the sweep goes on. One check covers a sweep too: a search (``hparams_search``, any
 sweeper that selects on the jobs' results) needs a validation split (``precheck_search``), since it must
-never select on test.
+never select on test. A run dir that cannot be made or written is named in one line too (``check_run_dirs``).
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 NOT_A_RUN = ("--help", "-h", "--hydra-help", "--version", "-sc", "--shell-completion", "--info", "-i")
 """Flags after which Hydra does not compose the job's config: nothing to check."""
@@ -60,6 +61,7 @@ def precheck(argv: list[str], config_dir: str) -> None:
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             cfg = compose("config", overrides=overrides)
+        check_run_dirs(argv, config_dir, cfg.get("run_dir"))
         if cfg.get("dry_run"):
             return  # a plan needs no data paths (refexp/dry_run.py validates what it needs)
         obj = to_object(cfg)
@@ -73,6 +75,48 @@ def precheck(argv: list[str], config_dir: str) -> None:
         while causes[-1].__cause__ is not None:  # "Could not override" wraps OmegaConf's "Key ... not in ..."
             causes.append(causes[-1].__cause__)
         fail(hydra_message_line("\n".join(str(c) for c in reversed(causes))))
+
+
+def check_run_dirs(argv: list[str], config_dir: str, run_dir: str | None) -> None:
+    """Exit 2 with one line naming the path when the run's directories (``hydra.run.dir``, where Hydra
+    writes ``.hydra/``, and ``run_dir`` when set) cannot be made or written (Hydra would print a traceback),
+    or are being written by another process (``refexp/run.py`` takes their lock).
+    Creates the missing parents (Hydra would), never the run dir itself (its name may hold a timestamp)."""
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+            hydra_dir = compose("config", overrides=[a for a in argv if not a.startswith("-") and "=" in a],
+                                return_hydra_config=True).hydra.run.dir
+    except Exception:  # Hydra reports its own errors
+        hydra_dir = None
+    from refexp.record import layout
+    from refexp.record.lock import held_by
+    from refexp.record.status import run_dir_busy
+
+    for d in (hydra_dir, run_dir):
+        if d is not None:
+            problem = run_dir_problem(Path(str(d)))
+            if problem:
+                fail(f"cannot use the run dir {d}: {problem}")
+            owner = held_by(layout.path(d, layout.LOCK))  # before Hydra writes .hydra/ into it (run.py locks it)
+            if owner is not None:
+                fail(run_dir_busy(d, owner))
+
+
+def run_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a run dir (not a directory, or its parent cannot be written), else None."""
+    import tempfile
+
+    if path.exists() and not path.is_dir():
+        return "it exists and is not a directory"
+    where = path if path.is_dir() else path.parent
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=where).cleanup()  # a probe: can a directory be made (and removed) there?
+    except OSError as e:
+        return f"cannot create a directory in {where} ({e.strerror or e})"
+    return None
 
 
 def precheck_search(argv: list[str], config_dir: str) -> None:

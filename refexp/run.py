@@ -15,9 +15,12 @@ report lists failed runs instead of dropping them.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -31,7 +34,12 @@ from refexp.metric_logger import MetricLogger
 from refexp.provenance import provenance
 from refexp.record.metric_names import EVAL_ACCURACY, EVAL_PREF_ACCURACY, KL_INIT, KL_REF, VAL_ACCURACY
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
-from refexp.record.status import RunStatus, close_run_status, open_status, record_early_failure, record_launch_failure
+from refexp.record import layout
+from refexp.record.lock import FileLock, LockHeld
+from refexp.record.status import run_dir_busy
+from refexp.record.status import (RunStatus, close_run_status, open_status, read_status, record_early_failure,
+                                  record_launch_failure)
+from refexp import stop_signals
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:
@@ -54,13 +62,13 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     try:
         _use_own_gpu(cfg)
         final = run(cfg)
-    except Exception:
+    except Exception as e:
         import logging
         import sys
 
         logging.getLogger("refexp").exception("job %s failed; the sweep goes on", cfg.run_dir)
-        if rdist.is_rank0():
-            record_early_failure(cfg.run_dir, sys.exc_info()[1])  # a job failed before run_worker: a config error
+        if rdist.is_rank0() and not isinstance(e, RunDirBusy):  # a busy run dir is another process's to write
+            record_early_failure(cfg.run_dir, e)  # a job failed before run_worker: a config error
         print(f"[refexp] job failed: {cfg.run_dir} (see its status.json)", file=sys.stderr)
         return None
     return objective(final)
@@ -124,6 +132,7 @@ def validate(dcfg: DictConfig) -> RootConfig:
 
     check_sources(cfg.task)  # local paths, Hub ids (reachable?), the task.reward hook
     check_rerun_config(dcfg, Path(cfg.run_dir))
+    check_rerun_steps(cfg, Path(cfg.run_dir))
     return cfg
 
 
@@ -142,16 +151,58 @@ def check_rerun_config(dcfg: DictConfig, run_dir: Path) -> None:
                           f"{', '.join(RESUMABLE_CHANGES)})")
 
 
+def check_rerun_steps(cfg: RootConfig, run_dir: Path) -> None:
+    """A rerun with fewer ``training.steps`` than the run dir's run has reached is refused: it cannot resume
+    (its LR schedule would end before the checkpoint's step) and must not touch that run's record."""
+    earlier = read_status(run_dir) or {}
+    heartbeat = earlier.get("heartbeat") if isinstance(earlier.get("heartbeat"), dict) else {}
+    reached = max(int(earlier.get("last_step") or 0), int(heartbeat.get("step") or 0))
+    if cfg.algo.name != "sft" and reached > cfg.training.steps:  # an sft run's steps are the stage's
+        done = "completed" if earlier.get("status") == "completed" else "reached"
+        raise ConfigError(f"run_dir={str(run_dir)!r} holds a run that {done} {reached} steps, and rerunning a run "
+                          f"dir resumes it: training.steps={cfg.training.steps} is fewer. To continue it use "
+                          f"training.steps >= {reached}, or use a new run_dir")
+
+
+class RunDirBusy(ConfigError):
+    """The run dir is being written by another process (its lock is held)."""
+
+
 def run(dcfg: DictConfig) -> dict:
     """Validate, then train (spawning ``parallelism.nproc_per_node`` workers when started as one process).
-    ``dry_run=true`` never reaches here: ``refexp/__main__.py`` plans it (refexp/dry_run.py)."""
-    cfg = validate(dcfg)
-    if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
-        from refexp.launcher import spawn_workers
+    ``dry_run=true`` never reaches here: ``refexp/__main__.py`` plans it (refexp/dry_run.py).
 
-        return spawn_workers(_spawned_worker, dcfg, cfg.parallelism.nproc_per_node,
-                             on_failure=lambda error: record_launch_failure(cfg.run_dir, error))
-    return run_worker(dcfg, cfg)
+    The run dir's lock (one writer at a time) is taken first, by this process when it launches the job
+    (before spawning workers) or is rank 0 of a torchrun/SLURM job, and held until the job ends; stop
+    signals raise from then on (``refexp/stop_signals.py``), so every phase ends with a true status."""
+    with stop_signals.installed(), _run_dir_lock(dcfg.get("run_dir")):
+        cfg = validate(dcfg)
+        if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
+            from refexp.launcher import spawn_workers
+
+            return spawn_workers(_spawned_worker, dcfg, cfg.parallelism.nproc_per_node,
+                                 on_failure=lambda error: record_launch_failure(cfg.run_dir, error))
+        return run_worker(dcfg, cfg)
+
+
+@contextmanager
+def _run_dir_lock(run_dir: str | None) -> Iterator[None]:
+    """The run dir made and locked by the launching process or rank 0 (other ranks: nothing to do)."""
+    if run_dir is None or (rdist.launched_world_size() > 1 and os.environ.get("RANK", "0") != "0"):
+        yield
+        return
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create run_dir={run_dir!r}: {e.strerror or e}") from None
+    try:
+        lock = FileLock(layout.path(run_dir, layout.LOCK)).acquire()
+    except LockHeld as e:
+        raise RunDirBusy(run_dir_busy(run_dir, e.owner)) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _spawned_worker(dcfg: DictConfig) -> dict:
@@ -160,7 +211,8 @@ def _spawned_worker(dcfg: DictConfig) -> dict:
     from refexp.config import register_configs
 
     register_configs()
-    return run_worker(dcfg)
+    with stop_signals.installed():
+        return run_worker(dcfg)
 
 
 def resolved_container(dcfg: DictConfig) -> dict:
@@ -206,15 +258,20 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
         logger.summary(final)
         return final
     except BaseException as e:
-        from refexp.algos.loop import Preempted
-
         rdist.note_run_failed()
-        status.stopped(e, preempted=isinstance(e, Preempted), last_step=logger.last_step,
+        status.stopped(e, preempted=isinstance(e, stop_signals.Preempted), last_step=logger.last_step,
                        traceback=traceback.format_exc(limit=20))
         raise
     finally:
-        close_run_status(run_dir, status, earlier, info.rank)
-        logger.close(0 if status.status == "completed" else 1)
+        try:
+            close_run_status(run_dir, status, earlier, info.rank)
+        except OSError as e:
+            if status.status == "completed":
+                raise
+            # the run's own error is on its way out: a failed status write must not replace it
+            print(f"[refexp] could not write {run_dir / layout.STATUS}: {type(e).__name__}: {e}", file=sys.stderr)
+        finally:
+            logger.close(0 if status.status == "completed" else 1)
 
 
 def _agree_on_run_dir(cfg: RootConfig, info) -> Path:

@@ -1,13 +1,42 @@
-"""Hydra callback that turns a finished ``-m`` sweep into the comparison report.
+"""Hydra callbacks of a ``-m`` sweep: the comparison report, and the sweep's exit status.
 
-Registered by the experiment files (``hydra.callbacks.report``); runs after the last job, also
-when some jobs failed (their ``status.json`` says so and the report lists them).
+``ReportCallback`` (registered by the experiment files, ``hydra.callbacks.report``) turns a finished sweep
+into the comparison report, also when some jobs failed (their ``status.json`` says so and the report lists
+them). ``JobsCallback`` (registered for every sweep in conf/config.yaml) counts the jobs that did not
+complete; ``refexp``'s ``main`` then exits 1 (after every job ran and every callback was called: a callback
+that raised would stop the ones after it).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+NOT_COMPLETED: list[str] = []
+"""The run dirs of the last sweep in this process whose status.json says it did not complete."""
+
+
+def not_completed(sweep_dir: str | Path) -> list[str]:
+    """The run dirs under ``sweep_dir`` whose ``status.json`` is not ``completed`` (a dry run writes none)."""
+    from refexp.record.status import read_status
+    from refexp.report.load import find_run_dirs
+
+    out = []
+    for d in find_run_dirs(Path(sweep_dir)):
+        status = read_status(d)
+        if status is not None and status.get("status") != "completed":
+            out.append(f"{d} ({status.get('status')})")
+    return out
+
+
+class JobsCallback(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from refexp.distributed import is_rank0
+
+        if is_rank0():
+            NOT_COMPLETED[:] = not_completed(config.hydra.sweep.dir)
 
 
 class ReportCallback(Callback):
@@ -28,6 +57,3 @@ class ReportCallback(Callback):
             return
         print(format_table(report))
         print(f"[refexp] report: {report.markdown_path} (and report.html beside it)")
-        failed = [p for p in report.problems if getattr(p, "state", "") == "failed"]
-        if failed:
-            raise SystemExit(f"[refexp] {len(failed)} job(s) of the sweep failed; see the report's list")

@@ -27,3 +27,16 @@ def test_sweep_with_a_failing_job_still_reports(tmp_path):
     assert "algo.group_size" in report and "failed" in report
     assert (sweep / "report.html").is_file()
     assert "report:" in p.stdout
+
+
+def test_plain_sweep_with_a_failing_job_exits_non_zero_after_the_others_ran(tmp_path):
+    """No report callback (``refexp -m`` without an experiment): the exit status still says a job failed."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "refexp", "-m", *TINY, *GRPO, "training.steps=1",
+           "task.reward=tests.rewards_for_tests:no_such_reward,tests.rewards_for_tests:by_length",
+           f"hydra.sweep.dir={sweep}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert read_status(sweep / "0")["status"] == "failed" and "no_such_reward" in read_status(sweep / "0")["error"]
+    assert read_status(sweep / "1")["status"] == "completed"  # the job after the failed one ran
+    assert "1 job(s) of the sweep did not complete" in p.stderr and str(sweep / "0") in p.stderr

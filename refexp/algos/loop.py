@@ -8,7 +8,8 @@ measure the policy (and, for DPO, the reference as it was during the step), whic
 does not change, so for GRPO the order does not change a number.
 
 Around it: resume from the run dir's latest checkpoint, the step-0 measurement on a fresh start, a
-SIGTERM handler that saves before exiting (SLURM preemption), a non-finite guard that stops the run
+SIGTERM handler that saves at the end of the step before exiting (SLURM preemption; outside the loop
+``refexp/stop_signals.py`` stops the run at once), a non-finite guard that stops the run
 and leaves the last good checkpoint, and a final checkpoint at the end of every run.
 """
 
@@ -32,14 +33,10 @@ from refexp.optim import NonFiniteError, build_optimizer, clip_and_step, reset_o
 from refexp.progress import progress_bar
 from refexp.timing import now
 from refexp.reference import ReferenceStrategy, build_reference
+from refexp.record.status import beat
+from refexp.stop_signals import PREEMPT_SIGNALS, Preempted, foreign
 
 
-class Preempted(SystemExit):
-    """Raised after the checkpoint of a SIGTERM'd run has been written."""
-
-
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
-"""SIGTERM: torchrun's and SLURM's stop; SIGUSR2: submitit's warning before a preemption or time limit."""
 
 
 @dataclass
@@ -192,6 +189,8 @@ def _run_step(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, step
     if ctx.device.type == "cuda":
         metrics["mem/peak_gpu_mb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
     ctx.logger.log(metrics, step=step)
+    if ctx.dist.is_rank0:
+        beat(ctx.run_dir, step)  # status.json's heartbeat (at most every HEARTBEAT_S)
     return metrics, measured
 
 
@@ -209,7 +208,7 @@ class _StopSignals:
         """Checkpoint ``step`` (unless saved), hand the signal to the previous handler, raise ``Preempted``."""
         if ckpt.latest_step() != step:
             ckpt.save(step, force=True)
-        chained = self.prev.get(self.signum)
+        chained = foreign(self.prev.get(self.signum))
         if callable(chained):  # submitit's handler requeues the job, now that the checkpoint exists
             chained(self.signum, None)
         raise Preempted(f"stop signal received: saved step {step} to {ckpt.folder}; "

@@ -5,8 +5,7 @@ demonstrations until the validation loss plateaus (or the accuracy target, or th
 
 from __future__ import annotations
 
-import fcntl
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from refexp.evaluation import greedy_accuracy, logp_correct
 from refexp.data_order import batch_ids
 from refexp.hashing import stable_hash
 from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
+from refexp.record.lock import FileLock
 from refexp.metric_logger import MetricLogger
 from refexp.losses import sft_loss
 from refexp.models import build_run_model
@@ -48,17 +48,6 @@ def sft_fingerprint(ctx: RunContext) -> str:
     return stable_hash(key, 16)
 
 
-@contextmanager
-def _file_lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def ensure_sft(ctx: RunContext) -> Path:
     """The dir the RL stage starts from: ``model.hf_assets_path`` when ``sft.enable=false`` (a pretrained
     HF checkpoint; ``titan.load_weights`` recognises it), ``sft.checkpoint`` if given, else the SFT
@@ -71,7 +60,8 @@ def ensure_sft(ctx: RunContext) -> Path:
     if _sft_cached(out):
         return out
     # Rank 0 takes the cross-process lock; all ranks then agree on whether training is needed.
-    lock = _file_lock(ctx.cache_dir / "sft" / f"{out.name}.lock") if ctx.dist.is_rank0 else nullcontext()
+    # (a job that finds it held waits for the holder's model; refexp/record/lock.py, also without flock)
+    lock = FileLock(ctx.cache_dir / "sft" / f"{out.name}.lock", blocking=True) if ctx.dist.is_rank0 else nullcontext()
     with lock:
         if ctx.dist.is_rank0:
             remove_temporaries(out)  # left by a run killed while training this model; the lock excludes live ones

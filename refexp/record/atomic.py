@@ -44,7 +44,7 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, encoding: str | Non
     return Path(path)
 
 
-def _json_default(v: Any) -> Any:
+def json_default(v: Any) -> Any:
     if hasattr(v, "tolist"):  # torch tensors, numpy arrays and scalars
         return v.tolist()
     raise TypeError(f"Object of type {type(v).__name__} is not JSON serializable")
@@ -52,7 +52,7 @@ def _json_default(v: Any) -> Any:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     """``obj`` as indented JSON (tensors and arrays as numbers/lists)."""
-    return write_text_atomic(path, json.dumps(obj, indent=2, default=_json_default))
+    return write_text_atomic(path, json.dumps(obj, indent=2, default=json_default))
 
 
 def torch_save_atomic(obj: Any, path: str | os.PathLike) -> Path:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 STATUS = "status.json"
-"""What became of the run: running / completed / failed / preempted, with the error (``record/status.py``)."""
+"""What became of the run: running (with a heartbeat) / completed / failed / preempted, with the error
+(``record/status.py``; docs/runs.md)."""
 METRICS = "metrics.jsonl"
 """One JSON object per logged step, with ``step`` (``record/metrics.py``; the names: ``record/metric_names.py``)."""
 SAMPLES = "samples.jsonl"
@@ -22,6 +23,8 @@ WANDB_ID = "wandb_id"
 """The W&B run id, kept so that a resumed run continues its W&B run."""
 WANDB_DIR = "wandb"
 """W&B's local files (``wandb sync <run dir>/wandb`` uploads an offline run)."""
+LOCK = ".refexp.lock"
+"""Held by the one process writing the run dir, naming it (host, pid, start; ``record/lock.py``)."""
 HYDRA_DIR = ".hydra"
 """Hydra's own record of the job (``config.yaml``, ``overrides.yaml``)."""
 

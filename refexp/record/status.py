@@ -8,22 +8,34 @@ rank k > 0 writes its own error into ``status.json`` before its process exits (`
 rank 0's closing write keeps that error as the run's (``close_status``). The first failure recorded wins:
 it is the root cause, the later ones follow from it. Readers take the file as a dict: it may come from an
 older version of refexp (``wall_seconds`` and ``provenances`` read those too).
+
+A ``running`` status carries a heartbeat (host, pid, time, step; ``beat`` renews it at most every
+``HEARTBEAT_S``), so a reader tells a live run from one whose process is gone (``stale_reason``). While
+running, the file is padded to ``RESERVED_BYTES``: a closing write that a full disk refuses goes over those
+bytes in place (``write_status``). A run that did not advance a completed run leaves its status as it was
+(``close_run_status``). What the values mean: docs/runs.md.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from refexp.record import layout
-from refexp.record.atomic import write_json_atomic
+from refexp.record.atomic import json_default, write_text_atomic
+from refexp.record.lock import HEARTBEAT_S, describe_owner, owner_alive
 
 ENDED = ("failed", "preempted")
-_SET_AT_THE_END = ("traceback", "ended", "wall_s", "provenances")
+_SET_AT_THE_END = ("traceback", "ended", "wall_s", "provenances", "heartbeat")
 """``RunStatus`` fields written only once they have a value."""
+RESERVED_BYTES = 16384
+"""The size of a ``running`` status.json: room for the closing status (a traceback of 20 frames) on a full disk."""
 
 
 @dataclass(kw_only=True)
@@ -50,6 +62,8 @@ class RunStatus:
     """Seconds run by every invocation of this run dir so far (``wall_seconds``)."""
     provenances: Optional[list] = None
     """The code versions that advanced the run, in order (``with_provenance``)."""
+    heartbeat: Optional[dict] = None
+    """While running: ``{host, pid, time, step}`` of rank 0's process, renewed by ``beat``."""
 
     def to_json(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None or k not in _SET_AT_THE_END}
@@ -80,9 +94,84 @@ def read_status(run_dir: str | Path) -> Optional[dict]:
     return read_status_file(run_dir)[0]
 
 
-def write_status(run_dir: str | Path, status: Mapping[str, Any]) -> None:
-    """``status`` as the run dir's ``status.json``, atomically (a reader sees the old file or the new one)."""
-    write_json_atomic(layout.path(run_dir, layout.STATUS), dict(status))
+def write_status(run_dir: str | Path, status: Mapping[str, Any], *, reserve: bool = False) -> None:
+    """``status`` as the run dir's ``status.json``, atomically (a reader sees the old file or the new one);
+    ``reserve``: padded with spaces to ``RESERVED_BYTES``. When the disk is full, written over the old
+    file's bytes in place (without its traceback when it would not fit), else the ``OSError`` is raised."""
+    p = layout.path(run_dir, layout.STATUS)
+    text = _status_text(status)
+    try:
+        write_text_atomic(p, text.ljust(RESERVED_BYTES) if reserve else text)
+    except OSError as e:
+        if e.errno != errno.ENOSPC or not _overwrite_in_place(p, status):
+            raise
+
+
+def _status_text(status: Mapping[str, Any]) -> str:
+    return json.dumps(dict(status), indent=2, default=json_default)
+
+
+def _overwrite_in_place(p: Path, status: Mapping[str, Any]) -> bool:
+    """``status`` over ``p``'s own bytes (no new blocks on a file system that overwrites in place), padded
+    to its size; False when ``p`` is missing or too small even without the traceback."""
+    try:
+        size = p.stat().st_size
+    except OSError:
+        return False
+    for candidate in (status, {k: v for k, v in status.items() if k != "traceback"}):
+        data = _status_text(candidate).encode()
+        if len(data) <= size:
+            with open(p, "r+b") as f:
+                f.write(data.ljust(size))
+                f.flush()
+                os.fsync(f.fileno())
+            return True
+    return False
+
+
+def run_dir_busy(run_dir: str | Path, owner: dict) -> str:
+    """The error of a launch into a run dir whose lock (``layout.LOCK``) another process holds."""
+    return (f"run_dir={str(run_dir)!r} is being written by {describe_owner(owner)}: one process writes a run dir "
+            f"at a time (wait for it to end, or use another run_dir)")
+
+
+def new_heartbeat(step: int = 0) -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "step": int(step)}
+
+
+_LAST_BEAT: dict[str, float] = {}
+"""run dir -> when this process last wrote its heartbeat."""
+
+
+def beat(run_dir: str | Path, step: int, *, every_s: float = HEARTBEAT_S) -> None:
+    """Rank 0 at a logged step: renew the heartbeat of a ``running`` status this process wrote, at most
+    every ``every_s`` seconds. Never raises: a missed heartbeat must not stop a run."""
+    key, now = str(run_dir), time.time()
+    if now - _LAST_BEAT.get(key, 0.0) < every_s:
+        return
+    _LAST_BEAT[key] = now
+    current = read_status(run_dir) or {}
+    hb = current.get("heartbeat")
+    if current.get("status") != "running" or not isinstance(hb, dict) or hb.get("pid") != os.getpid():
+        return  # not ours (a failure another rank recorded, or another process's run)
+    try:
+        write_status(run_dir, {**current, "heartbeat": {**hb, "time": now, "step": int(step)}}, reserve=True)
+    except OSError:
+        pass
+
+
+def stale_reason(status: Mapping[str, Any], *, now: Optional[float] = None) -> Optional[str]:
+    """Why a ``running`` status is stale (its process is gone: this host's pid is not alive, or another
+    host's heartbeat is older than ``refexp.record.lock.STALE_AFTER_S``); None when it is not (alive, ended,
+    or written before heartbeats existed)."""
+    hb = status.get("heartbeat")
+    if status.get("status") != "running" or not isinstance(hb, dict) or not isinstance(hb.get("time"), (int, float)):
+        return None
+    if owner_alive(hb, hb["time"], now=now):
+        return None
+    ago = (time.time() if now is None else now) - hb["time"]
+    return (f"stale: its process (host {hb.get('host')}, pid {hb.get('pid')}) is gone; last heartbeat "
+            f"{ago / 60:.0f} min ago at step {hb.get('step')}")
 
 
 def wall_seconds(status: dict) -> float:
@@ -155,15 +244,21 @@ def open_status(run_dir: str | Path, status: RunStatus) -> dict:
     """Rank 0 at the start of an invocation: ``status`` written; returns the status of the run dir's earlier
     invocations ({} when none), read before it is written over."""
     earlier = read_status(run_dir) or {}
-    write_status(run_dir, status.to_json())
+    status.heartbeat = new_heartbeat()
+    write_status(run_dir, status.to_json(), reserve=True)
+    _LAST_BEAT[str(run_dir)] = status.heartbeat["time"]
     return earlier
 
 
 def close_run_status(run_dir: str | Path, status: RunStatus, earlier: dict, rank: int) -> None:
     """The end of an invocation on rank ``rank``: rank 0 writes the run's status (its wall time and
-    provenances counting ``earlier``'s invocations); a failed rank > 0 records its failure first."""
-    status.ended = time.time()
-    if rank == 0:
+    provenances counting ``earlier``'s invocations); a failed rank > 0 records its failure first. An
+    invocation that stopped before it advanced a completed run writes that run's status back as it was."""
+    status.ended, status.heartbeat = time.time(), None
+    if rank == 0 and status.status != "completed" and earlier.get("status") == "completed" \
+            and status.last_step <= int(earlier.get("last_step") or 0):
+        write_status(run_dir, earlier)
+    elif rank == 0:
         status.wall_s = wall_seconds(earlier) + status.ended - status.started
         status.provenances = with_provenance(status.to_json(), earlier)
         close_status(run_dir, status.to_json())

@@ -26,7 +26,7 @@ from refexp.record.metric_names import current_names
 from refexp.record.metrics import read_metrics
 from refexp.record.resolved_config import read_resolved_config
 from refexp.record.samples import read_samples
-from refexp.record.status import read_status_file
+from refexp.record.status import read_status_file, stale_reason
 
 _NOT_RUNS = {layout.WANDB_DIR, "report_plots", "__pycache__"}
 """Folders in a sweep dir that are never runs: W&B's local files and this report's own plots."""
@@ -196,10 +196,13 @@ class Run:
 
     @property
     def state(self) -> str:
-        """completed | failed | running | incomplete (no or unreadable status.json)."""
+        """completed | failed | running | stale (running, but its process is gone) | incomplete (no or
+        unreadable status.json, or another status)."""
         if self.status is None:
             return "incomplete"
         s = str(self.status.get("status", "incomplete"))
+        if s == "running" and stale_reason(self.status):
+            return "stale"
         return s if s in ("completed", "failed", "running") else "incomplete"
 
     @property
@@ -215,6 +218,8 @@ class Run:
         progress = self._progress()
         if self.state == "running":
             return f"still running or killed{progress}"
+        if self.state == "stale":
+            return f"{stale_reason(self.status)}{progress}"
         if self.status is not None:
             why = f"status.json says status={self.status.get('status')!r}"
         else:

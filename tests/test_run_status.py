@@ -1,0 +1,157 @@
+"""``status.json`` tells the truth and a finished run keeps its record: a rerun with fewer steps is refused
+before anything is written, a rerun that does not advance a completed run leaves its status byte-identical,
+a full disk at the checkpoint save and at the status write still reports the save's error and ends the
+status, stop signals raise in every phase, and a ``running`` run whose process is gone is ``stale``."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from refexp.config import ConfigError
+from refexp.record import status as rstatus
+from refexp.record.status import RunStatus, close_run_status, open_status, read_status, stale_reason
+from refexp.report.load import load_run
+from refexp.run import run
+from refexp.stop_signals import Preempted, installed
+from tests.helpers import GRPO, compose_cfg
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+# ---------------------------------------------------------------- heartbeat and stale
+def test_running_status_of_a_gone_process_is_stale_in_the_report(tmp_path):
+    open_status(tmp_path, RunStatus(algo="grpo", steps=10))
+    st = read_status(tmp_path)
+    assert st["status"] == "running" and st["heartbeat"]["pid"] == os.getpid()
+    assert stale_reason(st) is None and load_run(tmp_path, tmp_path).state == "running"  # alive: this process
+
+    st["heartbeat"]["pid"] = _dead_pid()
+    (tmp_path / "status.json").write_text(json.dumps(st))
+    run_ = load_run(tmp_path, tmp_path)
+    assert run_.state == "stale" and f"pid {st['heartbeat']['pid']}" in run_.problem
+
+    other = {**st, "heartbeat": {**st["heartbeat"], "host": "elsewhere", "time": time.time()}}
+    assert stale_reason(other) is None  # another host: a recent heartbeat is alive
+    assert "stale" in stale_reason(other, now=time.time() + 3600)
+
+
+def test_beat_renews_only_a_running_status_this_process_wrote(tmp_path):
+    open_status(tmp_path, RunStatus(steps=10))
+    first = read_status(tmp_path)["heartbeat"]
+    rstatus.beat(tmp_path, 3, every_s=0)
+    hb = read_status(tmp_path)["heartbeat"]
+    assert hb["step"] == 3 and hb["time"] >= first["time"]
+    rstatus.write_status(tmp_path, {**read_status(tmp_path), "status": "failed"})
+    before = (tmp_path / "status.json").read_bytes()
+    rstatus.beat(tmp_path, 4, every_s=0)  # another rank's failure is never overwritten by a heartbeat
+    assert (tmp_path / "status.json").read_bytes() == before
+
+
+# ---------------------------------------------------------------- a full disk
+def _disk_full_after_start(monkeypatch):
+    """Every write of a new status.json fails with ENOSPC, except the padded one at the start."""
+    original = rstatus.write_text_atomic
+
+    def write(path, text, **kw):
+        if path.name == "status.json" and not text.endswith(" "):  # padded: ends in spaces
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return original(path, text, **kw)
+
+    monkeypatch.setattr(rstatus, "write_text_atomic", write)
+
+
+def test_status_write_on_a_full_disk_goes_into_the_reserved_bytes(tmp_path, monkeypatch):
+    st = RunStatus(steps=10)
+    earlier = open_status(tmp_path, st)
+    _disk_full_after_start(monkeypatch)
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device", "checkpoint/step-3")
+    except OSError as e:
+        st.stopped(e, preempted=False, last_step=3, traceback="x" * rstatus.RESERVED_BYTES)  # too long to fit
+    close_run_status(tmp_path, st, earlier, rank=0)
+    got = read_status(tmp_path)
+    assert got["status"] == "failed" and "checkpoint/step-3" in got["error"] and "traceback" not in got
+
+
+def test_full_disk_at_a_save_reports_the_save_and_ends_the_status(tmp_path, dense_reward, monkeypatch, capsys):
+    import refexp.checkpoint
+
+    def full(self, step, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", f"checkpoint/step-{step}")
+
+    monkeypatch.setattr(refexp.checkpoint.Checkpointer, "save", full)
+    _disk_full_after_start(monkeypatch)
+    with pytest.raises(OSError, match=r"checkpoint/step-1"):  # the save's error, not the status write's
+        run(compose_cfg(tmp_path, *GRPO, "checkpoint.interval=1"))
+    got = read_status(tmp_path)
+    assert got["status"] == "failed" and "checkpoint/step-1" in got["error"], got
+
+
+# ---------------------------------------------------------------- reruns of a finished run
+def test_rerun_with_fewer_steps_is_refused_and_a_failed_rerun_changes_nothing(tmp_path, dense_reward, monkeypatch):
+    run(compose_cfg(tmp_path, *GRPO, "training.steps=4"))
+    before = (tmp_path / "status.json").read_bytes()
+    metrics = (tmp_path / "metrics.jsonl").read_bytes()
+    import refexp.models
+
+    def no_build(*a, **k):
+        raise AssertionError("a model was built for a refused rerun")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(refexp.models, "build_run_model", no_build)
+        with pytest.raises(ConfigError, match=r"completed 4 steps.*training\.steps=2 is fewer.*training\.steps >= 4"):
+            run(compose_cfg(tmp_path, *GRPO, "training.steps=2"))
+    assert (tmp_path / "status.json").read_bytes() == before
+
+    # a rerun with the same steps that fails (here: at the start of the algorithm) did not advance the run
+    import refexp.algos.sft
+
+    def broken(ctx):
+        raise RuntimeError("broken rerun")
+
+    monkeypatch.setattr(refexp.algos.sft, "ensure_sft", broken)
+    with pytest.raises(RuntimeError, match="broken rerun"):
+        run(compose_cfg(tmp_path, *GRPO, "training.steps=4"))
+    assert (tmp_path / "status.json").read_bytes() == before
+    assert (tmp_path / "metrics.jsonl").read_bytes() == metrics
+
+
+# ---------------------------------------------------------------- stop signals in-process
+@pytest.mark.parametrize("signum, error", [(signal.SIGTERM, Preempted), (signal.SIGUSR2, Preempted),
+                                           (signal.SIGINT, KeyboardInterrupt)])
+def test_stop_signals_raise_within_the_block_and_handlers_come_back(signum, error):
+    before = signal.getsignal(signum)
+    with pytest.raises(error, match=signal.Signals(signum).name):
+        with installed():
+            os.kill(os.getpid(), signum)
+            time.sleep(1)
+    assert signal.getsignal(signum) is before
+
+
+def test_a_handler_found_is_called_first():
+    called = []
+    previous = signal.signal(signal.SIGUSR2, lambda s, f: called.append(s))
+    try:
+        with pytest.raises(Preempted), installed():
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(1)
+        assert called == [signal.SIGUSR2]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_status_heartbeat_names_this_host():
+    assert rstatus.new_heartbeat(5)["host"] == socket.gethostname()
