@@ -1,7 +1,9 @@
 """Hydra callback that turns a finished ``-m`` sweep into the comparison report.
 
 Registered by the experiment files (``hydra.callbacks.report``); runs after the last job, also
-when some jobs failed (their ``status.json`` says so and the report lists them).
+when some jobs failed (their ``status.json`` says so and the report lists them). The verdicts read the
+experiment's ``comparison`` block; a sweep without one gets its tables, and ``refexp-report --baseline``
+makes its exploratory comparison.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ class ReportCallback(Callback):
         if not is_rank0():
             return
         sweep_dir = config.hydra.sweep.dir
+        comparison = _declared_comparison(config)
         try:
-            report = build_report(sweep_dir, target=self.target, at_steps=self.at_steps)
+            report = build_report(sweep_dir, target=self.target, at_steps=self.at_steps, comparison=comparison)
         except Exception as e:  # a report problem must not hide the sweep's own results
             print(f"[refexp] could not build the report for {sweep_dir}: {type(e).__name__}: {e}")
             return
@@ -31,3 +34,11 @@ class ReportCallback(Callback):
         failed = [p for p in report.problems if getattr(p, "state", "") == "failed"]
         if failed:
             raise SystemExit(f"[refexp] {len(failed)} job(s) of the sweep failed; see the report's list")
+
+
+def _declared_comparison(config: DictConfig) -> dict | None:
+    """The sweep's ``comparison`` block as a plain dict (None when it declares no arms)."""
+    from omegaconf import OmegaConf
+
+    block = OmegaConf.to_container(config.comparison, resolve=True) if "comparison" in config else None
+    return block if isinstance(block, dict) and block.get("arms") else None
