@@ -22,7 +22,7 @@ HOW_TO_READ = (
     "Each row is one group of runs that differ only by seed; each cell is the mean across the group's "
     "completed seeds ± the half-width of a 95% Student-t confidence interval (t with n−1 degrees of "
     "freedom × sample std / √n); \"(n=1)\" means one seed, so no seed interval. The accuracy columns' "
-    "intervals also carry the evaluation's binomial noise: every run is measured on the same N held-out "
+    "intervals also carry the evaluation's binomial noise: every run is measured on one set of N held-out "
     "prompts, a sample of the task's problems that more seeds do not average away, so the half-width is "
     "√(t-part² + (1.96·√(p(1−p)/N))²) (one seed: the binomial part alone). Where two groups' intervals "
     "overlap, this sweep does not separate them: add seeds before reading a ranking into it. "
