@@ -96,6 +96,10 @@ def test_a_seed_level_gain_drowned_by_prompt_noise_is_not_separated(tmp_path, de
     assert "paired hierarchical percentile bootstrap: seeds, then prompts within seed; B=10000" in text
     assert "With 3 seeds and 200 prompts, the smallest difference detected with 80% power" in text
     assert "seed-only" not in text
+    at = build_report(tmp_path / "prompts", at_steps=[STEPS // 2])  # the evaluation at or before step 5: step 0
+    v0 = verdict_of(at, "ema", "acc_at_5")
+    assert v0.result.point == 0.0 and v0.result.levels == ("seed", "prompt") and v0.word == "not separated"
+    assert "held-out accuracy at step 5, paired against fixed" in at.tables["grpo"].verdict
     md = (tmp_path / "prompts" / "report.md").read_text()
     assert "pre-registered in the experiment config" in md and "| chosen on test | algo.beta" in md
 
