@@ -5,6 +5,8 @@ into the comparison report, also when some jobs failed (their ``status.json`` sa
 them). ``JobsCallback`` (registered for every sweep in conf/config.yaml) counts the jobs that did not
 complete; ``refexp``'s ``main`` then exits 1 (after every job ran and every callback was called: a callback
 that raised would stop the ones after it).
+The verdicts read the experiment's ``comparison`` block; a sweep without one gets its tables, and
+``refexp-report --baseline`` makes its exploratory comparison.
 """
 
 from __future__ import annotations
@@ -50,10 +52,19 @@ class ReportCallback(Callback):
         if not is_rank0():
             return
         sweep_dir = config.hydra.sweep.dir
+        comparison = _declared_comparison(config)
         try:
-            report = build_report(sweep_dir, target=self.target, at_steps=self.at_steps)
+            report = build_report(sweep_dir, target=self.target, at_steps=self.at_steps, comparison=comparison)
         except Exception as e:  # a report problem must not hide the sweep's own results
             print(f"[refexp] could not build the report for {sweep_dir}: {type(e).__name__}: {e}")
             return
         print(format_table(report))
         print(f"[refexp] report: {report.markdown_path} (and report.html beside it)")
+
+
+def _declared_comparison(config: DictConfig) -> dict | None:
+    """The sweep's ``comparison`` block as a plain dict (None when it declares no arms)."""
+    from omegaconf import OmegaConf
+
+    block = OmegaConf.to_container(config.comparison, resolve=True) if "comparison" in config else None
+    return block if isinstance(block, dict) and block.get("arms") else None

@@ -143,7 +143,7 @@ def make_sweep(root):
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     expected = make_sweep(root)
-    return root, expected, build_report(root)
+    return root, expected, build_report(root, baseline="fixed")
 
 
 def _col(rows_per_seed, key):
@@ -223,7 +223,7 @@ def test_accuracy_intervals_carry_the_evaluations_binomial_noise(tmp_path):
                        overrides=["algo=grpo", f"reference={strategy}", f"training.seed={seed}"],
                        extra_config={"eval": {"num_prompts": 400}, "task": {"num_eval": 200, "eval_path": None}})
             job += 1
-    report = build_report(tmp_path)
+    report = build_report(tmp_path, baseline="fixed")
     fixed, none = _row(report, "grpo", "fixed").cells["acc_final"], _row(report, "grpo", "none").cells["acc_final"]
     p, n_prompts = np.mean(finals["fixed"]), 200
     seeds = 4.303 * np.std(finals["fixed"], ddof=1) / math.sqrt(3)
@@ -231,8 +231,8 @@ def test_accuracy_intervals_carry_the_evaluations_binomial_noise(tmp_path):
     assert fixed.eval_prompts == 200 and fixed.std == pytest.approx(np.std(finals["fixed"], ddof=1))
     assert none.n == 1 and none.half_width == pytest.approx(1.95996 * math.sqrt(0.7 * 0.3 / 200), rel=1e-4)
     assert "0.700 ± 0.064 (n=1)" in report.markdown_path.read_text()
-    # a seed-paired difference keeps the seed interval: both runs of a pair read the same prompts
-    assert _row(report, "grpo", "none").paired.estimate.half_width is None
+    # the seed-only paired difference has no binomial term: both runs of a pair read the same prompts
+    assert _row(report, "grpo", "none").paired["acc_final"].seed_t.half_width is None
 
 
 def test_single_seed_group_shows_n1(sweep):
@@ -465,11 +465,11 @@ def test_cli(sweep, tmp_path, capsys):
     root, _, _ = sweep
     copy = tmp_path / "s"
     shutil.copytree(root, copy)
-    assert main([str(copy), "--target", "0.5"]) == 0
+    assert main([str(copy), "--target", "0.5", "--baseline", "fixed"]) == 0
     out = capsys.readouterr().out
     assert "GRPO" in out and "DPO" in out and "periodic_reset (reference.reset_every=20)" in out
     assert "acc≥0.5" in out and str(copy / "report.md") in out
-    assert main([str(copy), "--quiet"]) == 0
+    assert main([str(copy), "--quiet", "--baseline", "fixed"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "report.md" in out
     with pytest.raises(SystemExit):
@@ -544,6 +544,7 @@ def _final(rows, key="eval/accuracy"):
 
 
 def test_paired_difference_against_the_baseline_equals_the_per_seed_differences(sweep):
+    """Runs without eval_outcomes.jsonl: the seed-only t interval over the per-seed differences, labelled so."""
     root, expected, report = sweep
     table = report.tables["grpo"]
     assert table.baseline == "fixed" and table.headline.key == "acc_final"
@@ -552,33 +553,45 @@ def test_paired_difference_against_the_baseline_equals_the_per_seed_differences(
         rows_per_seed = expected[("grpo", label)]
         # ema has seeds 0..4, fixed 0..2: only the common seeds pair
         diffs = [_final(rows) - base[seed] for seed, rows in enumerate(rows_per_seed) if seed in base]
-        row = _row(report, "grpo", label)
-        est = row.paired.estimate
-        assert row.paired.seeds == [0, 1, 2] and est.n == 3
-        assert est.mean == pytest.approx(np.mean(diffs), abs=1e-12)
+        c = _row(report, "grpo", label).paired["acc_final"]
+        assert c.seeds == [0, 1, 2] and c.seed_t.n == 3 and c.seed_only
+        assert c.seed_t.mean == pytest.approx(np.mean(diffs), abs=1e-12)
         half = t_quantile(0.975, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
-        assert est.half_width == pytest.approx(half, abs=1e-12)
-    assert _row(report, "grpo", "fixed").paired is None
+        assert c.seed_t.half_width == pytest.approx(half, abs=1e-12)
+        # the verdict's interval: Bonferroni over the family of the 2 comparisons with a result (the one-seed
+        # group and kl_triggered, which completed no run, make no claim)
+        v = table.verdicts["acc_final"][label]
+        half2 = t_quantile(1 - 0.05 / 2 / 2, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
+        assert v.family_size == 2 and v.interval == pytest.approx((np.mean(diffs) - half2, np.mean(diffs) + half2))
+    assert _row(report, "grpo", "fixed").paired == {}
     header, body = header_and_cells(table)
-    col = header.index("Δ final acc vs fixed (paired)")
+    col = header.index("Δ final acc seed-only t 95%")
     assert body[[b[0] for b in body].index("fixed")][col] == "baseline"
     assert body[[b[0] for b in body].index("periodic_reset (reference.reset_every=50)")][col].endswith("(n=1)")
+    delta = header.index("Δ final acc vs fixed (paired, Bonferroni 97.5%)")
+    assert body[[b[0] for b in body].index("ema")][delta].endswith("seed-only")
+    assert "seed-only: the prompts' noise is not included" in table.verdict
 
 
-def test_the_verdict_claims_only_what_the_paired_intervals_support():
-    from refexp.report.paired import Paired, verdict
-    from refexp.report.stats import mean_ci
+def test_the_verdict_claims_only_what_the_intervals_support():
+    from refexp.report.paired import Comparison, Endpoint, SeedOnlyResult, judge, verdict_text
 
-    paired = {"up": Paired("fixed", mean_ci([0.10, 0.12, 0.11]), [0, 1, 2]),
-              "down": Paired("fixed", mean_ci([-0.10, -0.12, -0.11]), [0, 1, 2]),
-              "noise": Paired("fixed", mean_ci([0.2, -0.1, 0.05]), [0, 1, 2]),
-              "single": Paired("fixed", mean_ci([0.3]), [0])}
-    text = verdict("grpo", "final held-out accuracy", paired)
-    assert text.startswith("GRPO, final held-out accuracy, seed-paired against fixed.")
-    assert "Higher than fixed: up (+0.110" in text and "Lower than fixed: down (-0.110" in text
-    assert "Not separated from fixed (the interval includes 0): noise" in text
-    assert "No claim: single (one paired seed)" in text
-    assert "higher" not in text.split("Not separated")[1].lower()
+    def comparison(label, diffs):
+        return Comparison(label, list(range(len(diffs))), SeedOnlyResult(tuple(diffs)) if len(diffs) > 1 else None,
+                          mean_ci(diffs), "" if len(diffs) > 1 else "one paired seed and no per-prompt outcomes")
+
+    comparisons = [comparison("up", [0.10, 0.12, 0.11]), comparison("down", [-0.10, -0.12, -0.11]),
+                   comparison("noise", [0.2, -0.1, 0.05]), comparison("single", [0.3])]
+    verdicts = judge(comparisons, 0.05, None)
+    ep = Endpoint("acc_final", "final acc", "final held-out accuracy", lambda r: None, lambda r: None)
+    text = verdict_text("grpo", ep, "fixed", "exploratory: not pre-registered", comparisons, verdicts, 0.05)
+    assert text.startswith("GRPO, final held-out accuracy, paired against fixed (exploratory: not pre-registered). "
+                           "Family: 3 comparisons against fixed, Holm-adjusted, alpha 0.05.")
+    assert "up - fixed: +0.110" in text and "higher than fixed." in text
+    assert "down - fixed: -0.110" in text and "lower than fixed." in text
+    assert "noise - fixed: +0.050" in text and "not separated from fixed." in text
+    assert "No claim: single (one paired seed and no per-prompt outcomes)." in text
+    assert [verdicts[k].word for k in ("up", "down", "noise")] == ["higher", "lower", "not separated"]
 
 
 def test_a_missing_baseline_is_said_and_another_can_be_chosen(sweep, tmp_path):
@@ -586,12 +599,12 @@ def test_a_missing_baseline_is_said_and_another_can_be_chosen(sweep, tmp_path):
     copy = tmp_path / "s"
     shutil.copytree(root, copy)
     rep = build_report(copy, baseline="ema")
-    assert rep.tables["grpo"].baseline == "ema" and "seed-paired against ema" in rep.tables["grpo"].verdict
+    assert rep.tables["grpo"].baseline == "ema" and "paired against ema" in rep.tables["grpo"].verdict
     assert "no 'ema' group" in rep.tables["dpo"].verdict  # DPO has fixed and none only
     summary = json.loads((copy / "summary.json").read_text())
     assert summary["algos"]["grpo"]["baseline"] == "ema"
     fixed = next(g for g in summary["algos"]["grpo"]["groups"] if g["label"] == "fixed")
-    assert fixed["paired_vs_baseline"]["seeds"] == [0, 1, 2]
+    assert fixed["paired_vs_baseline"]["acc_final"]["seeds"] == [0, 1, 2]
 
 
 def test_the_report_shows_a_setup_block_and_no_absolute_path(sweep, tmp_path, monkeypatch):
@@ -599,7 +612,7 @@ def test_the_report_shows_a_setup_block_and_no_absolute_path(sweep, tmp_path, mo
     copy = tmp_path / "repo" / "docs" / "s"
     shutil.copytree(root, copy)
     monkeypatch.chdir(tmp_path / "repo")
-    rep = build_report(copy)
+    rep = build_report(copy, baseline="fixed")
     md = (copy / "report.md").read_text()
     assert "Sweep `docs/s`" in md and str(tmp_path) not in md
     assert str(tmp_path) not in (copy / "summary.json").read_text()
@@ -624,12 +637,12 @@ def test_dpo_groups_are_named_by_variant(tmp_path):
             cfg["algo"].update(loss_type=loss, nll_weight=nll_weight)
             (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
             job += 1
-    rep = build_report(tmp_path)
+    rep = build_report(tmp_path, baseline="fixed")  # dpo_variant=fixed: not RPO (fixed), no alphabetical pick
     labels = [r.group.label for r in rep.tables["dpo"].rows]
     assert labels == ["DPO (fixed)", "RPO (fixed, nll_weight=1)", "TR-DPO hard (periodic_reset)", "TR-DPO soft (ema)",
                       "NLL only", "ORPO", "SimPO"]
     assert rep.tables["dpo"].baseline == "DPO (fixed)"
-    assert "seed-paired against DPO (fixed)" in rep.tables["dpo"].verdict
+    assert "paired against DPO (fixed)" in rep.tables["dpo"].verdict
 
 
 def test_the_setup_block_names_the_commit_and_versions_a_run_recorded(tmp_path):
@@ -709,6 +722,6 @@ def test_the_continued_sft_baseline_is_named_and_paired_like_a_strategy(tmp_path
         cfg = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
         cfg["algo"]["objective"] = objective
         (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
-    table = build_report(tmp_path).tables["grpo"]
+    table = build_report(tmp_path, baseline="fixed").tables["grpo"]
     assert [r.group.label for r in table.rows] == ["fixed", "continued SFT"]
-    assert table.rows[1].paired is not None and "continued SFT" in table.verdict
+    assert table.rows[1].paired and "continued SFT" in table.verdict

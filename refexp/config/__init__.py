@@ -12,12 +12,13 @@ Field names mirror torchtitan 0.3.0's config dataclasses (``torchtitan/config/co
 ``CheckpointManager.Config``) where a group mirrors one, so torchtitan's docs carry over.
 
 Modules: ``errors`` (ConfigError and the checks), ``model`` (model, parallelism, compile), ``runtime``
-(checkpoint, comm, training), ``task``, ``logger``, ``blocks`` (the root's eval and sft), ``algo``,
+(checkpoint, comm, training), ``task``, ``logger``, ``blocks`` (the root's eval and sft), ``comparison`` (the pre-registered comparison), ``algo``,
 ``reference``, ``root`` (RootConfig, registration, to_object), ``search`` (a search selects on validation).
 """
 
 from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig, GRPOConfig, SFTAlgoConfig
 from .blocks import EvalConfig, SFTConfig
+from .comparison import ComparisonConfig
 from .errors import ConfigError
 from .logger import LoggerConfig
 from .model import CompileConfig, ModelConfig, ParallelismConfig
@@ -47,7 +48,7 @@ from .task import TaskConfig
 
 __all__ = [
     "ALGO_SCHEMAS", "ActivationCheckpointConfig", "GROUP_SCHEMAS", "OPTION_SCHEMAS", "REFERENCE_SCHEMAS",
-    "AlgoConfig", "CheckpointConfig", "CommConfig", "CompileConfig", "ConfigError",
+    "AlgoConfig", "CheckpointConfig", "CommConfig", "ComparisonConfig", "CompileConfig", "ConfigError",
     "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig",
     "KLTriggeredReferenceConfig", "LoggerConfig", "ModelConfig", "NoReferenceConfig", "ParallelismConfig",
     "PeriodicResetReferenceConfig", "ReferenceConfig", "RolloutConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig", "TaskConfig",

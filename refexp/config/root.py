@@ -19,6 +19,7 @@ from refexp.choices import DPO_REFERENCE_FREE_LOSSES, REFERENCE_STRATEGIES
 
 from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig
 from .blocks import EvalConfig, SFTConfig
+from .comparison import ComparisonConfig
 from .errors import ConfigError
 from .logger import LoggerConfig
 from .model import CompileConfig, ModelConfig, ParallelismConfig, check_attention_heads
@@ -60,6 +61,8 @@ class RootConfig:
     """Held-out measurements (set in place: ``eval.every=25``)."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """The SFT stage (set in place: ``sft.steps=500``)."""
+    comparison: ComparisonConfig = field(default_factory=ComparisonConfig)
+    """The comparison an experiment was planned for (set in ``conf/experiment/*.yaml``; read by the report)."""
     experiment_name: str = "default"
     """Names the comparison (W&B group prefix, report title)."""
     dry_run: bool = False

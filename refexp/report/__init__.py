@@ -1,10 +1,10 @@
 """refexp.report: a sweep directory in, a comparison a researcher can trust out.
 
     from refexp.report import build_report, format_table
-    report = build_report("multirun/my_sweep/2025-01-01_00-00-00", target=None)
+    report = build_report("multirun/my_sweep/2025-01-01_00-00-00", baseline="fixed")
     print(format_table(report))
 
-or ``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--quiet] [--wandb]``.
+or ``refexp-report SWEEP_DIR [--baseline fixed] [--alpha 0.05] [--equivalence-margin M] [--allow-mixed] [--quiet]``.
 
 This package reads files only and imports from refexp only two foundations, ``refexp.record`` (the run
 record's readers, the metric names, atomic writes) and ``refexp.overrides`` (the swept settings W&B groups
@@ -20,7 +20,8 @@ by too). The files it reads, per run dir
   and training.seed when status.json lacks them.
 
 Modules: load (read runs) → group (seeds together, variant names) → reduce (one number per run) →
-stats (mean, t-interval, seed bands) → paired (seed-paired differences against a baseline, the verdict)
+stats (mean, t-interval, seed bands) → plan (the declared comparison, the runs it leaves out) → paired
+(bootstrap differences against the baseline over seeds and prompts, ``bootstrap``; Holm and the verdict, ``inference``)
 → table (rows and their strings) → setup (what the runs were) → plots / render (files) → build (the order).
 """
 

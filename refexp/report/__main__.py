@@ -1,5 +1,7 @@
-"""``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--at-steps 500] [--quiet] [--wandb] [--wandb-workspace]``: write the sweep's
-report and print its table and where it went. Exit status 2, nothing written, when SWEEP_DIR holds no run."""
+"""``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--at-steps 500] [--alpha 0.05]
+[--equivalence-margin 0.02] [--allow-mixed] [--quiet] [--wandb] [--wandb-workspace]``: write the sweep's report and
+print its table and where it went. Exit status 2, nothing written, when SWEEP_DIR holds no run, or declares no
+comparison and ``--baseline`` is not given."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .build import NoRunsError, build_report
+from .build import NoBaselineError, NoRunsError, build_report
 from .table import format_table
 
 
@@ -22,9 +24,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--target", type=float, default=None,
                         help="held-out accuracy for the steps-to-target column (default: halfway from the "
                              "start accuracy to the best group's final accuracy, per algorithm)")
-    parser.add_argument("--baseline", default="fixed",
-                        help="the strategy (or group label) every group's final accuracy is paired against, "
-                             "seed by seed (default: fixed)")
+    parser.add_argument("--baseline", default=None,
+                        help="the group every other group is paired against: needed when the sweep declares no "
+                             "comparison block (the report is then exploratory); a group label or a swept variant "
+                             "(fixed); one other than the declared baseline makes the report exploratory")
+    parser.add_argument("--alpha", type=float, default=0.05,
+                        help="family-wise error rate of the verdicts (Holm over the comparisons against the "
+                             "baseline; default 0.05)")
+    parser.add_argument("--equivalence-margin", type=float, default=None, metavar="M",
+                        help="claim 'equivalent within ±M' where two one-sided tests put the difference inside "
+                             "(-M, +M) (default: no claim of no difference is made)")
+    parser.add_argument("--allow-mixed", action="store_true",
+                        help="count in the verdict the runs outside the declared comparison (other seeds or "
+                             "arms) and those from another refexp commit or thread count than most runs")
     parser.add_argument("--at-steps", default="", metavar="S[,S...]",
                         help="add, per step S, the held-out accuracy at S and the gain after it (final minus "
                              "that): whether a group kept improving after S (e.g. --at-steps 500)")
@@ -41,6 +53,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.target is not None and not 0.0 <= args.target <= 1.0:
         parser.error(f"--target={args.target} is invalid: expected an accuracy in [0, 1]")
 
+    if not 0.0 < args.alpha < 1.0:
+        parser.error(f"--alpha={args.alpha} is invalid: expected a number in (0, 1)")
+    if args.equivalence_margin is not None and not args.equivalence_margin > 0:
+        parser.error(f"--equivalence-margin={args.equivalence_margin} is invalid: expected a number > 0")
     try:
         at_steps = tuple(int(s) for s in args.at_steps.split(",") if s.strip())
     except ValueError:
@@ -48,8 +64,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if any(s < 0 for s in at_steps):
         parser.error(f"--at-steps={args.at_steps!r} is invalid: expected steps >= 0")
     try:
-        report = build_report(args.sweep_dir, target=args.target, baseline=args.baseline, at_steps=at_steps)
-    except NoRunsError as e:
+        report = build_report(args.sweep_dir, target=args.target, baseline=args.baseline, at_steps=at_steps,
+                              alpha=args.alpha, margin=args.equivalence_margin, allow_mixed=args.allow_mixed,
+                              require_baseline=True)
+    except (NoRunsError, NoBaselineError) as e:
         print(f"refexp-report: error: {e}", file=sys.stderr)
         return 2
     if not args.quiet:

@@ -82,6 +82,11 @@ class BootstrapResult:
         """The (1 - alpha) percentile interval of the replicates (e.g. alpha / m for a Bonferroni family)."""
         return percentile_interval(self.replicates, alpha)
 
+    def tail(self, threshold: float, side: str) -> float:
+        """The one-sided p-value of "the difference lies beyond ``threshold``" on ``side`` ("below"/"above"),
+        read from the replicates (``share_beyond``)."""
+        return share_beyond(self.replicates, threshold, side)
+
 
 def describe_method(levels: Sequence[str], resampled: Sequence[str], n_boot: int) -> str:
     """E.g. "paired hierarchical percentile bootstrap: seeds, then prompts within seed; B=10000"."""

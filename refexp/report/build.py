@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 
 from .group import group_runs
 from .load import Run, load_sweep
+from .plan import Plan, make_plan
 from .plots import make_plots
 from .reduce import at_step_columns
 from .render import write_all
@@ -24,6 +25,10 @@ PLOTS_DIR = "report_plots"
 
 class NoRunsError(FileNotFoundError):
     """The directory holds no run: nothing is written (an existing report stays as it was)."""
+
+
+class NoBaselineError(ValueError):
+    """The sweep declares no comparison and no baseline was named (``require_baseline``): nothing is written."""
 
 
 @dataclass
@@ -52,6 +57,8 @@ class Report:
     """algo -> the setup block's (label, value) rows."""
     extra_columns: tuple = ()
     """Columns asked for beyond ``reduce.COLUMNS`` (``--at-steps``: ``acc@S``, ``gain after S``)."""
+    plan: Plan = field(default_factory=lambda: Plan(None, None))
+    """The comparison the verdicts read (declared or exploratory) and the runs it leaves out."""
 
     @property
     def shown_dir(self) -> str:
@@ -82,14 +89,20 @@ def _clear_old_plots(plots_dir: Path) -> None:
             p.unlink()
 
 
-def build_report(sweep_dir, *, target: Optional[float] = None, baseline: str = "fixed",
-                 at_steps: Sequence[int] = ()) -> Report:
+def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optional[str] = None,
+                 at_steps: Sequence[int] = (), alpha: float = 0.05, margin: Optional[float] = None,
+                 allow_mixed: bool = False, comparison: Optional[dict] = None,
+                 require_baseline: bool = False) -> Report:
     """Read a Hydra multirun dir (or one run dir) and write report.md, report.html, summary.json and
     the plots into it. ``target`` is the held-out accuracy for "steps to target" (None: a default
-    per algorithm, see ``table.default_target``); ``baseline`` the strategy (or group label) every
-    group is paired against by seed; ``at_steps`` adds, per step S, the accuracy at S and the gain after
-    it (``reduce.at_step_columns``). Safe to call again on the same dir at any time. Raises
-    ``NoRunsError`` before writing anything when the dir holds no run."""
+    per algorithm, see ``table.default_target``); the verdicts pair every group with the baseline the
+    sweep's comparison block declares (``comparison``, else the runs' ``resolved_config.yaml``), or with
+    ``baseline`` (a group label or a swept variant; the report is then exploratory), Holm-adjusted at
+    ``alpha`` over the family, with a claim of equivalence only within ``margin``; ``allow_mixed`` counts
+    the runs outside the plan (``plan.make_plan``). ``at_steps`` (default: the block's) adds, per step S,
+    the accuracy at S, the gain after it and a verdict at S. Safe to call again on the same dir at any
+    time. Raises ``NoRunsError`` (no run) or, with ``require_baseline``, ``NoBaselineError`` (no
+    comparison declared and no baseline named) before writing anything."""
     sweep_dir = Path(sweep_dir).resolve()
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"sweep dir {sweep_dir} does not exist")
@@ -97,10 +110,14 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: str = "
     if not runs:
         raise NoRunsError(f"no runs found under {sweep_dir} (a run dir has .hydra/, status.json or "
                           f"metrics.jsonl); nothing was written")
+    plan = make_plan(runs, baseline=baseline, block=comparison, alpha=alpha, margin=margin, allow_mixed=allow_mixed)
+    if require_baseline and plan.baseline is None:
+        raise NoBaselineError("the sweep declares no comparison block (an exploratory sweep): name the baseline "
+                              "with --baseline (a group label, e.g. fixed, or a swept variant); nothing was written")
     by_algo = group_runs(runs)
 
-    extra = at_step_columns(tuple(int(s) for s in at_steps))
-    tables = {algo: summarize(algo, groups, target, baseline, extra) for algo, groups in by_algo.items()}
+    extra = at_step_columns(tuple(int(s) for s in (at_steps or plan.at_steps)))
+    tables = {algo: summarize(algo, groups, target, plan, extra) for algo, groups in by_algo.items()}
     # An algorithm with no completed run has no numbers; its runs still appear under problems.
     tables = {a: t for a, t in tables.items() if any(row.n_completed for row in t.rows)}
 
@@ -119,7 +136,7 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: str = "
     _clear_old_plots(plots_dir)
     plots = {algo: make_plots(algo, by_algo[algo], plots_dir) for algo in tables}
 
-    setup = {algo: setup_rows(by_algo[algo]) for algo in tables}
-    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra)
+    setup = {algo: setup_rows(by_algo[algo], plan) for algo in tables}
+    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan)
     write_all(report)
     return report

@@ -14,7 +14,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 from scipy.stats import norm
 
-from .bootstrap import BootstrapResult, percentile_interval, share_beyond
+from .bootstrap import BootstrapResult
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ def equivalence(result: BootstrapResult, margin: float, alpha: float = 0.05) -> 
     interval lies strictly inside (-margin, +margin)."""
     if margin <= 0:
         raise ValueError(f"margin={margin!r} must be > 0")
-    interval = percentile_interval(result.replicates, 2.0 * alpha)
-    p = max(share_beyond(result.replicates, -margin, "below"), share_beyond(result.replicates, margin, "above"))
+    interval = result.percentile_interval(2.0 * alpha)
+    p = max(result.tail(-margin, "below"), result.tail(margin, "above"))
     return Equivalence(margin, alpha, interval, p, -margin < interval[0] and interval[1] < margin)
 
 

@@ -5,7 +5,7 @@ be made on a laptop from a copied sweep directory and while the sweep is still r
 
 Per run dir (see the contract in ``refexp/report/__init__.py``):
 ``.hydra/config.yaml``, ``.hydra/overrides.yaml``, ``resolved_config.yaml``,
-``metrics.jsonl``, ``status.json``. Any of them may be missing or half-written.
+``metrics.jsonl``, ``status.json``, ``eval_outcomes.jsonl``. Any of them may be missing or half-written.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import yaml
 from refexp.record import layout
 from refexp.record.metric_names import current_names
 from refexp.record.metrics import read_metrics
+from refexp.record.outcomes import read_outcomes
 from refexp.record.resolved_config import read_resolved_config
 from refexp.record.samples import read_samples
 from refexp.record.status import read_status_file, stale_reason
@@ -126,7 +127,8 @@ class Run:
     bad_lines: int = 0
     has_metrics_file: bool = False
 
-    def _override(self, key: str) -> Optional[str]:
+    def override(self, key: str) -> Optional[str]:
+        """The value the job's overrides give ``key`` (``grpo_variant``), else None."""
         for o in self.overrides:
             k, _, v = o.lstrip("+~").partition("=")
             if k == key:
@@ -137,7 +139,7 @@ class Run:
         """From status.json, else the config, else the overrides (``config_key`` or the config
         group's choice ``group=...``): the trainer's own word wins."""
         for v in ((self.status or {}).get(status_key), _get(self.config, config_key),
-                  self._override(config_key), self._override(group) if group else None):
+                  self.override(config_key), self.override(group) if group else None):
             if v is not None and v != "":
                 return v
         return None
@@ -253,6 +255,16 @@ class Run:
         for k, d in per_key.items():
             steps = np.array(sorted(d), dtype=float)
             out[k] = (steps, np.array([d[s] for s in sorted(d)], dtype=float))
+        return out
+
+    @cached_property
+    def outcomes(self) -> dict[int, dict[int, float]]:
+        """step -> {prompt id: score} of every held-out test evaluation in ``eval_outcomes.jsonl`` ({} for a
+        run written before that file existed); a step written twice (a resumed run): the later line wins."""
+        out: dict[int, dict[int, float]] = {}
+        for step, o in read_outcomes(self.path):
+            if o.split == "eval":
+                out[step] = dict(zip((int(i) for i in o.prompt_ids), (float(x) for x in o.scores)))
         return out
 
     def metric_names(self) -> set[str]:

@@ -1,90 +1,172 @@
-"""Seed-paired differences against a baseline group, and the verdict sentences they support.
+"""Paired differences against the baseline group, and the verdict sentences they support.
 
-Every strategy of a sweep starts from the same SFT checkpoint, and a seed fixes the batch order and the
-sampling noise, so run ``seed=k`` of a strategy and run ``seed=k`` of the baseline share most of their
-randomness. The difference of their final accuracies, averaged over the seeds both completed, has a
-much narrower interval than the difference of two unpaired means (the shared noise cancels). The
-interval is the Student-t one of ``stats.mean_ci`` over the per-seed differences.
-
-A verdict claims only what its interval supports: "higher"/"lower" when the 95% interval excludes 0,
-"not separated" otherwise, and no claim at all from one paired seed.
+Every arm of a sweep starts from the same SFT checkpoint, a seed fixes the batch order and the sampling noise,
+and every run is evaluated on the same held-out prompts, so arm - baseline is paired twice: by seed and by
+prompt. The difference comes from ``bootstrap.paired_hierarchical_bootstrap`` on the per-prompt outcomes
+(``eval_outcomes.jsonl``): seeds, then prompts within seed, one prompt draw serving both arms of a pair. Runs
+written before that file existed fall back to the Student-t interval over the per-seed differences, labelled
+"seed-only" (it leaves out the prompts' noise). Verdicts are made over the family of comparisons against the
+baseline (``inference.family_verdicts``: Holm, Bonferroni intervals, TOST with a margin).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from .bootstrap import BootstrapResult, paired_hierarchical_bootstrap
 from .group import Group
+from .inference import Verdict, family_verdicts
 from .load import Run
-from .stats import Estimate, mean_ci
+from .reduce import ACC
+from .stats import Estimate, mean_ci, t_cdf, t_quantile
+
+N_BOOT = 10000
+"""Bootstrap replicates per comparison (seeded: a report is reproducible)."""
+SEED_ONLY_NOTE = "seed-only: the prompts' noise is not included"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A number a verdict is about: the per-run value (the seed-only fallback) and the evaluation step whose
+    per-prompt outcomes give it (None: the run has none)."""
+
+    key: str
+    header: str
+    doc_name: str
+    per_run: Callable[[Run], Optional[float]]
+    outcome_step: Callable[[Run], Optional[int]]
+
+
+def final_step(run: Run) -> Optional[int]:
+    """The run's last evaluation with outcomes, when it is the last ``eval/accuracy`` it logged too."""
+    steps, _ = run.series(ACC)
+    last = max(run.outcomes, default=None)
+    return last if last is not None and len(steps) and last == int(steps[-1]) else None
+
+
+def step_at(run: Run, step: int) -> Optional[int]:
+    """The run's last evaluation with outcomes at or before ``step`` (None when it stopped before ``step``)."""
+    if not run.outcomes or max(run.outcomes) < step:
+        return None
+    before = [s for s in run.outcomes if s <= step]
+    return max(before) if before else None
+
+
+def prompt_pair(arm: Run, base: Run, endpoint: Endpoint) -> Optional[tuple[list[float], list[float]]]:
+    """(arm's scores, baseline's scores) over the prompts both evaluations scored, in the arm's order."""
+    sa, sb = endpoint.outcome_step(arm), endpoint.outcome_step(base)
+    if sa is None or sb is None:
+        return None
+    a, b = arm.outcomes[sa], base.outcomes[sb]
+    ids = [i for i in a if i in b]
+    return ([a[i] for i in ids], [b[i] for i in ids]) if ids else None
+
+
+@dataclass(frozen=True)
+class SeedOnlyResult:
+    """The fallback without per-prompt outcomes: Student-t over the per-seed differences (n >= 2). It answers
+    what ``BootstrapResult`` answers (point, p_value, se, percentile_interval, tail, levels, note), so the
+    family's Holm adjustment and verdict words treat both alike."""
+
+    diffs: tuple[float, ...]
+
+    @property
+    def point(self) -> float:
+        return float(sum(self.diffs) / len(self.diffs))
+
+    @property
+    def se(self) -> float:
+        est = mean_ci(self.diffs)
+        return est.std / math.sqrt(est.n)
+
+    @property
+    def df(self) -> int:
+        return len(self.diffs) - 1
+
+    levels, resampled, note = ("seed",), ("seed",), SEED_ONLY_NOTE
+
+    @property
+    def n_units(self) -> tuple[int]:
+        return (len(self.diffs),)
+
+    @property
+    def method(self) -> str:
+        return "seed-only Student-t interval over the per-seed differences (no per-prompt outcomes)"
+
+    def tail(self, threshold: float, side: str) -> float:
+        """P(point + se·T <= threshold) ("below") or >= ("above"), T Student's t with n-1 df."""
+        if self.se == 0:
+            below = 1.0 if self.point <= threshold else 0.0
+            above = 1.0 if self.point >= threshold else 0.0
+            return below if side == "below" else above
+        p = t_cdf((threshold - self.point) / self.se, self.df)
+        return p if side == "below" else 1.0 - p
+
+    @property
+    def p_value(self) -> float:
+        return min(1.0, 2.0 * min(self.tail(0.0, "below"), self.tail(0.0, "above")))
+
+    def percentile_interval(self, alpha: float) -> tuple[float, float]:
+        """The (1 - alpha) t interval (named as the bootstrap's, whose place it takes)."""
+        half = t_quantile(1.0 - alpha / 2.0, self.df) * self.se
+        return self.point - half, self.point + half
 
 
 @dataclass
-class Paired:
-    """A group's seed-paired difference (group - baseline) of one per-run number."""
+class Comparison:
+    """One group against the baseline on one endpoint, over the seeds both completed (and the plan counts)."""
 
-    baseline: str
-    """The baseline group's label."""
-    estimate: Optional[Estimate]
-    """Mean ± 95% CI over the seeds both groups completed (None: no common seed)."""
+    label: str
     seeds: list[int]
+    result: Optional[BootstrapResult | SeedOnlyResult]
+    seed_t: Optional[Estimate]
+    """The Student-t 95% interval over the per-seed differences (the seed-only column)."""
+    no_claim: str = ""
+    """Why there is no result (no common seed; one seed without per-prompt outcomes)."""
+
+    @property
+    def seed_only(self) -> bool:
+        return isinstance(self.result, SeedOnlyResult)
 
 
-def find_baseline(groups: list[Group], baseline: str) -> Optional[Group]:
-    """The group whose label is ``baseline``, else the only group of strategy ``baseline``, else the first
-    of that strategy without swept settings of its own; None when the algorithm has none."""
-    for g in groups:
-        if g.label == baseline:
-            return g
-    of_strategy = [g for g in groups if g.strategy == baseline]
-    if len(of_strategy) <= 1:
-        return of_strategy[0] if of_strategy else None
-    plain = [g for g in of_strategy if g.label == g.strategy]
-    return plain[0] if plain else of_strategy[0]
+def compare(group: Group, base: Group, endpoint: Endpoint, counts: Callable[[Run], bool]) -> Comparison:
+    """``group - base`` on ``endpoint`` over the seeds both completed among the runs ``counts`` admits."""
+    base_runs = {r.seed: r for r in base.completed if r.seed is not None and counts(r)}
+    pairs = [(r, base_runs[r.seed]) for r in group.completed if r.seed in base_runs and counts(r)]
+    pairs = [(a, b) for a, b in pairs if endpoint.per_run(a) is not None and endpoint.per_run(b) is not None]
+    pairs.sort(key=lambda p: p[0].seed)
+    seeds = [a.seed for a, _ in pairs]
+    diffs = [endpoint.per_run(a) - endpoint.per_run(b) for a, b in pairs]
+    seed_t = mean_ci(diffs)
+    if not pairs:
+        return Comparison(group.label, seeds, None, None, "no common seed")
+    tree = {a.seed: prompt_pair(a, b, endpoint) for a, b in pairs}
+    if all(leaf is not None for leaf in tree.values()):
+        return Comparison(group.label, seeds, paired_hierarchical_bootstrap(tree, n_boot=N_BOOT), seed_t)
+    if len(diffs) < 2:
+        return Comparison(group.label, seeds, None, seed_t, "one paired seed and no per-prompt outcomes")
+    return Comparison(group.label, seeds, SeedOnlyResult(tuple(diffs)), seed_t)
 
 
-def paired_difference(group: Group, baseline: Group, per_run: Callable[[Run], Optional[float]]) -> Paired:
-    """``per_run(group's seed k) - per_run(baseline's seed k)`` over the seeds both completed."""
-    base = {r.seed: per_run(r) for r in baseline.completed if r.seed is not None}
-    diffs, seeds = [], []
-    for r in group.completed:
-        if r.seed in base and base[r.seed] is not None:
-            v = per_run(r)
-            if v is not None:
-                diffs.append(v - base[r.seed])
-                seeds.append(r.seed)
-    return Paired(baseline.label, mean_ci(diffs), sorted(seeds))
+def judge(comparisons: list[Comparison], alpha: float, margin: Optional[float]) -> dict[str, Verdict]:
+    """The verdict of every comparison with a result, Holm-adjusted over them as one family."""
+    return family_verdicts({c.label: c.result for c in comparisons if c.result is not None}, alpha=alpha,
+                           margin=margin)
 
 
-def _signed(x: float, decimals: int = 3) -> str:
-    return f"{x:+.{decimals}f}"
-
-
-def verdict(algo: str, metric: str, paired: dict[str, Paired]) -> str:
-    """One sentence per algorithm: what the seed-paired intervals against the baseline support.
-
-    ``paired`` maps each non-baseline group's label to its ``Paired``; ``metric`` names the number
-    (e.g. "final held-out accuracy")."""
-    if not paired:
-        return f"{algo.upper()}: no group to compare with a baseline."
-    baseline = next(iter(paired.values())).baseline
-    higher, lower, unseparated, unclaimed = [], [], [], []
-    for label, p in paired.items():
-        e = p.estimate
-        if e is None or e.half_width is None:
-            unclaimed.append(f"{label} ({'no common seed' if e is None else 'one paired seed'})")
-            continue
-        lo, hi = e.mean - e.half_width, e.mean + e.half_width
-        text = f"{label} ({_signed(e.mean)}, 95% CI [{lo:+.3f}, {hi:+.3f}], {e.n} seeds)"
-        (higher if lo > 0 else lower if hi < 0 else unseparated).append(text)
-    parts = []
-    if higher:
-        parts.append(f"Higher than {baseline}: " + "; ".join(higher))
-    if lower:
-        parts.append(f"Lower than {baseline}: " + "; ".join(lower))
-    if unseparated:
-        parts.append(f"Not separated from {baseline} (the interval includes 0): " + "; ".join(unseparated))
+def verdict_text(algo: str, endpoint: Endpoint, baseline: str, kind: str, comparisons: list[Comparison],
+                 verdicts: dict[str, Verdict], alpha: float) -> str:
+    """The verdict paragraph: what is compared and how (the family, the method), then one sentence per
+    comparison (``Verdict.sentence``) and the comparisons without a claim."""
+    m = len(verdicts)
+    methods = list(dict.fromkeys(c.result.method for c in comparisons if c.result is not None))
+    head = (f"{algo.upper()}, {endpoint.doc_name}, paired against {baseline} ({kind}). Family: {m} comparison"
+            f"{'s' if m != 1 else ''} against {baseline}, Holm-adjusted, alpha {alpha:g}. Method: "
+            f"{'; '.join(methods) or 'none'}.")
+    parts = [head] + [verdicts[c.label].sentence(baseline) for c in comparisons if c.label in verdicts]
+    unclaimed = [f"{c.label} ({c.no_claim})" for c in comparisons if c.result is None]
     if unclaimed:
-        parts.append("No claim: " + "; ".join(unclaimed))
-    return f"{algo.upper()}, {metric}, seed-paired against {baseline}. " + ". ".join(parts) + "."
+        parts.append("No claim: " + "; ".join(unclaimed) + ".")
+    return " ".join(parts)

@@ -149,7 +149,7 @@ def at_step_columns(steps: tuple[int, ...]) -> tuple[Column, ...]:
         cols.append(Column(f"acc_at_{s}", f"acc@{s}", lambda r, s=s: value_at(r, ACC, s), binomial=True,
                            doc=f"eval/accuracy at the last evaluation at or before step {s}"))
         cols.append(Column(f"gain_after_{s}", f"gain after {s}", lambda r, s=s: _gain_after(r, s),
-                           doc=f"last eval/accuracy minus eval/accuracy at step {s} (the same prompts: a "
+                           doc=f"last eval/accuracy minus eval/accuracy at step {s} (one set of prompts: a "
                                f"within-run difference, so no binomial term)",
                            doc_name=f"held-out accuracy gained after step {s}"))
     return tuple(cols)

@@ -22,7 +22,7 @@ HOW_TO_READ = (
     "Each row is one group of runs that differ only by seed; each cell is the mean across the group's "
     "completed seeds ± the half-width of a 95% Student-t confidence interval (t with n−1 degrees of "
     "freedom × sample std / √n); \"(n=1)\" means one seed, so no seed interval. The accuracy columns' "
-    "intervals also carry the evaluation's binomial noise: every run is measured on the same N held-out "
+    "intervals also carry the evaluation's binomial noise: every run is measured on one set of N held-out "
     "prompts, a sample of the task's problems that more seeds do not average away, so the half-width is "
     "√(t-part² + (1.96·√(p(1−p)/N))²) (one seed: the binomial part alone). Where two groups' intervals "
     "overlap, this sweep does not separate them: add seeds before reading a ranking into it. "
@@ -43,11 +43,20 @@ HOW_TO_READ = (
     "*acc@S* and *gain after S* (columns asked for with `--at-steps S`) are the held-out accuracy at the last "
     "evaluation at or before step S and the final accuracy minus it: a gain whose interval excludes 0 says the "
     "group kept improving after S. "
-    "*Δ … vs baseline (paired)* is the mean over seeds of this group's final number minus the "
-    "baseline group's for the same seed, ± its 95% t interval: a seed fixes the batch order and the "
-    "sampling noise for every strategy, so pairing cancels the spread the strategies share; the *verdict* "
-    "above each table names the groups whose paired interval excludes 0 and calls the rest not separated "
-    "(one paired seed: no claim). *chosen Δlogp* (DPO) is the last `logps/chosen_delta`: how far the chosen "
+    "*Δ … vs baseline (paired, Bonferroni …%)* is this group's final number minus the baseline group's, "
+    "paired by seed and by held-out prompt: a paired hierarchical percentile bootstrap (seeds, then prompts "
+    "within seed, one prompt draw for both runs of a pair) of the per-prompt scores in each run's "
+    "`eval_outcomes.jsonl`, so the interval carries the test prompts' noise as well as the seeds'. The "
+    "interval is Bonferroni's simultaneous 1 − alpha/m one over the m comparisons against the baseline, "
+    "*Holm p* the Holm-adjusted p-value over those m, and the *verdict* says higher or lower only where "
+    "both exclude 0, else not separated (equivalent within ±m only with `--equivalence-margin`, by two "
+    "one-sided tests); each verdict sentence gives the smallest difference these seeds and prompts would "
+    "detect with 80% power. Runs written before `eval_outcomes.jsonl` existed fall back to the Student-t "
+    "interval over the per-seed differences, marked *seed-only* (the prompts' noise is not included); the "
+    "*seed-only t 95%* column shows that interval for every group. Runs outside the comparison the "
+    "experiment declared (other seeds or arms), or from another refexp commit or thread count than most "
+    "runs, are listed in the setup block and left out of the verdict (`--allow-mixed` counts them). "
+    "*chosen Δlogp* (DPO) is the last `logps/chosen_delta`: how far the chosen "
     "completions' summed log-prob moved from its start; a *flag* names the groups where it fell with its "
     "interval below 0 (likelihood displacement). "
     "In the plots one colour is one strategy (line styles tell its groups apart) and bands are the 95% "
@@ -138,8 +147,8 @@ def render_markdown(report) -> str:
     for algo, table in report.tables.items():
         header, body = header_and_cells(table)
         out += [f"## {algo.upper()}", ""]
-        if table.verdict:
-            out += [f"**Verdict.** {table.verdict}", ""]
+        for i, paragraph in enumerate(table.verdict.split("\n\n") if table.verdict else []):
+            out += [("**Verdict.** " if i == 0 else "") + paragraph, ""]
         out += [f"**Flag.** {f}" for f in table.flags] + ([""] if table.flags else [])
         out += _md_table(["setup", ""], [list(r) for r in report.setup.get(algo, [])], numeric=False) + [""]
         out += [_target_line(table), ""] + _md_table(header, body) + [""]
@@ -192,8 +201,8 @@ def render_html(report) -> str:
     for algo, table in report.tables.items():
         header, body = header_and_cells(table)
         parts.append(f"<h2>{e(algo.upper())}</h2>")
-        if table.verdict:
-            parts.append(f"<p><strong>Verdict.</strong> {e(table.verdict)}</p>")
+        for i, paragraph in enumerate(table.verdict.split("\n\n") if table.verdict else []):
+            parts.append(f"<p>{'<strong>Verdict.</strong> ' if i == 0 else ''}{e(paragraph)}</p>")
         parts += [f"<p><strong>Flag.</strong> {e(f)}</p>" for f in table.flags]
         parts += [_html_table(["setup", ""], [list(r) for r in report.setup.get(algo, [])], "bad"),
                   f"<p>{e(_target_line(table))}</p>", _html_table(header, body)]
@@ -215,6 +224,19 @@ def render_html(report) -> str:
 
 
 # ---------------------------------------------------------------- json
+def _comparison_dict(c, v, baseline: str) -> dict:
+    """One group's comparison with the baseline on one endpoint: its seeds, the family verdict and numbers
+    (None without a claim), and the seed-only t interval."""
+    out = {"seeds": c.seeds, "no_claim": c.no_claim or None,
+           "seed_only_t95": c.seed_t.to_dict() if c.seed_t else None}
+    if v is not None:
+        out |= {"difference": v.result.point, "interval": list(v.interval), "interval_kind":
+                f"Bonferroni {1 - v.alpha / v.family_size:.6g}", "p_holm": v.p_holm, "p_unadjusted": v.result.p_value,
+                "verdict": v.word, "method": v.result.method, "family_size": v.family_size,
+                "detectable_difference_80": v.mdd, "seed_only": c.seed_only, "sentence": v.sentence(baseline)}
+    return out
+
+
 def summary_dict(report) -> dict:
     """Every number of the tables, machine-readable; non-finite numbers are null."""
     algos = {}
@@ -229,9 +251,8 @@ def summary_dict(report) -> dict:
                 "seeds": row.seeds, "n_completed": row.n_completed, "n_total": len(g.runs),
                 "metrics": {c.key: (row.cells[c.key].to_dict() if row.cells.get(c.key) else None)
                             for c in (*COLUMNS, *report.extra_columns)},
-                "paired_vs_baseline": None if row.paired is None else {
-                    "baseline": row.paired.baseline, "seeds": row.paired.seeds,
-                    "estimate": row.paired.estimate.to_dict() if row.paired.estimate else None},
+                "paired_vs_baseline": {key: _comparison_dict(c, table.verdicts[key].get(g.label), table.baseline)
+                                       for key, c in row.paired.items()} or None,
                 "steps_to_target": None if t is None else {
                     "reached": t.reached, "n_with_eval": t.n,
                     "estimate": t.estimate.to_dict() if t.estimate else None},
@@ -243,6 +264,9 @@ def summary_dict(report) -> dict:
     return {
         "sweep_dir": report.shown_dir,
         "confidence": 0.95,
+        "comparison": {"kind": report.plan.kind, "declared": report.plan.block, "baseline": report.plan.baseline,
+                       "alpha": report.plan.alpha, "equivalence_margin": report.plan.margin,
+                       "allow_mixed": report.plan.allow_mixed, "left_out_of_the_verdict": report.plan.excluded},
         "definitions": {c.key: c.doc for c in (*COLUMNS, *report.extra_columns)}
         | {"steps_to_target": "first step with eval/accuracy >= target; mean over seeds that reached it"},
         "algos": algos,

@@ -12,8 +12,11 @@ from typing import Any
 
 from refexp.record.status import provenances, wall_seconds
 
+from refexp.record.metric_names import EVAL_ACCURACY, VAL_ACCURACY
+
 from .group import Group
 from .load import Run, _get
+from .plan import Plan, threads
 
 FIELDS: tuple[tuple[str, str], ...] = (
     ("model", "model.name"), ("flavor", "model.flavor"), ("hf checkpoint", "model.hf_assets_path"),
@@ -61,7 +64,51 @@ def _provenance(runs: list[Run]) -> tuple[str | None, str | None]:
     return commit, versions
 
 
-def setup_rows(groups: list[Group]) -> list[tuple[str, str]]:
+def _at_step_0(runs: list[Run], key: str) -> str | None:
+    """The runs' ``key`` at step 0 (the start they trained from), one value when they agree."""
+    values = []
+    for r in runs:
+        steps, v = r.series(key)
+        if len(steps) and steps[0] == 0:
+            values.append(f"{v[0]:.3f}")
+    return _shown(values)
+
+
+def sft_start(runs: list[Run]) -> str | None:
+    """The start the runs trained from: ``sft.checkpoint``'s directory name when given (no machine path), and
+    its validation and test accuracy at step 0 (several values: the runs did not share one start)."""
+    given = _shown([Path(c).name for c in (_get(r.config, "sft.checkpoint") for r in runs) if c])
+    where = f"sft.checkpoint {given}" if given else ("SFT cache entry (its key is not recorded in the run dir; "
+                                                     "the accuracies at step 0 identify it)")
+    val, test = _at_step_0(runs, VAL_ACCURACY), _at_step_0(runs, EVAL_ACCURACY)
+    accs = ", ".join(t for t in (f"validation accuracy {val}" if val else "", f"test accuracy {test}" if test else "")
+                     if t)
+    return f"{where}; {accs} at step 0" if accs else where
+
+
+def comparison_rows(plan: Plan, runs: list[Run]) -> list[tuple[str, str]]:
+    """The comparison the verdict reads, the runs it leaves out and why, and the hyper-parameters chosen on test."""
+    rows = [("comparison", plan.kind)]
+    if plan.block is not None:
+        b = plan.block
+        rows.append(("declared", f"arms {', '.join(map(str, b['arms']))} ({b['arm_key']}); baseline {b['baseline']}; "
+                                 f"seeds {', '.join(map(str, b.get('seeds', [])))}; metric {b.get('metric')}"
+                     + (f"; at steps {', '.join(map(str, plan.at_steps))}" if plan.at_steps else "")))
+    elif plan.baseline is not None:
+        rows.append(("baseline", f"{plan.baseline} (--baseline)"))
+    names = {r.name for r in runs}
+    left = [f"run {name}: {why}" for name, why in plan.excluded.items() if name in names]
+    if left:
+        label = "outside the plan, counted (--allow-mixed)" if plan.allow_mixed else "left out of the verdict"
+        rows.append((label, "; ".join(left)))
+    if plan.chosen_on_test:
+        rows.append(("chosen on test", ", ".join(plan.chosen_on_test) + " (picked by looking at held-out test "
+                     "accuracy, not validation: the verdict favours the arms they were tuned for)"))
+    rows += [("note", n) for n in plan.notes]
+    return rows
+
+
+def setup_rows(groups: list[Group], plan: Plan | None = None) -> list[tuple[str, str]]:
     """``(label, value)`` rows describing every run of one algorithm's groups (failed ones too)."""
     runs = [r for g in groups for r in g.runs]
     rows = []
@@ -71,6 +118,12 @@ def setup_rows(groups: list[Group]) -> list[tuple[str, str]]:
             if label == "hf checkpoint":
                 shown = " | ".join(Path(v).name for v in shown.split(" | "))  # a dir name, not a machine path
             rows.append((label, shown))
+    start = sft_start(runs)
+    if start:
+        rows.append(("SFT start", start))
+    n_threads = _shown([threads(r) for r in runs])
+    if n_threads is not None:
+        rows.append(("training.num_threads", n_threads))
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     if seeds:
         rows.append(("seeds", ", ".join(map(str, seeds))))
@@ -82,4 +135,4 @@ def setup_rows(groups: list[Group]) -> list[tuple[str, str]]:
     wall = _wall_time(runs)
     if wall:
         rows.append(("wall time", wall))
-    return rows
+    return rows + (comparison_rows(plan, runs) if plan is not None else [])

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .group import Group
-from .paired import Paired, find_baseline, paired_difference, verdict
+from .inference import Verdict
+from .paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
+from .plan import Plan
 from .reduce import COLUMNS, Column, column_estimate, start_accuracy, steps_to_target
 from .stats import Estimate, mean_ci
 
@@ -38,8 +40,9 @@ class Row:
     group: Group
     cells: dict[str, Optional[Estimate]]
     to_target: Optional[ToTarget]
-    paired: Optional[Paired] = None
-    """The headline number's seed-paired difference against the baseline (None for the baseline itself)."""
+    paired: dict[str, Comparison] = field(default_factory=dict)
+    """endpoint key -> this group's comparison with the baseline (empty for the baseline itself and for groups
+    outside the comparison)."""
 
     @property
     def n_completed(self) -> int:
@@ -60,6 +63,10 @@ class AlgoTable:
     baseline: Optional[str] = None
     """The label of the group paired differences are taken against (None: the algorithm has no such group)."""
     headline: Optional[Column] = None
+    endpoints: list[Endpoint] = field(default_factory=list)
+    """What the verdicts are about: the headline's final value, then the accuracy at each ``--at-steps`` step."""
+    verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)
+    """endpoint key -> group label -> its verdict in the endpoint's family."""
     verdict: str = ""
     flags: list[str] = field(default_factory=list)
     """Warnings the numbers support (likelihood displacement), one sentence each."""
@@ -94,10 +101,10 @@ def default_target(groups: list[Group]) -> tuple[Optional[float], str]:
     return target, f"default: no group gained; start accuracy {start:.3f} + {DEFAULT_TARGET_MARGIN}"
 
 
-def summarize(algo: str, groups: list[Group], target: Optional[float] = None, baseline: str = "fixed",
+def summarize(algo: str, groups: list[Group], target: Optional[float] = None, plan: Optional[Plan] = None,
               extra_columns: tuple[Column, ...] = ()) -> AlgoTable:
     """Mean ± 95% CI across the completed seeds of every group, for every column with data, and the
-    headline number's seed-paired difference against the ``baseline`` group (a label or a strategy)."""
+    paired differences against the ``plan``'s baseline group with their verdicts (none without a plan)."""
     note = "--target"
     if target is None:
         target, note = default_target(groups)
@@ -114,7 +121,7 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None, ba
         rows.append(Row(g, cells, to_target))
     columns = [c for c in (*COLUMNS, *extra_columns) if any(row.cells[c.key] is not None for row in rows)]
     table = AlgoTable(algo, target, note, columns, rows)
-    _pair_against_baseline(table, groups, baseline)
+    _pair_against_baseline(table, groups, plan or Plan(None, None), extra_columns)
     table.flags = displacement_flags(rows)
     return table
 
@@ -134,20 +141,62 @@ def displacement_flags(rows: list[Row]) -> list[str]:
             + " — the margin grew by pushing the chosen answers down too (Pal et al. 2024)."]
 
 
-def _pair_against_baseline(table: AlgoTable, groups: list[Group], baseline: str) -> None:
-    """Fill each row's ``paired`` and the table's ``verdict`` (nothing without a headline or baseline)."""
+def endpoints(headline: Column, extra_columns: tuple[Column, ...]) -> list[Endpoint]:
+    """The headline's final value, and the accuracy at each ``acc@S`` column's step S."""
+    out = [Endpoint(headline.key, headline.header, headline.doc_name, headline.per_run,
+                    final_step if headline.key == "acc_final" else lambda r: None)]
+    for c in extra_columns:
+        if c.key.startswith("acc_at_"):
+            s = int(c.key[len("acc_at_"):])
+            out.append(Endpoint(c.key, c.header, f"held-out accuracy at step {s}", c.per_run,
+                                lambda r, s=s: step_at(r, s)))
+    return out
+
+
+def find_baseline(groups: list[Group], plan: Plan) -> tuple[Optional[Group], str]:
+    """The one group the plan names as baseline, else None and why (none named, none found, several match:
+    the reader names one; nothing is picked for them)."""
+    if plan.baseline is None:
+        return None, ("no comparison: this sweep declares no comparison block and no baseline was named "
+                      "(refexp-report SWEEP --baseline NAME)")
+    exact = [g for g in groups if not plan.declared and g.label == plan.baseline]
+    matches = exact or [g for g in groups if plan.is_baseline(g.runs, g.label)]
+    if len(matches) == 1:
+        return matches[0], ""
+    if not matches:
+        return None, f"no {plan.baseline!r} group to pair against (--baseline names a group label or a swept variant)"
+    return None, (f"--baseline {plan.baseline} matches {len(matches)} groups ({', '.join(g.label for g in matches)}): "
+                  f"name one by its label")
+
+
+def in_comparison(group: Group, plan: Plan) -> bool:
+    """Whether a group takes part in the verdict: any group of an exploratory report; with a declared block,
+    a declared arm (or any, with ``--allow-mixed``)."""
+    return not plan.declared or plan.allow_mixed or any(plan.arm(r) in plan.block["arms"] for r in group.runs)
+
+
+def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: Plan,
+                           extra_columns: tuple[Column, ...]) -> None:
+    """Fill each row's ``paired``, the table's ``verdicts`` and its ``verdict`` paragraph per endpoint."""
     table.headline = next((c for c in table.columns if c.key in HEADLINE_KEYS), None)
-    base = find_baseline(groups, baseline)
-    if table.headline is None or base is None:
-        table.verdict = (f"{table.algo.upper()}: no {baseline!r} group to pair against (--baseline picks "
-                         f"another: a strategy or a group label)." if table.headline else "")
+    if table.headline is None:
+        return
+    base, why = find_baseline(groups, plan)
+    if base is None:
+        table.verdict = f"{table.algo.upper()}: {why}."
         return
     table.baseline = base.label
-    for row in table.rows:
-        if row.group is not base:
-            row.paired = paired_difference(row.group, base, table.headline.per_run)
-    table.verdict = verdict(table.algo, table.headline.doc_name,
-                            {row.group.label: row.paired for row in table.rows if row.paired is not None})
+    table.endpoints = endpoints(table.headline, extra_columns)
+    others = [row for row in table.rows if row.group is not base and in_comparison(row.group, plan)]
+    paragraphs = []
+    for ep in table.endpoints:
+        comparisons = [compare(row.group, base, ep, plan.counts) for row in others]
+        for row, c in zip(others, comparisons):
+            row.paired[ep.key] = c
+        table.verdicts[ep.key] = judge(comparisons, plan.alpha, plan.margin)
+        paragraphs.append(verdict_text(table.algo, ep, base.label, plan.kind, comparisons,
+                                       table.verdicts[ep.key], plan.alpha))
+    table.verdict = "\n\n".join(paragraphs)
 
 
 # ---------------------------------------------------------------- strings
@@ -191,12 +240,29 @@ def error_cell(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def paired_text(p: Paired) -> str:
-    """"+0.065 ± 0.041" (signed), "+0.020 (n=1)", or "no common seed"."""
-    if p.estimate is None:
-        return "no common seed"
-    text = cell_text(p.estimate)
+def seed_t_text(c: Optional[Comparison]) -> str:
+    """The seed-only Student-t 95% interval: "+0.065 ± 0.041" (signed), "+0.020 (n=1)", or "—"."""
+    if c is None or c.seed_t is None:
+        return "—"
+    text = cell_text(c.seed_t)
     return text if text.startswith("-") else "+" + text
+
+
+def paired_cells(c: Optional[Comparison], v: Optional[Verdict]) -> list[str]:
+    """Δ with its family-adjusted interval (marked "seed-only" without per-prompt outcomes), Holm p, verdict."""
+    if c is None:
+        return ["—", "", "outside the comparison"]
+    if v is None:
+        return [c.no_claim, "", "no claim"]
+    lo, hi = v.interval
+    delta = f"{v.result.point:+.3f} [{lo:+.3f}, {hi:+.3f}]" + (" seed-only" if c.seed_only else "")
+    return [delta, f"{v.p_holm:.3g}", v.word]
+
+
+def _family_level(table: AlgoTable, key: str) -> str:
+    """"Bonferroni 98.75%": the level of the endpoint's family intervals (1 - alpha/m)."""
+    v = next(iter(table.verdicts.get(key, {}).values()), None)
+    return f"Bonferroni {100 * (1 - v.alpha / v.family_size):.4g}%" if v else "no interval"
 
 
 def target_text(t: Optional[ToTarget]) -> str:
@@ -218,16 +284,23 @@ def seeds_text(row: Row) -> str:
 def header_and_cells(table: AlgoTable) -> tuple[list[str], list[list[str]]]:
     """The table as strings: group label, every column with data, steps to target, seeds."""
     header = ["group"] + [c.header for c in table.columns]
-    if table.baseline is not None:
-        header.append(f"Δ {table.headline.header} vs {table.baseline} (paired)")
+    for ep in table.endpoints:
+        header += [f"Δ {ep.header} vs {table.baseline} (paired, {_family_level(table, ep.key)})",
+                   f"Holm p ({ep.header})", f"verdict ({ep.header})"]
+    if table.endpoints:
+        header.append(f"Δ {table.headline.header} seed-only t 95%")
     if table.target is not None:
         header.append(f"steps to acc≥{table.target:.3g}")
     header.append("seeds")
     body = []
     for row in table.rows:
         cells = [row.group.label] + [cell_text(row.cells[c.key], c.kind) for c in table.columns]
-        if table.baseline is not None:
-            cells.append("baseline" if row.paired is None else paired_text(row.paired))
+        base = row.group.label == table.baseline
+        for ep in table.endpoints:
+            c = row.paired.get(ep.key)
+            cells += ["baseline", "", ""] if base else paired_cells(c, table.verdicts[ep.key].get(row.group.label))
+        if table.endpoints:
+            cells.append("baseline" if base else seed_t_text(row.paired.get(table.endpoints[0].key)))
         if table.target is not None:
             cells.append(target_text(row.to_target))
         cells.append(seeds_text(row))

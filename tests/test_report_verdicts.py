@@ -1,0 +1,202 @@
+"""The report's verdicts on synthetic sweeps written with the run record's writers (resolved_config.yaml,
+status.json, metrics.jsonl, eval_outcomes.jsonl): the prompt-level interval, Holm over the family, the declared
+comparison and the runs it leaves out, the exploratory report's explicit baseline, and the words allowed."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import yaml
+
+from refexp.config import ComparisonConfig, ConfigError
+from refexp.record import layout
+from refexp.record.metrics import MetricsWriter
+from refexp.record.outcomes import EvalOutcomes, append_outcomes
+from refexp.record.resolved_config import write_resolved_config
+from refexp.record.status import write_status
+from refexp.report import build_report
+from refexp.report.__main__ import main
+from refexp.report.render import HOW_TO_READ
+
+STEPS, PROMPTS = 10, 200
+BLOCK = {"arm_key": "grpo_variant", "arms": ["fixed", "ema", "none", "periodic_reset"], "baseline": "fixed",
+         "seeds": [0, 1], "metric": "eval/accuracy", "at_steps": [], "chosen_on_test": ["algo.beta"]}
+FORBIDDEN = re.compile(r"\bstops?\b|\bthe same\b|\bequal\b|does not order", re.IGNORECASE)
+
+
+def flipped(base: np.ndarray, up: int, down: int, rng: np.random.Generator) -> np.ndarray:
+    """``base`` [P] 0/1 scores with ``up`` wrong prompts made right and ``down`` right ones made wrong."""
+    out = base.copy()
+    out[rng.choice(np.flatnonzero(base == 0), up, replace=False)] = 1.0
+    out[rng.choice(np.flatnonzero(base == 1), down, replace=False)] = 0.0
+    return out
+
+
+def write_run(run_dir, arm: str, seed: int, final: np.ndarray, *, commit: str = "abc", threads: int = 2,
+              block: dict | None = BLOCK, outcomes: bool = True) -> None:
+    """A completed GRPO run of arm ``arm`` (its ``grpo_variant`` and reference strategy) whose final evaluation
+    scored ``final`` [P] (its step-0 evaluation: every prompt 0)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / layout.HYDRA_DIR).mkdir()
+    (run_dir / layout.HYDRA_DIR / "overrides.yaml").write_text(
+        yaml.safe_dump([f"grpo_variant={arm}", f"training.seed={seed}"]))
+    write_resolved_config(run_dir, {
+        "algo": {"name": "grpo"}, "reference": {"name": arm}, "eval": {"num_prompts": PROMPTS},
+        "training": {"seed": seed, "steps": STEPS, "num_threads": threads},
+        "comparison": block or {"arm_key": "", "arms": [], "baseline": "", "seeds": []}})
+    start = np.zeros(PROMPTS)
+    log = MetricsWriter(run_dir)
+    for step, scores in ((0, start), (STEPS, final)):
+        log.write({"step": step, "eval/accuracy": float(scores.mean()), "reward/mean": 0.5})
+        if outcomes:
+            append_outcomes(run_dir, step, [EvalOutcomes("eval", "eval/accuracy", list(range(PROMPTS)),
+                                                         scores.tolist())])
+    log.close()
+    write_status(run_dir, {"status": "completed", "algo": "grpo", "reference": arm, "seed": seed, "steps": STEPS,
+                           "last_step": STEPS, "final": {"eval/accuracy": float(final.mean())},
+                           "provenances": [{"commit": commit}]})
+
+
+def noisy_sweep(root, *, outcomes: bool = True, block: dict | None = BLOCK) -> None:
+    """fixed vs ema over 3 seeds: ema wins +6, +7, +5 of 200 prompts net (a steady seed-level gain), but
+    disagrees with fixed on ~90 prompts per seed (prompt-level noise the seed-only interval leaves out)."""
+    rng = np.random.default_rng(0)
+    for seed, (up, down) in enumerate(((48, 42), (47, 40), (46, 41))):
+        base = (rng.random(PROMPTS) < 0.5).astype(float)
+        write_run(root / f"fixed-{seed}", "fixed", seed, base, block=block, outcomes=outcomes)
+        write_run(root / f"ema-{seed}", "ema", seed, flipped(base, up, down, rng), block=block, outcomes=outcomes)
+
+
+def verdict_of(report, label: str, key: str = "acc_final"):
+    return report.tables["grpo"].verdicts[key][label]
+
+
+@pytest.fixture
+def declared_3_seeds():
+    return {**BLOCK, "seeds": [0, 1, 2]}
+
+
+# ---------------------------------------------------------------- (a) the prompts' noise
+def test_a_seed_level_gain_drowned_by_prompt_noise_is_not_separated(tmp_path, declared_3_seeds):
+    noisy_sweep(tmp_path / "seed_only", outcomes=False, block=declared_3_seeds)
+    seed_only = build_report(tmp_path / "seed_only")
+    v = verdict_of(seed_only, "ema")
+    assert v.interval[0] > 0 and v.word == "higher"  # the seed-only t interval excludes 0
+    assert "seed-only: the prompts' noise is not included" in seed_only.tables["grpo"].verdict
+
+    noisy_sweep(tmp_path / "prompts", block=declared_3_seeds)
+    report = build_report(tmp_path / "prompts")
+    v = verdict_of(report, "ema")
+    assert v.result.levels == ("seed", "prompt") and v.result.n_units == (3, 3 * PROMPTS)
+    assert v.interval[0] < 0 < v.interval[1] and v.word == "not separated"
+    text = report.tables["grpo"].verdict
+    assert "ema - fixed: +0.030" in text and "not separated from fixed" in text
+    assert "paired hierarchical percentile bootstrap: seeds, then prompts within seed; B=10000" in text
+    assert "With 3 seeds and 200 prompts, the smallest difference detected with 80% power" in text
+    assert "seed-only" not in text
+    at = build_report(tmp_path / "prompts", at_steps=[STEPS // 2])  # the evaluation at or before step 5: step 0
+    v0 = verdict_of(at, "ema", "acc_at_5")
+    assert v0.result.point == 0.0 and v0.result.levels == ("seed", "prompt") and v0.word == "not separated"
+    assert "held-out accuracy at step 5, paired against fixed" in at.tables["grpo"].verdict
+    md = (tmp_path / "prompts" / "report.md").read_text()
+    assert "pre-registered in the experiment config" in md and "| chosen on test | algo.beta" in md
+
+
+# ---------------------------------------------------------------- (b) Holm
+def test_holm_takes_back_a_separation_the_unadjusted_test_would_claim(tmp_path):
+    """Three arms against fixed: one far above, one near p 0.03 alone, one null. Unadjusted, the second is
+    higher; Holm multiplies its p by 2 and it is not separated."""
+    rng = np.random.default_rng(1)
+    nets = {"none": (60, 10), "ema": (28, 18), "periodic_reset": (20, 20)}
+    for seed in (0, 1):
+        base = (rng.random(PROMPTS) < 0.5).astype(float)
+        write_run(tmp_path / f"fixed-{seed}", "fixed", seed, base)
+        for arm, (up, down) in nets.items():
+            write_run(tmp_path / f"{arm}-{seed}", arm, seed, flipped(base, up, down, rng))
+    report = build_report(tmp_path)
+    ema = verdict_of(report, "ema")
+    assert ema.family_size == 3
+    assert ema.result.p_value < 0.05 and ema.result.interval[0] > 0  # unadjusted: higher
+    assert ema.p_holm > 0.05 and ema.word == "not separated"
+    assert verdict_of(report, "none").word == "higher"
+    assert "Family: 3 comparisons against fixed, Holm-adjusted, alpha 0.05." in report.tables["grpo"].verdict
+    loose = build_report(tmp_path, alpha=0.2)  # --alpha: the family's rate
+    assert verdict_of(loose, "ema").word == "higher"
+
+
+# ---------------------------------------------------------------- (c) runs outside the plan
+def test_runs_of_another_commit_or_seed_are_listed_and_left_out_unless_allow_mixed(tmp_path):
+    rng = np.random.default_rng(2)
+    for seed in (0, 1, 2):  # seed 2 is outside the declared seeds 0, 1
+        base = (rng.random(PROMPTS) < 0.5).astype(float)
+        write_run(tmp_path / f"fixed-{seed}", "fixed", seed, base)
+        write_run(tmp_path / f"ema-{seed}", "ema", seed, flipped(base, 30, 10, rng),
+                  commit="def" if seed == 1 else "abc")
+    base = (rng.random(PROMPTS) < 0.5).astype(float)
+    write_run(tmp_path / "fixed-t", "fixed", 3, base, threads=8)
+    report = build_report(tmp_path)
+    setup = dict(report.setup["grpo"])
+    left = setup["left out of the verdict"]
+    assert "run ema-1: refexp commit def, not the majority's abc" in left
+    assert "seed 2 is outside the declared seeds 0, 1" in left
+    assert "run fixed-t:" in left and "training.num_threads=8, not the majority's 2" in left
+    c = report.tables["grpo"].rows[1].paired["acc_final"]
+    assert c.label == "ema" and c.seeds == [0]  # seed 1's ema run (another commit) and seed 2 left out
+    assert "ema-1" in report.plan.excluded
+
+    mixed = build_report(tmp_path, allow_mixed=True)
+    assert mixed.tables["grpo"].rows[1].paired["acc_final"].seeds == [0, 1, 2]
+    assert "run ema-1: refexp commit def" in dict(mixed.setup["grpo"])["outside the plan, counted (--allow-mixed)"]
+
+
+# ---------------------------------------------------------------- (d) no block: exploratory, explicit baseline
+def test_a_sweep_without_a_comparison_block_is_exploratory_and_needs_a_baseline(tmp_path, capsys):
+    noisy_sweep(tmp_path, block=None)
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "refexp-report: error:" in err and "--baseline" in err and "no comparison block" in err
+    assert not (tmp_path / "report.md").exists()
+
+    assert main([str(tmp_path), "--baseline", "fixed", "--quiet"]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "exploratory: not pre-registered" in md and "| baseline | fixed (--baseline) |" in md
+    assert "Family: 1 comparison against fixed, Holm-adjusted" in md
+
+    # without the CLI (the sweep callback): the tables, and a verdict that names what is missing
+    table = build_report(tmp_path).tables["grpo"]
+    assert table.verdicts == {} and "no baseline was named" in table.verdict
+
+
+def test_a_baseline_other_than_the_declared_one_makes_the_report_exploratory(tmp_path, declared_3_seeds):
+    noisy_sweep(tmp_path, block=declared_3_seeds)
+    assert "pre-registered" in build_report(tmp_path).tables["grpo"].verdict
+    report = build_report(tmp_path, baseline="ema")
+    assert report.tables["grpo"].baseline == "ema" and "exploratory: not pre-registered" in report.tables["grpo"].verdict
+
+
+# ---------------------------------------------------------------- (e) words
+def test_equivalence_is_claimed_only_with_a_margin_and_no_verdict_uses_a_forbidden_word(tmp_path):
+    rng = np.random.default_rng(3)
+    for seed in (0, 1):
+        base = (rng.random(PROMPTS) < 0.5).astype(float)
+        write_run(tmp_path / f"fixed-{seed}", "fixed", seed, base)
+        write_run(tmp_path / f"ema-{seed}", "ema", seed, flipped(base, 3, 3, rng))
+    plain = build_report(tmp_path)
+    assert verdict_of(plain, "ema").word == "not separated"
+    report = build_report(tmp_path, margin=0.05)
+    assert verdict_of(report, "ema").word == "equivalent within ±0.05"
+    assert "Equivalence margin ±0.05: two one-sided tests" in report.tables["grpo"].verdict
+    for text in (plain.tables["grpo"].verdict, report.tables["grpo"].verdict, HOW_TO_READ,
+                 (tmp_path / "report.md").read_text(), (tmp_path / "summary.json").read_text()):
+        assert not FORBIDDEN.search(text), FORBIDDEN.search(text)
+
+
+# ---------------------------------------------------------------- the block
+def test_the_declared_baseline_must_be_an_arm():
+    with pytest.raises(ConfigError, match="comparison.baseline='dpo' is invalid: expected one of comparison.arms"):
+        ComparisonConfig(arm_key="grpo_variant", arms=["fixed", "ema"], baseline="dpo", seeds=[0])
+    with pytest.raises(ConfigError, match="comparison.seeds"):
+        ComparisonConfig(arm_key="grpo_variant", arms=["fixed", "ema"], baseline="fixed", seeds=[])
+    assert not ComparisonConfig().declared  # the default declares nothing
