@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from tests.helpers import GRPO, TINY
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
 
 
 @pytest.mark.slow
 def test_sweep_with_a_failing_job_still_reports(tmp_path):
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "refexp", "-m", *TINY, *GRPO, "training.steps=2",
+    cmd = [sys.executable, "-m", "refexp", "-m", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=2",
            "algo.group_size=1,4",  # group_size=1 is invalid (advantages need a group): that job fails
            f"hydra.sweep.dir={sweep}", "+hydra.callbacks.report._target_=refexp.sweep.ReportCallback"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=os.environ.copy())
