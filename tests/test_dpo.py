@@ -19,10 +19,11 @@ from refexp.run import run
 from refexp.tasks import build_task
 from tests.helpers.configs import compose_config
 
-# DPO from an untrained "SFT" model: a 2-layer dim-32 llama3, 3 steps of 64 pairs.
-UNTRAINED_DPO_RUN_OVERRIDES = ["algo=dpo", "model=tiny", "model.dim=32", "sft.steps=30", "sft.target_accuracy=0.0", "training.steps=3",
-        "eval.every=2", "eval.num_prompts=16", "eval.kl_prompts=8", "logger=none", "logger.progress=false",
-        "task.num_train=500", "task.num_eval=50", "algo.num_pairs=64"]
+# DPO for 3 steps over 64 pairs from an untrained "SFT" model (sft.target_accuracy=0.0).
+UNTRAINED_DPO_RUN_OVERRIDES = [
+    "algo=dpo", "model=tiny", "model.dim=32", "sft.steps=30", "sft.target_accuracy=0.0", "training.steps=3",
+    "eval.every=2", "eval.num_prompts=16", "eval.kl_prompts=8", "logger=none", "logger.progress=false",
+    "task.num_train=500", "task.num_eval=50", "algo.num_pairs=64"]
 DPO_METRICS = {"loss/total", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
                "logps/chosen", "logps/rejected", "perf/ref_fwd_s", "perf/tokens_per_s", "optim/grad_norm",
                "optim/lr", "ref/version", "perf/step_s", "mem/peak_rss_mb"}

@@ -21,7 +21,8 @@ STRATEGY_OVERRIDES = {
 
 @pytest.mark.parametrize("strategy", list(STRATEGY_OVERRIDES))
 def test_grpo_runs_and_logs_the_contract_metrics(tmp_path, strategy):
-    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, f"reference={strategy}", *STRATEGY_OVERRIDES[strategy]))
+    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, f"reference={strategy}",
+                                 *STRATEGY_OVERRIDES[strategy]))
     rows = read_metrics(tmp_path / "metrics.jsonl")
     steps = [r["step"] for r in rows]
     assert steps == [0, 1, 2, 3, 4]
@@ -47,7 +48,8 @@ def test_grpo_runs_and_logs_the_contract_metrics(tmp_path, strategy):
 
 
 def test_periodic_reset_changes_reference_exactly_every_n_steps(tmp_path, dense_reward):
-    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=7", "reference=periodic_reset", "reference.reset_every=3"))
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=7", "reference=periodic_reset",
+                         "reference.reset_every=3"))
     rows = {r["step"]: r for r in read_metrics(tmp_path / "metrics.jsonl")}
     versions = [rows[s]["ref/version"] for s in range(1, 8)]
     assert versions == [0, 0, 1, 1, 1, 2, 2]
@@ -190,8 +192,8 @@ def test_continued_sft_baseline_trains_on_demonstrations_without_rollouts(tmp_pa
 
     with pytest.raises(ConfigError, match="algo.objective=sft .* expected reference=none"):
         to_object(compose_tiny_run(tmp_path / "x", *TINY_GRPO_OVERRIDES, "algo.objective=sft"))
-    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.objective=sft", "reference=none", "training.steps=6",
-                            "training.micro_batch_size=3", "eval.every=3"))
+    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.objective=sft", "reference=none",
+                                 "training.steps=6", "training.micro_batch_size=3", "eval.every=3"))
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert all(r["loss/total"] == r["loss/sft"] > 0 for r in rows)

@@ -80,7 +80,8 @@ def test_launcher_config_composes():
 def test_two_job_sweep_runs_side_by_side(tmp_path):
     sweep = tmp_path / "sweep"
     args = [sys.executable, "-m", "refexp", "-m", "hydra/launcher=local_gpus", "hydra.launcher.n_jobs=2",
-            *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=2", "reference=fixed,none", f"hydra.sweep.dir={sweep}"]
+            *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=2", "reference=fixed,none",
+            f"hydra.sweep.dir={sweep}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="1")
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -145,7 +145,8 @@ def test_dpo_micro_batches_give_the_whole_step(tmp_path, recorded_grads, loss_ty
 
 def test_micro_batch_must_hold_whole_groups_when_prompts_are_shared(tmp_path):
     with pytest.raises(ConfigError, match=r"training.micro_batch_size=6 .*multiple of algo.group_size=4"):
-        validate(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.share_prompt=true", "training.micro_batch_size=6"))
+        validate(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.share_prompt=true",
+                                  "training.micro_batch_size=6"))
     validate(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.share_prompt=false", "training.micro_batch_size=6"))
 
 

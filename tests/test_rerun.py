@@ -34,7 +34,8 @@ def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monk
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(refexp.models, "build_run_model", no_build)
         with pytest.raises(ConfigError, match=r"Changed: task\.num_eval: 64 -> 32; training\.lr: 0\.001 -> 0\.002\."):
-            run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=5", "training.lr=2e-3", "task.num_eval=32"))
+            run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=5", "training.lr=2e-3",
+                                 "task.num_eval=32"))
     assert (tmp_path / "status.json").read_text() == status  # the run's own record is untouched
 
     first = json.loads(status)

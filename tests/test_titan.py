@@ -102,9 +102,11 @@ def test_count_parameters_counts_tied_weights_once():
 
 def test_tp_degree_that_does_not_divide_heads_is_a_config_error():
     with pytest.raises(ConfigError, match="tensor_parallel_degree=3"):
-        titan.build_model_spec(tiny_model_config("llama3", vocab_size=V), vocab_size=V, parallelism=ParallelismConfig(tensor_parallel_degree=3))
+        titan.build_model_spec(tiny_model_config("llama3", vocab_size=V), vocab_size=V,
+                               parallelism=ParallelismConfig(tensor_parallel_degree=3))
     with pytest.raises(ConfigError, match="tensor_parallel_degree=4.*n_kv_heads=2"):
-        titan.build_model_spec(tiny_model_config("llama3", vocab_size=V), vocab_size=V, parallelism=ParallelismConfig(tensor_parallel_degree=4))
+        titan.build_model_spec(tiny_model_config("llama3", vocab_size=V), vocab_size=V,
+                               parallelism=ParallelismConfig(tensor_parallel_degree=4))
 
 
 def test_unknown_flavor_is_a_config_error_listing_valid_flavors():

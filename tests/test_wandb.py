@@ -108,8 +108,8 @@ def test_a_resumed_run_does_not_send_its_replayed_steps_again(tmp_path, monkeypa
 def test_an_offline_sweep_shows_one_group_per_strategy_with_best_accuracy_summaries(tmp_path):
     sweep = tmp_path / "sweep"
     env = {**os.environ, "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", "refexp", "-m", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=2", "logger=wandb",
-           "reference=fixed,none", "training.seed=0,1", f"hydra.sweep.dir={sweep}"]
+    cmd = [sys.executable, "-m", "refexp", "-m", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=2",
+           "logger=wandb", "reference=fixed,none", "training.seed=0,1", f"hydra.sweep.dir={sweep}"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     runs = _offline_runs(sweep)
@@ -169,8 +169,8 @@ def test_evaluations_and_rollouts_leave_readable_samples(tmp_path, monkeypatch):
     from tests.helpers.configs import compose_tiny_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2", "eval.every=2", "eval.log_samples=3",
-                            "logger=wandb"))
+    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2", "eval.every=2",
+                                 "eval.log_samples=3", "logger=wandb"))
     rows = read_metrics(tmp_path / "samples.jsonl")
     by_kind = defaultdict(list)
     for r in rows:
