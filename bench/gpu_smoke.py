@@ -157,7 +157,7 @@ E2E_COMMON = [
     "algo=grpo", "reference=fixed", "training.steps=3", "checkpoint=disabled",
     "logger=none", "logger.progress=false", "sft.target_accuracy=1.0",
 ]
-E2E_TOY = [  # tests/helpers.py's TINY, shrunk further
+E2E_TOY = [  # tests/helpers/configs.py's TINY_RUN_OVERRIDES, shrunk further
     "model=tiny", "model.dim=32", "model.ffn_hidden_dim=64", "model.n_heads=2", "model.n_kv_heads=2",
     "sft.steps=4", "sft.eval_every=4", "sft.batch_size=8", "task.num_train=200", "task.num_eval=16",
     "eval.num_prompts=8", "eval.kl_prompts=4", "eval.every=3", "algo.prompts_per_step=2", "algo.group_size=2",

@@ -214,7 +214,7 @@ REGISTRY: dict[str, type[ReferenceStrategy]] = {
     cls.name: cls
     for cls in (FixedReference, PeriodicResetReference, EMAReference, KLTriggeredReference, NoReference)
 }
-"""``reference.name`` -> its strategy; the keys are ``REFERENCE_STRATEGIES`` (tests/test_config.py)."""
+"""``reference.name`` -> its strategy; the keys are ``REFERENCE_STRATEGIES`` (tests/test_config_checks.py)."""
 
 
 def build_reference(cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Module] | None, *,

@@ -1,10 +1,14 @@
-"""Shared test set-up: one intra-op thread per process (2 shared cores; docs/torchtitan-notes.md §11),
-W&B never reaches a server, and each test gets its own refexp cache."""
+"""Shared test set-up: one intra-op thread per process (docs/torchtitan-notes.md §11), W&B never reaches a
+server, each test session has its own refexp cache; the tiny GRPO run's config composed once and copied per
+test (in the style of lightning-hydra-template's tests/conftest.py; helpers in tests/helpers/)."""
 
+import copy
 import os
 
 import pytest
 import torch
+
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 torch.set_num_threads(1)
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -37,9 +41,25 @@ def dense_reward(monkeypatch):
 
 @pytest.fixture(scope="session")
 def hf_dir(tmp_path_factory):
-    """A tiny Qwen3 HF checkpoint with a chat template (tests/tiny_qwen3.py), written once per session."""
-    from tests.tiny_qwen3 import qwen3_checkpoint
+    """A tiny Qwen3 HF checkpoint with a chat template (tests/helpers/tiny_qwen3.py), written once per session."""
+    from tests.helpers.tiny_qwen3 import qwen3_checkpoint
 
     path = tmp_path_factory.mktemp("pretrained") / "qwen3"
     qwen3_checkpoint(path)
     return path
+
+
+@pytest.fixture(scope="package")
+def tiny_grpo_config_global():
+    """The tiny GRPO run's config (TINY_RUN_OVERRIDES + TINY_GRPO_OVERRIDES), composed once; tests take
+    ``tiny_grpo_cfg``, their own copy."""
+    return compose_tiny_run("/tmp/refexp-unused", *TINY_GRPO_OVERRIDES)
+
+
+@pytest.fixture
+def tiny_grpo_cfg(tiny_grpo_config_global, tmp_path):
+    """A copy of the tiny GRPO run's config whose run dir is the test's ``tmp_path``; a test sets the values
+    it changes (``cfg.sft.steps = 0``), as a ``key=value`` override would."""
+    cfg = copy.deepcopy(tiny_grpo_config_global)
+    cfg.run_dir = str(tmp_path)
+    return cfg

@@ -19,7 +19,7 @@ import torch
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
-TINY = ["--dim", "32", "--layers", "1", "--heads", "2", "--ffn", "64", "--vocab", "64", "--threads", "1",
+TINY_BENCH_ARGS = ["--dim", "32", "--layers", "1", "--heads", "2", "--ffn", "64", "--vocab", "64", "--threads", "1",
         "--steps", "1", "--warmup", "1", "--peak-seconds", "0", "--peak-sizes", "128", "--no-probe-peak"]
 BATCH = ["--prompts", "2", "--group", "2", "--new-tokens", "3", "--prompt-len", "4", "--pairs", "2",
          "--completion-len", "3"]
@@ -28,7 +28,7 @@ BATCH = ["--prompts", "2", "--group", "2", "--new-tokens", "3", "--prompt-len", 
 def test_bench_step_prints_one_line_per_configuration(tmp_path, capsys):
     import bench_step
 
-    rows = bench_step.main([*TINY, *BATCH, "--in-process", "--workdir", str(tmp_path), "--algo", "grpo", "dpo",
+    rows = bench_step.main([*TINY_BENCH_ARGS, *BATCH, "--in-process", "--workdir", str(tmp_path), "--algo", "grpo", "dpo",
                             "--reference", "fixed", "none", "--precompute-ref", "both"])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert len(lines) == len(rows) == 5  # grpo x {fixed, none}, dpo x {fixed live, fixed cached, none}
@@ -81,15 +81,15 @@ def test_error_kinds_classifies_each_mistake_and_reads_a_run(tmp_path, capsys):
 
     import error_kinds
     from refexp.run import run
-    from tests.helpers import GRPO, TINY, compose_cfg
+    from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_tiny_run
 
     assert error_kinds.classify("018+025=", "0043") == "correct"
     assert error_kinds.classify("018+025=", "0033") == "missed ones-carry"  # 8+5 carries; the tens forgot it
     assert error_kinds.classify("012+025=", "0047") == "carry added without one"  # 2+5 does not carry
     assert error_kinds.classify("012+025=", "0036") == "other"
     assert error_kinds.classify("012+025=", "x") == "other"
-    overrides = [*TINY, *GRPO, "training.steps=1"]
-    run(compose_cfg(tmp_path, *overrides))
+    overrides = [*TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=1"]
+    run(compose_tiny_run(tmp_path, *overrides))
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     error_kinds.main([str(tmp_path), "--prompts", "8"])

@@ -20,7 +20,7 @@ from refexp.tasks.gsm8k import load_gsm8k
 from refexp.tasks.preference import load_preference
 from refexp.tasks.rewards import gsm8k_reward, load_reward
 from refexp.tasks.tokenizer import build_char_tokenizer
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 ROWS = [{"question": f"What is {i} plus 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(30)]
 
@@ -39,7 +39,7 @@ def _tok(tmp_path) -> str:
 # ---------------------------------------------------------------- Hub ids, checked in validate
 def test_hub_id_offline_fails_fast_naming_the_field_and_the_local_alternative(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    cfg = compose_cfg(tmp_path, "task=gsm8k", "task.train_path=openai/gsm8k", "task.dataset_config=main")
+    cfg = compose_tiny_run(tmp_path, "task=gsm8k", "task.train_path=openai/gsm8k", "task.dataset_config=main")
     start = time.monotonic()
     with pytest.raises(ConfigError) as e:
         validate(cfg)
@@ -193,21 +193,21 @@ def test_gsm8k_reward_on_real_format_rows(tmp_path):
 
 
 @pytest.mark.parametrize("spec, expected", [
-    ("tests.rewards_for_tests:missing", "could not be imported: AttributeError"),
+    ("tests.helpers.rewards:missing", "could not be imported: AttributeError"),
     ("no_such_module.reward", "could not be imported: ModuleNotFoundError"),
-    ("tests.rewards_for_tests:NOT_CALLABLE", "is a int: expected a function"),
-    ("tests.rewards_for_tests:one_argument", "cannot be called as reward"),
+    ("tests.helpers.rewards:NOT_CALLABLE", "is a int: expected a function"),
+    ("tests.helpers.rewards:one_argument", "cannot be called as reward"),
     ("by_length", "expected package.module:function"),
 ])
 def test_bad_reward_path_is_a_config_error_at_validate(tmp_path, spec, expected):
     with pytest.raises(ConfigError, match=re.escape(f"task.reward={spec!r}") + ".*" + re.escape(expected)):
-        validate(compose_cfg(tmp_path, f"task.reward={spec}"))
+        validate(compose_tiny_run(tmp_path, f"task.reward={spec}"))
 
 
 def test_reward_hook_by_dotted_path_drives_grpo(tmp_path):
-    assert load_reward("tests.rewards_for_tests.by_length")("abc", "1") == 3.0
-    run(compose_cfg(tmp_path, *GRPO, "sft.steps=0", "training.steps=2",
-                    "task.reward=tests.rewards_for_tests:by_length"))
+    assert load_reward("tests.helpers.rewards.by_length")("abc", "1") == 3.0
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "sft.steps=0", "training.steps=2",
+                    "task.reward=tests.helpers.rewards:by_length"))
     rows = read_metrics(tmp_path)
     n = 4 * 4  # prompts_per_step x group_size
     for r in rows[1:]:  # the mean of integer lengths up to max_new_tokens=6: beyond any [0, 1] reward
@@ -217,6 +217,6 @@ def test_reward_hook_by_dotted_path_drives_grpo(tmp_path):
 
 def test_reward_hook_that_raises_names_the_sample(tmp_path):
     with pytest.raises(Exception, match="sample 0.*KeyError: 'boom'"):
-        run(compose_cfg(tmp_path, *GRPO, "sft.steps=0", "task.reward=tests.rewards_for_tests:raises"))
+        run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "sft.steps=0", "task.reward=tests.helpers.rewards:raises"))
     status = read_status(tmp_path)
     assert status["status"] == "failed" and "boom" in status["error"]

@@ -3,7 +3,7 @@
 Every launch below is a real command line (``torchrun --standalone --nproc_per_node=2 -m refexp ...``
 or ``refexp ... parallelism.nproc_per_node=2``, which spawns its own workers); the single-process
 baselines run in this process (``refexp.run.run``), one intra-op thread everywhere. Start-up
-(~10 s of imports per process) dominates, so one torchrun launch runs several jobs as a Hydra
+(each process's imports) dominates, so one torchrun launch runs several jobs as a Hydra
 ``-m`` sweep (each rank runs the jobs in order on one process group).
 
 The task is the embedded arithmetic with 1-digit operands and a 120-step SFT model: it gets about
@@ -12,7 +12,7 @@ a third right, so GRPO's rewards, advantages and updates are non-trivial in a 4-
 Checked: GRPO (fsdp, tp) x (periodic reset every 2 steps, EMA alpha=0.5 every step), DPO (fsdp,
 tp) with an EMA reference, the SFT stage trained on 2 ranks (with W&B offline: one W&B run, rank
 0's), the run dir the ranks agree on, and a ``-m`` sweep of 2-process jobs (fixed, none). Every
-logged metric except timings and memory must match within TOL: ``loss/*``, ``reward/*``,
+logged metric except timings and memory must match within SAME_METRICS_TOL: ``loss/*``, ``reward/*``,
 ``kl/ref``, ``kl/init``, ``eval/accuracy``, ``ref/*``, ``optim/grad_norm``, ... Also on 4 processes
 (``hsdp``, ``fsdp_tp``), and an FSDP checkpoint resumed on one process.
 
@@ -27,32 +27,26 @@ import re
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from refexp import distributed as rdist
-from refexp.config import ConfigError, register_configs
-from refexp.record.metrics import read_metrics
-from refexp.record.status import read_status
+from refexp.config import ConfigError
 from refexp.run import run, validate
+from tests.helpers.configs import SMALL_DPO_OVERRIDES, SMALL_GRPO_OVERRIDES, SMALL_RUN_OVERRIDES, compose_small_run
+from tests.helpers.runs import (
+    LAUNCH_TIMEOUT_S,
+    SAME_METRICS_TOL,
+    assert_same_metrics,
+    compared_values,
+    launch,
+    metrics_by_step,
+    run_status,
+    torchrun,
+)
 
 slow = pytest.mark.slow
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-TOL = 1e-5
-TIMEOUT = 120  # seconds per launch (they take 25-60 s on a shared 2-core machine)
-
-SMALL = [
-    "model=tiny", "model.dim=32", "model.ffn_hidden_dim=64", "model.n_heads=2", "model.n_kv_heads=2",
-    "task.digits=1", "task.num_train=80", "task.num_eval=16",
-    "sft.steps=120", "sft.target_accuracy=1.0", "sft.eval_every=40", "sft.batch_size=32",
-    "eval.num_prompts=16", "eval.kl_prompts=8", "eval.every=2",
-    "logger=none", "logger.progress=false", "training.num_threads=1", "training.steps=4", "training.lr=1e-3",
-]
-GRPO = ["algo=grpo", "algo.prompts_per_step=4", "algo.group_size=4"]
-DPO = ["algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8"]
 # A short SFT stage for the 2-rank check: over 120 steps float rounding differences (1e-7) grow
 # until the trajectories part (the tiny model's SFT is chaotic at this learning rate).
 SFT = ["algo=sft", "sft.steps=12", "sft.eval_every=6"]
@@ -62,50 +56,6 @@ REFS = {
     "fixed": ["reference=fixed"],
     "none": ["reference=none"],
 }
-register_configs()
-
-
-# ---------------------------------------------------------------- helpers
-def compose_small(run_dir: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[*SMALL, f"run_dir={run_dir}", *overrides])
-
-
-def launch(args: list[str], cache: Path, *, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", REFEXP_CACHE=str(cache), WANDB_MODE="offline", HYDRA_FULL_ERROR="1")
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, cwd=CONF.parent)
-    assert proc.returncode == 0, f"{' '.join(args[:6])} ... failed ({proc.returncode}):\n{proc.stderr[-5000:]}"
-    return proc
-
-
-def torchrun(*overrides: str, cache: Path, nproc: int = 2) -> subprocess.CompletedProcess:
-    return launch([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                   "-m", "refexp", *overrides], cache)
-
-
-def metrics(run_dir: Path) -> dict[int, dict]:
-    rows = read_metrics(Path(run_dir))
-    steps = [r["step"] for r in rows]
-    assert len(steps) == len(set(steps)), f"{run_dir}: steps logged twice: {steps}"
-    return {r["step"]: r for r in rows}
-
-
-def compared(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(("perf/", "mem/")) and isinstance(v, (int, float))}
-
-
-def assert_same_metrics(got_dir: Path, want_dir: Path, tol: float = TOL) -> None:
-    got, want = metrics(got_dir), metrics(want_dir)
-    assert sorted(got) == sorted(want), f"steps {sorted(got)} vs {sorted(want)}"
-    for step in want:
-        g, w = compared(got[step]), compared(want[step])
-        assert g.keys() == w.keys(), f"step {step}: keys differ: {sorted(g.keys() ^ w.keys())}"
-        bad = {k: (g[k], w[k]) for k in w if abs(g[k] - w[k]) > tol * max(1.0, abs(w[k]))}
-        assert not bad, f"{got_dir} vs {want_dir}, step {step}: {bad}"
-
-
-def status(run_dir: Path) -> dict:
-    return read_status(Path(run_dir))
 
 
 # ---------------------------------------------------------------- single-process baselines
@@ -118,23 +68,24 @@ def env(tmp_path_factory):
         mp.setenv("REFEXP_CACHE", str(cache))
         out = tmp_path_factory.mktemp("single")
         for ref in ("periodic_reset", "ema", "fixed", "none"):
-            run(compose_small(out / f"grpo-{ref}", *GRPO, *REFS[ref]))
-        run(compose_small(out / "dpo-ema", *DPO, *REFS["ema"]))
-        run(compose_small(out / "sft", *SFT))
-        run(compose_small(out / "grpo-periodic_reset-6", *GRPO, *REFS["periodic_reset"], "training.steps=6"))
+            run(compose_small_run(out / f"grpo-{ref}", *SMALL_GRPO_OVERRIDES, *REFS[ref]))
+        run(compose_small_run(out / "dpo-ema", *SMALL_DPO_OVERRIDES, *REFS["ema"]))
+        run(compose_small_run(out / "sft", *SFT))
+        run(compose_small_run(out / "grpo-periodic_reset-6", *SMALL_GRPO_OVERRIDES, *REFS["periodic_reset"],
+                              "training.steps=6"))
     return {"cache": cache, "single": out, "tmp": tmp_path_factory.mktemp("multi")}
 
 
 @slow
 def test_baselines_have_signal(env):
     """The comparison means something: rewards vary, the policy moves, the references move."""
-    rows = metrics(env["single"] / "grpo-periodic_reset")
+    rows = metrics_by_step(env["single"] / "grpo-periodic_reset")
     assert any(0 < rows[s]["reward/mean"] < 1 for s in (1, 2, 3, 4))
     assert rows[4]["kl/init"] > 1e-4 and rows[4]["ref/version"] == 2
     assert rows[3]["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # sampled right after the reset at step 2
-    ema = metrics(env["single"] / "grpo-ema")
+    ema = metrics_by_step(env["single"] / "grpo-ema")
     assert ema[4]["ref/version"] == 4 and ema[4]["kl/ref"] > 1e-6
-    dpo = metrics(env["single"] / "dpo-ema")
+    dpo = metrics_by_step(env["single"] / "dpo-ema")
     assert dpo[4]["ref/version"] == 4 and dpo[2]["loss/total"] != pytest.approx(dpo[1]["loss/total"])
 
 
@@ -145,31 +96,33 @@ def test_grpo_fsdp_and_tp_match_single_process(env):
     x {periodic reset, EMA}."""
     sweep = env["tmp"] / "grpo"
     for ref in ("periodic_reset", "ema"):
-        torchrun("-m", *SMALL, *GRPO, *REFS[ref], "parallelism=fsdp,tp", f"hydra.sweep.dir={sweep}",
+        torchrun("-m", *SMALL_RUN_OVERRIDES, *SMALL_GRPO_OVERRIDES, *REFS[ref], "parallelism=fsdp,tp",
+                 f"hydra.sweep.dir={sweep}",
                  "hydra.sweep.subdir=${parallelism.tensor_parallel_degree}-${reference.name}", cache=env["cache"])
     for tp, layout in ((1, "fsdp"), (2, "tp")):
         for ref in ("periodic_reset", "ema"):
             run_dir = sweep / f"{tp}-{ref}"
-            assert status(run_dir)["status"] == "completed", (layout, ref)
+            assert run_status(run_dir)["status"] == "completed", (layout, ref)
             assert_same_metrics(run_dir, env["single"] / f"grpo-{ref}")
 
     # the FSDP run's checkpoint (step 4, with the moved reference) resumes on one process (DCP reshards)
     run_dir = sweep / "1-periodic_reset"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("REFEXP_CACHE", str(env["cache"]))
-        run(compose_small(run_dir, *GRPO, *REFS["periodic_reset"], "training.steps=6"))
-    got, want = metrics(run_dir), metrics(env["single"] / "grpo-periodic_reset-6")
+        run(compose_small_run(run_dir, *SMALL_GRPO_OVERRIDES, *REFS["periodic_reset"], "training.steps=6"))
+    got, want = metrics_by_step(run_dir), metrics_by_step(env["single"] / "grpo-periodic_reset-6")
     for step in (5, 6):
-        g, w = compared(got[step]), compared(want[step])
-        assert g.keys() == w.keys() and all(abs(g[k] - w[k]) <= TOL * max(1.0, abs(w[k])) for k in w), step
+        g, w = compared_values(got[step]), compared_values(want[step])
+        assert g.keys() == w.keys() and all(abs(g[k] - w[k]) <= SAME_METRICS_TOL * max(1.0, abs(w[k]))
+                                            for k in w), step
 
 
 @slow
 def test_four_processes_hsdp_and_fsdp_tp(env):
-    """4 processes on 2 cores: HSDP (2 replicas x FSDP 2) and FSDP 2 x TP 2, one launch."""
+    """4 processes: HSDP (2 replicas x FSDP 2) and FSDP 2 x TP 2, one launch."""
     sweep = env["tmp"] / "grpo4"
-    torchrun("-m", *SMALL, *GRPO, *REFS["periodic_reset"], "parallelism=hsdp,fsdp_tp", f"hydra.sweep.dir={sweep}",
-             cache=env["cache"], nproc=4)
+    torchrun("-m", *SMALL_RUN_OVERRIDES, *SMALL_GRPO_OVERRIDES, *REFS["periodic_reset"], "parallelism=hsdp,fsdp_tp",
+             f"hydra.sweep.dir={sweep}", cache=env["cache"], nproc=4)
     for job in ("0", "1"):
         assert_same_metrics(sweep / job, env["single"] / "grpo-periodic_reset")
 
@@ -177,8 +130,9 @@ def test_four_processes_hsdp_and_fsdp_tp(env):
 @slow
 def test_dpo_fsdp_and_tp_match_single_process(env):
     sweep = env["tmp"] / "dpo"
-    torchrun("-m", *SMALL, *DPO, *REFS["ema"], "parallelism=fsdp,tp", f"hydra.sweep.dir={sweep}",
-             "hydra.sweep.subdir=${parallelism.tensor_parallel_degree}", cache=env["cache"])
+    torchrun("-m", *SMALL_RUN_OVERRIDES, *SMALL_DPO_OVERRIDES, *REFS["ema"], "parallelism=fsdp,tp",
+             f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${parallelism.tensor_parallel_degree}",
+             cache=env["cache"])
     for sub in ("1", "2"):
         assert_same_metrics(sweep / sub, env["single"] / "dpo-ema")
 
@@ -188,9 +142,9 @@ def test_sft_on_two_ranks_one_run_dir_one_logger(env):
     """The SFT stage trained by 2 FSDP ranks follows the single-process curve; the ranks' Hydra dirs
     differ on purpose (``rank${oc.env:RANK}``) and rank 0's wins; only rank 0 starts W&B."""
     out = env["tmp"] / "sft"
-    torchrun(*SMALL, *SFT, "parallelism=fsdp", f"hydra.run.dir={out}/rank${{oc.env:RANK}}", "logger=wandb",
-             "logger.mode=offline", cache=env["cache"] / "2")
-    assert status(out / "rank0")["status"] == "completed"
+    torchrun(*SMALL_RUN_OVERRIDES, *SFT, "parallelism=fsdp", f"hydra.run.dir={out}/rank${{oc.env:RANK}}",
+             "logger=wandb", "logger.mode=offline", cache=env["cache"] / "2")
+    assert run_status(out / "rank0")["status"] == "completed"
     assert not (out / "rank1").exists(), "rank 1 kept its own run dir"
     assert_same_metrics(out / "rank0", env["single"] / "sft")
     assert len(list(out.glob("rank0/wandb/offline-run-*"))) == 1
@@ -201,10 +155,11 @@ def test_sft_on_two_ranks_one_run_dir_one_logger(env):
 def test_sweep_of_two_process_jobs(env):
     """``refexp -m reference=fixed,none parallelism=fsdp``: each job starts its 2 workers itself."""
     sweep = env["tmp"] / "sweep"
-    launch([sys.executable, "-m", "refexp", "-m", *SMALL, *GRPO, "reference=fixed,none", "parallelism=fsdp",
-            "parallelism.nproc_per_node=2", f"hydra.sweep.dir={sweep}"], env["cache"], timeout=2 * TIMEOUT)
+    launch([sys.executable, "-m", "refexp", "-m", *SMALL_RUN_OVERRIDES, *SMALL_GRPO_OVERRIDES, "reference=fixed,none",
+            "parallelism=fsdp", "parallelism.nproc_per_node=2", f"hydra.sweep.dir={sweep}"], env["cache"],
+           timeout=2 * LAUNCH_TIMEOUT_S)
     for job, ref in (("0", "fixed"), ("1", "none")):
-        assert status(sweep / job)["status"] == "completed"
+        assert run_status(sweep / job)["status"] == "completed"
         assert_same_metrics(sweep / job, env["single"] / f"grpo-{ref}")
 
 
@@ -305,4 +260,4 @@ def test_two_srun_tasks_form_a_process_group_and_exit_cleanly():
 ])
 def test_parallelism_is_checked_before_anything_is_built(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        validate(compose_small(tmp_path, *GRPO, *overrides))
+        validate(compose_small_run(tmp_path, *SMALL_GRPO_OVERRIDES, *overrides))

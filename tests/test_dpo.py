@@ -10,34 +10,32 @@ import os
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from refexp import titan
 from refexp.algos.dpo_data import pairs_dir, sample_pairs
-from refexp.config import ConfigError, ModelConfig, TaskConfig, register_configs
+from refexp.config import ConfigError, ModelConfig, TaskConfig
 from refexp.record.metrics import read_metrics
 from refexp.record.status import read_status
 from refexp.run import run
 from refexp.tasks import build_task
+from tests.helpers.configs import compose_config
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
-TINY = ["algo=dpo", "model=tiny", "model.dim=32", "sft.steps=30", "sft.target_accuracy=0.0", "training.steps=3",
-        "eval.every=2", "eval.num_prompts=16", "eval.kl_prompts=8", "logger=none", "logger.progress=false",
-        "task.num_train=500", "task.num_eval=50", "algo.num_pairs=64"]
+# DPO for 3 steps over 64 pairs from an untrained "SFT" model (sft.target_accuracy=0.0).
+UNTRAINED_DPO_RUN_OVERRIDES = [
+    "algo=dpo", "model=tiny", "model.dim=32", "sft.steps=30", "sft.target_accuracy=0.0", "training.steps=3",
+    "eval.every=2", "eval.num_prompts=16", "eval.kl_prompts=8", "logger=none", "logger.progress=false",
+    "task.num_train=500", "task.num_eval=50", "algo.num_pairs=64"]
 DPO_METRICS = {"loss/total", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
                "logps/chosen", "logps/rejected", "perf/ref_fwd_s", "perf/tokens_per_s", "optim/grad_norm",
                "optim/lr", "ref/version", "perf/step_s", "mem/peak_rss_mb"}
 
-register_configs()
 
-
-def compose_cfg(run_dir: Path, *overrides: str):
-    with initialize_config_dir(config_dir=CONF, version_base=None):
-        return compose("config", overrides=[*TINY, f"run_dir={run_dir}", *overrides])
+def compose_dpo_run(run_dir: Path, *overrides: str):
+    return compose_config(*UNTRAINED_DPO_RUN_OVERRIDES, f"run_dir={run_dir}", *overrides)
 
 
 def run_dpo(run_dir: Path, *overrides: str) -> tuple[dict, list[dict]]:
-    final = run(compose_cfg(run_dir, *overrides))
+    final = run(compose_dpo_run(run_dir, *overrides))
     rows = read_metrics(run_dir)
     assert read_status(run_dir)["status"] == "completed"
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
@@ -118,14 +116,13 @@ def test_dpo_periodic_reset_invalidates_the_reference_cache(tmp_path):
 
 def test_reference_none_needs_a_reference_free_loss(tmp_path):
     with pytest.raises(ConfigError, match="reference=none needs a reference-free loss"):
-        run(compose_cfg(tmp_path / "bad", "reference=none", "algo.loss_type=sigmoid"))
+        run(compose_dpo_run(tmp_path / "bad", "reference=none", "algo.loss_type=sigmoid"))
     assert not (tmp_path / "bad").exists()  # failed in validation, before any model or file
 
 
 # ---------------------------------------------------------------- the sweep
 def test_compare_refs_dpo_sweeps_every_variant_and_seed(tmp_path):
-    with initialize_config_dir(config_dir=CONF, version_base=None):
-        hydra_cfg = compose("config", overrides=["experiment=compare_refs_dpo"], return_hydra_config=True).hydra
+    hydra_cfg = compose_config("experiment=compare_refs_dpo", return_hydra_config=True).hydra
     params = hydra_cfg.sweeper.params
     assert params["dpo_variant"].split(",") == ["fixed", "periodic_reset", "ema", "simpo", "orpo", "rpo", "nll_only"]
     assert params["training.seed"].split(",") == ["0", "1", "2"]
@@ -137,8 +134,6 @@ def test_compare_refs_dpo_sweeps_every_variant_and_seed(tmp_path):
 def test_compare_refs_dpo_composes_every_variant(tmp_path, variant, reference, loss):
     from refexp.config import to_object
 
-    with initialize_config_dir(config_dir=CONF, version_base=None):
-        cfg = to_object(compose("config", overrides=["experiment=compare_refs_dpo", f"dpo_variant={variant}",
-                                                     f"run_dir={tmp_path}"]))
+    cfg = to_object(compose_config("experiment=compare_refs_dpo", f"dpo_variant={variant}", f"run_dir={tmp_path}"))
     assert (cfg.algo.name, cfg.reference.name, cfg.algo.loss_type) == ("dpo", reference, loss)
     assert cfg.algo.precompute_ref and cfg.training.steps == 200

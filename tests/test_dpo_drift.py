@@ -3,7 +3,7 @@
 ``kl/ref`` of a DPO run is KL(policy || current reference) on the policy's samples of the ``kl/init``
 held-out prompts, measured on the evaluation schedule before the step's reference update
 (refexp/algos/dpo.py, refexp/algos/loop.py); the step logs ``kl/ref_chosen_tokens`` instead.
-One run per strategy (a module-scoped fixture) serves every assertion; tiny configs from tests/helpers.py.
+One run per strategy (a module-scoped fixture) serves every assertion; tiny configs from tests/helpers/configs.py.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from refexp.evaluation import InitAnchor, reference_logprobs
 from refexp.record.metrics import read_metrics
 from refexp.reference import build_reference
 from refexp.run import run
-from tests.helpers import compose_cfg
+from tests.helpers.configs import compose_tiny_run
 
 DPO = ["algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8", "training.steps=4", "training.lr=1e-3"]
-EVAL_STEPS = (0, 2, 4)  # eval.every=2 (tests/helpers.py) and the end
+EVAL_STEPS = (0, 2, 4)  # eval.every=2 (TINY_RUN_OVERRIDES) and the end
 RUNS = {
     "fixed": ["reference=fixed"],
     "fixed_precomputed": ["reference=fixed", "algo.precompute_ref=true"],
@@ -44,7 +44,7 @@ def runs(tmp_path_factory) -> dict[str, list[dict]]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("REFEXP_CACHE", str(cache))
         for name, overrides in RUNS.items():
-            run(compose_cfg(out / name, *DPO, *overrides))
+            run(compose_tiny_run(out / name, *DPO, *overrides))
             rows[name] = read_metrics(out / name)
             assert [r["step"] for r in rows[name]] == [0, 1, 2, 3, 4]
     return rows

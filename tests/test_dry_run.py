@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from refexp.dry_run import dry_run
-from tests.helpers import CONF, compose_root, conf_options
+from tests.helpers.configs import CONF_DIR, compose_root, conf_options
 
-DRY_RUN_PAGE = CONF.parent / "docs" / "gpus.md"
+DRY_RUN_PAGE = CONF_DIR.parent / "docs" / "gpus.md"
 PEAK = "per-rank peak estimate"
 
 

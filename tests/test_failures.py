@@ -1,6 +1,6 @@
 """A rank that fails ends its job quickly, and ``status.json`` says failed with that rank's error.
 
-Rank 1 raises in GRPO's second step (``tests/rewards_for_tests.py:fails_on_rank1_at_step2``) while
+Rank 1 raises in GRPO's second step (``tests/helpers/rewards.py:fails_on_rank1_at_step2``) while
 rank 0 goes on into the step's collectives; the job must end within a minute of the failure, started
 by refexp itself (torch's elastic agent) or by torchrun, and the run dir must name the root cause,
 not rank 0's "Connection closed by peer". Fast unit tests of ``refexp/record/status.py`` come first.
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from refexp.record import status as rstatus
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
 from refexp.record.status import read_status
-from tests.helpers import GRPO, TINY
 
 ROOT = Path(__file__).resolve().parents[1]
-FAILING = [*TINY, *GRPO, "training.steps=6", "parallelism=fsdp",
-           "task.reward=tests.rewards_for_tests:fails_on_rank1_at_step2"]
+FAILING = [*TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=6", "parallelism=fsdp",
+           "task.reward=tests.helpers.rewards:fails_on_rank1_at_step2"]
 
 
 # ---------------------------------------------------------------- status.json's rules, no processes

@@ -8,7 +8,7 @@ import pytest
 from refexp.record.metrics import read_metrics
 from refexp.record.status import read_status
 from refexp.run import run
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 STRATEGY_OVERRIDES = {
     "fixed": [],
@@ -21,7 +21,8 @@ STRATEGY_OVERRIDES = {
 
 @pytest.mark.parametrize("strategy", list(STRATEGY_OVERRIDES))
 def test_grpo_runs_and_logs_the_contract_metrics(tmp_path, strategy):
-    final = run(compose_cfg(tmp_path, *GRPO, f"reference={strategy}", *STRATEGY_OVERRIDES[strategy]))
+    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, f"reference={strategy}",
+                                 *STRATEGY_OVERRIDES[strategy]))
     rows = read_metrics(tmp_path)
     steps = [r["step"] for r in rows]
     assert steps == [0, 1, 2, 3, 4]
@@ -47,7 +48,8 @@ def test_grpo_runs_and_logs_the_contract_metrics(tmp_path, strategy):
 
 
 def test_periodic_reset_changes_reference_exactly_every_n_steps(tmp_path, dense_reward):
-    run(compose_cfg(tmp_path, *GRPO, "training.steps=7", "reference=periodic_reset", "reference.reset_every=3"))
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=7", "reference=periodic_reset",
+                         "reference.reset_every=3"))
     rows = {r["step"]: r for r in read_metrics(tmp_path)}
     versions = [rows[s]["ref/version"] for s in range(1, 8)]
     assert versions == [0, 0, 1, 1, 1, 2, 2]
@@ -58,7 +60,7 @@ def test_periodic_reset_changes_reference_exactly_every_n_steps(tmp_path, dense_
     assert rows[3]["kl/ref"] > 1e-6  # and it had drifted before
 
 
-def test_reward_function_error_names_the_sample(tmp_path, monkeypatch):
+def test_reward_function_error_names_the_sample(tmp_path, tiny_grpo_cfg, monkeypatch):
     import refexp.tasks as tasks_mod
 
     original = tasks_mod.build_task
@@ -73,9 +75,9 @@ def test_reward_function_error_names_the_sample(tmp_path, monkeypatch):
         return task
 
     monkeypatch.setattr(tasks_mod, "build_task", broken)
-    cfg = compose_cfg(tmp_path, *GRPO, "sft.steps=0")
+    tiny_grpo_cfg.sft.steps = 0
     with pytest.raises(Exception, match="sample 0"):
-        run(cfg)
+        run(tiny_grpo_cfg)
     status = read_status(tmp_path)
     assert status["status"] == "failed" and "boom" in status["error"]
 
@@ -114,7 +116,7 @@ def test_fixed_reference_kl_ref_equals_kl_init_on_the_same_prompts(tmp_path):
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(grpo_mod, "train_grpo", capture)
     try:
-        run(compose_cfg(tmp_path, *GRPO, "reference=fixed"))
+        run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "reference=fixed"))
     finally:
         monkeypatch.undo()
     assert captured["kl_init"] > 1e-4
@@ -155,13 +157,13 @@ def test_parameters_held_during_training_steps(tmp_path, monkeypatch, strategy, 
         return original(self, step, ckpt)
 
     monkeypatch.setattr(grpo_mod.GRPOStep, "__call__", counting)
-    run(compose_cfg(tmp_path, *GRPO, "training.steps=2", f"reference={strategy}"))
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2", f"reference={strategy}"))
     assert len(held) == 2
     for alive, policy_bytes in held:
         assert alive == copies * policy_bytes, (strategy, alive, policy_bytes)
 
 
-def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tiny_grpo_cfg, monkeypatch):
     import refexp.algos.grpo as grpo_mod
     from refexp.algos.loop import NonFiniteError
 
@@ -174,8 +176,10 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
         return (loss * float("nan") if calls["n"] == 3 else loss), m
 
     monkeypatch.setattr(grpo_mod, "grpo_loss", poisoned)
+    tiny_grpo_cfg.training.steps = 4
+    tiny_grpo_cfg.checkpoint.interval = 2
     with pytest.raises(NonFiniteError, match=r"non-finite loss at step 3.*step-2"):
-        run(compose_cfg(tmp_path, *GRPO, "training.steps=4", "checkpoint.interval=2"))
+        run(tiny_grpo_cfg)
     assert (tmp_path / "checkpoint" / "step-2" / ".metadata").is_file()
     assert not (tmp_path / "checkpoint" / "step-3").exists()
     status = read_status(tmp_path)
@@ -187,9 +191,9 @@ def test_continued_sft_baseline_trains_on_demonstrations_without_rollouts(tmp_pa
     from refexp.config import ConfigError, to_object
 
     with pytest.raises(ConfigError, match="algo.objective=sft .* expected reference=none"):
-        to_object(compose_cfg(tmp_path / "x", *GRPO, "algo.objective=sft"))
-    final = run(compose_cfg(tmp_path, *GRPO, "algo.objective=sft", "reference=none", "training.steps=6",
-                            "training.micro_batch_size=3", "eval.every=3"))
+        to_object(compose_tiny_run(tmp_path / "x", *TINY_GRPO_OVERRIDES, "algo.objective=sft"))
+    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.objective=sft", "reference=none",
+                                 "training.steps=6", "training.micro_batch_size=3", "eval.every=3"))
     rows = [r for r in read_metrics(tmp_path) if r["step"] > 0]
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert all(r["loss/total"] == r["loss/sft"] > 0 for r in rows)

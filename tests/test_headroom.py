@@ -15,7 +15,7 @@ from refexp.record.metrics import read_metrics
 from refexp.run import run
 from refexp.tasks import build_task
 from refexp.tasks.arithmetic import generate_arithmetic, slip_carry
-from tests.helpers import compose_cfg, compose_root
+from tests.helpers.configs import compose_root, compose_tiny_run
 
 
 def test_demo_slip_drops_the_ones_carry_of_that_share_of_training_demonstrations_only():
@@ -100,7 +100,7 @@ def test_sft_stops_and_selects_on_validation_and_measures_test_once_on_the_model
     monkeypatch.setattr(sft_mod, "logp_correct", fake_logp)
     monkeypatch.setattr(sft_mod, "greedy_accuracy", fake_greedy)
     monkeypatch.setattr(sft_mod, "clip_and_step", counting_step)
-    final = run(compose_cfg(tmp_path, "algo=sft", "sft.steps=50", "sft.eval_every=1", "sft.min_steps=0",
+    final = run(compose_tiny_run(tmp_path, "algo=sft", "sft.steps=50", "sft.eval_every=1", "sft.min_steps=0",
                             "sft.patience=3", "sft.min_delta=0.01", "sft.seed=7"))
     assert steps_seen == [1, 2, 3, 4]
     splits = [split for _, split, _ in calls]
@@ -124,7 +124,7 @@ def test_sft_target_accuracy_reads_validation_not_test(tmp_path, monkeypatch):
         return 0.9 if split == "val" else 0.1  # test says "not there yet": it must not matter
 
     monkeypatch.setattr(sft_mod, "greedy_accuracy", fake_greedy)
-    final = run(compose_cfg(tmp_path, "algo=sft", "sft.steps=50", "sft.eval_every=2", "sft.target_accuracy=0.8",
+    final = run(compose_tiny_run(tmp_path, "algo=sft", "sft.steps=50", "sft.eval_every=2", "sft.target_accuracy=0.8",
                             "sft.seed=8"))
     summary = json.loads((Path(final["sft/dir"]) / "sft.json").read_text())
     assert summary["steps"] == 0 and summary["stopped_by"] == "target" and seen == ["val", "eval"]

@@ -1,20 +1,28 @@
-"""The modules of refexp import each other as a tree: no cycle, counting imports inside functions too.
+"""The modules of refexp respect the layer table of docs/architecture.md and import each other as a tree.
 
-A cycle works until someone moves an import to module level, and then fails with a partially
+Layers: the table lists every module and package of ``refexp/`` (and ``bench/``, ``launch/`` as the top
+layer), top layer first; a module imports only modules of its own layer and of the layers below, counting
+imports inside functions too. A module missing from the table fails, so a new module gets a layer when it
+is added. ``layer_violations(root)`` takes a tree's root, so a test plants an upward import in a copy.
+
+Cycles: a cycle works until someone moves an import to module level, and then fails with a partially
 initialised module; keeping the graph acyclic keeps every module importable on its own.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import shutil
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "refexp"
+ARCHITECTURE = Path("docs") / "architecture.md"
+TOP_LAYER_DIRS = ("bench/", "launch/")  # scripts that may import anything in refexp
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -27,9 +35,9 @@ def _resolve(name: str, modules: set[str]) -> str | None:
     return name or None
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """module -> the refexp modules it imports anywhere in its source (top level or in a function)."""
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    files = {_module_name(p, root): p for p in (root / "refexp").rglob("*.py")}
     modules = set(files)
     graph: dict[str, set[str]] = {}
     for mod, path in files.items():
@@ -77,6 +85,50 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+# ---------------------------------------------------------------- the layer table
+def layer_table(doc: Path) -> list[tuple[str, list[str]]]:
+    """The "## Layers" table of ``doc``, top layer first: (layer, the paths its files cell names in backticks)."""
+    lines = doc.read_text().split("\n## Layers\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    rows = lines[start + 2:end]  # the section's first table, after its header and |---|
+    table = []
+    for row in rows:
+        layer, files = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        table.append((layer, re.findall(r"`([^`]+)`", files)))
+    return table
+
+
+def _covers(entry: str, module: str) -> bool:
+    """Whether a table entry (``refexp/algos/`` a package, ``refexp/run.py`` a module) holds ``module``."""
+    if entry.endswith("/"):
+        package = entry.rstrip("/").replace("/", ".")
+        return module == package or module.startswith(package + ".")
+    return entry.endswith(".py") and _module_name(Path(entry), Path(".")) == module
+
+
+def layer_violations(root: Path = ROOT) -> list[str]:
+    """What in the tree at ``root`` contradicts its docs/architecture.md layer table: a refexp module in no
+    layer, a top-layer directory missing or not on top, an import of a module from a layer above."""
+    table = layer_table(root / ARCHITECTURE)
+    problems = [f"{d} is not in the top layer (the first row)" for d in TOP_LAYER_DIRS if d not in table[0][1]]
+    graph = import_graph(root)
+    rank: dict[str, int] = {}
+    for module in graph:
+        found = [i for i, (_, entries) in enumerate(table) if any(_covers(e, module) for e in entries)]
+        if len(found) != 1:
+            problems.append(f"{module} is in {len(found) or 'no'} layers of {ARCHITECTURE}")
+        else:
+            rank[module] = found[0]
+    for module, imported in sorted(graph.items()):
+        for dep in sorted(imported):
+            if module in rank and dep in rank and rank[dep] < rank[module]:
+                problems.append(f"{module} ({table[rank[module]][0]}) imports {dep} from the layer above it "
+                                f"({table[rank[dep]][0]})")
+    return problems
+
+
+# ---------------------------------------------------------------- tests
 def test_refexp_imports_form_a_tree():
     graph = import_graph()
     assert "refexp.run" in graph and "refexp.algos.loop" in graph
@@ -87,3 +139,31 @@ def test_refexp_imports_form_a_tree():
 def test_find_cycle_sees_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_every_module_imports_only_its_layer_and_those_below():
+    table = layer_table(ROOT / ARCHITECTURE)
+    assert [layer for layer, _ in table][:2] == ["entry points", "face"] and len(table) >= 6
+    problems = layer_violations()
+    assert not problems, "\n".join(problems)
+
+
+def _scratch_copy(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "refexp", tmp_path / "refexp", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / ARCHITECTURE).parent.mkdir()
+    shutil.copy(ROOT / ARCHITECTURE, tmp_path / ARCHITECTURE)
+    assert layer_violations(tmp_path) == []
+    return tmp_path
+
+
+def test_an_upward_import_planted_in_a_scratch_copy_fails(tmp_path):
+    root = _scratch_copy(tmp_path)
+    kl = root / "refexp" / "kl.py"
+    kl.write_text(kl.read_text() + "\n\ndef _planted():\n    import refexp.run  # noqa: F401\n")
+    assert layer_violations(root) == ["refexp.kl (foundations) imports refexp.run from the layer above it (run)"]
+
+
+def test_a_module_missing_from_the_table_fails(tmp_path):
+    root = _scratch_copy(tmp_path)
+    (root / "refexp" / "unlisted.py").write_text("")
+    assert layer_violations(root) == [f"refexp.unlisted is in no layers of {ARCHITECTURE}"]

@@ -9,13 +9,13 @@ import torch
 from refexp.config import ConfigError, to_object
 from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
-ROWS_PER_STEP = 4 * 4  # GRPO's tiny preset: 4 prompts x 4 completions
+ROWS_PER_STEP = 4 * 4  # TINY_GRPO_OVERRIDES: 4 prompts x 4 completions
 
 
 def _rows(tmp_path, *overrides):
-    run(compose_cfg(tmp_path, *GRPO, *overrides))
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, *overrides))
     return {r["step"]: r for r in read_metrics(tmp_path)}
 
 
@@ -38,9 +38,10 @@ def test_adaptive_beta_counts_the_global_batch_rows_against_the_horizon(tmp_path
     assert rows[4]["kl/beta"] != pytest.approx(0.1, rel=1e-3)  # it moved
 
 
-def test_k1_in_the_loss_is_refused_with_the_reason(tmp_path):
+def test_k1_in_the_loss_is_refused_with_the_reason(tiny_grpo_cfg):
     with pytest.raises(ConfigError, match=r"algo.kl_estimator.*zero expected gradient"):
-        to_object(compose_cfg(tmp_path, *GRPO, "algo.kl_estimator=k1"))
+        tiny_grpo_cfg.algo.kl_estimator = "k1"
+        to_object(tiny_grpo_cfg)
 
 
 def test_kl_in_reward_uses_k1_whatever_the_loss_estimator(tmp_path, dense_reward):

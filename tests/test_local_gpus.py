@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 import refexp.launcher as launcher
 from refexp.launcher import claim_gpu
-from tests.helpers import GRPO, TINY, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_config, compose_tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def side_by_side_job(monkeypatch, tmp_path):
 def test_job_device(side_by_side_job, tmp_path, device, want):
     from refexp.run import _use_own_gpu
 
-    cfg = compose_cfg(tmp_path / "run", f"training.device={device}")
+    cfg = compose_tiny_run(tmp_path / "run", f"training.device={device}")
     _use_own_gpu(cfg)
     assert cfg.training.device == want
 
@@ -66,16 +66,13 @@ def test_other_launchers_leave_the_device_alone(side_by_side_job, tmp_path):
     from refexp.run import _use_own_gpu
 
     side_by_side_job.launcher._target_ = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-    cfg = compose_cfg(tmp_path / "run")
+    cfg = compose_tiny_run(tmp_path / "run")
     _use_own_gpu(cfg)
     assert cfg.training.device == "auto"
 
 
 def test_launcher_config_composes():
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["run_dir=/tmp/x", "hydra/launcher=local_gpus"], return_hydra_config=True)
+    cfg = compose_config("run_dir=/tmp/x", "hydra/launcher=local_gpus", return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher") and cfg.hydra.launcher.n_jobs >= 1
 
 
@@ -83,7 +80,8 @@ def test_launcher_config_composes():
 def test_two_job_sweep_runs_side_by_side(tmp_path):
     sweep = tmp_path / "sweep"
     args = [sys.executable, "-m", "refexp", "-m", "hydra/launcher=local_gpus", "hydra.launcher.n_jobs=2",
-            *TINY, *GRPO, "training.steps=2", "reference=fixed,none", f"hydra.sweep.dir={sweep}"]
+            *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=2", "reference=fixed,none",
+            f"hydra.sweep.dir={sweep}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="1")
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -11,7 +11,7 @@ from refexp.metric_logger import MetricLogger
 from refexp.record.atomic import write_json_atomic
 from refexp.record.metrics import read_metrics
 from refexp.record.outcomes import EvalOutcomes, read_outcomes
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 
 def test_metrics_jsonl_has_one_object_per_logged_step(tmp_path):
@@ -64,7 +64,7 @@ def test_every_evaluation_records_each_held_out_prompts_score(tmp_path, dense_re
     """eval_outcomes.jsonl: one line per evaluation and split, whose mean score is the logged accuracy."""
     from refexp.run import run
 
-    run(compose_cfg(tmp_path, *GRPO, "training.steps=2", "eval.every=1"))
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2", "eval.every=1"))
     rows = {r["step"]: r for r in read_metrics(tmp_path)}
     outcomes = read_outcomes(tmp_path)
     assert [(step, o.split) for step, o in outcomes] == [(s, split) for s in (0, 1, 2) for split in ("eval", "val")]

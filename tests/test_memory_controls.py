@@ -12,21 +12,18 @@ import pytest
 import torch
 
 from refexp import titan
-from refexp.config import ActivationCheckpointConfig, ConfigError, ModelConfig
+from refexp.config import ActivationCheckpointConfig, ConfigError
 from refexp.record.metrics import read_metrics
 from refexp.run import run, validate
 from refexp.titan import logprobs as titan_logprobs
 from refexp.titan.unwrap import canonical_name
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
+from tests.helpers.models import tiny_model_config
 
 TOL = 1e-5
 V = 15
 DPO = ["algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8", "training.steps=2"]
-
-
-def tiny() -> ModelConfig:
-    return ModelConfig(name="llama3", flavor="debugmodel", dim=64, n_layers=3, n_heads=4, n_kv_heads=2,
-                       vocab_size=V, max_seq_len=64)
+MODEL = tiny_model_config(vocab_size=V, n_layers=3)
 
 
 def loss_and_grads(model, tokens) -> tuple[float, dict[str, torch.Tensor]]:
@@ -45,8 +42,8 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 @pytest.mark.parametrize("mode,option", [("full", "op"), ("selective", "op"), ("selective", "2")])
 def test_activation_checkpointing_gives_the_plain_loss_and_gradients(mode, option):
     tokens = torch.randint(0, V, (4, 16), generator=torch.Generator().manual_seed(0))
-    plain = titan.build_model(tiny(), vocab_size=V, device="cpu")
-    ac = titan.build_model(tiny(), vocab_size=V, device="cpu",
+    plain = titan.build_model(MODEL, vocab_size=V, device="cpu")
+    ac = titan.build_model(MODEL, vocab_size=V, device="cpu",
                            ac_cfg=ActivationCheckpointConfig(mode=mode, selective_ac_option=option))
     wrapped = [n for n, _ in ac.named_modules() if n.endswith("_checkpoint_wrapped_module")]
     # every block, or every 2nd block (block 1 of 0..2)
@@ -57,14 +54,14 @@ def test_activation_checkpointing_gives_the_plain_loss_and_gradients(mode, optio
 
 
 def test_frozen_models_are_never_checkpointed():
-    frozen = titan.build_model(tiny(), vocab_size=V, device="cpu", requires_grad=False,
+    frozen = titan.build_model(MODEL, vocab_size=V, device="cpu", requires_grad=False,
                                ac_cfg=ActivationCheckpointConfig(mode="full"))
     assert not any(n.endswith("_checkpoint_wrapped_module") for n, _ in frozen.named_modules())
 
 
 # ---------------------------------------------------------------- chunked log-probs
 def test_chunked_logprobs_equal_the_whole_batch_and_entropy_has_no_gradient(monkeypatch):
-    model = titan.build_model(tiny(), vocab_size=V, device="cpu")
+    model = titan.build_model(MODEL, vocab_size=V, device="cpu")
     tokens = torch.randint(0, V, (5, 12), generator=torch.Generator().manual_seed(1))
     lp0, ent0 = titan.token_logprobs(model, tokens, temperature=0.7, with_entropy=True)
     lp0.sum().backward()
@@ -100,7 +97,7 @@ def recorded_grads(monkeypatch):
 
 def run_recording(tmp_path, name: str, recorded: list, *overrides: str) -> tuple[dict[int, dict], list]:
     start = len(recorded)
-    run(compose_cfg(tmp_path / name, *overrides))
+    run(compose_tiny_run(tmp_path / name, *overrides))
     rows = {r["step"]: r for r in read_metrics(tmp_path / name)}
     return rows, recorded[start:]
 
@@ -119,7 +116,7 @@ def assert_same_steps(got: tuple, want: tuple) -> None:
         assert not bad, f"step {step}: {bad}"
 
 
-GRPO_SHORT = [*GRPO, "training.steps=2", "reference=ema", "reference.alpha=0.5", "algo.beta=0.1"]
+GRPO_SHORT = [*TINY_GRPO_OVERRIDES, "training.steps=2", "reference=ema", "reference.alpha=0.5", "algo.beta=0.1"]
 
 
 @pytest.mark.parametrize("loss_agg,share_prompt,micro", [
@@ -148,8 +145,9 @@ def test_dpo_micro_batches_give_the_whole_step(tmp_path, recorded_grads, loss_ty
 
 def test_micro_batch_must_hold_whole_groups_when_prompts_are_shared(tmp_path):
     with pytest.raises(ConfigError, match=r"training.micro_batch_size=6 .*multiple of algo.group_size=4"):
-        validate(compose_cfg(tmp_path, *GRPO, "algo.share_prompt=true", "training.micro_batch_size=6"))
-    validate(compose_cfg(tmp_path, *GRPO, "algo.share_prompt=false", "training.micro_batch_size=6"))
+        validate(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.share_prompt=true",
+                                  "training.micro_batch_size=6"))
+    validate(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.share_prompt=false", "training.micro_batch_size=6"))
 
 
 # ---------------------------------------------------------------- reference.offload and the kl/init anchor
@@ -166,9 +164,9 @@ def test_offload_gives_the_same_run_and_the_anchor_is_built_once(tmp_path, dense
         return original(ctx, path, **kwargs)
 
     monkeypatch.setattr(loop_mod, "build_frozen", counting)
-    base = [*GRPO, "reference=ema", "reference.alpha=0.5", "algo.beta=0.1"]
-    run(compose_cfg(tmp_path / "resident", *base))
-    run(compose_cfg(tmp_path / "offload", *base, "reference.offload=true"))
+    base = [*TINY_GRPO_OVERRIDES, "reference=ema", "reference.alpha=0.5", "algo.beta=0.1"]
+    run(compose_tiny_run(tmp_path / "resident", *base))
+    run(compose_tiny_run(tmp_path / "offload", *base, "reference.offload=true"))
     # one reference and one anchor per run
     assert builds.count(str(tmp_path / "resident")) == 2 and builds.count(str(tmp_path / "offload")) == 2
     want = {r["step"]: r for r in read_metrics(tmp_path / "resident")}

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from refexp.record.metric_names import PAGE, metrics_page, unregistered
 from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.helpers import CONF
+from tests.helpers.configs import CONF_DIR
 
 
 def test_the_committed_metrics_page_is_current():
@@ -19,7 +19,7 @@ def test_the_committed_metrics_page_is_current():
 
 @pytest.mark.parametrize("algo", ["grpo", "dpo"])
 def test_debug_runs_log_only_registered_names(algo, tmp_path):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"algo={algo}", "debug=fast", f"run_dir={tmp_path}",
                                            "logger.progress=false", "training.num_threads=1"])
     run(cfg)

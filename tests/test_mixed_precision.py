@@ -3,7 +3,7 @@ same code path as on GPU; and micro-batching with activation checkpointing on tw
 
 One process with ``training.mixed_precision_param=bfloat16`` shards over a 1-rank mesh
 (refexp/titan/build.py, docs/torchtitan-notes.md §12); float32, the CPU default, keeps the plain module.
-The 2-process checks are two torchrun launches (GRPO, DPO), each a ``-m`` sweep of
+The 2-process checks are two torchrun launches (TINY_GRPO_OVERRIDES, DPO), each a ``-m`` sweep of
 {bfloat16, float32} x micro-batches x full activation checkpointing: the float32 job must match the plain
 single-process run within 1e-5, the bf16 job must finish with finite metrics that differ from float32's.
 """
@@ -17,19 +17,24 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 from refexp import titan
-from refexp.config import ActivationCheckpointConfig, ModelConfig, TrainingConfig
+from refexp.config import ActivationCheckpointConfig, TrainingConfig
 from refexp.record.metrics import read_metrics
 from refexp.run import run
 from refexp.titan import logprobs as titan_logprobs
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import (
+    SMALL_DPO_OVERRIDES,
+    SMALL_GRPO_OVERRIDES,
+    SMALL_RUN_OVERRIDES,
+    TINY_GRPO_OVERRIDES,
+    compose_small_run,
+    compose_tiny_run,
+)
+from tests.helpers.models import tiny_model_config
+from tests.helpers.runs import assert_same_metrics, run_status, torchrun
 
 V = 15
 BF16 = TrainingConfig(mixed_precision_param="bfloat16")
-
-
-def tiny() -> ModelConfig:
-    return ModelConfig(name="llama3", flavor="debugmodel", dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                       vocab_size=V, max_seq_len=64)
+MODEL = tiny_model_config(vocab_size=V)
 
 
 def tokens() -> torch.Tensor:
@@ -40,12 +45,12 @@ def tokens() -> torch.Tensor:
 def test_float32_on_cpu_stays_a_plain_module():
     assert TrainingConfig().compute_dtype("cpu") == "float32"
     assert TrainingConfig().compute_dtype("cuda") == "bfloat16"
-    model = titan.build_model(tiny(), vocab_size=V, device="cpu")
+    model = titan.build_model(MODEL, vocab_size=V, device="cpu")
     assert not any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def test_bf16_one_process_computes_in_bf16_with_float32_master_weights_and_gradients():
-    model = titan.build_model(tiny(), vocab_size=V, device="cpu", training_cfg=BF16,
+    model = titan.build_model(MODEL, vocab_size=V, device="cpu", training_cfg=BF16,
                               ac_cfg=ActivationCheckpointConfig(mode="full"))
     assert isinstance(model, FSDPModule)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the optimizer's master copy
@@ -54,15 +59,15 @@ def test_bf16_one_process_computes_in_bf16_with_float32_master_weights_and_gradi
     assert lp.dtype == torch.float32  # the log-softmax runs in float32 on the bf16 logits
     lp.mean().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
-    plain = titan.build_model(tiny(), vocab_size=V, device="cpu")
+    plain = titan.build_model(MODEL, vocab_size=V, device="cpu")
     diff = float((titan.token_logprobs(plain, tokens()) - lp).detach().abs().max())
     assert 1e-5 < diff < 0.1  # bf16 rounding, not another model
 
 
 def test_bf16_frozen_copy_of_the_same_weights_gives_kl_exactly_zero():
     """The reference computes in the policy's dtype, so at policy == reference the KL is exactly 0."""
-    policy = titan.build_model(tiny(), vocab_size=V, device="cpu", training_cfg=BF16)
-    frozen = titan.build_model(tiny(), vocab_size=V, device="cpu", training_cfg=BF16, requires_grad=False)
+    policy = titan.build_model(MODEL, vocab_size=V, device="cpu", training_cfg=BF16)
+    frozen = titan.build_model(MODEL, vocab_size=V, device="cpu", training_cfg=BF16, requires_grad=False)
     with torch.inference_mode():
         ref = titan.token_logprobs(frozen, tokens())
     assert torch.equal(titan.token_logprobs(policy, tokens()).detach(), ref)
@@ -94,7 +99,7 @@ def assert_finite_run(run_dir, steps: int) -> list[dict]:
 
 
 def test_grpo_bf16_one_process(tmp_path, dense_reward, forward_dtypes):
-    run(compose_cfg(tmp_path, *GRPO, "training.steps=2", "reference=fixed", "algo.beta=0.1",
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2", "reference=fixed", "algo.beta=0.1",
                     "training.mixed_precision_param=bfloat16", "training.micro_batch_size=8",
                     "activation_checkpoint=selective"))
     rows = assert_finite_run(tmp_path, 2)
@@ -104,7 +109,7 @@ def test_grpo_bf16_one_process(tmp_path, dense_reward, forward_dtypes):
 
 
 def test_dpo_bf16_one_process(tmp_path, forward_dtypes):
-    run(compose_cfg(tmp_path, "algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8", "training.steps=2",
+    run(compose_tiny_run(tmp_path, "algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8", "training.steps=2",
                     "reference=ema", "training.mixed_precision_param=bfloat16", "training.micro_batch_size=4"))
     rows = assert_finite_run(tmp_path, 2)
     assert forward_dtypes == {torch.bfloat16}
@@ -118,7 +123,7 @@ def test_dpo_reference_cache_is_keyed_by_the_compute_dtype(tmp_path):
     built = {}
     for dtype in ("float32", "bfloat16", "bfloat16"):
         name = f"{dtype}-{len(built)}"
-        run(compose_cfg(tmp_path / name, *base, f"training.mixed_precision_param={dtype}"))
+        run(compose_tiny_run(tmp_path / name, *base, f"training.mixed_precision_param={dtype}"))
         built[name] = read_metrics(tmp_path / name)[1]["refcache/built"]
     # (the float32 table may come from another test of the session: same key)
     assert (built["bfloat16-1"], built["bfloat16-2"]) == (1.0, 0.0), built
@@ -128,26 +133,20 @@ def test_dpo_reference_cache_is_keyed_by_the_compute_dtype(tmp_path):
 @pytest.fixture(scope="module")
 def dist_env(tmp_path_factory):
     """Single-process float32 baselines (plain steps) in this process; the session's cache."""
-    from tests.test_distributed import DPO as DIST_DPO
-    from tests.test_distributed import GRPO as DIST_GRPO
-    from tests.test_distributed import compose_small
-
     base = tmp_path_factory.getbasetemp()
     cache = base / "refexp-cache"
     out = tmp_path_factory.mktemp("mp-single")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("REFEXP_CACHE", str(cache))
-        run(compose_small(out / "grpo", *DIST_GRPO, "reference=ema", "reference.alpha=0.5"))
-        run(compose_small(out / "dpo", *DIST_DPO, "reference=ema", "reference.alpha=0.5"))
+        run(compose_small_run(out / "grpo", *SMALL_GRPO_OVERRIDES, "reference=ema", "reference.alpha=0.5"))
+        run(compose_small_run(out / "dpo", *SMALL_DPO_OVERRIDES, "reference=ema", "reference.alpha=0.5"))
     return {"cache": cache, "single": out, "tmp": tmp_path_factory.mktemp("mp-multi")}
 
 
 def sweep_two_processes(dist_env, name: str, algo: list[str], micro: int):
     """``torchrun -m`` over {bfloat16, float32} with ``micro``-row chunks and full activation checkpointing."""
-    from tests.test_distributed import SMALL, torchrun
-
     sweep = dist_env["tmp"] / name
-    torchrun("-m", *SMALL, *algo, "reference=ema", "reference.alpha=0.5", "parallelism=fsdp",
+    torchrun("-m", *SMALL_RUN_OVERRIDES, *algo, "reference=ema", "reference.alpha=0.5", "parallelism=fsdp",
              "activation_checkpoint=full", f"training.micro_batch_size={micro}",
              "training.mixed_precision_param=bfloat16,float32", f"hydra.sweep.dir={sweep}",
              "hydra.sweep.subdir=${training.mixed_precision_param}", cache=dist_env["cache"])
@@ -155,10 +154,8 @@ def sweep_two_processes(dist_env, name: str, algo: list[str], micro: int):
 
 
 def check_sweep(sweep, single) -> None:
-    from tests.test_distributed import assert_same_metrics, status
-
     for sub in ("bfloat16", "float32"):
-        assert status(sweep / sub)["status"] == "completed", sub
+        assert run_status(sweep / sub)["status"] == "completed", sub
     assert_same_metrics(sweep / "float32", single)  # micro-batched + checkpointed == plain, within 1e-5
     bf16 = assert_finite_run(sweep / "bfloat16", 4)
     fp32 = {r["step"]: r for r in read_metrics(sweep / "float32")}
@@ -169,16 +166,12 @@ def check_sweep(sweep, single) -> None:
 
 @pytest.mark.slow
 def test_grpo_two_processes_micro_batched_and_bf16(dist_env):
-    from tests.test_distributed import GRPO as DIST_GRPO
-
-    check_sweep(sweep_two_processes(dist_env, "grpo", DIST_GRPO, 4), dist_env["single"] / "grpo")
+    check_sweep(sweep_two_processes(dist_env, "grpo", SMALL_GRPO_OVERRIDES, 4), dist_env["single"] / "grpo")
 
 
 @pytest.mark.slow
 def test_dpo_two_processes_micro_batched_and_bf16(dist_env):
-    from tests.test_distributed import DPO as DIST_DPO
-
-    check_sweep(sweep_two_processes(dist_env, "dpo", DIST_DPO, 3), dist_env["single"] / "dpo")
+    check_sweep(sweep_two_processes(dist_env, "dpo", SMALL_DPO_OVERRIDES, 3), dist_env["single"] / "dpo")
 
 
 @pytest.mark.parametrize("loaded_next", [False, True])
@@ -198,7 +191,7 @@ def test_a_model_whose_weights_are_loaded_next_is_allocated_as_shards(loaded_nex
 
     monkeypatch.setattr(build, "_init_weights_", spy)
     # bf16 compute: a 1-rank mesh, the sharded path on one process
-    m = titan.build_model(tiny(), vocab_size=V, device="cpu", training_cfg=BF16, weights_loaded_next=loaded_next)
+    m = titan.build_model(MODEL, vocab_size=V, device="cpu", training_cfg=BF16, weights_loaded_next=loaded_next)
     assert seen == [loaded_next]  # initialised once: as shards, or before sharding
     assert all(isinstance(p, DTensor) and p.device.type == "cpu" for p in m.parameters())
     assert not any(b.is_meta for b in m.buffers())  # the RoPE tables were filled

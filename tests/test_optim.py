@@ -13,7 +13,7 @@ import torch
 from refexp.optim import NonFiniteError, build_optimizer, clip_and_step
 from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 LR, WARMUP, STEPS = 1e-3, 3, 4
 
@@ -52,7 +52,7 @@ def test_non_finite_loss_is_refused_before_the_update():
 
 
 def test_grpo_logs_the_lr_of_each_step_with_adam(tmp_path):
-    run(compose_cfg(tmp_path, *GRPO, f"training.steps={STEPS}", f"training.lr={LR}",
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, f"training.steps={STEPS}", f"training.lr={LR}",
                     f"training.warmup_steps={WARMUP}", "training.optimizer=Adam"))
     lrs = _logged_lrs(tmp_path)
     assert sorted(lrs) == list(range(1, STEPS + 1))
@@ -61,7 +61,7 @@ def test_grpo_logs_the_lr_of_each_step_with_adam(tmp_path):
 
 
 def test_dpo_logs_the_lr_of_each_step_with_adam(tmp_path):
-    run(compose_cfg(tmp_path, "algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8", f"training.steps={STEPS}",
+    run(compose_tiny_run(tmp_path, "algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8", f"training.steps={STEPS}",
                     f"training.lr={LR}", f"training.warmup_steps={WARMUP}", "training.optimizer=Adam"))
     lrs = _logged_lrs(tmp_path)
     assert sorted(lrs) == list(range(1, STEPS + 1))

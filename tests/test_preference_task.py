@@ -12,8 +12,8 @@ from refexp.config import ConfigError, TaskConfig
 from refexp.config.root import to_object
 from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.helpers import compose_cfg, compose_root
-from tests.tiny_qwen3 import MODEL, QUESTIONS
+from tests.helpers.configs import compose_root, compose_tiny_run
+from tests.helpers.tiny_qwen3 import MODEL, QUESTIONS
 
 transformers = pytest.importorskip("transformers")
 
@@ -43,7 +43,7 @@ def chat_pairs(tmp_path_factory):
 
 
 def _dpo(run_dir, hf_dir, pairs, *extra):
-    return compose_cfg(
+    return compose_tiny_run(
         run_dir, *MODEL, f"model.hf_assets_path={hf_dir}", "sft.enable=false",
         "task=preference", f"task.preference_path={pairs}", "task.num_eval=4", "task.max_prompt_len=128",
         "task.max_new_tokens=8", "algo=dpo", "algo.pairs_per_step=4", "training.steps=2", "training.lr=1e-3",

@@ -14,8 +14,8 @@ from refexp.config import ConfigError, TaskConfig
 from refexp.config.root import to_object
 from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.helpers import compose_cfg, compose_root
-from tests.tiny_qwen3 import CHAT_TEMPLATE, MODEL, QUESTIONS, SYSTEM
+from tests.helpers.configs import compose_root, compose_tiny_run
+from tests.helpers.tiny_qwen3 import CHAT_TEMPLATE, MODEL, QUESTIONS, SYSTEM
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,7 +27,7 @@ def data(tmp_path_factory):
 
 
 def _grpo(run_dir, hf_dir, data, *extra):
-    return compose_cfg(
+    return compose_tiny_run(
         run_dir, *MODEL, f"model.hf_assets_path={hf_dir}", "sft.enable=false",
         "task=gsm8k", f"task.train_path={data}", f"task.eval_path={data}", "task.chat_template=true",
         f"task.system_prompt={SYSTEM!r}", "+task.chat_template_kwargs.enable_thinking=false",
@@ -137,7 +137,7 @@ def test_grpo_from_the_pretrained_checkpoint_under_fsdp(hf_dir, data, tmp_path):
     """2 FSDP ranks load the checkpoint and export it; the held-out measurements, split between the ranks
     (odd counts: one rank pads its share), equal one process's at every eval step."""
     # A reward by length: the policy moves (kl/init > 0) and greedy accuracy is not all zeros.
-    odd = ("eval.num_prompts=5", "eval.kl_prompts=3", "eval.every=1", "task.reward=tests.rewards_for_tests:by_length")
+    odd = ("eval.num_prompts=5", "eval.kl_prompts=3", "eval.every=1", "task.reward=tests.helpers.rewards:by_length")
     final = run(_grpo(tmp_path / "run", hf_dir, data, *odd, "parallelism=fsdp", "parallelism.nproc_per_node=2"))
     assert final["step"] == 2
     assert (tmp_path / "run" / "checkpoint" / "hf" / "generation_config.json").is_file()

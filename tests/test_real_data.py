@@ -10,7 +10,7 @@ import torch
 
 from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.helpers import compose_cfg
+from tests.helpers.configs import compose_tiny_run
 
 QUESTIONS = [
     (f"Tom has {a} apples and buys {b} more. How many apples does he have?",
@@ -50,7 +50,7 @@ def test_gsm8k_from_an_hf_checkpoint_sft_then_grpo_and_export(tmp_path):
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in QUESTIONS))
     run_dir = tmp_path / "run"
-    final = run(compose_cfg(
+    final = run(compose_tiny_run(
         run_dir, "model=llama3_debug", f"model.hf_assets_path={hf}", "model.max_seq_len=256", "model.dim=null",
         "model.ffn_hidden_dim=null", "model.n_heads=null", "model.n_kv_heads=null",
         "task=gsm8k", f"task.train_path={data}", "task.num_eval=8", "task.max_prompt_len=64", "task.max_new_tokens=32",

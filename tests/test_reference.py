@@ -15,12 +15,12 @@ from refexp.config import (
 )
 from refexp.reference import REGISTRY, build_reference
 
-TINY = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
+MODEL = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
 
 
 def _model(seed: int, trainable: bool = False):
     titan.prepare_torchtitan("cpu")
-    return titan.build_model(TINY, vocab_size=17, device=torch.device("cpu"), seed=seed, requires_grad=trainable)
+    return titan.build_model(MODEL, vocab_size=17, device=torch.device("cpu"), seed=seed, requires_grad=trainable)
 
 
 def _params(m):

@@ -11,7 +11,7 @@ from refexp.config.diff import changed_fields, flatten
 from refexp.record.metrics import read_metrics
 from refexp.record.status import read_status
 from refexp.run import run
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 
 def test_flatten_and_changed_fields():
@@ -24,7 +24,7 @@ def test_flatten_and_changed_fields():
 
 
 def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monkeypatch):
-    run(compose_cfg(tmp_path, *GRPO, "training.steps=2"))
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2"))
     status = (tmp_path / "status.json").read_text()
 
     import refexp.models
@@ -35,14 +35,15 @@ def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monk
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(refexp.models, "build_run_model", no_build)
         with pytest.raises(ConfigError, match=r"Changed: task\.num_eval: 64 -> 32; training\.lr: 0\.001 -> 0\.002\."):
-            run(compose_cfg(tmp_path, *GRPO, "training.steps=5", "training.lr=2e-3", "task.num_eval=32"))
+            run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=5", "training.lr=2e-3",
+                                 "task.num_eval=32"))
     assert (tmp_path / "status.json").read_text() == status  # the run's own record is untouched
 
     first = json.loads(status)
     import refexp.run
 
     monkeypatch.setattr(refexp.run, "provenance", lambda: {"commit": "resumed-with"})
-    final = run(compose_cfg(tmp_path, *GRPO, "training.steps=3", "logger.progress=true"))
+    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=3", "logger.progress=true"))
     assert final["step"] == 3
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]
     resumed = read_status(tmp_path)
@@ -53,6 +54,6 @@ def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monk
     # every code version that computed part of the run; a re-run of the finished run computed nothing
     assert resumed["provenances"] == [first["provenance"], {"commit": "resumed-with"}]
     monkeypatch.setattr(refexp.run, "provenance", lambda: {"commit": "a-no-op-rerun"})
-    run(compose_cfg(tmp_path, *GRPO, "training.steps=3"))
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=3"))
     again = read_status(tmp_path)
     assert again["status"] == "completed" and again["provenances"] == resumed["provenances"]

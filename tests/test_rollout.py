@@ -11,7 +11,7 @@ import torch
 from refexp.losses import grpo_loss
 from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 
 def test_token_weights_scale_each_tokens_policy_loss_exactly():
@@ -37,11 +37,11 @@ def test_token_weights_scale_each_tokens_policy_loss_exactly():
     assert loss.item() == pytest.approx(policy + m0["loss/kl"].item(), rel=1e-12)
 
 
-RUN = [*GRPO, "training.steps=2", "eval.every=2", "eval.log_samples=0"]
+RUN = [*TINY_GRPO_OVERRIDES, "training.steps=2", "eval.every=2", "eval.log_samples=0"]
 
 
 def _rows(tmp_path, *overrides):
-    run(compose_cfg(tmp_path, *RUN, *overrides))
+    run(compose_tiny_run(tmp_path, *RUN, *overrides))
     return [r for r in read_metrics(tmp_path) if r["step"] > 0]
 
 
@@ -77,13 +77,13 @@ def test_grpo_evaluation_and_dpo_pairs_all_generate_through_the_configured_engin
             calls.append("greedy" if kw.get("greedy") else "sampled")
             return super().generate(prompts, **kw)
 
-    run(compose_cfg(tmp_path / "warm", *RUN, "training.steps=0"))  # the SFT stage (its evaluations) cached first
+    run(compose_tiny_run(tmp_path / "warm", *RUN, "training.steps=0"))  # the SFT stage (its evaluations) cached first
     monkeypatch.setitem(rollout.ENGINES, "builtin", Recording)
     _rows(tmp_path / "grpo")
     # step 0 and step 2 evaluations (greedy accuracy on test and validation, kl/init samples) and two GRPO
     # steps' rollouts
     assert calls.count("greedy") == 2 * 2 and calls.count("sampled") == 2 + 2
     calls.clear()
-    run(compose_cfg(tmp_path / "dpo", "algo=dpo", "algo.pairs_per_step=4", "algo.num_pairs=16",
+    run(compose_tiny_run(tmp_path / "dpo", "algo=dpo", "algo.pairs_per_step=4", "algo.num_pairs=16",
                     "training.steps=1", "eval.every=1", "eval.log_samples=0"))
     assert calls.count("sampled") >= 1 + 2  # the pairs of the SFT model, then kl/init at steps 0 and 1

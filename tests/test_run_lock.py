@@ -20,7 +20,7 @@ from refexp.record.lock import FileLock, LockHeld
 from refexp.record.metrics import read_metrics
 from refexp.record.samples import read_samples
 from refexp.record.status import read_status
-from tests.helpers import GRPO, TINY
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
 from tests.test_resume import _wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def test_held_by_looks_without_taking(tmp_path):
 
 @pytest.mark.parametrize("run_dir", ["/proc/refexp-no/run", "/etc/passwd"])
 def test_run_dir_that_cannot_be_made_is_one_line(run_dir):
-    p = subprocess.run([sys.executable, "-m", "refexp", f"run_dir={run_dir}", *TINY, *GRPO],
+    p = subprocess.run([sys.executable, "-m", "refexp", f"run_dir={run_dir}", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 2, p.stderr[-2000:]
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and run_dir in p.stderr
@@ -112,7 +112,7 @@ def test_second_launch_into_a_running_run_dir_fails_at_once(tmp_path):
     """A real run writes its run dir; a second launch into it fails in one line naming the first's pid,
     writes nothing there, and the first completes with every step logged once."""
     run_dir, steps = tmp_path / "run", 400
-    args = [sys.executable, "-m", "refexp", *TINY, *GRPO, f"training.steps={steps}", "eval.every=200",
+    args = [sys.executable, "-m", "refexp", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, f"training.steps={steps}", "eval.every=200",
             f"run_dir={run_dir}"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     log = open(tmp_path / "first.log", "w")

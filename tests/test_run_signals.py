@@ -13,7 +13,7 @@ from pathlib import Path
 from refexp.record import layout
 from refexp.record.metrics import read_metrics
 from refexp.record.status import read_status
-from tests.helpers import GRPO, TINY
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _start(tmp_path: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", REFEXP_CACHE=str(tmp_path / "cache"))  # an SFT stage of its own
     with open(tmp_path / "run.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "refexp", *TINY, *GRPO, f"run_dir={run_dir}", *overrides],
+        return subprocess.Popen([sys.executable, "-m", "refexp", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, f"run_dir={run_dir}", *overrides],
                                 env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 

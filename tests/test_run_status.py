@@ -22,7 +22,7 @@ from refexp.record.status import RunStatus, close_run_status, open_status, read_
 from refexp.report.load import load_run
 from refexp.run import run
 from refexp.stop_signals import Preempted, installed
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 
 def _dead_pid() -> int:
@@ -95,14 +95,14 @@ def test_full_disk_at_a_save_reports_the_save_and_ends_the_status(tmp_path, dens
     monkeypatch.setattr(refexp.checkpoint.Checkpointer, "save", full)
     _disk_full_after_start(monkeypatch)
     with pytest.raises(OSError, match=r"checkpoint/step-1"):  # the save's error, not the status write's
-        run(compose_cfg(tmp_path, *GRPO, "checkpoint.interval=1"))
+        run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "checkpoint.interval=1"))
     got = read_status(tmp_path)
     assert got["status"] == "failed" and "checkpoint/step-1" in got["error"], got
 
 
 # ---------------------------------------------------------------- reruns of a finished run
 def test_rerun_with_fewer_steps_is_refused_and_a_failed_rerun_changes_nothing(tmp_path, dense_reward, monkeypatch):
-    run(compose_cfg(tmp_path, *GRPO, "training.steps=4"))
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=4"))
     before = (tmp_path / "status.json").read_bytes()
     metrics = (tmp_path / "metrics.jsonl").read_bytes()
     import refexp.models
@@ -113,7 +113,7 @@ def test_rerun_with_fewer_steps_is_refused_and_a_failed_rerun_changes_nothing(tm
     with monkeypatch.context() as mp:
         mp.setattr(refexp.models, "build_run_model", no_build)
         with pytest.raises(ConfigError, match=r"completed 4 steps.*training\.steps=2 is fewer.*training\.steps >= 4"):
-            run(compose_cfg(tmp_path, *GRPO, "training.steps=2"))
+            run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2"))
     assert (tmp_path / "status.json").read_bytes() == before
 
     # a rerun with the same steps that fails (here: at the start of the algorithm) did not advance the run
@@ -124,7 +124,7 @@ def test_rerun_with_fewer_steps_is_refused_and_a_failed_rerun_changes_nothing(tm
 
     monkeypatch.setattr(refexp.algos.sft, "ensure_sft", broken)
     with pytest.raises(RuntimeError, match="broken rerun"):
-        run(compose_cfg(tmp_path, *GRPO, "training.steps=4"))
+        run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=4"))
     assert (tmp_path / "status.json").read_bytes() == before
     assert (tmp_path / "metrics.jsonl").read_bytes() == metrics
 

@@ -16,11 +16,11 @@ from refexp.record.metrics import read_metrics
 from refexp.titan import load_model_weights, save_model_weights
 from refexp.config import ModelConfig
 from refexp.run import run
-from tests.helpers import TINY, compose_cfg
+from tests.helpers.configs import TINY_RUN_OVERRIDES, compose_tiny_run
 
 
 def test_sft_loss_decreases_and_the_result_is_reused(tmp_path, monkeypatch):
-    final = run(compose_cfg(tmp_path / "a", "algo=sft", "sft.steps=40", "sft.eval_every=20"))
+    final = run(compose_tiny_run(tmp_path / "a", "algo=sft", "sft.steps=40", "sft.eval_every=20"))
     sft_dir = Path(final["sft/dir"])
     assert (sft_dir / "sft.json").is_file() and (sft_dir / "model" / ".metadata").is_file()
     assert (sft_dir / "hf" / "config.json").is_file() and (sft_dir / "tokenizer.json").is_file()
@@ -36,10 +36,10 @@ def test_sft_loss_decreases_and_the_result_is_reused(tmp_path, monkeypatch):
         raise AssertionError("an identical SFT config must reuse the cached result")
 
     monkeypatch.setattr(sft_mod, "train_sft", must_not_train)
-    again = run(compose_cfg(tmp_path / "b", "algo=sft", "sft.steps=40", "sft.eval_every=20"))
+    again = run(compose_tiny_run(tmp_path / "b", "algo=sft", "sft.steps=40", "sft.eval_every=20"))
     assert again["sft/dir"] == str(sft_dir)
     with pytest.raises(AssertionError, match="reuse"):  # a different config is a different SFT model
-        run(compose_cfg(tmp_path / "c", "algo=sft", "sft.steps=41", "sft.eval_every=20"))
+        run(compose_tiny_run(tmp_path / "c", "algo=sft", "sft.steps=41", "sft.eval_every=20"))
 
 
 def test_model_weights_round_trip_through_dcp(tmp_path):
@@ -95,7 +95,7 @@ def test_concurrent_jobs_train_the_sft_model_once(tmp_path):
     """Two processes asking for the same SFT model at once: one trains, the other waits and reuses it."""
     cache = tmp_path / "cache"
     env = {**os.environ, "REFEXP_CACHE": str(cache)}
-    cmd = [sys.executable, "-m", "refexp", *TINY, "algo=sft", "sft.steps=20", "sft.eval_every=20"]
+    cmd = [sys.executable, "-m", "refexp", *TINY_RUN_OVERRIDES, "algo=sft", "sft.steps=20", "sft.eval_every=20"]
     procs = [subprocess.Popen(cmd + [f"hydra.run.dir={tmp_path / str(i)}"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]

@@ -11,7 +11,7 @@ import pytest
 import refexp.algos.sft as sft_mod
 import refexp.record.atomic
 from refexp.run import run
-from tests.helpers import compose_cfg
+from tests.helpers.configs import compose_tiny_run
 
 # a stage of its own (not the session's cached 30-step model), short
 STAGE = ["algo=sft", "sft.steps=3", "sft.eval_every=3", "sft.seed=11"]
@@ -35,7 +35,7 @@ def _fail_at_step_2(monkeypatch):
 def test_a_failed_stage_leaves_no_temporary(tmp_path, monkeypatch):
     _fail_at_step_2(monkeypatch)
     with pytest.raises(RuntimeError, match="injected failure"):
-        run(compose_cfg(tmp_path, *STAGE))
+        run(compose_tiny_run(tmp_path, *STAGE))
     assert _temporaries() == []
 
 
@@ -44,8 +44,8 @@ def test_a_killed_stages_temporary_is_removed_by_the_next_start(tmp_path, monkey
         _fail_at_step_2(mp)
         mp.setattr(refexp.record.atomic.shutil, "rmtree", lambda *a, **k: None)  # a SIGKILL runs no cleanup
         with pytest.raises(RuntimeError, match="injected failure"):
-            run(compose_cfg(tmp_path / "killed", *STAGE, "sft.seed=12"))
+            run(compose_tiny_run(tmp_path / "killed", *STAGE, "sft.seed=12"))
     left = _temporaries()
     assert len(left) == 1 and left[0].is_dir()
-    final = run(compose_cfg(tmp_path / "next", *STAGE, "sft.seed=12"))
+    final = run(compose_tiny_run(tmp_path / "next", *STAGE, "sft.seed=12"))
     assert _temporaries() == [] and Path(final["sft/dir"]).is_dir()

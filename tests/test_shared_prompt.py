@@ -15,7 +15,7 @@ from refexp.config import ConfigError, ModelConfig
 from refexp.kl import masked_sum
 from refexp.losses import dpo_loss
 from refexp.tasks.tokenizer import build_char_tokenizer
-from tests.helpers import compose_cfg
+from tests.helpers.configs import compose_tiny_run
 
 TOK = build_char_tokenizer()
 MODEL = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=64)
@@ -155,8 +155,8 @@ def test_share_prompt_needs_sdpa(tmp_path):
     from refexp.config import to_object
 
     with pytest.raises(ConfigError, match="algo.share_prompt=true needs model.attn_backend=sdpa"):
-        to_object(compose_cfg(tmp_path, "algo=dpo", "model.attn_backend=flex"))
-    assert not to_object(compose_cfg(tmp_path, "algo=dpo", "model.attn_backend=flex",
+        to_object(compose_tiny_run(tmp_path, "algo=dpo", "model.attn_backend=flex"))
+    assert not to_object(compose_tiny_run(tmp_path, "algo=dpo", "model.attn_backend=flex",
                                      "algo.share_prompt=false")).algo.share_prompt
 
 
@@ -189,13 +189,13 @@ def test_runs_with_and_without_sharing_agree(tmp_path, algo):
     """The same steps with algo.share_prompt true and false log the same losses and rewards."""
     from refexp.record.metrics import read_metrics
     from refexp.run import run
-    from tests.helpers import GRPO
+    from tests.helpers.configs import TINY_GRPO_OVERRIDES
 
-    extra = GRPO if algo == "grpo" else ["algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8",
+    extra = TINY_GRPO_OVERRIDES if algo == "grpo" else ["algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8",
                                          "training.steps=3", "training.lr=1e-3"]
     rows = {}
     for share in ("true", "false"):
-        run(compose_cfg(tmp_path / share, *extra, f"algo.share_prompt={share}"))
+        run(compose_tiny_run(tmp_path / share, *extra, f"algo.share_prompt={share}"))
         rows[share] = read_metrics(tmp_path / share)
     keys = (["loss/total", "reward/mean", "kl/ref"] if algo == "grpo"
             else ["loss/total", "rewards/margins", "kl/ref_chosen_tokens"])

@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
 from refexp.record.status import read_status
-from tests.helpers import GRPO, TINY
 
 
 @pytest.mark.slow
 def test_sweep_with_a_failing_job_still_reports(tmp_path):
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "refexp", "-m", *TINY, *GRPO, "training.steps=2",
+    cmd = [sys.executable, "-m", "refexp", "-m", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=2",
            "algo.group_size=1,4",  # group_size=1 is invalid (advantages need a group): that job fails
            f"hydra.sweep.dir={sweep}", "+hydra.callbacks.report._target_=refexp.sweep.ReportCallback"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=os.environ.copy())
@@ -32,8 +32,8 @@ def test_sweep_with_a_failing_job_still_reports(tmp_path):
 def test_plain_sweep_with_a_failing_job_exits_non_zero_after_the_others_ran(tmp_path):
     """No report callback (``refexp -m`` without an experiment): the exit status still says a job failed."""
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "refexp", "-m", *TINY, *GRPO, "training.steps=1",
-           "task.reward=tests.rewards_for_tests:no_such_reward,tests.rewards_for_tests:by_length",
+    cmd = [sys.executable, "-m", "refexp", "-m", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=1",
+           "task.reward=tests.helpers.rewards:no_such_reward,tests.helpers.rewards:by_length",
            f"hydra.sweep.dir={sweep}"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]

@@ -11,21 +11,14 @@ import torch.nn.functional as F
 
 from refexp import titan
 from refexp.config import CompileConfig, ConfigError, ModelConfig, ParallelismConfig
+from tests.helpers.models import tiny_model_config
 
-V = 16
+V = 16  # the tiny models' vocabulary
 FAMILIES = ("llama3", "qwen3")
 
 
-def tiny(name: str, **overrides) -> ModelConfig:
-    """dim 64, 2 layers, 4 heads (2 kv heads: GQA), vocab 16, RoPE table 64."""
-    fields = dict(name=name, flavor="debugmodel", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=V,
-                  max_seq_len=64)
-    fields.update(overrides)
-    return ModelConfig(**fields)
-
-
 def build(name: str, seed: int = 0, **kwargs):
-    return titan.build_model(tiny(name), vocab_size=V, device="cpu", seed=seed, **kwargs)
+    return titan.build_model(tiny_model_config(name, vocab_size=V), vocab_size=V, device="cpu", seed=seed, **kwargs)
 
 
 def tokens(B: int = 3, T: int = 10, seed: int = 0) -> torch.Tensor:
@@ -62,14 +55,14 @@ def test_build_does_not_consume_the_global_rng():
 
 
 def test_shapes_follow_the_overrides():
-    spec = titan.build_model_spec(tiny("qwen3", ffn_hidden_dim=96), vocab_size=None)
+    spec = titan.build_model_spec(tiny_model_config("qwen3", vocab_size=V, ffn_hidden_dim=96), vocab_size=None)
     attn = spec.model.layers[0].attention
     assert (spec.model.dim, len(spec.model.layers), spec.model.vocab_size) == (64, 2, V)
     assert (attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.rope.dim, attn.rope.max_seq_len) == (4, 2, 16, 16, 64)
     assert spec.model.layers[0].feed_forward.w1.out_features == 96
     assert type(attn.inner_attention).__qualname__ == "MaskedSDPA.Config"  # model.attn_backend=sdpa (+ explicit masks)
     # The tokenizer's size is the vocabulary when model.vocab_size is null.
-    assert titan.build_model_spec(tiny("llama3", vocab_size=None), vocab_size=40).model.vocab_size == 40
+    assert titan.build_model_spec(tiny_model_config("llama3", vocab_size=None), vocab_size=40).model.vocab_size == 40
 
 
 def test_unshrunk_flavor_is_initialised_like_torchtitan_registry():
@@ -109,16 +102,18 @@ def test_count_parameters_counts_tied_weights_once():
 
 def test_tp_degree_that_does_not_divide_heads_is_a_config_error():
     with pytest.raises(ConfigError, match="tensor_parallel_degree=3"):
-        titan.build_model_spec(tiny("llama3"), vocab_size=V, parallelism=ParallelismConfig(tensor_parallel_degree=3))
+        titan.build_model_spec(tiny_model_config("llama3", vocab_size=V), vocab_size=V,
+                               parallelism=ParallelismConfig(tensor_parallel_degree=3))
     with pytest.raises(ConfigError, match="tensor_parallel_degree=4.*n_kv_heads=2"):
-        titan.build_model_spec(tiny("llama3"), vocab_size=V, parallelism=ParallelismConfig(tensor_parallel_degree=4))
+        titan.build_model_spec(tiny_model_config("llama3", vocab_size=V), vocab_size=V,
+                               parallelism=ParallelismConfig(tensor_parallel_degree=4))
 
 
 def test_unknown_flavor_is_a_config_error_listing_valid_flavors():
     with pytest.raises(ConfigError, match=r"model\.flavor='tiny'.*debugmodel.*8B") as info:
-        titan.build_model_spec(tiny("llama3", flavor="tiny"), vocab_size=V)
+        titan.build_model_spec(tiny_model_config("llama3", vocab_size=V, flavor="tiny"), vocab_size=V)
     with pytest.raises(ConfigError, match=r"model\.flavor='debugmodel_moe'.*mixture-of-experts"):
-        titan.build_model_spec(tiny("qwen3", flavor="debugmodel_moe"), vocab_size=V)
+        titan.build_model_spec(tiny_model_config("qwen3", vocab_size=V, flavor="debugmodel_moe"), vocab_size=V)
     assert "debugmodel_moe" not in str(info.value)
 
 
@@ -129,7 +124,7 @@ def test_unknown_flavor_is_a_config_error_listing_valid_flavors():
 )
 def test_impossible_shapes_are_config_errors(overrides, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        titan.build_model_spec(tiny("llama3", **overrides), vocab_size=V)
+        titan.build_model_spec(tiny_model_config("llama3", **{"vocab_size": V, **overrides}), vocab_size=V)
 
 
 def test_parallel_degrees_must_match_the_world_size():
@@ -233,7 +228,7 @@ def test_lerp_maps_wrapper_names_and_checks_layouts():
     dst, src = build("llama3", seed=0), torch.compile(build("llama3", seed=1))  # src names gain "_orig_mod."
     titan.lerp_weights_(dst, src, 1.0)
     assert torch.equal(dst.lm_head.weight, src._orig_mod.lm_head.weight)
-    wider = titan.build_model(tiny("llama3", ffn_hidden_dim=96), vocab_size=V, device="cpu")
+    wider = titan.build_model(tiny_model_config("llama3", vocab_size=V, ffn_hidden_dim=96), vocab_size=V, device="cpu")
     with pytest.raises(AssertionError, match="same architecture and parallelism layout"):
         titan.lerp_weights_(dst, wider, 0.5)
 

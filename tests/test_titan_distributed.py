@@ -1,8 +1,8 @@
 """refexp.titan on 2 gloo processes vs one process: FSDP (dp_shard=2) and TP=2, llama3 and qwen3; and
 FSDP x TP 2 x 2 on 4 processes for what the 2-D layout adds (decoding, HF loading).
 
-One ``torchrun --standalone --nproc_per_node=2`` launch of tests/titan_dist_worker.py runs every
-check (start-up dominates: ~10 s of imports per process), one 4-process launch the 2 x 2 checks;
+One ``torchrun --standalone --nproc_per_node=2`` launch of tests/helpers/titan_dist_worker.py runs every
+check (start-up, each process's imports, dominates), one 4-process launch the 2 x 2 checks;
 each test below reads its numbers.
 """
 
@@ -16,18 +16,19 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-WORKER = Path(__file__).with_name("titan_dist_worker.py")
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = "tests.helpers.titan_dist_worker"  # a module: it imports tests.helpers.models
 TOL = 1e-5
 CHECKS = ("logprobs_grads", "shared_rows", "lerp", "lerp_unresharded", "decode", "generate", "hf_roundtrip")
-CHECKS_2X2 = ("decode", "generate", "hf_roundtrip")  # 4 processes on 2 cores: only what FSDP x TP adds
+CHECKS_2X2 = ("decode", "generate", "hf_roundtrip")  # 4 processes: only what FSDP x TP adds
 
 
 def launch(workdir: Path, nproc: int, *checks: str) -> dict:
     out = workdir / "results.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", WORKER,
            str(out), str(workdir), *([",".join(checks)] if checks else [])]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0 and out.exists(), f"torchrun failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     return json.loads(out.read_text())
 

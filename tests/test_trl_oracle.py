@@ -35,14 +35,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from refexp.config import register_configs
 from refexp.record.metrics import read_metrics
 from refexp.run import run
+from tests.helpers.configs import compose_config
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
-register_configs()
 
 # <pad>=0, <eos>=1, w2..w47: fewer ids than the 64 that validation assumes when no checkpoint is given.
 VOCAB = 48
@@ -132,9 +129,7 @@ def run_refexp(w: dict, run_dir: Path, reference: list[str], loss: tuple[str, ..
         "checkpoint=disabled", f"eval.every={10 * STEPS}", "eval.num_prompts=2", "eval.kl_prompts=2",
         "logger=none", "logger.progress=false", *reference,
     ]
-    with initialize_config_dir(config_dir=CONF, version_base=None):
-        cfg = compose("config", overrides=overrides)
-    run(cfg)
+    run(compose_config(*overrides))
     rows = [r for r in read_metrics(run_dir) if r["step"] >= 1]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     return rows

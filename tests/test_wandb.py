@@ -1,4 +1,4 @@
-"""What W&B receives, read back from the offline run files (``tests/wandb_records.py``): one group per
+"""What W&B receives, read back from the offline run files (``tests/helpers/wandb_records.py``): one group per
 compared setting, job types that name the strategy (and DPO's loss), best accuracy as the summary, and
 no step sent twice when a run resumes."""
 
@@ -17,8 +17,8 @@ from refexp.metric_logger import MetricLogger
 from refexp.overrides import swept_keys
 from refexp.record.status import read_status
 from refexp.wandb_conventions import run_info
-from tests.helpers import GRPO, TINY
-from tests.wandb_records import read_offline_run
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
+from tests.helpers.wandb_records import read_offline_run
 
 
 def test_run_info_groups_by_setting_not_by_seed():
@@ -109,8 +109,8 @@ def test_a_resumed_run_does_not_send_its_replayed_steps_again(tmp_path, monkeypa
 def test_an_offline_sweep_shows_one_group_per_strategy_with_best_accuracy_summaries(tmp_path):
     sweep = tmp_path / "sweep"
     env = {**os.environ, "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", "refexp", "-m", *TINY, *GRPO, "training.steps=2", "logger=wandb",
-           "reference=fixed,none", "training.seed=0,1", f"hydra.sweep.dir={sweep}"]
+    cmd = [sys.executable, "-m", "refexp", "-m", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=2",
+           "logger=wandb", "reference=fixed,none", "training.seed=0,1", f"hydra.sweep.dir={sweep}"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     runs = _offline_runs(sweep)
@@ -168,11 +168,11 @@ def test_evaluations_and_rollouts_leave_readable_samples(tmp_path, monkeypatch):
     from refexp.record.metrics import read_metrics
     from refexp.record.samples import read_samples
     from refexp.run import run
-    from tests.helpers import compose_cfg
+    from tests.helpers.configs import compose_tiny_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    final = run(compose_cfg(tmp_path, *GRPO, "training.steps=2", "eval.every=2", "eval.log_samples=3",
-                            "logger=wandb"))
+    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2", "eval.every=2",
+                                 "eval.log_samples=3", "logger=wandb"))
     rows = read_samples(tmp_path)
     by_kind = defaultdict(list)
     for r in rows:

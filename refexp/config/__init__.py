@@ -3,7 +3,7 @@ and ``reference/``), registered in Hydra's ConfigStore by ``register_configs``.
 
 A typo in an override or a value of the wrong type fails at compose time, and the ``__post_init__``
 checks fail before any model is built (``to_object``). The dataclasses hold every default; an option
-file in ``conf/`` sets only what differs from them (tests/test_configs.py keeps it so).
+file in ``conf/`` sets only what differs from them (tests/test_shipped_configs.py keeps it so).
 
 Choices (a strategy, a loss type, an objective) are named once in ``refexp/choices.py``; see there why the
 fields holding them are typed ``str``.

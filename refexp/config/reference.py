@@ -130,4 +130,4 @@ REFERENCE_SCHEMAS: dict[str, type[ReferenceConfig]] = {
                    KLTriggeredReferenceConfig, NoReferenceConfig)
 }
 """``reference=<name>`` -> its schema (registered as ``reference_<name>_schema``); its keys are
-``REFERENCE_STRATEGIES`` in that order (tests/test_config.py)."""
+``REFERENCE_STRATEGIES`` in that order (tests/test_config_checks.py)."""

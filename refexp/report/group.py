@@ -66,7 +66,7 @@ DPO_LOSS_NAMES = {"simpo": "SimPO", "orpo": "ORPO", "ipo": "IPO", "hinge": "SLiC
 """Published names of the DPO family's losses (TRL's ``loss_type`` values); sigmoid is DPO itself."""
 DPO_REFERENCE_NAMES = {"fixed": "DPO", "periodic_reset": "TR-DPO hard", "ema": "TR-DPO soft",
                        "kl_triggered": "DPO, KL-triggered reset", "none": "DPO"}
-"""DPO (sigmoid) by reference strategy (keyed by ``REFERENCE_STRATEGIES``: tests/test_config.py): TR-DPO
+"""DPO (sigmoid) by reference strategy (keyed by ``REFERENCE_STRATEGIES``: tests/test_config_checks.py): TR-DPO
 (Gorbatovski et al. 2024) is DPO with a moving reference."""
 
 

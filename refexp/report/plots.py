@@ -18,7 +18,7 @@ from .reduce import ACC, PREF_ACC, ref_cost
 from .stats import mean_ci, seed_band
 
 STRATEGY_COLOURS = {"fixed": "C0", "periodic_reset": "C1", "ema": "C2", "kl_triggered": "C3", "none": "C7"}
-"""One colour per ``REFERENCE_STRATEGIES`` entry (tests/test_config.py checks the keys); none is grey."""
+"""One colour per ``REFERENCE_STRATEGIES`` entry (tests/test_config_checks.py checks the keys); none is grey."""
 _SPARE_COLOURS = ("C4", "C5", "C6", "C8", "C9")
 _LINESTYLES = ("-", "--", ":", "-.")
 REWARD_KEYS = ("reward/mean", "rewards/margins", "rewards/accuracies")

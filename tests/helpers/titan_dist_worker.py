@@ -1,7 +1,8 @@
 """Worker for tests/test_titan_distributed.py: 2-rank (gloo) checks of refexp.titan against a
-single-process model built in the same process.
+single-process model built in the same process. Run from the repository root:
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/titan_dist_worker.py OUT.json WORKDIR [CHECKS]
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m tests.helpers.titan_dist_worker \
+        OUT.json WORKDIR [CHECKS]
 
 (4 processes: FSDP x TP 2 x 2; CHECKS: a comma-separated subset.)
 
@@ -21,15 +22,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from refexp import titan
-from refexp.config import ModelConfig, ParallelismConfig
+from refexp.config import ParallelismConfig
 from refexp.titan.unwrap import canonical_name
+from tests.helpers.models import tiny_model_config
 
 V = 15  # odd: uneven vocab shards under TP and FSDP
-
-
-def tiny(name: str) -> ModelConfig:
-    return ModelConfig(name=name, flavor="debugmodel", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=V,
-                       max_seq_len=64)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -233,7 +230,7 @@ def run_checks(workdir: str, only: set[str] | None = None) -> dict:
     for layout, par in layouts(world):
         dims = titan.make_parallel_dims(par, world, "cpu")
         for name in ("llama3", "qwen3"):
-            cfg = tiny(name)
+            cfg = tiny_model_config(name, vocab_size=V)
             if layout == "fsdp_tp":  # 4 KV heads: each rank's fused Q/K/V rows are whole KV groups
                 cfg = dataclasses.replace(cfg, n_kv_heads=4)
             checks = {

@@ -1,4 +1,4 @@
-"""Reward functions named by dotted path in tests (``task.reward=tests.rewards_for_tests:by_length``)."""
+"""Reward functions named by dotted path in tests (``task.reward=tests.helpers.rewards:by_length``)."""
 
 
 def by_length(completion: str, answer: str) -> float:

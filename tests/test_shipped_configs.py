@@ -19,18 +19,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from refexp.config import GROUP_SCHEMAS, OPTION_SCHEMAS, register_configs, schema_name, to_object
-from tests.helpers import CONF, compose_root, conf_options
+from refexp.config import GROUP_SCHEMAS, OPTION_SCHEMAS, schema_name, to_object
+from tests.helpers.configs import CONF_DIR, compose_root, conf_options, hydra_initialized
 
 GROUPS = [*GROUP_SCHEMAS, *OPTION_SCHEMAS]
 # Options that need a value no default can give (a local checkpoint or data file). The checkpoint is a
 # directory that exists (to_object checks that much); data paths are read only by a run.
-SOME_DIR = str(CONF)
+SOME_DIR = str(CONF_DIR)
 REQUIRED = {
     ("model", "qwen3_0.6b"): [f"model.hf_assets_path={SOME_DIR}"],
     ("model", "llama3_8b"): [f"model.hf_assets_path={SOME_DIR}"],
@@ -43,7 +42,6 @@ REQUIRED = {
 # flavor's values (every option picks a model), and ParallelismConfig's data_parallel_shard_degree=-1 is
 # torchtitan's "the rest of the world" (parallelism/single.yaml pins 1 for one process).
 NO_DEFAULT_OPTION = {"model", "parallelism"}
-register_configs()
 
 
 def _yaml(path: Path) -> dict:
@@ -53,7 +51,7 @@ def _yaml(path: Path) -> dict:
 def _selected() -> dict[str, str]:
     """group -> the option conf/config.yaml's defaults list selects."""
     out = {}
-    for entry in _yaml(CONF / "config.yaml")["defaults"]:
+    for entry in _yaml(CONF_DIR / "config.yaml")["defaults"]:
         if isinstance(entry, dict):
             (group, option), = entry.items()
             out[group] = option
@@ -72,7 +70,7 @@ def _schema_of(path: Path) -> tuple[str, dict]:
 
 def _sweep_jobs(experiment: str) -> list[list[str]]:
     """The overrides of every job of an experiment's sweep (``hydra.sweeper.params``, choice sweeps)."""
-    params = (_yaml(CONF / "experiment" / f"{experiment}.yaml").get("hydra", {}).get("sweeper", {})
+    params = (_yaml(CONF_DIR / "experiment" / f"{experiment}.yaml").get("hydra", {}).get("sweeper", {})
               .get("params", {}))
     keys = list(params)
     values = [str(params[k]).split(",") for k in keys]
@@ -84,6 +82,13 @@ EXPERIMENT_JOBS = [(e, job) for e in conf_options("experiment") for job in _swee
 
 
 # ---------------------------------------------------------------- everything composes and validates
+@pytest.mark.parametrize("experiment", conf_options("experiment"))
+def test_every_experiment_composes(experiment):
+    cfg = compose_root(f"experiment={experiment}")
+    assert cfg.experiment_name == experiment
+    to_object(cfg)
+
+
 @pytest.mark.parametrize("group, option", OPTION_FILES, ids=[f"{g}={o}" for g, o in OPTION_FILES])
 def test_every_option_composes_and_validates(group, option):
     cfg = to_object(compose_root(f"{group}={option}", *REQUIRED.get((group, option), [])))
@@ -115,7 +120,7 @@ def test_every_committed_comparison_has_its_baseline_and_the_headroom_task():
 
 @pytest.mark.parametrize("group, option", OPTION_FILES, ids=[f"{g}={o}" for g, o in OPTION_FILES])
 def test_option_files_restate_no_schema_default(group, option):
-    path = CONF / group / f"{option}.yaml"
+    path = CONF_DIR / group / f"{option}.yaml"
     name, defaults = _schema_of(path)
     values = {k: v for k, v in _yaml(path).items() if k not in ("defaults", "name")}
     unknown = sorted(set(values) - set(defaults))
@@ -130,7 +135,7 @@ def test_default_options_are_their_schema(group):
     belongs in the dataclass): every option of algo/ and reference/, else the one conf/config.yaml selects."""
     options = conf_options(group) if group in OPTION_SCHEMAS else [_selected()[group]]
     for option in options:
-        path = CONF / group / f"{option}.yaml"
+        path = CONF_DIR / group / f"{option}.yaml"
         name, defaults = _schema_of(path)
         if group in OPTION_SCHEMAS:
             assert name == schema_name(group, option), f"{path} must start from /{schema_name(group, option)}"
@@ -142,13 +147,13 @@ def test_default_options_are_their_schema(group):
 
 def test_the_root_config_restates_no_default():
     defaults = OmegaConf.to_container(ConfigStore.instance().load("root_schema.yaml").node, resolve=False)
-    values = {k: v for k, v in _yaml(CONF / "config.yaml").items() if k not in ("defaults", "hydra")}
+    values = {k: v for k, v in _yaml(CONF_DIR / "config.yaml").items() if k not in ("defaults", "hydra")}
     assert not {k: v for k, v in values.items() if v == defaults.get(k)}, values
 
 
 # ---------------------------------------------------------------- schemas are not options
 def test_schemas_are_not_group_options():
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with hydra_initialized():
         loader = GlobalHydra.instance().config_loader()
         groups = [g for g in loader.list_groups("") if g != "hydra"]
         listed = {g: loader.get_group_options(g) for g in groups}
@@ -159,7 +164,7 @@ def test_schemas_are_not_group_options():
 
 def test_help_lists_no_schema():
     out = subprocess.run([sys.executable, "-m", "refexp", "--help"], capture_output=True, text=True, timeout=120,
-                         cwd=CONF.parent, check=True).stdout
+                         cwd=CONF_DIR.parent, check=True).stdout
     for group in ("algo", "reference", "model"):  # each group's options, as conf/ has them, and nothing else
         assert f"{group}: {', '.join(conf_options(group))}\n" in out
     assert "_schema" not in out
