@@ -10,6 +10,7 @@ import torch
 from refexp.data_order import batch_ids
 from refexp.logging import read_metrics
 from refexp.run import run
+from tests.engine_recording import record_training_rollouts
 from tests.helpers import GRPO, compose_cfg
 
 
@@ -49,32 +50,24 @@ def test_the_step_that_straddles_an_epoch_ends_epoch_0_and_starts_epoch_1():
 
 @pytest.mark.slow
 def test_grpo_prompts_across_an_epoch_boundary_follow_the_documented_order(tmp_path, monkeypatch):
-    """End to end: 6 training prompts (8 less 2 held out for validation), 4 a step, so step 2 reads epoch 0's last two and epoch 1's first two;
-    the prompts the rollout engine receives are those rows of the train split, each repeated group_size times."""
+    """End to end: 6 training prompts (8 less 2 held out for validation), 4 a step, so step 2 reads epoch 0's
+    last two and epoch 1's first two; the prompts the rollout engine receives are those rows of the train
+    split, each repeated group_size times."""
     import refexp.tasks as tasks_mod
-    from refexp import rollout
 
-    tasks, calls = [], []
+    tasks = []
     build = tasks_mod.build_task
     monkeypatch.setattr(tasks_mod, "build_task", lambda *a, **k: tasks.append(build(*a, **k)) or tasks[-1])
-
-    class Recording(rollout.BuiltinEngine):
-        def generate(self, prompts, **kw):
-            keys = kw.get("keys") or []
-            if keys and len(keys[0]) == 4:  # a training rollout: (seed, step, prompt id, sample id) per row
-                calls.append((keys[0][1], list(prompts), [k[2] for k in keys]))
-            return super().generate(prompts, **kw)
-
-    monkeypatch.setitem(rollout.ENGINES, "builtin", Recording)
+    rollouts = record_training_rollouts(monkeypatch)
     n, per_step, G, seed = 6, 4, 4, 0
-    run(compose_cfg(tmp_path, *GRPO, "task.num_train=8", "task.val_fraction=0.25", "training.steps=3", "eval.every=3", "eval.log_samples=0",
-                    f"training.seed={seed}"))
+    run(compose_cfg(tmp_path, *GRPO, "task.num_train=8", "task.val_fraction=0.25", "training.steps=3",
+                    "eval.every=3", "eval.log_samples=0", f"training.seed={seed}"))
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0] == [1, 2, 3]
     train = tasks[-1].train
     assert len(train) == n
     stream = documented_stream(n, seed, 2)
-    assert [c[0] for c in calls] == [1, 2, 3]
-    for step, prompts, ids in calls:
-        want = stream[(step - 1) * per_step:step * per_step]
-        assert ids == [i for i in want for _ in range(G)], f"step {step}"
-        assert prompts == [train[i]["prompt"] for i in want for _ in range(G)], f"step {step}"
+    assert [r.step for r in rollouts] == [1, 2, 3]
+    for r in rollouts:
+        want = stream[(r.step - 1) * per_step:r.step * per_step]
+        assert r.prompt_ids == [i for i in want for _ in range(G)], f"step {r.step}"
+        assert r.prompts == [train[i]["prompt"] for i in want for _ in range(G)], f"step {r.step}"
