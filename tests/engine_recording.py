@@ -1,10 +1,14 @@
-"""The built-in rollout engine with a recorder (and optionally a change) on GRPO's training rollouts, the
-ones keyed ``(seed, step, prompt id, sample id)`` per row; evaluation's generations pass through untouched."""
+"""The built-in rollout engine with a recorder, and optionally a change (log-probs shifted away from the
+trainer's by a known amount), on GRPO's training rollouts: the ones keyed ``(seed, step, prompt id, sample id)``
+per row. Evaluation's generations pass through untouched."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
+
+import torch
 
 from refexp import sampler
 
@@ -37,3 +41,22 @@ def record_training_rollouts(monkeypatch, change: Callable[[sampler.Rollout], sa
 
     monkeypatch.setitem(rollout.ENGINES, "builtin", Recording)
     return seen
+
+
+def shift_behaviour_logprobs(monkeypatch, shift: Callable[[torch.Tensor], torch.Tensor]
+                             ) -> tuple[list[TrainingRollout], list[torch.Tensor]]:
+    """Adds ``shift(mask_BT)`` [N, T-1] to the engine's behaviour log-probs on the completion tokens of each
+    training rollout; returns the recorded rollouts and the added shifts (0 off the mask), one per rollout."""
+    added = []
+
+    def change(r):
+        added.append(torch.where(r.mask_BT, shift(r.mask_BT), torch.zeros(())))
+        return dataclasses.replace(r, behaviour_logp=r.behaviour_logp + added[-1])
+
+    return record_training_rollouts(monkeypatch, change), added
+
+
+def by_row_parity(even: float, odd: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A shift of ``even`` on every token of the even rows and ``odd`` on the odd rows."""
+    return lambda mask_BT: torch.where(torch.arange(mask_BT.shape[0])[:, None] % 2 == 0, even, odd).expand(
+        mask_BT.shape)

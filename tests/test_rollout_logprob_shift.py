@@ -4,7 +4,6 @@ fp32 agrees with the trainer within 1e-4): ``rollout/logprob_diff`` is the mean 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -12,24 +11,11 @@ import torch
 
 from refexp.logging import read_metrics
 from refexp.run import run
-from tests.engine_recording import record_training_rollouts
+from tests.engine_recording import by_row_parity, shift_behaviour_logprobs
 from tests.grad_recording import largest, largest_difference, record_grpo_grads
 from tests.helpers import GRPO, compose_cfg
 
 RUN = [*GRPO, "training.steps=1", "eval.every=1", "eval.log_samples=0"]
-
-
-def shift_engine_logprobs(monkeypatch, shift) -> list[torch.Tensor]:
-    """Adds ``shift(mask_BT)`` [N, T-1] to the engine's behaviour log-probs on the completion tokens of each
-    training rollout; returns the list of added shifts (0 off the mask), one per rollout."""
-    added = []
-
-    def change(r):
-        added.append(torch.where(r.mask_BT, shift(r.mask_BT), torch.zeros(())))
-        return dataclasses.replace(r, behaviour_logp=r.behaviour_logp + added[-1])
-
-    record_training_rollouts(monkeypatch, change)
-    return added
 
 
 def _step_1(run_dir) -> dict:
@@ -40,11 +26,10 @@ def test_logprob_diff_is_the_mean_absolute_difference(tmp_path, monkeypatch):
     """Even rows' engine log-probs raised by 0.5, odd rows' lowered by 1.0: the differences have both signs, so
     a signed mean (or the absolute value of one) would differ from the documented mean of |trainer - engine|."""
     c = 0.5
-    added = shift_engine_logprobs(monkeypatch, lambda m: torch.where(torch.arange(m.shape[0])[:, None] % 2 == 0,
-                                                                     c, -2 * c).expand(m.shape))
+    rollouts, shifts = shift_behaviour_logprobs(monkeypatch, by_row_parity(c, -2 * c))
     run(compose_cfg(tmp_path, *RUN))
-    (d,) = added
-    n_tok = (d != 0).sum()  # every completion token's shift is +-c or -+2c
+    (r,), (d,) = rollouts, shifts
+    n_tok = r.rollout.mask_BT.sum()
     want = float(d.abs().sum() / n_tok)
     signed = float(-d.sum() / n_tok)  # trainer - engine = -d up to fp32 noise
     assert abs(abs(signed) - want) > 0.1  # the case tells the definitions apart
@@ -61,7 +46,7 @@ def test_the_capped_importance_weight_scales_the_policy_gradient(tmp_path, dense
     recorded = record_grpo_grads(monkeypatch)
     base = [*RUN, "reference=none"]
     run(compose_cfg(tmp_path / "plain", *base))
-    shift_engine_logprobs(monkeypatch, lambda m: torch.full(m.shape, -math.log(10.0)))
+    shift_behaviour_logprobs(monkeypatch, lambda m: torch.full(m.shape, -math.log(10.0)))
     run(compose_cfg(tmp_path / "tis", *base, "algo.tis_cap=2.0"))
     plain, tis = recorded
     scale = largest(plain)
