@@ -4,6 +4,7 @@ completions under the policy before the update, not of anything the policy sampl
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from refexp import titan
@@ -24,6 +25,7 @@ def demonstrations_nll(model, task, ids: list[int]) -> torch.Tensor:
     return -(logp * target).sum() / target.sum()
 
 
+@pytest.mark.slow
 def test_each_step_follows_the_gradient_of_its_demonstrations_nll(tmp_path, monkeypatch):
     """Two steps of 4 prompts in micro-batches of 3 (3 + 1 rows): at each optimizer step, the loss and the
     accumulated gradients equal the demonstrations' NLL and its gradient under the not-yet-updated policy."""

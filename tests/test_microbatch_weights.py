@@ -24,6 +24,7 @@ def _step_1(run_dir) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(("perf/", "mem/"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_agg", ["grpo", "dr_grpo"])
 def test_row_mean_losses_weigh_each_chunk_by_its_rows(tmp_path, dense_reward, monkeypatch, loss_agg):
     grads = record_grpo_grads(monkeypatch)

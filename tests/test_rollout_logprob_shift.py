@@ -22,6 +22,7 @@ def _step_1(run_dir) -> dict:
     return next(r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 1)
 
 
+@pytest.mark.slow
 def test_logprob_diff_is_the_mean_absolute_difference(tmp_path, monkeypatch):
     """Even rows' engine log-probs raised by 0.5, odd rows' lowered by 1.0: the differences have both signs, so
     a signed mean (or the absolute value of one) would differ from the documented mean of |trainer - engine|."""
@@ -38,6 +39,7 @@ def test_logprob_diff_is_the_mean_absolute_difference(tmp_path, monkeypatch):
     assert row["rollout/logprob_diff_max"] == pytest.approx(2 * c, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_the_capped_importance_weight_scales_the_policy_gradient(tmp_path, dense_reward, monkeypatch):
     """The engine's log-probs ln 10 below the trainer's: every token's weight is min(10, tis_cap=2) = 2. The
     first update's clip ratio is taken against the trainer's own log-probs (r = 1), so without a KL term
