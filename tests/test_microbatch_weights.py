@@ -1,0 +1,53 @@
+"""``training.micro_batch_size`` with GRPO's row-mean losses (``grpo``, ``dr_grpo``): each chunk's loss is
+weighted by its share of the step's rows, its token-mean metrics (the clip fractions) by its share of the
+completion tokens. The case is built so that neither equal chunk weights (the chunks have 3, 3, 3, 3, 3 and 1
+rows) nor the other share (the completions differ in length) give the same gradient or metrics; the engine's
+log-probs are shifted by +-0.3 so the ratio leaves the clip range and the clip fractions are not 0."""
+
+from __future__ import annotations
+
+import pytest
+
+from refexp.logging import read_metrics
+from refexp.run import run
+from tests.engine_recording import by_row_parity, shift_behaviour_logprobs
+from tests.grad_recording import largest, largest_difference, record_grpo_grads
+from tests.helpers import GRPO, compose_cfg
+
+MICRO = 3
+RUN = [*GRPO, "training.steps=1", "eval.every=1", "eval.log_samples=0", "algo.share_prompt=false",
+       "reference=fixed", "algo.beta=0.1"]
+
+
+def _step_1(run_dir) -> dict:
+    row = next(r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 1)
+    return {k: v for k, v in row.items() if not k.startswith(("perf/", "mem/"))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_agg", ["grpo", "dr_grpo"])
+def test_row_mean_losses_weigh_each_chunk_by_its_rows(tmp_path, dense_reward, monkeypatch, loss_agg):
+    grads = record_grpo_grads(monkeypatch)
+    rollouts, _ = shift_behaviour_logprobs(monkeypatch, by_row_parity(0.3, -0.3))
+    base = [*RUN, f"algo.loss_agg={loss_agg}"]
+    run(compose_cfg(tmp_path / "whole", *base))
+    run(compose_cfg(tmp_path / "micro", *base, f"training.micro_batch_size={MICRO}"))
+
+    # the case tells the weightings apart: unequal chunks, and token shares that are not row shares
+    mask = rollouts[0].rollout.mask_BT
+    n = mask.shape[0]
+    starts = range(0, n, MICRO)
+    assert len({min(MICRO, n - s) for s in starts}) > 1
+    token_share = [float(mask[s:s + MICRO].sum() / mask.sum()) for s in starts]
+    row_share = [min(MICRO, n - s) / n for s in starts]
+    assert max(abs(t - r) for t, r in zip(token_share, row_share)) > 0.01, "completions of one length"
+    assert rollouts[1].rollout.mask_BT.equal(mask)  # both runs trained on the same rollout
+
+    whole, micro = grads
+    assert largest(whole) > 0
+    assert largest_difference(micro, whole) <= 1e-5 * largest(whole)
+    got, want = _step_1(tmp_path / "micro"), _step_1(tmp_path / "whole")
+    assert 0 < want["clip/ratio"] < 1
+    assert got.keys() == want.keys()
+    bad = {k: (got[k], want[k]) for k in want if abs(got[k] - want[k]) > 1e-5 * max(1.0, abs(want[k]))}
+    assert not bad, f"the micro-batched step logs other numbers: {bad}"
