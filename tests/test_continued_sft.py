@@ -9,11 +9,11 @@ import torch
 
 from refexp import titan
 from refexp.data_order import batch_ids
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run
 from refexp.tasks.batching import pack_sequences
-from tests.grad_recording import largest, largest_difference
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.grad_recording import largest, largest_difference
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 
 def demonstrations_nll(model, task, ids: list[int]) -> torch.Tensor:
@@ -48,11 +48,11 @@ def test_each_step_follows_the_gradient_of_its_demonstrations_nll(tmp_path, monk
         return original(ctx, policy, loss, step, ckpt)
 
     monkeypatch.setattr(grpo_mod, "optimizer_step", check)
-    run(compose_cfg(tmp_path, *GRPO, "algo.objective=sft", "reference=none", "training.steps=2",
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.objective=sft", "reference=none", "training.steps=2",
                     "training.micro_batch_size=3", "eval.every=2", "eval.log_samples=0"))
     assert [s[0] for s in seen] == [1, 2]
     for step, loss, want, rel in seen:
         assert abs(loss - want) <= 1e-5 * want, f"step {step}: loss {loss} is not the demonstrations' NLL {want}"
         assert rel <= 1e-4, f"step {step}: gradient differs from the demonstrations' NLL gradient by {rel:.3g}"
-    logged = {r["step"]: r["loss/sft"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0}
+    logged = {r["step"]: r["loss/sft"] for r in read_metrics(tmp_path) if r["step"] > 0}
     assert logged[1] == seen[0][1] and logged[2] == seen[1][1]

@@ -1,4 +1,4 @@
-"""``training.micro_batch_size`` with GRPO's row-mean losses (``grpo``, ``dr_grpo``): each chunk's loss is
+"""``training.micro_batch_size`` with TINY_GRPO_OVERRIDES's row-mean losses (``grpo``, ``dr_grpo``): each chunk's loss is
 weighted by its share of the step's rows, its token-mean metrics (the clip fractions) by its share of the
 completion tokens. The case is built so that neither equal chunk weights (the chunks have 3, 3, 3, 3, 3 and 1
 rows) nor the other share (the completions differ in length) give the same gradient or metrics; the engine's
@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import pytest
 
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.engine_recording import by_row_parity, shift_behaviour_logprobs
-from tests.grad_recording import largest, largest_difference, record_grpo_grads
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.engine_recording import by_row_parity, shift_behaviour_logprobs
+from tests.helpers.grad_recording import largest, largest_difference, record_grpo_grads
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 MICRO = 3
-RUN = [*GRPO, "training.steps=1", "eval.every=1", "eval.log_samples=0", "algo.share_prompt=false",
+RUN = [*TINY_GRPO_OVERRIDES, "training.steps=1", "eval.every=1", "eval.log_samples=0", "algo.share_prompt=false",
        "reference=fixed", "algo.beta=0.1"]
 
 
 def _step_1(run_dir) -> dict:
-    row = next(r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 1)
+    row = next(r for r in read_metrics(run_dir) if r["step"] == 1)
     return {k: v for k, v in row.items() if not k.startswith(("perf/", "mem/"))}
 
 
@@ -30,8 +30,8 @@ def test_row_mean_losses_weigh_each_chunk_by_its_rows(tmp_path, dense_reward, mo
     grads = record_grpo_grads(monkeypatch)
     rollouts, _ = shift_behaviour_logprobs(monkeypatch, by_row_parity(0.3, -0.3))
     base = [*RUN, f"algo.loss_agg={loss_agg}"]
-    run(compose_cfg(tmp_path / "whole", *base))
-    run(compose_cfg(tmp_path / "micro", *base, f"training.micro_batch_size={MICRO}"))
+    run(compose_tiny_run(tmp_path / "whole", *base))
+    run(compose_tiny_run(tmp_path / "micro", *base, f"training.micro_batch_size={MICRO}"))
 
     # the case tells the weightings apart: unequal chunks, and token shares that are not row shares
     mask = rollouts[0].rollout.mask_BT

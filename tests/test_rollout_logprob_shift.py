@@ -9,17 +9,17 @@ import math
 import pytest
 import torch
 
-from refexp.logging import read_metrics
+from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.engine_recording import by_row_parity, shift_behaviour_logprobs
-from tests.grad_recording import largest, largest_difference, record_grpo_grads
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.engine_recording import by_row_parity, shift_behaviour_logprobs
+from tests.helpers.grad_recording import largest, largest_difference, record_grpo_grads
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
-RUN = [*GRPO, "training.steps=1", "eval.every=1", "eval.log_samples=0"]
+RUN = [*TINY_GRPO_OVERRIDES, "training.steps=1", "eval.every=1", "eval.log_samples=0"]
 
 
 def _step_1(run_dir) -> dict:
-    return next(r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 1)
+    return next(r for r in read_metrics(run_dir) if r["step"] == 1)
 
 
 @pytest.mark.slow
@@ -28,7 +28,7 @@ def test_logprob_diff_is_the_mean_absolute_difference(tmp_path, monkeypatch):
     a signed mean (or the absolute value of one) would differ from the documented mean of |trainer - engine|."""
     c = 0.5
     rollouts, shifts = shift_behaviour_logprobs(monkeypatch, by_row_parity(c, -2 * c))
-    run(compose_cfg(tmp_path, *RUN))
+    run(compose_tiny_run(tmp_path, *RUN))
     (r,), (d,) = rollouts, shifts
     n_tok = r.rollout.mask_BT.sum()
     want = float(d.abs().sum() / n_tok)
@@ -47,9 +47,9 @@ def test_the_capped_importance_weight_scales_the_policy_gradient(tmp_path, dense
     batch (the unshifted run without TIS, whose ratio is 1 within the engine's 1e-4)."""
     recorded = record_grpo_grads(monkeypatch)
     base = [*RUN, "reference=none"]
-    run(compose_cfg(tmp_path / "plain", *base))
+    run(compose_tiny_run(tmp_path / "plain", *base))
     shift_behaviour_logprobs(monkeypatch, lambda m: torch.full(m.shape, -math.log(10.0)))
-    run(compose_cfg(tmp_path / "tis", *base, "algo.tis_cap=2.0"))
+    run(compose_tiny_run(tmp_path / "tis", *base, "algo.tis_cap=2.0"))
     plain, tis = recorded
     scale = largest(plain)
     assert scale > 0  # advantages are non-zero (dense_reward): the policy gradient is not trivially 0
