@@ -199,3 +199,26 @@ def test_continued_sft_baseline_trains_on_demonstrations_without_rollouts(tmp_pa
     assert all(r["loss/total"] == r["loss/sft"] > 0 for r in rows)
     assert not any(k.startswith(("reward", "kl/ref", "rollout/")) for r in rows for k in r)
     assert "eval/accuracy" in final and "kl/init" in final  # measured as every strategy is
+
+
+def test_several_updates_per_batch_run_to_the_end_on_a_schedule_of_every_update(tmp_path):
+    """``algo.updates_per_batch=2``: the LR schedule counts optimizer updates (2 per step), so a 3-step run takes
+    its 6 updates and each step logs the LR its last update used under a 6-update warm-up schedule."""
+    import torch
+
+    from refexp.optim import build_optimizer, current_lr
+
+    steps, updates, warmup = 3, 2, 5
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, f"training.steps={steps}", f"algo.updates_per_batch={updates}",
+                         f"training.warmup_steps={warmup}"))
+    logged = {r["step"]: r["optim/lr"] for r in read_metrics(tmp_path) if r["step"] > 0}
+    assert read_status(tmp_path)["status"] == "completed" and sorted(logged) == [1, 2, 3]
+    lr = compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES).training.lr
+    opt, sched = build_optimizer(torch.nn.Linear(2, 2), optimizer="AdamW", lr=lr, warmup_steps=warmup,
+                                 total_steps=steps * updates)
+    expected = {}
+    for update in range(steps * updates):
+        expected[update // updates + 1] = current_lr(opt)  # the step logs its last update's LR
+        opt.step()
+        sched.step()
+    assert logged == pytest.approx(expected, rel=1e-12)

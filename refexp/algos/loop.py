@@ -53,9 +53,11 @@ def build_policy(ctx: RunContext, init_path: Path) -> Policy:
     # initial_load_in_hf forces the HF reader; otherwise the directory's contents decide.
     titan.load_weights(model, cfg.model, src, hf=True if cfg.checkpoint.initial_load_in_hf else None)
     t = cfg.training
+    # The schedule advances once per optimizer update, and GRPO takes algo.updates_per_batch of them per step.
+    updates = t.steps * getattr(cfg.algo, "updates_per_batch", 1)
     optimizers, schedulers = build_optimizer(model, optimizer=t.optimizer, lr=t.lr, beta1=t.beta1, beta2=t.beta2,
                                              eps=t.eps, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-                                             total_steps=t.steps)
+                                             total_steps=updates)
     return Policy(model, optimizers, schedulers)
 
 
