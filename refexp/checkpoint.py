@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 

@@ -29,28 +29,13 @@ CKPT = [*GRPO, "checkpoint.interval=1", "checkpoint.keep_latest_k=2"]
 TOL = 1e-6
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """An N-step run's metrics (the reward fixture inlined: module scope)."""
-    import refexp.tasks as tasks_mod
-
+@pytest.fixture
+def uninterrupted(tmp_path_factory, dense_reward):
+    """An N-step run's metrics (a few seconds: per test rather than a module fixture, which could not use
+    conftest's ``dense_reward``)."""
     out = tmp_path_factory.mktemp("uninterrupted")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("REFEXP_CACHE", str(tmp_path_factory.getbasetemp() / "refexp-cache"))
-        _dense_reward(mp, tasks_mod)
-        run(compose_cfg(out, *CKPT, f"training.steps={N}"))
+    run(compose_cfg(out, *CKPT, f"training.steps={N}"))
     return _metrics(out)
-
-
-def _dense_reward(mp, tasks_mod) -> None:
-    original = tasks_mod.build_task
-
-    def build(*a, **k):
-        task = original(*a, **k)
-        task.reward = lambda completion, answer: float(completion.count("1"))
-        return task
-
-    mp.setattr(tasks_mod, "build_task", build)
 
 
 def _metrics(run_dir: Path) -> dict[int, dict]:
@@ -129,7 +114,8 @@ def test_no_checkpoint_that_verifies_is_an_error_naming_the_run_dir(tmp_path, de
     for step in (K - 1, K):
         _overwrite_in_place(_data_file(tmp_path / "checkpoint" / f"step-{step}"))
     before = (tmp_path / "metrics.jsonl").read_bytes()
-    with pytest.raises(ConfigError, match=rf"no checkpoint of run_dir='{tmp_path}' verifies \(step-{K}: .*step-{K - 1}"):
+    with pytest.raises(ConfigError, match=rf"no checkpoint of run_dir='{tmp_path}' verifies "
+                                          rf"\(step-{K}: .*step-{K - 1}"):
         _rerun_with_warnings(tmp_path, f"training.steps={N}")
     assert (tmp_path / "metrics.jsonl").read_bytes() == before  # the record is not started over
 
@@ -192,6 +178,12 @@ def test_the_non_finite_guard_names_the_newest_verified_checkpoint(tmp_path, den
     run(compose_cfg(tmp_path, *CKPT, f"training.steps={K}"))
     _overwrite_in_place(_data_file(tmp_path / "checkpoint" / f"step-{K}"))
     real = grpo_mod.grpo_loss
-    monkeypatch.setattr(grpo_mod, "grpo_loss", lambda *a, **k: (lambda lm: (lm[0] * float("nan"), lm[1]))(real(*a, **k)))
-    with pytest.raises(NonFiniteError, match=rf"non-finite loss at step {K}.*newest verified checkpoint is step-{K - 1}"):
+
+    def poisoned(*a, **k):
+        loss, m = real(*a, **k)
+        return loss * float("nan"), m
+
+    monkeypatch.setattr(grpo_mod, "grpo_loss", poisoned)
+    with pytest.raises(NonFiniteError, match=rf"non-finite loss at step {K}.*newest verified checkpoint is "
+                                             rf"step-{K - 1}"):
         _rerun_with_warnings(tmp_path, f"training.steps={N}")
