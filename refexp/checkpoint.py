@@ -11,9 +11,11 @@ reference's weights out, and a resume after the reference moved is then refused 
 ``checkpoint.last_save_model_only=true`` makes the end-of-run checkpoint model-only, and a rerun resumes
 from the newest full checkpoint before it (``Checkpointer.resume``).
 
-Atomicity: DCP writes ``.metadata`` last (through a temporary name and a rename), and torchtitan
-only resumes from ``step-N`` folders that have it, so a kill during a save leaves the previous
-checkpoint in charge. ``keep_latest_k`` prunes older folders.
+Atomicity and verification: DCP writes ``.metadata`` last (through a temporary name and a rename),
+then refexp writes a manifest of every file with its size and sha256 (refexp/checkpoint_manifest.py),
+and only then prunes to ``keep_latest_k``. A resume walks the ``step-N`` folders from the newest down
+and takes the first that verifies (``checkpoint.verify``); each one skipped is named in a warning. A
+save that fails (a full disk) removes its half-written folder and raises its own error.
 
 Model weights alone (the SFT output, a reference checkpoint) are written and read by
 ``refexp/titan/checkpoint_dirs.py`` (``save_model_weights``; ``load_weights`` for DCP or HF dirs); its
@@ -24,14 +26,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from refexp import distributed as rdist
+from refexp.checkpoint_manifest import checked_steps, complete_steps, write_manifest
 from refexp.config import CheckpointConfig, ConfigError
 from refexp.titan.components import CheckpointManager
-from refexp.titan.checkpoint_dirs import latest_checkpoint_step
 
 
 class TrainState:
@@ -80,13 +84,29 @@ def is_model_only(step_dir: str | os.PathLike) -> bool:
     return not any(k.startswith("train_state") for k in keys)
 
 
+
+
+def _first_failure(e: BaseException) -> BaseException:
+    """The error a save reports: DCP wraps each rank's in a ``CheckpointException``, a ``BaseException``
+    that ``except Exception`` misses and whose type hides the cause (a full disk's ``OSError``); the
+    lowest failing rank's own error is raised instead (the wrapper as its cause)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(e, CheckpointException) and e.failures:
+        return e.failures[min(e.failures)][0]
+    return e
+
+
 class Checkpointer:
-    """``CheckpointManager`` over ``<run_dir>/<checkpoint.folder>``; a no-op when ``checkpoint.enable=false``."""
+    """``CheckpointManager`` over ``<run_dir>/<checkpoint.folder>``; a no-op when ``checkpoint.enable=false``.
+    Saves are verified by a manifest (``save``) and resumes by checking it (``resume``)."""
 
     def __init__(self, cfg: CheckpointConfig, run_dir: str | os.PathLike, *, model: torch.nn.Module,
                  optimizers, lr_schedulers, states: dict[str, Any]) -> None:
         self.cfg = cfg
         self.folder = Path(run_dir) / cfg.folder
+        self.checksums = cfg.verify == "checksum"
+        self.last_good = -1  # the newest verified checkpoint: the one resumed from or saved last
         tt_cfg = CheckpointManager.Config(
             enable=cfg.enable,
             folder=cfg.folder,
@@ -111,68 +131,110 @@ class Checkpointer:
             base_folder=str(run_dir),
         )
 
+    def _dir(self, step: int) -> Path:
+        return self.folder / f"step-{step}"
+
     def resume(self) -> bool:
-        """Load the latest (or ``load_step``) checkpoint of this run dir; False on a fresh start."""
+        """Load ``load_step``, else the newest checkpoint that verifies, of this run dir; False on a fresh
+        start. Rank 0 verifies and chooses (its error, if any, is raised on every rank)."""
         if not self.cfg.enable:
             return False
         self._remove_incomplete()
-        step = self._step_to_resume()
-        return step is not None and bool(self.manager.load(step=step))
-
-    def _complete_steps(self) -> list[int]:
-        if not self.folder.is_dir():
-            return []
-        return sorted(int(p.name[5:]) for p in self.folder.iterdir()
-                      if re.fullmatch(r"step-\d+", p.name) and (p / ".metadata").is_file())
+        choice: int | None | ConfigError = None
+        if rdist.is_rank0():
+            try:
+                choice = self._step_to_resume()
+            except ConfigError as e:
+                choice = e
+        choice = rdist.broadcast_object(choice)
+        if isinstance(choice, ConfigError):
+            raise choice
+        if choice is None or not self.manager.load(step=choice):
+            return False
+        self.last_good = choice
+        return True
 
     def _step_to_resume(self) -> int | None:
-        """``load_step``, else the newest full checkpoint (a model-only final save cannot restore the
-        optimizer, the reference or the counters); None on a fresh start."""
-        steps = self._complete_steps()
+        """``load_step`` (an error unless it verifies), else the newest full checkpoint that verifies (a
+        model-only final save cannot restore the optimizer, the reference or the counters); None on a
+        fresh start (no complete ``step-N``). Checkpoints that all fail verification are an error, not a
+        fresh start: starting over would rewrite the run's record from step 0."""
         if self.cfg.load_step >= 0:
-            if self.cfg.load_step in steps and is_model_only(self.folder / f"step-{self.cfg.load_step}"):
-                raise ConfigError(f"checkpoint.load_step={self.cfg.load_step}: step-{self.cfg.load_step} in "
-                                  f"{self.folder} holds model weights only (checkpoint.last_save_model_only) "
-                                  f"and cannot be resumed")
-            return self.cfg.load_step
-        full = [s for s in steps if not is_model_only(self.folder / f"step-{s}")]
-        if full:
-            return full[-1]
-        if steps:
-            raise ConfigError(f"{self.folder} holds only a model-only checkpoint (step-{steps[-1]}, "
+            return self._load_step()
+        skipped, model_only = [], []
+        for step, problem in checked_steps(self.folder, checksums=self.checksums):
+            if problem is not None:
+                skipped.append(f"step-{step}: {problem}")
+            elif is_model_only(self._dir(step)):
+                model_only.append(step)
+            else:
+                return step
+        if model_only:
+            raise ConfigError(f"{self.folder} holds only a model-only checkpoint (step-{model_only[0]}, "
                               f"checkpoint.last_save_model_only=true): the run cannot be resumed or continued. "
                               f"Its final weights load as a start (checkpoint.initial_load_path) of a new run_dir")
+        if skipped:
+            raise ConfigError(f"no checkpoint of run_dir={str(self.folder.parent)!r} verifies ({'; '.join(skipped)}): "
+                              f"the run cannot resume, and starting over would rewrite its record. Move "
+                              f"{self.folder} away to start it again from step 0")
         return None
+
+    def _load_step(self) -> int:
+        """``checkpoint.load_step``, refused with a one-line error unless it is complete, verifies and is full."""
+        step = self.cfg.load_step
+        problem = next((p for s, p in checked_steps(self.folder, checksums=self.checksums) if s == step),
+                       f"no complete step-{step} (complete: {complete_steps(self.folder) or 'none'})")
+        if problem is not None:
+            raise ConfigError(f"checkpoint.load_step={step} is invalid: {self._dir(step)} cannot be loaded: {problem}")
+        if is_model_only(self._dir(step)):
+            raise ConfigError(f"checkpoint.load_step={step}: step-{step} in {self.folder} holds model weights "
+                              f"only (checkpoint.last_save_model_only) and cannot be resumed")
+        return step
 
     def _remove_incomplete(self) -> None:
         """Delete ``step-N`` folders without DCP ``.metadata`` (a save killed half way). They are never
         loaded, but torchtitan's ``keep_latest_k`` counts them, and could prune a good checkpoint
         instead of a broken one with a higher step."""
-        import shutil
-
-        import torch.distributed as dist
-
-        if self.folder.is_dir() and dist.get_rank() == 0:
+        if self.folder.is_dir() and rdist.is_rank0():
             for p in self.folder.iterdir():
                 if re.fullmatch(r"step-\d+", p.name) and p.is_dir() and not (p / ".metadata").is_file():
                     shutil.rmtree(p, ignore_errors=True)
-        if dist.get_world_size() > 1:
-            dist.barrier()
+        rdist.barrier()
 
     def save(self, step: int, *, force: bool = False, final: bool = False) -> bool:
         """Save at the configured interval, or now when ``force`` (preemption) or ``final`` (the end of the
-        run: model weights only with ``checkpoint.last_save_model_only``; a preemption's save stays full)."""
-        if not self.cfg.enable:
+        run: model weights only with ``checkpoint.last_save_model_only``; a preemption's save stays full).
+
+        Then, once every rank's files are written, rank 0 writes the manifest, and only then are older
+        checkpoints pruned. A save that raises (a full disk) removes its ``step-N`` folder and re-raises.
+        """
+        if not self.cfg.enable or not self.manager._should_save(step, force or final):
             return False
         self.manager.last_save_model_only = final and self.cfg.last_save_model_only
-        saved = self.manager.save(step, last_step=force or final)
-        self.manager.maybe_wait_for_saving()
-        if saved and (force or final):
-            self.manager._purge_stale_checkpoints()  # torchtitan prunes after interval saves only
-        return saved
+        step_dir = self._dir(step)
+        if rdist.is_rank0() and step_dir.exists():  # one that failed verification: no stale file may stay
+            shutil.rmtree(step_dir)
+        rdist.barrier()
+        try:
+            self.manager.save(step, last_step=force or final)
+            self.manager.maybe_wait_for_saving()
+            rdist.barrier()  # every rank's shards are on disk before rank 0 lists them
+            if rdist.is_rank0():
+                write_manifest(step_dir, checksums=self.checksums)
+        except BaseException as e:
+            if rdist.is_rank0():
+                shutil.rmtree(step_dir, ignore_errors=True)
+            cause = _first_failure(e)
+            if cause is e:
+                raise
+            raise cause from e
+        self.manager.purge_stale_checkpoints()
+        self.last_good = step
+        return True
 
     def latest_step(self) -> int:
-        return latest_checkpoint_step(self.folder)
+        """The newest verified checkpoint of this run: the one it resumed from or saved last (-1: none)."""
+        return self.last_good
 
     def close(self) -> None:
         if self.cfg.enable:

@@ -63,7 +63,8 @@ def clip_and_step(model: torch.nn.Module, optimizers, lr_schedulers, *, max_norm
 
     Returns ``(grad_norm, lr)``: the norm before clipping (over all shards) and the learning rate this
     update used, read before the schedule advances (reading it after would give the next step's).
-    Raises ``NonFiniteError`` without touching the weights, so the last checkpoint stays the last good state.
+    Raises ``NonFiniteError`` without touching the weights, so the newest verified checkpoint stays the
+    last good state (``refexp.algos.loop.optimizer_step`` names it).
     """
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP/TP: the global norm

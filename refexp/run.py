@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from refexp import distributed as rdist
 from refexp import titan
 from refexp.config import ConfigError, RootConfig, to_object
+from refexp.config.root import generation_budget
 from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.context import RunContext
 from refexp.metric_logger import MetricLogger
@@ -237,9 +238,10 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
 
     datasets.disable_progress_bars()  # one tqdm line per saved split drowns the run's own output
     cache_dir = Path(os.path.expanduser(cfg.sft.cache_dir))
-    task = build_task(cfg.task, str(cache_dir), algo=cfg.algo.name) if info.is_rank0 else None
+    lengths = dict(max_seq_len=cfg.model.max_seq_len, new_tokens=generation_budget(cfg))
+    task = build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths) if info.is_rank0 else None
     rdist.barrier()
-    task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name)  # other ranks read rank 0's cache
+    task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths)  # other ranks read rank 0's cache
 
     resolved = resolved_container(dcfg)
     if info.is_rank0:

@@ -10,7 +10,7 @@ does not change, so for GRPO the order does not change a number.
 Around it: resume from the run dir's latest checkpoint, the step-0 measurement on a fresh start, a
 SIGTERM handler that saves at the end of the step before exiting (SLURM preemption; outside the loop
 ``refexp/stop_signals.py`` stops the run at once), a non-finite guard that stops the run
-and leaves the last good checkpoint, and a final checkpoint at the end of every run.
+and names the newest verified checkpoint, and a final checkpoint at the end of every run.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def optimizer_step(ctx: RunContext, policy: Policy, loss: torch.Tensor, step: in
     except NonFiniteError as e:
         last = ckpt.latest_step() if ckpt is not None else -1
         raise NonFiniteError(
-            f"{e} " + (f"The last good checkpoint is step-{last} in {ckpt.folder}." if last >= 0
-                       else "No checkpoint was written yet.")
+            f"{e} " + (f"The newest verified checkpoint is step-{last} in {ckpt.folder}." if last >= 0
+                       else "No checkpoint was written or resumed from yet.")
         ) from None
 
 

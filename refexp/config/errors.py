@@ -6,6 +6,8 @@ one readable line before any model is built.
 
 from __future__ import annotations
 
+import math
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 
@@ -29,3 +31,25 @@ def non_negative(name: str, v: Any) -> None:
 
 def one_of(name: str, v: Any, options: tuple) -> None:
     check(v in options, name, v, "one of " + ", ".join(map(str, options)))
+
+
+INFINITY_MEANS_SOMETHING = {
+    "training.max_norm": "no gradient clipping (clip_grad_norm_ scales by min(1, inf / norm) = 1)",
+    "algo.eps_low": "no lower clip of the probability ratio",
+    "algo.eps_high": "no upper clip of the probability ratio",
+    "algo.tis_cap": "importance weights left untruncated",
+}
+"""The float fields where infinity is a meaningful setting (and what it means); NaN never is."""
+
+
+def check_finite_floats(obj: Any, path: str = "") -> None:
+    """Every float field of the dataclass ``obj`` and those nested in it is finite, or +-inf where
+    ``INFINITY_MEANS_SOMETHING`` lists it (each schema's ``__post_init__`` checks the sign and range).
+    One walk for all schemas: a comparison like ``beta >= 0`` lets inf through, which would otherwise
+    fail only after the models are built."""
+    for f in fields(obj):
+        value, name = getattr(obj, f.name), f"{path}.{f.name}" if path else f.name
+        if is_dataclass(value):
+            check_finite_floats(value, name)
+        elif isinstance(value, float) and not math.isfinite(value):
+            check(not math.isnan(value) and name in INFINITY_MEANS_SOMETHING, name, value, "a finite number")

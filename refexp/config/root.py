@@ -20,7 +20,7 @@ from refexp.choices import DPO_REFERENCE_FREE_LOSSES, REFERENCE_STRATEGIES
 from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig
 from .blocks import EvalConfig, SFTConfig
 from .comparison import ComparisonConfig
-from .errors import ConfigError
+from .errors import ConfigError, check_finite_floats
 from .logger import LoggerConfig
 from .model import CompileConfig, ModelConfig, ParallelismConfig, check_attention_heads
 from .reference import REFERENCE_SCHEMAS, ReferenceConfig
@@ -116,8 +116,8 @@ def _gpu_count() -> int:
 
 
 def to_object(cfg: DictConfig) -> RootConfig:
-    """Resolve a composed DictConfig into dataclasses, running every ``__post_init__`` check, the cross-field
-    checks and (unless ``dry_run``) ``check_start_weights``.
+    """Resolve a composed DictConfig into dataclasses, running every ``__post_init__`` check, the finite-float
+    check (``check_finite_floats``), the cross-field checks and (unless ``dry_run``) ``check_start_weights``.
 
     Raises ConfigError naming the field (OmegaConf's own type errors are re-raised as ConfigError too).
     """
@@ -141,6 +141,7 @@ def to_object(cfg: DictConfig) -> RootConfig:
         raise ConfigError(f"algo={obj.algo!r} is invalid: expected one of {', '.join(ALGO_SCHEMAS)}")
     if type(obj.reference) not in REFERENCE_SCHEMAS.values():
         raise ConfigError(f"reference is not chosen: expected reference=<one of {', '.join(REFERENCE_SCHEMAS)}>")
+    check_finite_floats(obj)
     check_cross_fields(obj)
     if not obj.dry_run:
         check_start_weights(obj)
@@ -197,6 +198,7 @@ def check_cross_fields(cfg: RootConfig) -> None:
         raise ConfigError(f"sft.target_accuracy={cfg.sft.target_accuracy} needs a validation split to read (the "
                           f"test split never stops anything): set task.val_path or task.val_fraction, or leave "
                           f"sft.target_accuracy at 1.0")
+    check_sequence_fits(cfg)
     check_attention_heads(n_heads=cfg.model.n_heads, n_kv_heads=cfg.model.n_kv_heads,
                           tensor_parallel_degree=cfg.parallelism.tensor_parallel_degree)
     if cfg.rollout.static_decode and cfg.parallelism.tensor_parallel_degree > 1:
@@ -222,6 +224,31 @@ def check_cross_fields(cfg: RootConfig) -> None:
                 f"reference; use algo.loss_type=<one of {', '.join(DPO_REFERENCE_FREE_LOSSES)}>, or pick a "
                 f"reference strategy ({', '.join(s for s in REFERENCE_STRATEGIES if s != 'none')})"
             )
+
+
+def generation_budget(cfg: RootConfig) -> tuple[str, int]:
+    """The field and value of the most tokens any generation asks for: ``task.max_new_tokens`` (evaluation,
+    and GRPO's rollouts unless ``algo.max_new_tokens`` overrides them)."""
+    algo_budget = getattr(cfg.algo, "max_new_tokens", None)
+    if algo_budget is not None and algo_budget > cfg.task.max_new_tokens:
+        return "algo.max_new_tokens", algo_budget
+    return "task.max_new_tokens", cfg.task.max_new_tokens
+
+
+def check_sequence_fits(cfg: RootConfig) -> None:
+    """Prompt + generated tokens fit ``model.max_seq_len`` (the RoPE table: a longer sequence fails in the
+    first generation, after the SFT stage), for the embedded task, whose prompt length the config fixes.
+    Data files' prompts are measured where they are first read (``refexp.tasks.splits.check_lengths``);
+    ``model.max_seq_len=None`` (the flavor's or the checkpoint's) is known only with torchtitan, and not
+    checked here."""
+    max_seq_len, prompt = cfg.model.max_seq_len, cfg.task.embedded_prompt_tokens()
+    if max_seq_len is None or prompt is None:
+        return
+    field_name, budget = generation_budget(cfg)
+    if prompt + budget > max_seq_len:
+        raise ConfigError(f"{field_name}={budget} is invalid with model.max_seq_len={max_seq_len}: expected at most "
+                          f"{max_seq_len - prompt} (a prompt of task.digits={cfg.task.digits} is {prompt} tokens, "
+                          f"BOS included, and prompt + generated tokens must fit the model's positions)")
 
 
 def check_start_weights(cfg: RootConfig) -> None:

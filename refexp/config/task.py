@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Optional
 
 from .errors import check, one_of, positive_int
@@ -122,6 +122,7 @@ class TaskConfig:
                   "GSM8K-format data (a local file or folder, or a Hub id) when task.name=gsm8k")
         if self.name == "preference":
             self._check_preference()
+        self._check_ignored()
 
     def val_share(self) -> float:
         """The share of training rows carved off as validation: ``val_fraction``, else the task's default
@@ -129,6 +130,14 @@ class TaskConfig:
         if self.val_fraction is not None:
             return float(self.val_fraction)
         return DEFAULT_VAL_FRACTION if self.name == "arithmetic" and self.val_path is None else 0.0
+
+    def embedded_prompt_tokens(self) -> Optional[int]:
+        """The token count of every prompt of the embedded task (``042+317=``: two operands of ``digits``,
+        an operator, ``=``, one character a token, and BOS), known from the config alone; None when the
+        prompts are read from data, or tokenized or templated otherwise (known once the task is built)."""
+        if self.name != "arithmetic" or self.tokenizer_path is not None or self.chat_template:
+            return None
+        return 2 * self.digits + 2 + 1
 
     def has_validation(self) -> bool:
         """Whether the task has a validation split (``Task.val``): ``val_path``, or a non-zero ``val_share()``."""
@@ -143,3 +152,33 @@ class TaskConfig:
                   "None when task.name=preference (pairs come from task.preference_path; there is no reward)")
         check(not self.val_fraction, "task.val_fraction", self.val_fraction,
               "None or 0 when task.name=preference (held-out pairs: task.eval_path, else task.num_eval pairs)")
+
+    def _ignored(self) -> dict[str, str]:
+        """The fields this task does not read, each with why. Not listed: ``num_train`` and ``num_eval``
+        beside a data file or ``eval_path`` — sizes that presets set for every task (the tests' TINY)."""
+        ignored: dict[str, str] = {}
+        if self.name != "arithmetic":
+            ignored.update(dict.fromkeys(("digits", "ops"), "only the embedded arithmetic task generates problems"))
+        if self.name != "gsm8k":
+            ignored.update(dict.fromkeys(("question_column", "answer_column"), "only GSM8K-format data has them"))
+        if self.name == "arithmetic":
+            ignored.update(dict.fromkeys(("train_path", "eval_path", "val_path", "eval_split", "val_split"),
+                                         "the embedded task generates its problems (task.val_fraction sizes its "
+                                         "validation split)"))
+            if self.preference_path is None:
+                ignored.update(dict.fromkeys(("dataset_config", "train_split"),
+                                             "they describe a data file, and this task reads none"))
+        if self.name == "preference":
+            ignored["val_split"] = "the preference task has no validation split"
+        if self.name != "preference" and self.preference_path is None:
+            ignored.update(dict.fromkeys(("prompt_column", "chosen_column", "rejected_column"),
+                                         "they name the columns of task.preference_path, which is unset"))
+        return ignored
+
+    def _check_ignored(self) -> None:
+        """A field this task does not read (``_ignored``) left at its default: set, it would be silently unused."""
+        defaults = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(self)}
+        for name, why in self._ignored().items():
+            value = getattr(self, name)
+            check(value == defaults[name], f"task.{name}", value,
+                  f"{defaults[name]!r} (its default) with task.name={self.name}: {why}")

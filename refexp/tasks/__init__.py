@@ -66,11 +66,13 @@ class Task:
         return out
 
 
-def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft") -> Task:
+def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_seq_len: int | None = None,
+               new_tokens: tuple[str, int] | None = None) -> Task:
     """Load or generate the task of ``task_cfg``. Generated data goes under ``cache_dir/data``;
     ``datasets``' Arrow copies of files and Hub downloads under ``cache_dir/hf-datasets``. ``algo``
     (``algo.name``) decides whether the reference answers must fit ``task.max_new_tokens``
-    (``refexp.tasks.splits.TARGET_ALGOS``)."""
+    (``refexp.tasks.splits.TARGET_ALGOS``); ``max_seq_len`` (``model.max_seq_len``) and ``new_tokens``
+    (``refexp.config.root.generation_budget``) whether the longest prompt + generation fits the model."""
     tokenizer = _tokenizer(task_cfg)
     configure_chat(tokenizer, task_cfg)
     hf_cache = os.path.join(cache_dir, "hf-datasets")
@@ -92,7 +94,8 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft") -> Ta
                                 for ds in (train, held_out, val))
     if task_cfg.reward is not None:
         reward = load_reward(task_cfg.reward)
-    check_lengths(task_cfg, tokenizer, {"train": train, "eval": held_out, **({"val": val} if val is not None else {})}, algo)
+    check_lengths(task_cfg, tokenizer, {"train": train, "eval": held_out, **({"val": val} if val is not None else {})},
+                  algo, max_seq_len=max_seq_len, new_tokens=new_tokens)
     preference = train if task_cfg.name == "preference" else None
     if preference is None and task_cfg.preference_path is not None:
         preference = load_preference(

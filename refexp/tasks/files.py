@@ -39,6 +39,8 @@ def load_table(path: str, *, split: Optional[str] = None, config: Optional[str] 
             f"data file {path!r} has an unknown extension: expected .jsonl, .json, .parquet, .csv, "
             f"a directory (save_to_disk's or a data directory) or a Hugging Face Hub dataset id"
         )
+    if os.path.getsize(path) == 0:  # datasets' own error for it is an empty message
+        raise ConfigError(f"data file {path!r} is empty (0 bytes): expected one row per line (.jsonl) or a table")
     try:
         return datasets.load_dataset(builder, data_files=path, split="train", cache_dir=cache_dir)
     except Exception as e:  # pyarrow/json errors: a value of the wrong type, a broken line, ...
@@ -58,6 +60,8 @@ def _json_row_problem(path: str) -> Optional[str]:
         rows = list(_json_rows(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+    if not rows:
+        return "empty: no rows, only blank lines"
     first = None
     for i, row in enumerate(rows):
         if isinstance(row, json.JSONDecodeError):

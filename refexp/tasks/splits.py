@@ -64,10 +64,7 @@ def val_split(task_cfg: TaskConfig, train: datasets.Dataset, hf_cache: str
               ) -> tuple[datasets.Dataset, Optional[datasets.Dataset]]:
     """``(train, val)``: ``val`` read from ``task.val_path`` (train untouched), carved off ``train``
     by ``task.val_fraction``, or None."""
-    if task_cfg.val_path is not None:
-        if task_cfg.name != "gsm8k":
-            raise ConfigError(f"task.val_path={task_cfg.val_path!r} is invalid for task.name={task_cfg.name}: "
-                              f"expected None (use task.val_fraction for the embedded task)")
+    if task_cfg.val_path is not None:  # gsm8k only: TaskConfig refuses it for the other tasks
         return train, _load(task_cfg, task_cfg.val_path, task_cfg.val_split, hf_cache)
     share = task_cfg.val_share()
     if not share:
@@ -82,34 +79,46 @@ def val_split(task_cfg: TaskConfig, train: datasets.Dataset, hf_cache: str
 
 
 def check_lengths(task_cfg: TaskConfig, tokenizer: TextTokenizer, splits: dict[str, datasets.Dataset],
-                  algo: str) -> None:
-    """Fail before any model is built when a prompt exceeds ``task.max_prompt_len`` or, for an
-    algorithm in ``TARGET_ALGOS``, a demonstration (+ EOS) exceeds ``task.max_new_tokens``; the
-    messages give the value that fits."""
-    checks = [(("prompt",), "task.max_prompt_len", task_cfg.max_prompt_len,
-               lambda t: len(tokenizer.encode(t, add_bos=True)))]
+                  algo: str, *, max_seq_len: int | None = None, new_tokens: tuple[str, int] | None = None) -> None:
+    """Fail before any model is built when a prompt exceeds ``task.max_prompt_len``, when the longest prompt
+    + the generation budget (``new_tokens``: its field and value, default ``task.max_new_tokens``) exceed
+    ``max_seq_len`` (``model.max_seq_len``, when known), or, for an algorithm in ``TARGET_ALGOS``, a
+    demonstration (+ EOS) exceeds ``task.max_new_tokens``; the messages give the value that fits.
+
+    The sequence check is here because a data file's prompt lengths are first known here (the embedded
+    task's are known from the config: ``refexp.config.root.check_sequence_fits``)."""
+    prompt_n, prompt_at = _longest(splits, ("prompt",), lambda t: len(tokenizer.encode(t, add_bos=True)))
+    if prompt_n > task_cfg.max_prompt_len:
+        raise ConfigError(
+            f"task.max_prompt_len={task_cfg.max_prompt_len} is invalid: expected at least {prompt_n} (the prompt of "
+            f"{prompt_at} has {prompt_n} tokens, BOS included where the tokenizer has one)"
+        )
+    field, budget = new_tokens or ("task.max_new_tokens", task_cfg.max_new_tokens)
+    if max_seq_len is not None and prompt_n + budget > max_seq_len:
+        raise ConfigError(
+            f"{field}={budget} is invalid with model.max_seq_len={max_seq_len}: expected at most "
+            f"{max_seq_len - prompt_n} (the prompt of {prompt_at} has {prompt_n} tokens, and prompt + generated "
+            f"tokens must fit the model's positions)"
+        )
     if algo in TARGET_ALGOS:  # a preference task's rows hold chosen/rejected instead of one completion
-        checks.append((("completion", "chosen", "rejected"), "task.max_new_tokens", task_cfg.max_new_tokens,
-                       lambda t: len(tokenizer.encode(t)) + 1))
-    for columns, field, limit, count in checks:
-        longest = (0, "", -1)
-        for split, ds in splits.items():
-            for column in (c for c in columns if c in ds.column_names):
-                for i, text in enumerate(ds[column]):
-                    if (n := count(text)) > longest[0]:
-                        longest = (n, split, i)
-        n, split, i = longest
-        if n > limit:
-            if field == "task.max_prompt_len":
-                raise ConfigError(
-                    f"{field}={limit} is invalid: expected at least {n} (the prompt of {split} row {i} "
-                    f"has {n} tokens, BOS included where the tokenizer has one)"
-                )
+        n, at = _longest(splits, ("completion", "chosen", "rejected"), lambda t: len(tokenizer.encode(t)) + 1)
+        if n > task_cfg.max_new_tokens:
             raise ConfigError(
-                f"{field}={limit} is invalid: expected at least {n}, the longest reference answer ({split} "
-                f"row {i} has {n} tokens, EOS included), since algo={algo} trains on the answers (GRPO "
-                f"does not: it generates and truncates at the budget)"
+                f"task.max_new_tokens={task_cfg.max_new_tokens} is invalid: expected at least {n}, the longest "
+                f"reference answer ({at} has {n} tokens, EOS included), since algo={algo} trains on the answers "
+                f"(GRPO does not: it generates and truncates at the budget)"
             )
+
+
+def _longest(splits: dict[str, datasets.Dataset], columns: tuple[str, ...], count) -> tuple[int, str]:
+    """The largest ``count(text)`` over ``columns`` of every split, and where (``"<split> row <i>"``)."""
+    longest = (0, "")
+    for split, ds in splits.items():
+        for column in (c for c in columns if c in ds.column_names):
+            for i, text in enumerate(ds[column]):
+                if (n := count(text)) > longest[0]:
+                    longest = (n, f"{split} row {i}")
+    return longest
 
 
 def _load(task_cfg: TaskConfig, path: str, split: str, hf_cache: str) -> datasets.Dataset:

@@ -6,23 +6,19 @@ HF safetensors dir into a built model.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import torch.nn as nn
 
+from refexp.checkpoint_manifest import complete_steps, newest_verified_step
 from refexp.config import ConfigError, ModelConfig
 from refexp.titan.hf_weights import load_hf_weights_
 
 
 def latest_checkpoint_step(folder: str | os.PathLike) -> int:
-    """Highest ``step-N`` under folder whose DCP metadata was written (-1 if none)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return -1
-    steps = [int(m.group(1)) for p in folder.iterdir()
-             if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file()]
-    return max(steps, default=-1)
+    """Highest ``step-N`` under folder whose DCP metadata was written (-1 if none); unverified: the
+    newest that passes its manifest is ``refexp.checkpoint_manifest.newest_verified_step``."""
+    return max(complete_steps(folder), default=-1)
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
@@ -39,7 +35,8 @@ def save_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> N
 
 
 def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> None:
-    """Load model weights from a refexp model-only checkpoint, a run's ``checkpoint/step-N``, or a run dir."""
+    """Load model weights from a refexp model-only checkpoint, a run's ``checkpoint/step-N``, or a run dir
+    (its newest checkpoint that verifies against its manifest, refexp/checkpoint_manifest.py)."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(checkpoint_dir)
@@ -48,13 +45,13 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> N
     if (path / "model").is_dir() and (path / "model" / ".metadata").is_file():
         path = path / "model"  # a refexp SFT output dir
     elif not (path / ".metadata").is_file():
-        step = latest_checkpoint_step(path / "checkpoint") if (path / "checkpoint").is_dir() else -1
+        step = newest_verified_step(path / "checkpoint")
         if step >= 0:
             path = path / "checkpoint" / f"step-{step}"
         else:
             raise ConfigError(
-                f"{str(checkpoint_dir)!r} holds no DCP checkpoint (.metadata) — expected a refexp SFT output, "
-                f"a run's checkpoint/step-N, or a run dir with checkpoint/"
+                f"{str(checkpoint_dir)!r} holds no DCP checkpoint (.metadata) that verifies — expected a refexp SFT "
+                f"output, a run's checkpoint/step-N, or a run dir with checkpoint/"
             )
     state = model.state_dict()
     dcp.load(state, checkpoint_id=str(path))
