@@ -12,7 +12,7 @@ reference's weights out, and a resume after the reference moved is then refused 
 from the newest full checkpoint before it (``Checkpointer.resume``).
 
 Atomicity and verification: DCP writes ``.metadata`` last (through a temporary name and a rename),
-then refexp writes a manifest of every file with its size and sha256 (refexp/checkpoint_manifest.py),
+then refexp writes a manifest of every file with its size and sha256 (refexp/record/checkpoints.py),
 and only then prunes to ``keep_latest_k``. A resume walks the ``step-N`` folders from the newest down
 and takes the first that verifies (``checkpoint.verify``); each one skipped is named in a warning. A
 save that fails (a full disk) removes its half-written folder and raises its own error.
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from refexp import distributed as rdist
-from refexp.checkpoint_manifest import checked_steps, complete_steps, write_manifest
+from refexp.record.checkpoints import checked_steps, complete_steps, write_manifest
 from refexp.config import CheckpointConfig, ConfigError
 from refexp.titan.components import CheckpointManager
 

@@ -1,4 +1,4 @@
-"""Checkpoints are verified before they are trusted (refexp/checkpoint_manifest.py, refexp/checkpoint.py).
+"""Checkpoints are verified before they are trusted (refexp/record/checkpoints.py, refexp/checkpoint.py).
 
 A corrupted newest checkpoint (a truncated data file or ``.metadata``, bytes overwritten in place) is
 skipped with a warning naming it, and the run resumes from the one before with the numbers of an
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from refexp.checkpoint_manifest import MANIFEST
+from refexp.record.checkpoints import MANIFEST
 from refexp.config import ConfigError
 from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.helpers import GRPO, compose_cfg
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 pytestmark = pytest.mark.slow
 
 K, N = 3, 4
-CKPT = [*GRPO, "checkpoint.interval=1", "checkpoint.keep_latest_k=2"]
+CKPT = [*TINY_GRPO_OVERRIDES, "checkpoint.interval=1", "checkpoint.keep_latest_k=2"]
 TOL = 1e-6
 
 
@@ -34,7 +34,7 @@ def uninterrupted(tmp_path_factory, dense_reward):
     """An N-step run's metrics (a few seconds: per test rather than a module fixture, which could not use
     conftest's ``dense_reward``)."""
     out = tmp_path_factory.mktemp("uninterrupted")
-    run(compose_cfg(out, *CKPT, f"training.steps={N}"))
+    run(compose_tiny_run(out, *CKPT, f"training.steps={N}"))
     return _metrics(out)
 
 
@@ -74,12 +74,12 @@ def _overwrite_in_place(path: Path) -> None:
 def _rerun_with_warnings(run_dir: Path, *overrides: str) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run(compose_cfg(run_dir, *CKPT, *overrides))
+        run(compose_tiny_run(run_dir, *CKPT, *overrides))
     return [str(w.message) for w in caught]
 
 
 def test_a_save_writes_a_manifest_of_every_file(tmp_path, dense_reward):
-    run(compose_cfg(tmp_path, *CKPT, "training.steps=2"))
+    run(compose_tiny_run(tmp_path, *CKPT, "training.steps=2"))
     step_dir = tmp_path / "checkpoint" / "step-2"
     files = json.loads((step_dir / MANIFEST).read_text())["files"]
     on_disk = {p.relative_to(step_dir).as_posix() for p in step_dir.rglob("*") if p.is_file()} - {MANIFEST}
@@ -89,7 +89,7 @@ def test_a_save_writes_a_manifest_of_every_file(tmp_path, dense_reward):
 
 @pytest.mark.parametrize("damage", ["truncated data file", "truncated .metadata", "overwritten in place"])
 def test_a_corrupt_newest_checkpoint_is_skipped(tmp_path, dense_reward, uninterrupted, damage):
-    run(compose_cfg(tmp_path, *CKPT, f"training.steps={K}"))
+    run(compose_tiny_run(tmp_path, *CKPT, f"training.steps={K}"))
     newest = tmp_path / "checkpoint" / f"step-{K}"
     bad = newest / ".metadata" if "metadata" in damage else _data_file(newest)
     (_overwrite_in_place if "overwritten" in damage else _truncate)(bad)
@@ -101,7 +101,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped(tmp_path, dense_reward, uninterr
 
 
 def test_size_only_verification_misses_an_overwrite_but_not_a_truncation(tmp_path, dense_reward):
-    run(compose_cfg(tmp_path, *CKPT, "training.steps=2", "checkpoint.verify=size"))
+    run(compose_tiny_run(tmp_path, *CKPT, "training.steps=2", "checkpoint.verify=size"))
     step_dir = tmp_path / "checkpoint" / "step-2"
     assert all("sha256" not in e for e in json.loads((step_dir / MANIFEST).read_text())["files"].values())
     _truncate(_data_file(step_dir))
@@ -110,7 +110,7 @@ def test_size_only_verification_misses_an_overwrite_but_not_a_truncation(tmp_pat
 
 
 def test_no_checkpoint_that_verifies_is_an_error_naming_the_run_dir(tmp_path, dense_reward):
-    run(compose_cfg(tmp_path, *CKPT, f"training.steps={K}"))
+    run(compose_tiny_run(tmp_path, *CKPT, f"training.steps={K}"))
     for step in (K - 1, K):
         _overwrite_in_place(_data_file(tmp_path / "checkpoint" / f"step-{step}"))
     before = (tmp_path / "metrics.jsonl").read_bytes()
@@ -121,7 +121,7 @@ def test_no_checkpoint_that_verifies_is_an_error_naming_the_run_dir(tmp_path, de
 
 
 def test_a_bad_load_step_is_an_error_naming_it(tmp_path, dense_reward):
-    run(compose_cfg(tmp_path, *CKPT, f"training.steps={K}"))
+    run(compose_tiny_run(tmp_path, *CKPT, f"training.steps={K}"))
     _truncate(_data_file(tmp_path / "checkpoint" / f"step-{K - 1}"))
     with pytest.raises(ConfigError, match=rf"checkpoint.load_step={K - 1} is invalid: .*step-{K - 1}.*distcp has"):
         _rerun_with_warnings(tmp_path, f"training.steps={N}", f"checkpoint.load_step={K - 1}")
@@ -132,7 +132,7 @@ def test_a_bad_load_step_is_an_error_naming_it(tmp_path, dense_reward):
 def test_checkpoints_from_before_manifests_load_with_a_warning(tmp_path, dense_reward, uninterrupted):
     """No manifest anywhere (an older refexp wrote them): the newest whose files are complete loads,
     said to be unverified; a truncated one is still caught by the sizes ``.metadata`` records."""
-    run(compose_cfg(tmp_path, *CKPT, f"training.steps={K}"))
+    run(compose_tiny_run(tmp_path, *CKPT, f"training.steps={K}"))
     for manifest in (tmp_path / "checkpoint").glob(f"step-*/{MANIFEST}"):
         manifest.unlink()
     _truncate(_data_file(tmp_path / "checkpoint" / f"step-{K}"))
@@ -144,7 +144,7 @@ def test_checkpoints_from_before_manifests_load_with_a_warning(tmp_path, dense_r
 
 def test_a_checkpoint_newer_than_a_manifested_one_without_its_manifest_is_skipped(tmp_path, dense_reward):
     """What a kill between DCP's ``.metadata`` and the manifest leaves."""
-    run(compose_cfg(tmp_path, *CKPT, f"training.steps={K}"))
+    run(compose_tiny_run(tmp_path, *CKPT, f"training.steps={K}"))
     (tmp_path / "checkpoint" / f"step-{K}" / MANIFEST).unlink()
     messages = _rerun_with_warnings(tmp_path, f"training.steps={N}")
     assert any(f"step-{K}: no {MANIFEST}" in m for m in messages), messages
@@ -154,7 +154,7 @@ def test_a_checkpoint_newer_than_a_manifested_one_without_its_manifest_is_skippe
 def test_a_failed_save_leaves_no_step_dir_and_raises_its_error(tmp_path, dense_reward, monkeypatch):
     import torch.distributed.checkpoint.filesystem as dcp_fs
 
-    run(compose_cfg(tmp_path, *CKPT, "training.steps=2"))
+    run(compose_tiny_run(tmp_path, *CKPT, "training.steps=2"))
     ck = tmp_path / "checkpoint"
     kept = {p.name: (p / MANIFEST).read_bytes() for p in ck.glob("step-*")}
 
@@ -164,18 +164,18 @@ def test_a_failed_save_leaves_no_step_dir_and_raises_its_error(tmp_path, dense_r
     with monkeypatch.context() as mp:
         mp.setattr(dcp_fs, "_write_item", disk_full)
         with pytest.raises(OSError, match="No space left on device") as raised:
-            run(compose_cfg(tmp_path, *CKPT, "training.steps=3"))
+            run(compose_tiny_run(tmp_path, *CKPT, "training.steps=3"))
     assert raised.value.errno == errno.ENOSPC
     assert sorted(p.name for p in ck.iterdir()) == sorted(kept) == ["step-1", "step-2"]
     assert {p.name: (p / MANIFEST).read_bytes() for p in ck.glob("step-*")} == kept
-    assert run(compose_cfg(tmp_path, *CKPT, "training.steps=3"))["step"] == 3  # resumes from step-2
+    assert run(compose_tiny_run(tmp_path, *CKPT, "training.steps=3"))["step"] == 3  # resumes from step-2
 
 
 def test_the_non_finite_guard_names_the_newest_verified_checkpoint(tmp_path, dense_reward, monkeypatch):
     import refexp.algos.grpo as grpo_mod
     from refexp.algos.loop import NonFiniteError
 
-    run(compose_cfg(tmp_path, *CKPT, f"training.steps={K}"))
+    run(compose_tiny_run(tmp_path, *CKPT, f"training.steps={K}"))
     _overwrite_in_place(_data_file(tmp_path / "checkpoint" / f"step-{K}"))
     real = grpo_mod.grpo_loss
 

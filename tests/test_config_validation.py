@@ -12,7 +12,7 @@ import pytest
 
 from refexp.config import ConfigError, TaskConfig, to_object
 from refexp.config.errors import INFINITY_MEANS_SOMETHING
-from tests.helpers import compose_root
+from tests.helpers.configs import compose_root
 
 GRPO = ["algo=grpo", "reference=fixed"]
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from refexp.checkpoint_manifest import complete_steps, newest_verified_step
+from refexp.record.checkpoints import complete_steps, newest_verified_step
 from refexp.config import ConfigError, ModelConfig
 from refexp.titan.hf_weights import load_hf_weights_
 
 
 def latest_checkpoint_step(folder: str | os.PathLike) -> int:
     """Highest ``step-N`` under folder whose DCP metadata was written (-1 if none); unverified: the
-    newest that passes its manifest is ``refexp.checkpoint_manifest.newest_verified_step``."""
+    newest that passes its manifest is ``refexp.record.checkpoints.newest_verified_step``."""
     return max(complete_steps(folder), default=-1)
 
 
@@ -36,7 +36,7 @@ def save_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> N
 
 def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> None:
     """Load model weights from a refexp model-only checkpoint, a run's ``checkpoint/step-N``, or a run dir
-    (its newest checkpoint that verifies against its manifest, refexp/checkpoint_manifest.py)."""
+    (its newest checkpoint that verifies against its manifest, refexp/record/checkpoints.py)."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(checkpoint_dir)

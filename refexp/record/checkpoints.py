@@ -6,7 +6,7 @@ are on disk (rank 0, after a barrier: ``Checkpointer.save``), atomically (a temp
 rename), so a dir whose manifest is there and matches holds exactly what was saved.
 
 Checksums are hashlib's sha256: the standard library (xxhash would be ~8x faster, but it is only a
-transitive dependency, of ``datasets``), ~1.2 GB/s per core on the development machine, the files of
+transitive dependency, of ``datasets``), ~1.2 GB/s per core, the files of
 a dir hashed in parallel threads (hashlib releases the GIL). ``checkpoint.verify=size`` skips them
 (sizes only) where that time matters more than a same-size corruption.
 """
