@@ -14,7 +14,7 @@ from .build import NoBaselineError, NoRunsError, build_report
 from .table import format_table
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="refexp-report",
         description="Compare the reference strategies of a Hydra multirun dir: writes report.md, "
@@ -47,6 +47,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--wandb-workspace", action="store_true",
                         help="save a W&B workspace comparing the sweep's strategies (with an API key), else "
                              "write its spec to SWEEP_DIR/wandb_workspace.json")
+    return parser
+
+
+def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int, ...]]:
+    """The arguments, each checked (argparse's error, exit 2, before anything is read), and the ``--at-steps``."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         parser.error(f"SWEEP_DIR {args.sweep_dir} is not a directory")
@@ -63,6 +69,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"--at-steps={args.at_steps!r} is invalid: expected steps separated by commas (500,1000)")
     if any(s < 0 for s in at_steps):
         parser.error(f"--at-steps={args.at_steps!r} is invalid: expected steps >= 0")
+    return args, at_steps
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args, at_steps = _parse(argv)
     try:
         report = build_report(args.sweep_dir, target=args.target, baseline=args.baseline, at_steps=at_steps,
                               alpha=args.alpha, margin=args.equivalence_margin, allow_mixed=args.allow_mixed,
