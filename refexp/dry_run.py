@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from refexp.choices import MOVING_STRATEGIES
+from refexp.config.task import ignored_fields
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
@@ -67,7 +68,10 @@ def fill_data_paths(cfg: DictConfig) -> DictConfig:
     the task's "where is the data" checks must not stop it (``model.hf_assets_path`` stays as given:
     unset, the preset's flavor gives the shapes)."""
     out = copy.deepcopy(cfg)
+    ignored = ignored_fields(out.task.name, out.task.get("preference_path"))  # must stay unset
     for key in list(out.task.keys()):
+        if key in ignored:
+            continue
         if str(key).endswith("_path") and (OmegaConf.is_missing(out.task, key) or out.task[key] is None):
             out.task[key] = UNSET
     return out

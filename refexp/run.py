@@ -173,17 +173,25 @@ def run(dcfg: DictConfig) -> dict:
     """Validate, then train (spawning ``parallelism.nproc_per_node`` workers when started as one process).
     ``dry_run=true`` never reaches here: ``refexp/__main__.py`` plans it (refexp/dry_run.py).
 
-    The run dir's lock (one writer at a time) is taken first, by this process when it launches the job
+    The config layer's checks come first (a bad value leaves no run dir); then the run dir's lock (one writer at
+    a time) is taken, by this process when it launches the job
     (before spawning workers) or is rank 0 of a torchrun/SLURM job, and held until the job ends; stop
     signals raise from then on (``refexp/stop_signals.py``), so every phase ends with a true status."""
-    with stop_signals.installed(), _run_dir_lock(dcfg.get("run_dir")):
-        cfg = validate(dcfg)
-        if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
-            from refexp.launcher import spawn_workers
+    with stop_signals.installed():
+        to_object(dcfg)  # the config layer's checks first: a bad value makes no run dir
+        with _run_dir_lock(dcfg.get("run_dir")):
+            return _validated_run(dcfg)
 
-            return spawn_workers(_spawned_worker, dcfg, cfg.parallelism.nproc_per_node,
-                                 on_failure=lambda error: record_launch_failure(cfg.run_dir, error))
-        return run_worker(dcfg, cfg)
+
+def _validated_run(dcfg: DictConfig) -> dict:
+    """``run`` once the run dir is locked: the checks that read it, then the workers or this process's run."""
+    cfg = validate(dcfg)
+    if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
+        from refexp.launcher import spawn_workers
+
+        return spawn_workers(_spawned_worker, dcfg, cfg.parallelism.nproc_per_node,
+                             on_failure=lambda error: record_launch_failure(cfg.run_dir, error))
+    return run_worker(dcfg, cfg)
 
 
 @contextmanager
@@ -255,7 +263,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     earlier = open_status(run_dir, status) if info.is_rank0 else {}  # a resumed run's earlier invocations
     rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/record/status.py)
     try:
-        final = _dispatch(ctx)
+        final = _dispatch(ctx, status)
         status.status, status.final, status.last_step = "completed", final, int(final.get("step", cfg.training.steps))
         logger.summary(final)
         return final
@@ -296,11 +304,12 @@ def _agree_on_run_dir(cfg: RootConfig, info) -> Path:
     return agreed
 
 
-def _dispatch(ctx: RunContext) -> dict:
+def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
     from refexp.algos.sft import ensure_sft
 
     algo = ctx.cfg.algo.name
     sft_dir = ensure_sft(ctx)
+    status.sft_start = sft_start_record(sft_dir)
     if algo == "sft":
         import json
 
@@ -326,6 +335,17 @@ def _dispatch(ctx: RunContext) -> dict:
 
         return train_dpo(ctx, sft_dir)
     raise ConfigError(f"algo={algo!r} is invalid: expected sft, grpo or dpo")
+
+
+def sft_start_record(sft_dir: Path) -> dict:
+    """What ``status.json`` says of the run's start (``RunStatus.sft_start``): the directory's name and, for an SFT
+    stage's output, the accuracies its ``sft.json`` recorded."""
+    import json
+
+    summary_file = sft_dir / "sft.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    return {"key": sft_dir.name, "val_accuracy": summary.get("val_accuracy"),
+            "eval_accuracy": summary.get("eval_accuracy")}
 
 
 def wandb_run_info(cfg: RootConfig, dcfg: DictConfig) -> dict:

@@ -155,3 +155,19 @@ def test_a_handler_found_is_called_first():
 
 def test_status_heartbeat_names_this_host():
     assert rstatus.new_heartbeat(5)["host"] == socket.gethostname()
+
+
+def test_status_names_the_sft_start_and_the_report_setup_block_shows_it(tmp_path):
+    """``status.json`` records which SFT cache entry the run started from (its key, never a machine path) and the
+    validation accuracy the SFT stage measured; the report's setup block reads it from there."""
+    from refexp.report.setup import sft_start
+
+    cfg = compose_tiny_run(tmp_path / "run", *TINY_GRPO_OVERRIDES, "training.steps=1")
+    run(cfg)
+    start = read_status(tmp_path / "run")["sft_start"]
+    sft_root = tmp_path.__class__(os.path.expanduser(cfg.sft.cache_dir)) / "sft"
+    entry = sft_root / start["key"]
+    summary = json.loads((entry / "sft.json").read_text())
+    assert os.sep not in start["key"] and start["val_accuracy"] == summary["val_accuracy"]
+    shown = sft_start([load_run(tmp_path / "run", tmp_path)])
+    assert start["key"] in shown and f"{summary['val_accuracy']:.3f}" in shown and str(sft_root) not in shown

@@ -154,26 +154,8 @@ class TaskConfig:
               "None or 0 when task.name=preference (held-out pairs: task.eval_path, else task.num_eval pairs)")
 
     def _ignored(self) -> dict[str, str]:
-        """The fields this task does not read, each with why. Not listed: ``num_train`` and ``num_eval``
-        beside a data file or ``eval_path`` — sizes that presets set for every task (the tests' TINY)."""
-        ignored: dict[str, str] = {}
-        if self.name != "arithmetic":
-            ignored.update(dict.fromkeys(("digits", "ops"), "only the embedded arithmetic task generates problems"))
-        if self.name != "gsm8k":
-            ignored.update(dict.fromkeys(("question_column", "answer_column"), "only GSM8K-format data has them"))
-        if self.name == "arithmetic":
-            ignored.update(dict.fromkeys(("train_path", "eval_path", "val_path", "eval_split", "val_split"),
-                                         "the embedded task generates its problems (task.val_fraction sizes its "
-                                         "validation split)"))
-            if self.preference_path is None:
-                ignored.update(dict.fromkeys(("dataset_config", "train_split"),
-                                             "they describe a data file, and this task reads none"))
-        if self.name == "preference":
-            ignored["val_split"] = "the preference task has no validation split"
-        if self.name != "preference" and self.preference_path is None:
-            ignored.update(dict.fromkeys(("prompt_column", "chosen_column", "rejected_column"),
-                                         "they name the columns of task.preference_path, which is unset"))
-        return ignored
+        """The fields this task does not read, each with why (``ignored_fields``)."""
+        return ignored_fields(self.name, self.preference_path)
 
     def _check_ignored(self) -> None:
         """A field this task does not read (``_ignored``) left at its default: set, it would be silently unused."""
@@ -182,3 +164,26 @@ class TaskConfig:
             value = getattr(self, name)
             check(value == defaults[name], f"task.{name}", value,
                   f"{defaults[name]!r} (its default) with task.name={self.name}: {why}")
+
+
+def ignored_fields(name: str, preference_path: Optional[str]) -> dict[str, str]:
+    """The fields of ``task=<name>`` that it does not read, each with why. Not listed: ``num_train`` and ``num_eval``
+    beside a data file or ``eval_path`` — sizes that presets set for every task (the tests' TINY)."""
+    ignored: dict[str, str] = {}
+    if name != "arithmetic":
+        ignored.update(dict.fromkeys(("digits", "ops"), "only the embedded arithmetic task generates problems"))
+    if name != "gsm8k":
+        ignored.update(dict.fromkeys(("question_column", "answer_column"), "only GSM8K-format data has them"))
+    if name == "arithmetic":
+        ignored.update(dict.fromkeys(("train_path", "eval_path", "val_path", "eval_split", "val_split"),
+                                     "the embedded task generates its problems (task.val_fraction sizes its "
+                                     "validation split)"))
+        if preference_path is None:
+            ignored.update(dict.fromkeys(("dataset_config", "train_split"),
+                                         "they describe a data file, and this task reads none"))
+    if name == "preference":
+        ignored["val_split"] = "the preference task has no validation split"
+    if name != "preference" and preference_path is None:
+        ignored.update(dict.fromkeys(("prompt_column", "chosen_column", "rejected_column"),
+                                     "they name the columns of task.preference_path, which is unset"))
+    return ignored

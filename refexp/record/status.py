@@ -32,7 +32,7 @@ from refexp.record.atomic import json_default, write_text_atomic
 from refexp.record.lock import HEARTBEAT_S, describe_owner, owner_alive
 
 ENDED = ("failed", "preempted")
-_SET_AT_THE_END = ("traceback", "ended", "wall_s", "provenances", "heartbeat")
+_SET_AT_THE_END = ("traceback", "ended", "wall_s", "provenances", "heartbeat", "sft_start")
 """``RunStatus`` fields written only once they have a value."""
 RESERVED_BYTES = 16384
 """The size of a ``running`` status.json: room for the closing status (a traceback of 20 frames) on a full disk."""
@@ -64,6 +64,9 @@ class RunStatus:
     """The code versions that advanced the run, in order (``with_provenance``)."""
     heartbeat: Optional[dict] = None
     """While running: ``{host, pid, time, step}`` of rank 0's process, renewed by ``beat``."""
+    sft_start: Optional[dict] = None
+    """The model the run started from: ``{key, val_accuracy, eval_accuracy}``, ``key`` the SFT cache entry's name
+    (or the start directory's name, never a machine path); the accuracies when the SFT stage measured them."""
 
     def to_json(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None or k not in _SET_AT_THE_END}

@@ -75,11 +75,16 @@ def _at_step_0(runs: list[Run], key: str) -> str | None:
 
 
 def sft_start(runs: list[Run]) -> str | None:
-    """The start the runs trained from: ``sft.checkpoint``'s directory name when given (no machine path), and
-    its validation and test accuracy at step 0 (several values: the runs did not share one start)."""
+    """The start the runs trained from, as their ``status.json`` records it (``sft_start``: the SFT cache entry's
+    key and its validation accuracy; several values: the runs did not share one start); for runs that predate
+    that record, ``sft.checkpoint``'s directory name when given and the accuracies they logged at step 0."""
+    recorded = [s for s in ((r.status or {}).get("sft_start") for r in runs) if isinstance(s, dict)]
+    if recorded:
+        keys = _shown([str(s.get("key")) for s in recorded])
+        vals = _shown([f"{s['val_accuracy']:.3f}" for s in recorded if s.get("val_accuracy") is not None])
+        return f"{keys}" + (f" (validation accuracy {vals})" if vals else "")
     given = _shown([Path(c).name for c in (_get(r.config, "sft.checkpoint") for r in runs) if c])
-    where = f"sft.checkpoint {given}" if given else ("SFT cache entry (its key is not recorded in the run dir; "
-                                                     "the accuracies at step 0 identify it)")
+    where = f"sft.checkpoint {given}" if given else "an SFT cache entry (these runs predate its record in status.json)"
     val, test = _at_step_0(runs, VAL_ACCURACY), _at_step_0(runs, EVAL_ACCURACY)
     accs = ", ".join(t for t in (f"validation accuracy {val}" if val else "", f"test accuracy {test}" if test else "")
                      if t)
