@@ -1,7 +1,7 @@
 """Worker for tests/test_titan_distributed.py: 2-rank (gloo) checks of refexp.titan against a
-single-process model built in the same process. Run from the repository root:
+single-process model built in the same process. Run with the repository root on PYTHONPATH:
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 -m tests.helpers.titan_dist_worker \
+    PYTHONPATH=. python -m torch.distributed.run --standalone --nproc_per_node=2 tests/helpers/titan_dist_worker.py \
         OUT.json WORKDIR [CHECKS]
 
 (4 processes: FSDP x TP 2 x 2; CHECKS: a comma-separated subset.)
