@@ -104,6 +104,22 @@ def test_a_seed_level_gain_drowned_by_prompt_noise_is_not_separated(tmp_path, de
     assert "pre-registered in the experiment config" in md and "| chosen on test | algo.beta" in md
 
 
+def test_a_gain_the_seeds_disagree_on_is_not_separated_though_its_prompts_agree(tmp_path, declared_3_seeds):
+    """3 seeds whose gains differ (+20, +2, +40 prompts of 200, no prompt lost): resampling 3 seeds and their
+    prompts never reaches 0, but Student's t over 3 per-seed differences (2 degrees of freedom) does, and a
+    difference counts only where both tests reject."""
+    rng = np.random.default_rng(1)
+    for seed, up in enumerate((20, 2, 40)):
+        base = np.zeros(PROMPTS)
+        base[:100] = 1.0
+        write_run(tmp_path / f"fixed-{seed}", "fixed", seed, base, block=declared_3_seeds)
+        write_run(tmp_path / f"ema-{seed}", "ema", seed, flipped(base, up, 0, rng), block=declared_3_seeds)
+    v = verdict_of(build_report(tmp_path), "ema")
+    assert v.result.boot.percentile_interval(0.05)[0] > 0  # the bootstrap alone would claim "higher"
+    assert v.result.seeds.percentile_interval(0.05)[0] < 0 < v.interval[1]
+    assert v.interval[0] < 0 and v.word == "not separated"
+
+
 # ---------------------------------------------------------------- (b) Holm
 def test_holm_takes_back_a_separation_the_unadjusted_test_would_claim(tmp_path):
     """Three arms against fixed: one far above, one near p 0.03 alone, one null. Unadjusted, the second is

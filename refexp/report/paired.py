@@ -114,13 +114,55 @@ class SeedOnlyResult:
         return self.point - half, self.point + half
 
 
+@dataclass(frozen=True)
+class BothLevelsResult:
+    """A difference that must clear two tests: the hierarchical bootstrap (the prompts' noise, which a seed-level
+    test leaves out) and the Student-t test over the per-seed differences (the few seeds' own uncertainty: a
+    percentile bootstrap of 3 top-level units is far narrower than t with 2 degrees of freedom). A direction is
+    claimed only where both reject (p = the larger p; interval = the hull of the two), a conservative test."""
+
+    boot: BootstrapResult
+    seeds: SeedOnlyResult
+
+    def __getattr__(self, name):  # levels, n_units, resampled, replicates, ... : the bootstrap's
+        return getattr(self.boot, name)
+
+    @property
+    def point(self) -> float:
+        return self.boot.point
+
+    @property
+    def se(self) -> float:
+        return max(self.boot.se, self.seeds.se)
+
+    @property
+    def p_value(self) -> float:
+        return max(self.boot.p_value, self.seeds.p_value)
+
+    @property
+    def note(self) -> Optional[str]:
+        return self.boot.note
+
+    @property
+    def method(self) -> str:
+        return (f"{self.boot.method}, and a Student-t test over the per-seed differences; a difference counts only "
+                f"where both tests reject (the larger p, the hull of the two intervals)")
+
+    def percentile_interval(self, alpha: float) -> tuple[float, float]:
+        (a, b), (c, d) = self.boot.percentile_interval(alpha), self.seeds.percentile_interval(alpha)
+        return min(a, c), max(b, d)
+
+    def tail(self, threshold: float, side: str) -> float:
+        return max(self.boot.tail(threshold, side), self.seeds.tail(threshold, side))
+
+
 @dataclass
 class Comparison:
     """One group against the baseline on one endpoint, over the seeds both completed (and the plan counts)."""
 
     label: str
     seeds: list[int]
-    result: Optional[BootstrapResult | SeedOnlyResult]
+    result: Optional[BothLevelsResult | SeedOnlyResult]
     seed_t: Optional[Estimate]
     """The Student-t 95% interval over the per-seed differences (the seed-only column)."""
     no_claim: str = ""
@@ -142,11 +184,12 @@ def compare(group: Group, base: Group, endpoint: Endpoint, counts: Callable[[Run
     seed_t = mean_ci(diffs)
     if not pairs:
         return Comparison(group.label, seeds, None, None, "no common seed")
+    if len(diffs) < 2:  # the seed-to-seed spread is unknown: no test of a sweep's question
+        return Comparison(group.label, seeds, None, seed_t, "one paired seed")
     tree = {a.seed: prompt_pair(a, b, endpoint) for a, b in pairs}
     if all(leaf is not None for leaf in tree.values()):
-        return Comparison(group.label, seeds, paired_hierarchical_bootstrap(tree, n_boot=N_BOOT), seed_t)
-    if len(diffs) < 2:
-        return Comparison(group.label, seeds, None, seed_t, "one paired seed and no per-prompt outcomes")
+        boot = paired_hierarchical_bootstrap(tree, n_boot=N_BOOT)
+        return Comparison(group.label, seeds, BothLevelsResult(boot, SeedOnlyResult(tuple(diffs))), seed_t)
     return Comparison(group.label, seeds, SeedOnlyResult(tuple(diffs)), seed_t)
 
 
