@@ -17,8 +17,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-# Started by path with the repository root on PYTHONPATH (it imports tests.helpers.models): started with
-# ``-m`` instead, 2 of 10 launches ended with rank 0 aborted by gloo after writing its results (0 of 12 by path).
+# Started by path with the repository root on PYTHONPATH (it imports tests.helpers.models).
 WORKER = ROOT / "tests" / "helpers" / "titan_dist_worker.py"
 TOL = 1e-5
 CHECKS = ("logprobs_grads", "shared_rows", "lerp", "lerp_unresharded", "decode", "generate", "hf_roundtrip")
