@@ -111,14 +111,14 @@ def _use_own_gpu(cfg: DictConfig) -> None:
     cfg.training.device = f"cuda:{gpu}"
 
 
-def validate(dcfg: DictConfig) -> RootConfig:
+def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:
     """Every check that needs no weights: the config layer's (``to_object``), then those it cannot make.
 
     Those stay here because the config layer sits below them: the degrees against the launched world size
     and the model's shapes against the parallelism need torchtitan (``ParallelDims``, the flavor's model
     args or the checkpoint's ``config.json``); the task's sources need the datasets Hub and the reward hook's
-    import; the rerun check needs the run dir's saved config."""
-    cfg = to_object(dcfg)
+    import; the rerun check needs the run dir's saved config. ``cfg``: ``to_object(dcfg)`` when already made."""
+    cfg = cfg or to_object(dcfg)
     if cfg.run_dir is None:
         raise ConfigError("run_dir is not set (run through `refexp`, or pass run_dir=DIR)")
     world = rdist.launched_world_size()
@@ -178,14 +178,14 @@ def run(dcfg: DictConfig) -> dict:
     (before spawning workers) or is rank 0 of a torchrun/SLURM job, and held until the job ends; stop
     signals raise from then on (``refexp/stop_signals.py``), so every phase ends with a true status."""
     with stop_signals.installed():
-        to_object(dcfg)  # the config layer's checks first: a bad value makes no run dir
+        cfg = to_object(dcfg)  # the config layer's checks first: a bad value makes no run dir
         with _run_dir_lock(dcfg.get("run_dir")):
-            return _validated_run(dcfg)
+            return _validated_run(dcfg, cfg)
 
 
-def _validated_run(dcfg: DictConfig) -> dict:
+def _validated_run(dcfg: DictConfig, cfg: RootConfig) -> dict:
     """``run`` once the run dir is locked: the checks that read it, then the workers or this process's run."""
-    cfg = validate(dcfg)
+    cfg = validate(dcfg, cfg)
     if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
         from refexp.launcher import spawn_workers
 
@@ -305,17 +305,15 @@ def _agree_on_run_dir(cfg: RootConfig, info) -> Path:
 
 
 def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
-    from refexp.algos.sft import ensure_sft
+    from refexp.algos.sft import ensure_sft, read_sft_summary
 
     algo = ctx.cfg.algo.name
     sft_dir = ensure_sft(ctx)
-    status.sft_start = sft_start_record(sft_dir)
+    summary = read_sft_summary(sft_dir)
+    status.sft_start = sft_start_record(sft_dir, summary)
     if algo == "sft":
-        import json
-
         from refexp.record.metrics import read_metrics
 
-        summary = json.loads((sft_dir / "sft.json").read_text())
         for row in read_metrics(sft_dir):  # the stage's curve, also when it was cached
             ctx.logger.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
         final = {EVAL_ACCURACY: summary["eval_accuracy"], "step": summary["steps"], "sft/wall_s": summary["wall_s"],
@@ -337,13 +335,9 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
     raise ConfigError(f"algo={algo!r} is invalid: expected sft, grpo or dpo")
 
 
-def sft_start_record(sft_dir: Path) -> dict:
+def sft_start_record(sft_dir: Path, summary: dict) -> dict:
     """What ``status.json`` says of the run's start (``RunStatus.sft_start``): the directory's name and, for an SFT
-    stage's output, the accuracies its ``sft.json`` recorded."""
-    import json
-
-    summary_file = sft_dir / "sft.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    stage's output, the accuracies its ``sft.json`` (``summary``) recorded."""
     return {"key": sft_dir.name, "val_accuracy": summary.get("val_accuracy"),
             "eval_accuracy": summary.get("eval_accuracy")}
 

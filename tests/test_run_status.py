@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -165,7 +166,7 @@ def test_status_names_the_sft_start_and_the_report_setup_block_shows_it(tmp_path
     cfg = compose_tiny_run(tmp_path / "run", *TINY_GRPO_OVERRIDES, "training.steps=1")
     run(cfg)
     start = read_status(tmp_path / "run")["sft_start"]
-    sft_root = tmp_path.__class__(os.path.expanduser(cfg.sft.cache_dir)) / "sft"
+    sft_root = Path(os.path.expanduser(cfg.sft.cache_dir)) / "sft"
     entry = sft_root / start["key"]
     summary = json.loads((entry / "sft.json").read_text())
     assert os.sep not in start["key"] and start["val_accuracy"] == summary["val_accuracy"]

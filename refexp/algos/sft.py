@@ -5,6 +5,8 @@ demonstrations until the validation loss plateaus (or the accuracy target, or th
 
 from __future__ import annotations
 
+import json
+
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -76,6 +78,13 @@ def ensure_sft(ctx: RunContext) -> Path:
 
 _sft_cached = marker_check("sft.json")
 """Whether an SFT output dir is complete (``sft.json`` is written last)."""
+
+
+def read_sft_summary(sft_dir: Path) -> dict:
+    """The ``sft.json`` an SFT output dir ends with (``_save_sft_output``); {} for a start that is not one
+    (``sft.enable=false``: a pretrained checkpoint)."""
+    summary_file = Path(sft_dir) / "sft.json"
+    return json.loads(summary_file.read_text()) if summary_file.is_file() else {}
 
 
 def sft_batch(ctx: RunContext, step: int) -> list[int]:
