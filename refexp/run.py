@@ -32,6 +32,7 @@ from refexp.config.root import generation_budget
 from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.context import RunContext
 from refexp.metric_logger import MetricLogger
+from refexp.process_settings import apply_process_settings
 from refexp.provenance import provenance
 from refexp.record.metric_names import EVAL_ACCURACY, EVAL_PREF_ACCURACY, KL_INIT, KL_REF, VAL_ACCURACY
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
@@ -231,10 +232,9 @@ def resolved_container(dcfg: DictConfig) -> dict:
 def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     """One process of a run (rank r of N, or the only one)."""
     cfg = cfg or validate(dcfg)
+    apply_process_settings(cfg.training)  # before the device is touched (CUBLAS_WORKSPACE_CONFIG)
     device = titan.resolve_device(cfg.training.device)
     titan.prepare_torchtitan(device.type)
-    if cfg.training.num_threads:
-        torch.set_num_threads(cfg.training.num_threads)
     info = rdist.init_distributed(device, backend=cfg.comm.backend, timeout_s=cfg.comm.init_timeout_seconds)
     run_dir = _agree_on_run_dir(cfg, info)
     parallel_dims = (titan.make_parallel_dims(cfg.parallelism, info.world_size, device.type)

@@ -14,7 +14,7 @@ RESUMABLE_CHANGES = (
     "logger.",             # where metrics go
     "parallelism.",        # DCP reshards; the same numbers at any world size (tests/test_distributed.py)
     "comm.",               # timeouts, backend
-    "training.num_threads", "training.device",
+    "training.num_threads", "training.device", "training.deterministic",
     "sft.cache_dir",       # where the caches live (their contents are keyed by what determines them)
     "checkpoint.interval", "checkpoint.keep_latest_k", "checkpoint.async_mode", "checkpoint.load_step",
     "checkpoint.last_save_in_hf",

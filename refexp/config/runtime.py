@@ -135,6 +135,11 @@ class TrainingConfig:
     a multiple of ``algo.group_size`` when prompts are shared; DPO: pairs). None = the whole step at once."""
     num_threads: int = 0
     """torch intra-op threads per process (0 = torch's default)."""
+    deterministic: bool = False
+    """torch's deterministic algorithms (``torch.use_deterministic_algorithms(True)``, cuDNN's deterministic
+    kernels, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless set): on CUDA a rerun on the same GPU model, software
+    and world size repeats the numbers, and an operation with no deterministic implementation stops the run
+    with an error naming it. Costs speed on GPU; on CPU runs repeat without it (docs/gpus.md)."""
     device: str = "auto"
     """auto = cuda when available, else cpu; cuda = the GPU of this process's local rank; cuda:N = GPU N."""
 
@@ -162,3 +167,4 @@ class TrainingConfig:
               "training.device", self.device, "one of auto, cpu, cuda, cuda:N (GPU N)")
         check(isinstance(self.num_threads, int) and self.num_threads >= 0, "training.num_threads",
               self.num_threads, "an integer >= 0")
+        check(isinstance(self.deterministic, bool), "training.deterministic", self.deterministic, "true or false")

@@ -5,8 +5,10 @@ config layer touches only this package. The modules, the CPU workarounds (§n) a
 from torchtitan's own trainer: docs/architecture.md and docs/torchtitan-notes.md.
 """
 
-# First: installs the EP-kernel stand-in before any module below imports torchtitan (§1).
-from refexp.titan import cpu_compat  # noqa: F401
+# First: the stand-ins for names an older torch lacks (§17) and the EP-kernel stand-in (§1), before any
+# module below imports torchtitan.
+from refexp.titan import torch_compat  # noqa: F401  # isort: skip
+from refexp.titan import cpu_compat  # noqa: F401  # isort: skip
 from refexp.titan.attention import CausalRows, MaskedSDPA
 from refexp.titan.build import build_model, make_parallel_dims
 from refexp.titan.checkpoint_dirs import (
