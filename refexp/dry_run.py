@@ -233,6 +233,14 @@ def plan(cfg) -> list[tuple[str, float, str]]:
     kv = gen_rows * gen_len * s.n_layers * 2 * s.kv_dim * compute / tp
     lines.append(("generation KV cache", kv, f"{gen_rows} rows x {gen_len} tokens"))
     resident = sum(b for _, b, _ in lines[:6])
+    # --- learned rewards (task.reward_model & co.): their weights, resident beside the policy
+    from refexp.tasks.reward_model import reward_models_plan_line
+
+    reward_models = reward_models_plan_line(cfg.task)
+    if reward_models is not None:
+        lines.append(reward_models)
+        resident += reward_models[1]
+    # ---
     peak = resident + max(acts + logits + shared, kv)
     ckpt = s.params * master + s.params * 8
     if ref_cfg.name in MOVING_STRATEGIES and a.name != "sft" and getattr(cfg.checkpoint, "save_reference", True):

@@ -6,8 +6,8 @@ Order (cheap checks first, so bad input fails before any model is built):
  2. spawn workers when the job asks for N processes but was started as one (``parallelism.nproc_per_node``);
  3. device, process group, threads;
  4. task (data + tokenizer + reward), logger (rank 0: W&B + metrics.jsonl), ``status.json``;
- 5. the algorithm: ``sft`` (just the stage) | ``grpo`` | ``dpo`` (which build policy, reference
-    strategy, optimizer and checkpointer themselves).
+ 5. the algorithm: ``sft`` (just the stage) | ``rm`` (a reward model on the stage's samples) | ``grpo`` | ``dpo``
+    (which build policy, reference strategy, optimizer and checkpointer themselves).
 ``status.json`` in the run dir records running / completed / failed (with the error) so a sweep's
 report lists failed runs instead of dropping them.
 """
@@ -158,7 +158,7 @@ def check_rerun_steps(cfg: RootConfig, run_dir: Path) -> None:
     earlier = read_status(run_dir) or {}
     heartbeat = earlier.get("heartbeat") if isinstance(earlier.get("heartbeat"), dict) else {}
     reached = max(int(earlier.get("last_step") or 0), int(heartbeat.get("step") or 0))
-    if cfg.algo.name != "sft" and reached > cfg.training.steps:  # an sft run's steps are the stage's
+    if cfg.algo.name not in ("sft", "rm") and reached > cfg.training.steps:  # sft's and rm's steps are their stage's
         done = "completed" if earlier.get("status") == "completed" else "reached"
         raise ConfigError(f"run_dir={str(run_dir)!r} holds a run that {done} {reached} steps, and rerunning a run "
                           f"dir resumes it: training.steps={cfg.training.steps} is fewer. To continue it use "
@@ -246,7 +246,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
 
     datasets.disable_progress_bars()  # one tqdm line per saved split drowns the run's own output
     cache_dir = Path(os.path.expanduser(cfg.sft.cache_dir))
-    lengths = dict(max_seq_len=cfg.model.max_seq_len, new_tokens=generation_budget(cfg))
+    lengths = dict(max_seq_len=cfg.model.max_seq_len, new_tokens=generation_budget(cfg), device=device)
     task = build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths) if info.is_rank0 else None
     rdist.barrier()
     task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths)  # other ranks read rank 0's cache
@@ -324,6 +324,10 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
             print(f"[refexp] SFT model: {sft_dir} (test accuracy {summary['eval_accuracy']:.3f} after "
                   f"{summary['steps']} steps, stopped by {summary.get('stopped_by', 'cap')})")
         return final
+    if algo == "rm":
+        from refexp.algos.rm import run_rm
+
+        return run_rm(ctx, sft_dir)
     if algo == "grpo":
         from refexp.algos.grpo import train_grpo
 
@@ -332,7 +336,7 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
         from refexp.algos.dpo import train_dpo
 
         return train_dpo(ctx, sft_dir)
-    raise ConfigError(f"algo={algo!r} is invalid: expected sft, grpo or dpo")
+    raise ConfigError(f"algo={algo!r} is invalid: expected sft, grpo, dpo or rm")
 
 
 def sft_start_record(sft_dir: Path, summary: dict) -> dict:

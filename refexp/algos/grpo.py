@@ -87,8 +87,10 @@ class GRPOStep:
         model.train()
         gen_s = now(ctx.device) - t0
         rewards = torch.tensor(task.score(rollout.texts, answers, prompts), dtype=torch.float32, device=ctx.device)
+        gold = task.gold_score(rollout.texts, answers, prompts)  # None unless a learned reward is optimised
         return StepRollouts(rollout, prompts, answers, rollout.tokens_BT.to(ctx.device), rollout.mask_BT.to(ctx.device),
-                            rollout.behaviour_logp.to(ctx.device), rewards, gen_s)
+                            rollout.behaviour_logp.to(ctx.device), rewards, gen_s,
+                            None if gold is None else torch.tensor(gold, dtype=torch.float32, device=ctx.device))
 
     def _reference_logprobs(self, rollouts: StepRollouts, chunks) -> tuple[torch.Tensor | None, float]:
         """The reference's log-probs of the rollouts [N, T-1] (None when reference-free), and the seconds taken.

@@ -161,7 +161,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     def validate() -> dict[str, float]:
         n, pd = cfg.eval.num_prompts, ctx.parallel_dims
         out = {"sft/val_loss": -logp_correct(model, ctx.task, n, parallel_dims=pd, split="val", per_token=True),
-               "sft/val_accuracy": greedy_accuracy(model, ctx.task, n, parallel_dims=pd, split="val", engine=engine)}
+               "sft/val_accuracy": greedy_accuracy(model, ctx.task, n, parallel_dims=pd, split="val", engine=engine,
+                                                   verifier=True)}
         stop.update(out["sft/val_loss"], out["sft/val_accuracy"], step)
         if stop.improved:
             best.save(step)
@@ -189,7 +190,9 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     if best.step is not None and best.step != step and not stop.hit_target:  # at the target: the model that hit it
         best.restore()
     # the model kept, measured once on the test split (reported, never used to stop or select)
-    acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims, engine=engine)
+    # the verifier, also when a learned reward is configured for the RL stage (its cache key holds no reward model)
+    acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims, engine=engine,
+                          verifier=True)
     log.log({**pending, "eval/accuracy": acc}, step=step)
     bar.close()
     summary = {"steps": step, "eval_accuracy": acc, "val_accuracy": stop.accuracy, "best_val_loss": stop.best_loss,

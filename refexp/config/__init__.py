@@ -16,7 +16,7 @@ Modules: ``errors`` (ConfigError and the checks), ``model`` (model, parallelism,
 ``reference``, ``root`` (RootConfig, registration, to_object), ``search`` (a search selects on validation).
 """
 
-from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig, GRPOConfig, SFTAlgoConfig
+from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig, GRPOConfig, RMConfig, SFTAlgoConfig
 from .blocks import EvalConfig, SFTConfig
 from .comparison import ComparisonConfig
 from .errors import ConfigError
@@ -51,7 +51,7 @@ __all__ = [
     "AlgoConfig", "CheckpointConfig", "CommConfig", "ComparisonConfig", "CompileConfig", "ConfigError",
     "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig",
     "KLTriggeredReferenceConfig", "LoggerConfig", "ModelConfig", "NoReferenceConfig", "ParallelismConfig",
-    "PeriodicResetReferenceConfig", "ReferenceConfig", "RolloutConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig", "TaskConfig",
+    "PeriodicResetReferenceConfig", "RMConfig", "ReferenceConfig", "RolloutConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig", "TaskConfig",
     "TrainingConfig", "check_cross_fields", "check_known_fields", "check_search_validation", "register_configs",
     "schema_name", "to_object",
 ]

@@ -190,6 +190,14 @@ def check_cross_fields(cfg: RootConfig) -> None:
         if cfg.sft.enable and not cfg.sft.checkpoint:
             raise ConfigError("task=preference needs sft.enable=false (start from model.hf_assets_path) or "
                               "sft.checkpoint=DIR: the SFT stage needs demonstrations, which preference pairs are not")
+    if cfg.task.learned_rewards() and cfg.algo.name != "grpo":
+        field_name = next(f"task.{n}" for n in ("reward_model", "reward_funcs", "gold_reward_model")
+                          if getattr(cfg.task, n))
+        raise ConfigError(f"{field_name} is invalid with algo={cfg.algo.name}: only algo=grpo optimises or logs a "
+                          f"learned reward (unset it, or use algo=grpo)")
+    if cfg.algo.name == "rm" and cfg.parallelism.nproc_per_node > 1:
+        raise ConfigError(f"parallelism.nproc_per_node={cfg.parallelism.nproc_per_node} is invalid with algo=rm: "
+                          f"the reward model trains in one process (expected 1)")
     if not cfg.sft.enable:
         if cfg.algo.name == "sft":
             raise ConfigError("sft.enable=false is invalid with algo=sft: the SFT stage is all that algo runs "

@@ -23,6 +23,7 @@ from refexp.tasks.arithmetic import load_arithmetic
 from refexp.tasks.chat import chat_rows, configure_chat
 from refexp.tasks.fingerprint import task_fingerprint
 from refexp.tasks.preference import load_preference
+from refexp.tasks.reward_sum import BatchReward, build_rewards
 from refexp.tasks.rewards import exact_match_reward, gsm8k_reward, load_reward, no_reward
 from refexp.tasks.splits import check_lengths, gsm8k_splits, preference_splits, val_split
 from refexp.tasks.tokenizer import TextTokenizer, build_char_tokenizer
@@ -53,7 +54,28 @@ class Task:
     """Validation rows (``task.val_path`` or ``task.val_fraction``, see ``refexp.tasks.splits``), same
     columns as ``train``; None when neither is set."""
 
+    optimised: Optional[BatchReward] = None
+    """The reward GRPO optimises when it is more than ``reward`` (``task.reward_model``, ``task.reward_funcs``;
+    ``refexp.tasks.reward_sum``); None: ``reward``."""
+    gold: Optional[BatchReward] = None
+    """The gold reward logged beside an ``optimised`` one (``task.gold_reward_model``, else ``reward``); None when
+    the verifier is what is optimised."""
+
     def score(self, texts: list[str], answers: list[str], prompts: list[str]) -> list[float]:
+        """The optimised reward of each completion (``optimised``, else ``verify``)."""
+        if self.optimised is not None:
+            return self.optimised(prompts, texts, answers)
+        return self.verify(texts, answers, prompts)
+
+    def gold_score(self, texts: list[str], answers: list[str], prompts: list[str]) -> Optional[list[float]]:
+        """The gold reward of each completion, None when the task logs none (``gold``)."""
+        return None if self.gold is None else self.gold(prompts, texts, answers)
+
+    def verify_batch(self, prompts: list[str], texts: list[str], answers: list[str]) -> list[float]:
+        """``verify`` as a ``BatchReward`` (the verifier among ``task.reward_funcs``, or the gold)."""
+        return self.verify(texts, answers, prompts)
+
+    def verify(self, texts: list[str], answers: list[str], prompts: list[str]) -> list[float]:
         """``reward`` of each completion; a reward function that fails names the sample (prompt,
         completion, answer) instead of leaving a bare traceback."""
         out = []
@@ -67,12 +89,13 @@ class Task:
 
 
 def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_seq_len: int | None = None,
-               new_tokens: tuple[str, int] | None = None) -> Task:
+               new_tokens: tuple[str, int] | None = None, device="cpu") -> Task:
     """Load or generate the task of ``task_cfg``. Generated data goes under ``cache_dir/data``;
     ``datasets``' Arrow copies of files and Hub downloads under ``cache_dir/hf-datasets``. ``algo``
     (``algo.name``) decides whether the reference answers must fit ``task.max_new_tokens``
     (``refexp.tasks.splits.TARGET_ALGOS``); ``max_seq_len`` (``model.max_seq_len``) and ``new_tokens``
-    (``refexp.config.root.generation_budget``) whether the longest prompt + generation fits the model."""
+    (``refexp.config.root.generation_budget``) whether the longest prompt + generation fits the model; the
+    reward models of ``task.reward_model`` / ``reward_funcs`` / ``gold_reward_model`` score on ``device``."""
     tokenizer = _tokenizer(task_cfg)
     configure_chat(tokenizer, task_cfg)
     hf_cache = os.path.join(cache_dir, "hf-datasets")
@@ -101,7 +124,7 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
         preference = load_preference(
             task_cfg.preference_path, tokenizer, split=task_cfg.train_split, config=task_cfg.dataset_config,
             columns=(task_cfg.prompt_column, task_cfg.chosen_column, task_cfg.rejected_column), cache_dir=hf_cache)
-    return Task(
+    task = Task(
         name=task_cfg.name,
         tokenizer=tokenizer,
         train=train,
@@ -112,6 +135,8 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
         preference=preference,
         val=val,
     )
+    task.optimised, task.gold = build_rewards(task_cfg, task.verify_batch, device=device)
+    return task
 
 
 def _tokenizer(task_cfg: TaskConfig) -> TextTokenizer:
