@@ -16,7 +16,7 @@ from refexp.record.metrics import read_metrics
 from refexp.record.samples import read_samples
 from refexp.run import run
 from refexp.tasks.rewards import exact_match_reward
-from tests.helpers.configs import SMALL_GRPO_OVERRIDES, compose_root, compose_small_run
+from tests.helpers.configs import SMALL_GRPO_OVERRIDES, compose_root, compose_small_run, compose_tiny_run
 
 transformers = pytest.importorskip("transformers")
 
@@ -179,3 +179,31 @@ def test_the_dry_run_plan_counts_the_reward_model(chat_rm):
                                      "task.reward_model_dtype=bfloat16", "dry_run=true"))
     assert offloaded["reward models"] == 0
     assert "reward models" not in dry_run(compose_root("algo=grpo", "dry_run=true"))
+
+
+def test_gsm8k_from_a_pretrained_checkpoint_optimises_a_chat_reward_model(hf_dir, chat_rm, tmp_path):
+    """task=gsm8k on the tiny Qwen3 with its chat template: the reward model reads the rendered prompt + completion
+    (not templated twice), and the gold is the GSM8K verifier."""
+    from refexp.tasks.rewards import gsm8k_reward
+    from tests.helpers.tiny_qwen3 import MODEL, QUESTIONS
+
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in QUESTIONS))
+    run_dir = tmp_path / "run"
+    run(compose_tiny_run(
+        run_dir, *MODEL, f"model.hf_assets_path={hf_dir}", "sft.enable=false", "task=gsm8k",
+        f"task.train_path={data}", f"task.eval_path={data}", "task.chat_template=true", "task.max_prompt_len=128",
+        "task.max_new_tokens=8", "algo=grpo", "algo.prompts_per_step=2",
+        "algo.group_size=2", "training.steps=2", "eval.num_prompts=4", "eval.kl_prompts=2",
+        f"task.reward_model={chat_rm}"))
+    rows = {r["step"]: r for r in read_metrics(run_dir)}
+    assert {"reward/mean", "reward/gold"} <= rows[2].keys() and "eval/gold" in rows[2]
+    rollouts = [s for s in read_samples(run_dir, "rollout") if s["step"] == 2]
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(chat_rm).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(chat_rm)
+    for s in rollouts:
+        assert s["prompt"].startswith("<|im_start|>user")  # rendered by the policy's template
+        ids = tok(s["prompt"] + s["completion"], add_special_tokens=False, return_tensors="pt")
+        with torch.no_grad():
+            assert s["reward"] == pytest.approx(float(model(**ids).logits[0, 0]), abs=1e-4)
+        assert s["gold"] == gsm8k_reward(s["completion"], s["answer"])

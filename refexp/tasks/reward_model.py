@@ -27,6 +27,12 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 HOST = torch.device("cpu")
 
 
+def is_reward_model_entry(entry: str) -> bool:
+    """A ``task.reward_funcs`` entry is a reward model dir when it is a path (it holds ``/``, or is a dir); else
+    ``verifier`` or a function's dotted path."""
+    return "/" in entry or os.sep in entry or os.path.isdir(entry)
+
+
 def check_reward_model_dir(field_name: str, path: str) -> None:
     """ConfigError naming ``field_name`` unless ``path`` is a sequence-classification checkpoint with one label
     and a tokenizer: reads config.json only, before any model is built."""
@@ -171,8 +177,6 @@ def reward_models_plan_line(task_cfg) -> tuple[str, float, str] | None:
     """The dry-run plan's line for the reward models of ``task_cfg`` (weights on the trainer's device, in
     ``task.reward_model_dtype``; 0 with ``task.reward_model_offload``), None when none is configured. A dir that is
     not on this machine counts 0 and says so."""
-    from refexp.tasks.reward_sum import is_reward_model_entry
-
     paths = [p for p in (task_cfg.reward_model, task_cfg.gold_reward_model) if p]
     paths += [e for e in task_cfg.reward_funcs if is_reward_model_entry(e)]
     paths = list(dict.fromkeys(paths))

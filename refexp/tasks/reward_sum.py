@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from refexp.config import TaskConfig
-from refexp.tasks.reward_model import RewardModel
+from refexp.tasks.reward_model import RewardModel, is_reward_model_entry
 from refexp.tasks.rewards import load_reward
 
 VERIFIER = "verifier"
@@ -19,13 +19,6 @@ VERIFIER = "verifier"
 
 BatchReward = Callable[[list[str], list[str], list[str]], list[float]]
 """``fn(prompts, completions, answers) -> [float]``, one score per completion."""
-
-
-def is_reward_model_entry(entry: str) -> bool:
-    """A ``task.reward_funcs`` entry is a reward model dir when it is a path (it holds ``/``, or is a dir)."""
-    import os
-
-    return "/" in entry or os.sep in entry or os.path.isdir(entry)
 
 
 def per_sample(fn: Callable[[str, str], float], name: str) -> BatchReward:

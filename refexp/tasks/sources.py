@@ -51,8 +51,8 @@ def check_sources(task_cfg: TaskConfig) -> None:
 def check_reward_fields(task_cfg: TaskConfig) -> None:
     """Every reward model dir is a one-label sequence classifier with a tokenizer (its config.json read) and
     every function of ``task.reward_funcs`` imports (``refexp.tasks.reward_sum``)."""
-    from refexp.tasks.reward_model import check_reward_model_dir
-    from refexp.tasks.reward_sum import VERIFIER, is_reward_model_entry
+    from refexp.tasks.reward_model import check_reward_model_dir, is_reward_model_entry
+    from refexp.tasks.reward_sum import VERIFIER
     from refexp.tasks.rewards import load_reward
 
     for field_name, path in (("task.reward_model", task_cfg.reward_model),
