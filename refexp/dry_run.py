@@ -236,7 +236,7 @@ def plan(cfg) -> list[tuple[str, float, str]]:
     # --- learned rewards (task.reward_model & co.): their weights, resident beside the policy
     from refexp.tasks.reward_model import reward_models_plan_line
 
-    reward_models = reward_models_plan_line(cfg.task)
+    reward_models = reward_models_plan_line(cfg.task, s.params)
     if reward_models is not None:
         lines.append(reward_models)
         resident += reward_models[1]

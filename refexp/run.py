@@ -246,7 +246,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
 
     datasets.disable_progress_bars()  # one tqdm line per saved split drowns the run's own output
     cache_dir = Path(os.path.expanduser(cfg.sft.cache_dir))
-    lengths = dict(max_seq_len=cfg.model.max_seq_len, new_tokens=generation_budget(cfg), device=device)
+    lengths = dict(max_seq_len=cfg.model.max_seq_len, new_tokens=generation_budget(cfg))
     task = build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths) if info.is_rank0 else None
     rdist.barrier()
     task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths)  # other ranks read rank 0's cache
@@ -330,7 +330,13 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
         return run_rm(ctx, sft_dir)
     if algo == "grpo":
         from refexp.algos.grpo import train_grpo
+        from refexp.tasks.reward_sum import attach_rewards, names_stage_model
 
+        if ctx.cfg.task.learned_rewards():  # task.reward_model & co.; =rm: the reward-model stage's, cached or made now
+            from refexp.algos.rm import ensure_rm
+
+            rm_dir = ensure_rm(ctx, sft_dir) / "hf" if names_stage_model(ctx.cfg.task) else None
+            attach_rewards(ctx.task, ctx.cfg.task, device=ctx.device, stage_model=rm_dir)
         return train_grpo(ctx, sft_dir)
     if algo == "dpo":
         from refexp.algos.dpo import train_dpo

@@ -15,14 +15,16 @@ from refexp.config.root import to_object
 from refexp.record.metrics import read_metrics
 from refexp.record.samples import read_samples
 from refexp.run import run
+from refexp.tasks.reward_sum import attach_rewards
 from refexp.tasks.rewards import exact_match_reward
 from tests.helpers.configs import SMALL_GRPO_OVERRIDES, compose_root, compose_small_run, compose_tiny_run
+from tests.helpers.runs import assert_same_metrics
 
 transformers = pytest.importorskip("transformers")
 
 # 4 steps on 64 labelled samples: the mechanics, not a good reward model
-RM_OVERRIDES = ["algo=rm", "algo.num_samples=64", "algo.samples_per_prompt=4", "algo.steps=4", "algo.batch_size=16",
-                "algo.eval_every=2"]
+RM_STAGE = ["rm.num_samples=64", "rm.samples_per_prompt=4", "rm.steps=4", "rm.batch_size=16", "rm.eval_every=2"]
+RM_OVERRIDES = ["algo=rm", *RM_STAGE]
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +78,11 @@ def test_a_trained_reward_model_is_grpos_reward_and_the_verifier_its_gold(small_
                                                  [s["completion"] for s in held_out])):
         assert s["reward"] == pytest.approx(want, abs=1e-4)
 
+    # task.reward_model=rm names the stage's model of the run's own rm settings: the same cached dir, the same run
+    by_name = tmp_path / "by_name"
+    run(compose_small_run(by_name, *SMALL_GRPO_OVERRIDES, "training.steps=3", "task.reward_model=rm", *RM_STAGE))
+    assert_same_metrics(by_name, run_dir)
+
 
 def test_a_cached_reward_model_is_reused(small_rm, tmp_path):
     final, _ = small_rm
@@ -83,14 +90,16 @@ def test_a_cached_reward_model_is_reused(small_rm, tmp_path):
     again = run(compose_small_run(tmp_path / "again", *RM_OVERRIDES))
     assert again["rm/dir"] == final["rm/dir"]
     assert json.loads((Path(again["rm/dir"]).parent / "rm.json").read_text()) == rm_json  # not trained again
-    weaker = run(compose_small_run(tmp_path / "weaker", *RM_OVERRIDES, "algo.num_samples=32"))
+    weaker = run(compose_small_run(tmp_path / "weaker", *RM_OVERRIDES, "rm.num_samples=32"))
     assert weaker["rm/dir"] != final["rm/dir"]  # the number of labelled samples is in the key
 
 
 def test_without_a_learned_reward_the_task_scores_with_its_verifier(tmp_path):
     from refexp.tasks import build_task
 
-    task = build_task(TaskConfig(num_train=50, num_eval=10), str(tmp_path), algo="grpo")
+    cfg = TaskConfig(num_train=50, num_eval=10)
+    task = build_task(cfg, str(tmp_path), algo="grpo")
+    attach_rewards(task, cfg)
     assert task.optimised is None and task.gold is None
     texts, answers = ["0359", "12"], ["359", "12"]
     assert task.score(texts, answers, ["a", "b"]) == task.verify(texts, answers, ["a", "b"]) == [1.0, 1.0]
@@ -103,6 +112,7 @@ def test_reward_funcs_are_summed_with_their_weights(tmp_path):
     cfg = TaskConfig(num_train=50, num_eval=10, reward_funcs=["verifier", "tests.helpers.rewards:by_length"],
                      reward_weights=[2.0, 0.5])
     task = build_task(cfg, str(tmp_path), algo="grpo")
+    attach_rewards(task, cfg)
     texts, answers = ["0359", "12345", ""], ["359", "7", "1"]
     assert task.score(texts, answers, ["p"] * 3) == [2.0 + 0.5 * 4, 0.5 * 5, 0.0]
     assert task.gold_score(texts, answers, ["p"] * 3) == [1.0, 0.0, 0.0]  # the verifier alone
@@ -207,3 +217,10 @@ def test_gsm8k_from_a_pretrained_checkpoint_optimises_a_chat_reward_model(hf_dir
         with torch.no_grad():
             assert s["reward"] == pytest.approx(float(model(**ids).logits[0, 0]), abs=1e-4)
         assert s["gold"] == gsm8k_reward(s["completion"], s["answer"])
+
+
+def test_the_dry_run_counts_the_stage_model_at_the_policys_shape():
+    from refexp.dry_run import dry_run
+
+    plan = dry_run(compose_root("algo=grpo", "task.reward_model=rm", "dry_run=true"))
+    assert plan["reward models"] == plan["parameters"]  # float32 both, one process: P x 4 bytes

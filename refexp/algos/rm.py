@@ -1,6 +1,7 @@
-"""``algo=rm``: a reward model for the task, trained from the start (SFT) model's own samples labelled by the task's
-verifier, cached under ``<cache>/rm/<hash>/`` like the SFT stage and exported as an HF sequence-classification
-checkpoint (``<dir>/hf``) that ``task.reward_model`` loads (docs/reward-models.md).
+"""The reward-model stage (the root ``rm`` block): a reward model for the task, trained from the start (SFT) model's own
+samples labelled by the task's verifier, cached under ``<cache>/rm/<hash>/`` like the SFT stage and exported as an HF
+sequence-classification checkpoint (``<dir>/hf``) that ``task.reward_model`` loads (docs/reward-models.md).
+``algo=rm`` runs only this stage; ``task.reward_model=rm`` finds it (or trains it) at a GRPO run's start.
 
 The recipe is Cobbe et al. 2021's outcome verifier ("Training Verifiers to Solve Math Word Problems", §4): sample
 completions of the training prompts from the generator, label each by whether its final answer is correct, and
@@ -8,9 +9,9 @@ train a scalar head on the generator's own backbone to predict that label. Here 
 HF export loaded through transformers as ``AutoModelForSequenceClassification`` (e.g. ``LlamaForSequenceClassification``:
 the decoder plus a fresh linear ``score`` head on the last token), every weight trained with binary cross-entropy
 on the logit (the verifier's label is the target, so the logit is the log-odds that a completion is correct).
-``algo.num_samples`` sets how many labelled samples it sees: fewer make a weaker proxy for GRPO to exploit.
+``rm.num_samples`` sets how many labelled samples it sees: fewer make a weaker proxy for GRPO to exploit.
 
-A share of the prompts (``algo.val_fraction``, with all their samples) is held out; the weights of the lowest
+A share of the prompts (``rm.val_fraction``, with all their samples) is held out; the weights of the lowest
 held-out loss are kept, as the SFT stage keeps its best-on-validation weights. The task's test split is not read.
 """
 
@@ -59,11 +60,13 @@ def start_hf_dir(sft_dir: Path) -> Path:
 
 def rm_fingerprint(ctx: RunContext, sft_dir: Path) -> str:
     """Hash of what determines the reward model: the start model (its dir in the cache and what its ``sft.json``
-    says), the task's data and verifier, the ``algo`` block, the generation budget and the rollout engine."""
+    says), the task's data and verifier, the ``rm`` block, the generation budget, the rollout engine and the clip
+    (``training.max_norm``)."""
     cfg = ctx.cfg
     key = {"start": str(Path(sft_dir).resolve()), "start_summary": read_sft_summary(sft_dir),
-           "task": task_fingerprint(cfg.task), "rm": asdict(cfg.algo), "max_new_tokens": ctx.task.max_new_tokens,
-           "rollout": asdict(cfg.rollout), "chat_template": cfg.task.chat_template, "version": 1}
+           "task": task_fingerprint(cfg.task), "rm": asdict(cfg.rm), "max_new_tokens": ctx.task.max_new_tokens,
+           "rollout": asdict(cfg.rollout), "chat_template": cfg.task.chat_template, "max_norm": cfg.training.max_norm,
+           "version": 1}
     return stable_hash(key, 16)
 
 
@@ -73,6 +76,10 @@ def ensure_rm(ctx: RunContext, sft_dir: Path) -> Path:
     out = ctx.cache_dir / "rm" / rm_fingerprint(ctx, sft_dir)
     if _rm_cached(out):
         return out
+    if ctx.dist.world_size > 1:  # it trains in one process: the ranks would wait on each other's collectives
+        raise ConfigError(f"task.reward_model=rm: the reward model of these settings is not in the cache ({out}), and "
+                          f"it trains in one process: run `refexp algo=rm` with the same task, model, sft and rm "
+                          f"settings once (one process), then this run")
     with FileLock(ctx.cache_dir / "rm" / f"{out.name}.lock", blocking=True):
         remove_temporaries(out)
         if not _rm_cached(out):
@@ -102,10 +109,10 @@ def read_rm_summary(rm_dir: Path) -> dict:
 
 
 def labelled_samples(ctx: RunContext, sft_dir: Path) -> tuple[dict, dict]:
-    """``(train, val)``, each ``{"prompts", "completions", "labels"}``: ``algo.samples_per_prompt`` completions of
-    the start model for each of ``algo.num_samples / samples_per_prompt`` training prompts (a seeded draw), labelled by
-    the verifier (``Task.verify``); the last ``algo.val_fraction`` of the prompts held out with their samples."""
-    a, task = ctx.cfg.algo, ctx.task
+    """``(train, val)``, each ``{"prompts", "completions", "labels"}``: ``rm.samples_per_prompt`` completions of
+    the start model for each of ``rm.num_samples / samples_per_prompt`` training prompts (a seeded draw), labelled by
+    the verifier (``Task.verify``); the last ``rm.val_fraction`` of the prompts held out with their samples."""
+    a, task = ctx.cfg.rm, ctx.task
     n_prompts = min(len(task.train), max(2, a.num_samples // a.samples_per_prompt))
     order = torch.randperm(len(task.train), generator=torch.Generator().manual_seed(a.seed))[:n_prompts].tolist()
     rows = task.train.select(order)
@@ -156,7 +163,7 @@ def _held_out(model, tokenizer, texts: list[str], labels: torch.Tensor, device, 
 def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     """Sample and label, train the reward model on ``ctx.device``, keep its best held-out weights and write
     ``out_dir/hf`` (safetensors, config.json with one label, tokenizer), ``metrics.jsonl`` and ``rm.json`` (last)."""
-    cfg, a, device = ctx.cfg, ctx.cfg.algo, ctx.device
+    cfg, a, device = ctx.cfg, ctx.cfg.rm, ctx.device
     t0 = now(device)
     out_dir.mkdir(parents=True, exist_ok=True)
     train, val = labelled_samples(ctx, sft_dir)

@@ -173,47 +173,10 @@ class DPOConfig(AlgoConfig):
 
 @dataclass
 class RMConfig(AlgoConfig):
-    """``algo=rm``: a reward model for the task trained from the start model's own samples labelled by the task's
-    verifier (Cobbe et al. 2021's outcome verifiers), cached and exported for ``task.reward_model``
-    (refexp/algos/rm.py, docs/reward-models.md)."""
+    """``algo=rm``: run only the reward-model stage (its settings are the root ``rm`` block; refexp/algos/rm.py)."""
 
     name: str = "rm"
     """Always rm."""
-    num_samples: int = 2048
-    """Labelled samples: completions of the start (SFT) model, each scored by the verifier. Fewer make a weaker,
-    more exploitable proxy."""
-    samples_per_prompt: int = 4
-    """Completions sampled per training prompt (``num_samples / samples_per_prompt`` prompts)."""
-    temperature: float = 1.0
-    """Sampling temperature of those completions."""
-    val_fraction: float = 0.125
-    """Share of the prompts (with all their samples) held out to measure the reward model and keep its best step."""
-    steps: int = 300
-    """Optimizer steps."""
-    batch_size: int = 64
-    """Labelled samples per step."""
-    lr: float = 3.0e-4
-    """AdamW learning rate (constant), backbone and head alike."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    eval_every: int = 50
-    """Steps between measurements on the held-out samples (and the last step)."""
-    seed: int = 0
-    """Seeds the prompts drawn, their samples, the fresh score head and the batch order."""
-
-    def __post_init__(self) -> None:
-        positive_int("algo.num_samples", self.num_samples)
-        positive_int("algo.samples_per_prompt", self.samples_per_prompt)
-        check(self.num_samples >= 2 * self.samples_per_prompt, "algo.num_samples", self.num_samples,
-              f"at least 2 x algo.samples_per_prompt={self.samples_per_prompt} (a training and a held-out prompt)")
-        check(self.temperature > 0, "algo.temperature", self.temperature, "a number > 0")
-        check(0 < self.val_fraction < 1, "algo.val_fraction", self.val_fraction, "a number in (0, 1)")
-        positive_int("algo.steps", self.steps)
-        positive_int("algo.batch_size", self.batch_size)
-        check(self.lr > 0, "algo.lr", self.lr, "a number > 0")
-        non_negative("algo.weight_decay", self.weight_decay)
-        positive_int("algo.eval_every", self.eval_every)
-        check(isinstance(self.seed, int) and self.seed >= 0, "algo.seed", self.seed, "an integer >= 0")
 
 
 ALGO_SCHEMAS = {"sft": SFTAlgoConfig, "grpo": GRPOConfig, "dpo": DPOConfig, "rm": RMConfig}

@@ -79,13 +79,14 @@ class TaskConfig:
     validated; None = the task's own (exact integer match for arithmetic, the final number for gsm8k)."""
     reward_model: Optional[str] = None
     """A learned reward as the optimised reward: a local HF checkpoint dir of an ``AutoModelForSequenceClassification``
-    with ``num_labels=1`` and its tokenizer (``refexp algo=rm`` makes one for the embedded task), scoring prompt +
-    completion (through its chat template when it has one and ``task.chat_template=false``); the task's verifier
-    then becomes the gold reward (``reward/gold``, ``eval/gold``). GRPO only; docs/reward-models.md."""
+    with ``num_labels=1`` and its tokenizer, scoring prompt + completion (through its chat template when it has one
+    and ``task.chat_template=false``), or ``rm``: the reward-model stage's (the root ``rm`` block, trained on the SFT
+    model's verifier-labelled samples, cached). The task's verifier then becomes the gold reward (``reward/gold``,
+    ``eval/gold``). GRPO only; docs/reward-models.md."""
     reward_funcs: list[str] = field(default_factory=list)
     """Several rewards summed with ``reward_weights`` (TRL's ``reward_funcs``): each ``verifier`` (the task's own
-    reward, or ``task.reward``), a reward model dir (a path with ``/``), or a function by dotted path, as
-    ``task.reward`` takes. Empty = one reward (``reward_model``, else the verifier). GRPO only."""
+    reward, or ``task.reward``), a reward model (``rm``, or a dir: a path with ``/``), or a function by dotted path,
+    as ``task.reward`` takes. Empty = one reward (``reward_model``, else the verifier). GRPO only."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per ``reward_funcs`` entry (TRL's ``reward_weights``); empty = 1 each."""
     gold_reward_model: Optional[str] = None

@@ -90,12 +90,12 @@ METRICS: tuple[Metric, ...] = (
            "learned (proxy) reward is then `eval/accuracy`; per prompt in `eval_outcomes.jsonl`",
            f"GRPO with a learned reward, {_EVAL}"),
     Metric(VAL_GOLD, "the same on the validation split", f"GRPO with a learned reward and a validation split, {_EVAL}"),
-    Metric("rm/loss", "`algo=rm`: the reward model's binary cross-entropy against the verifier's labels (training "
+    Metric("rm/loss", "`algo=rm` (the reward-model stage): the reward model's binary cross-entropy against the verifier's labels (training "
            "batch)", "`algo=rm`, every step"),
-    Metric("rm/val_loss", "`algo=rm`: the same on its held-out labelled samples", "`algo=rm`, every `sft.eval_every` "
+    Metric("rm/val_loss", "`algo=rm`: the same on its held-out labelled samples", "`algo=rm`, every `rm.eval_every` "
            "steps and the last"),
     Metric("rm/val_accuracy", "`algo=rm`: share of held-out labelled samples whose label the reward model's sign "
-           "gets right", "`algo=rm`, every `sft.eval_every` steps and the last"),
+           "gets right", "`algo=rm`, every `rm.eval_every` steps and the last"),
     Metric("rm/positive_rate", "`algo=rm`: share of its labelled samples the verifier scored correct",
            "`algo=rm`, once"),
     Metric("rm/dir", "`algo=rm`: the reward model's HF checkpoint dir (what `task.reward_model` takes)",

@@ -23,7 +23,7 @@ from refexp.tasks.arithmetic import load_arithmetic
 from refexp.tasks.chat import chat_rows, configure_chat
 from refexp.tasks.fingerprint import task_fingerprint
 from refexp.tasks.preference import load_preference
-from refexp.tasks.reward_sum import BatchReward, build_rewards
+from refexp.tasks.reward_sum import BatchReward
 from refexp.tasks.rewards import exact_match_reward, gsm8k_reward, load_reward, no_reward
 from refexp.tasks.splits import check_lengths, gsm8k_splits, preference_splits, val_split
 from refexp.tasks.tokenizer import TextTokenizer, build_char_tokenizer
@@ -56,7 +56,7 @@ class Task:
 
     optimised: Optional[BatchReward] = None
     """The reward GRPO optimises when it is more than ``reward`` (``task.reward_model``, ``task.reward_funcs``;
-    ``refexp.tasks.reward_sum``); None: ``reward``."""
+    set by ``refexp.tasks.reward_sum.attach_rewards``); None: ``reward``."""
     gold: Optional[BatchReward] = None
     """The gold reward logged beside an ``optimised`` one (``task.gold_reward_model``, else ``reward``); None when
     the verifier is what is optimised."""
@@ -89,13 +89,13 @@ class Task:
 
 
 def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_seq_len: int | None = None,
-               new_tokens: tuple[str, int] | None = None, device="cpu") -> Task:
+               new_tokens: tuple[str, int] | None = None) -> Task:
     """Load or generate the task of ``task_cfg``. Generated data goes under ``cache_dir/data``;
     ``datasets``' Arrow copies of files and Hub downloads under ``cache_dir/hf-datasets``. ``algo``
     (``algo.name``) decides whether the reference answers must fit ``task.max_new_tokens``
     (``refexp.tasks.splits.TARGET_ALGOS``); ``max_seq_len`` (``model.max_seq_len``) and ``new_tokens``
-    (``refexp.config.root.generation_budget``) whether the longest prompt + generation fits the model; the
-    reward models of ``task.reward_model`` / ``reward_funcs`` / ``gold_reward_model`` score on ``device``."""
+    (``refexp.config.root.generation_budget``) whether the longest prompt + generation fits the model. Learned rewards
+    (``task.reward_model`` & co.) are attached by GRPO, ``refexp.tasks.reward_sum.attach_rewards``."""
     tokenizer = _tokenizer(task_cfg)
     configure_chat(tokenizer, task_cfg)
     hf_cache = os.path.join(cache_dir, "hf-datasets")
@@ -124,7 +124,7 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
         preference = load_preference(
             task_cfg.preference_path, tokenizer, split=task_cfg.train_split, config=task_cfg.dataset_config,
             columns=(task_cfg.prompt_column, task_cfg.chosen_column, task_cfg.rejected_column), cache_dir=hf_cache)
-    task = Task(
+    return Task(
         name=task_cfg.name,
         tokenizer=tokenizer,
         train=train,
@@ -135,8 +135,6 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
         preference=preference,
         val=val,
     )
-    task.optimised, task.gold = build_rewards(task_cfg, task.verify_batch, device=device)
-    return task
 
 
 def _tokenizer(task_cfg: TaskConfig) -> TextTokenizer:

@@ -27,10 +27,15 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 HOST = torch.device("cpu")
 
 
+STAGE_MODEL = "rm"
+"""The value of a reward-model field that names the reward-model stage's model (the root ``rm`` block;
+refexp/algos/rm.py), trained or found in the cache at the run's start."""
+
+
 def is_reward_model_entry(entry: str) -> bool:
-    """A ``task.reward_funcs`` entry is a reward model dir when it is a path (it holds ``/``, or is a dir); else
-    ``verifier`` or a function's dotted path."""
-    return "/" in entry or os.sep in entry or os.path.isdir(entry)
+    """A ``task.reward_funcs`` entry is a reward model when it is ``rm`` or a path (it holds ``/``, or is a dir);
+    else ``verifier`` or a function's dotted path."""
+    return entry == STAGE_MODEL or "/" in entry or os.sep in entry or os.path.isdir(entry)
 
 
 def check_reward_model_dir(field_name: str, path: str) -> None:
@@ -173,16 +178,17 @@ def reward_model_parameters(path: Optional[str]) -> Optional[int]:
     return sum(p.numel() for p in model.parameters())
 
 
-def reward_models_plan_line(task_cfg) -> tuple[str, float, str] | None:
+def reward_models_plan_line(task_cfg, stage_model_params: int) -> tuple[str, float, str] | None:
     """The dry-run plan's line for the reward models of ``task_cfg`` (weights on the trainer's device, in
-    ``task.reward_model_dtype``; 0 with ``task.reward_model_offload``), None when none is configured. A dir that is
-    not on this machine counts 0 and says so."""
+    ``task.reward_model_dtype``; 0 with ``task.reward_model_offload``), None when none is configured. ``rm`` (the
+    stage's model) counts ``stage_model_params`` (the policy's shape); a dir that is not on this machine counts 0
+    and says so."""
     paths = [p for p in (task_cfg.reward_model, task_cfg.gold_reward_model) if p]
     paths += [e for e in task_cfg.reward_funcs if is_reward_model_entry(e)]
     paths = list(dict.fromkeys(paths))
     if not paths:
         return None
-    counts = [reward_model_parameters(p) for p in paths]
+    counts = [stage_model_params if p == STAGE_MODEL else reward_model_parameters(p) for p in paths]
     if any(n is None for n in counts):
         return "reward models", 0.0, "not counted: a reward model dir is not on this machine"
     n = sum(counts)

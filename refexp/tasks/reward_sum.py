@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from refexp.config import TaskConfig
-from refexp.tasks.reward_model import RewardModel, is_reward_model_entry
+from refexp.tasks.reward_model import STAGE_MODEL, RewardModel, is_reward_model_entry
 from refexp.tasks.rewards import load_reward
 
 VERIFIER = "verifier"
@@ -53,15 +53,30 @@ class WeightedRewards:
         return total
 
 
-def build_rewards(task_cfg: TaskConfig, verifier: BatchReward, *, device="cpu") -> tuple[BatchReward | None,
-                                                                                       BatchReward | None]:
+def names_stage_model(task_cfg: TaskConfig) -> bool:
+    """Whether a reward field names the reward-model stage's model (``rm``: refexp/algos/rm.py)."""
+    return STAGE_MODEL in (task_cfg.reward_model, task_cfg.gold_reward_model, *task_cfg.reward_funcs)
+
+
+def attach_rewards(task, task_cfg: TaskConfig, *, device="cpu", stage_model=None) -> None:
+    """Set ``task.optimised`` and ``task.gold`` from ``build_rewards`` (GRPO, before its first step)."""
+    task.optimised, task.gold = build_rewards(task_cfg, task.verify_batch, device=device, stage_model=stage_model)
+
+
+def build_rewards(task_cfg: TaskConfig, verifier: BatchReward, *, device="cpu", stage_model=None
+                  ) -> tuple[BatchReward | None, BatchReward | None]:
     """``(optimised, gold)`` of ``task_cfg``: (None, None) when the verifier alone is optimised (nothing changes);
-    else the weighted sum and the gold reward (``gold_reward_model``, else the verifier)."""
+    else the weighted sum and the gold reward (``gold_reward_model``, else the verifier). ``stage_model``: the dir a
+    field's ``rm`` stands for (``ensure_rm``'s ``hf/``)."""
     if not task_cfg.learned_rewards():
         return None, None
     models: dict[str, RewardModel] = {}  # one copy of a model named twice
 
     def model(field_name: str, path: str) -> RewardModel:
+        if path == STAGE_MODEL:
+            if stage_model is None:
+                raise ValueError(f"{field_name}=rm needs the reward-model stage's dir (refexp/algos/rm.py ensure_rm)")
+            path = str(stage_model)
         if path not in models:
             models[path] = RewardModel(path, field_name=field_name, device=device, dtype=task_cfg.reward_model_dtype,
                                        batch_size=task_cfg.reward_model_batch_size,

@@ -51,16 +51,16 @@ def check_sources(task_cfg: TaskConfig) -> None:
 def check_reward_fields(task_cfg: TaskConfig) -> None:
     """Every reward model dir is a one-label sequence classifier with a tokenizer (its config.json read) and
     every function of ``task.reward_funcs`` imports (``refexp.tasks.reward_sum``)."""
-    from refexp.tasks.reward_model import check_reward_model_dir, is_reward_model_entry
+    from refexp.tasks.reward_model import STAGE_MODEL, check_reward_model_dir, is_reward_model_entry
     from refexp.tasks.reward_sum import VERIFIER
     from refexp.tasks.rewards import load_reward
 
     for field_name, path in (("task.reward_model", task_cfg.reward_model),
                              ("task.gold_reward_model", task_cfg.gold_reward_model)):
-        if path:
+        if path and path != STAGE_MODEL:  # rm: the stage's model, made by refexp (refexp/algos/rm.py)
             check_reward_model_dir(field_name, path)
     for entry in task_cfg.reward_funcs:
-        if entry == VERIFIER:
+        if entry in (VERIFIER, STAGE_MODEL):
             continue
         if is_reward_model_entry(entry):
             check_reward_model_dir("task.reward_funcs[]", entry)
