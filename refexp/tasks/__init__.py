@@ -5,8 +5,10 @@
 (HF tokenizer from ``task.tokenizer_path``), or preference pairs only (``task.name=preference``: its
 ``train`` and ``eval`` rows are ``prompt``/``chosen``/``rejected`` pairs, and it has no reward).
 Otherwise every split has ``prompt``/``completion``/``answer`` columns, and
-``Task.reward(completion_text, answer)`` scores decoded model output: the task's own reward never raises;
-a ``task.reward`` hook that does is named with its sample by ``Task.score``.
+``Task.reward(completion_text, answer)`` (the verifier) scores decoded model output: the task's own reward never
+raises; a ``task.reward`` hook that does is named with its sample by ``Task.verify``. ``Task.score`` is the reward
+a run optimises: the verifier, or a learned reward that GRPO attaches (``refexp.tasks.reward_sum``), with the
+verifier then as ``Task.gold_score``.
 """
 
 from __future__ import annotations
