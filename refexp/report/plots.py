@@ -162,6 +162,7 @@ def plot_gold_vs_kl(path: Path, algo: str, groups: list[Group]) -> Optional[Path
     st = styles(groups)
     fig, ax = _figure(f"{algo.upper()}: gold (solid) and proxy (dashed) reward vs drift from init (seed means)",
                       "kl/init", f"{GOLD} (gold)")
+    fig.subplots_adjust(right=0.88)  # room for the proxy's axis
     proxy_ax = ax.twinx()
     proxy_ax.set_ylabel(f"{PROXY} (proxy: the optimised reward)")
     drawn = False
