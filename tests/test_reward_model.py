@@ -78,6 +78,13 @@ def test_a_trained_reward_model_is_grpos_reward_and_the_verifier_its_gold(small_
                                                  [s["completion"] for s in held_out])):
         assert s["reward"] == pytest.approx(want, abs=1e-4)
 
+    # without a learned reward: no gold, and the reward is the verifier's exact match
+    plain = tmp_path / "plain"
+    run(compose_small_run(plain, *SMALL_GRPO_OVERRIDES, "training.steps=3"))
+    assert not any(k.endswith("/gold") for r in read_metrics(plain) for k in r)
+    for s in read_samples(plain, "rollout"):
+        assert "gold" not in s and s["reward"] == exact_match_reward(s["completion"], s["answer"])
+
     # task.reward_model=rm names the stage's model of the run's own rm settings: the same cached dir, the same run
     by_name = tmp_path / "by_name"
     run(compose_small_run(by_name, *SMALL_GRPO_OVERRIDES, "training.steps=3", "task.reward_model=rm", *RM_STAGE))
