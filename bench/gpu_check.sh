@@ -13,7 +13,7 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-python3}"
+PY="${PYTHON:-python3}"  # the machine's Python with its torch (PYTHON=... to choose another)
 OUT="" BUDGET=300 TOY=0 WHEELS="$REPO/.gpu_wheels" DEPS="" STEPS=""
 usage() { echo "usage: bash bench/gpu_check.sh OUT [--budget-s N] [--toy] [--wheels DIR] [--deps DIR] [--steps a,b]" >&2; exit 2; }
 while (($#)); do

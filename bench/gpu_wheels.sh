@@ -10,7 +10,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LIST="$REPO/bench/gpu_wheels.txt"
 DEST="${1:-$REPO/.gpu_wheels}"
 LIMIT_BYTES=$((64 * 1024 * 1024))
-PY="${PYTHON:-python}"
+PY="${PYTHON:-python3}"  # the interpreter whose pip downloads (PYTHON=... to choose another)
 
 # "name==version" per line; '#' starts a comment. Lines whose comment says "sdist" have no wheel on the index.
 mapfile -t WHEELS < <(grep -v '^\s*#' "$LIST" | grep -v 'sdist' | sed 's/#.*//' | awk 'NF {print $1}')
