@@ -149,3 +149,15 @@ def test_a_logger_none_run_needs_only_the_gpu_machine_and_the_wheel_list(tmp_pat
     assert not {"wandb", "optuna"} & imported
     refused = set(json.loads(p.stdout.split("REFUSED ", 1)[1].splitlines()[0]))
     assert not {"wandb", "optuna"} & refused  # not even tried: the imports of W&B and Optuna stay lazy
+
+
+def test_compile_count_counts_each_compilation_once():
+    import torch
+
+    step = torch.compile(lambda x: torch.relu(x) * 2, backend="eager", dynamic=False)
+    before = gpu_adapters.compile_count()
+    step(torch.ones(3))
+    step(torch.ones(3))  # the same shape: the compiled graph again
+    assert gpu_adapters.compile_count() == before + 1
+    step(torch.ones(5))  # another shape, static shapes: compiled anew
+    assert gpu_adapters.compile_count() == before + 2
