@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +95,7 @@ def init_distributed(device: torch.device, *, backend: str = "auto", timeout_s: 
             dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
         # once per group made here; a second registration (a group destroyed and made again) is a no-op
         atexit.register(_teardown_at_exit)
+        _timeouts.update(setup_s=timeout_s, now_s=timeout_s, groups=[None])
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
 
 
@@ -110,9 +112,41 @@ def set_collective_timeout(seconds: int, parallel_dims=None) -> None:
         return
     dist.barrier()
     meshes = parallel_dims.get_all_one_dimensional_meshes().values() if parallel_dims is not None else ()
+    _timeouts.update(now_s=seconds, groups=[None, *(m.get_group() for m in meshes)])
+    _apply_timeout(seconds)
+
+
+_timeouts: dict = {"setup_s": None, "now_s": None, "groups": [None]}
+"""The set-up timeout ``init_distributed`` was given, the one in force (``set_collective_timeout``) and the
+groups it applies to."""
+
+
+def _apply_timeout(seconds: int) -> None:
     timeout = datetime.timedelta(seconds=seconds)
-    for group in [None, *(m.get_group() for m in meshes)]:
+    for group in _timeouts["groups"]:
         dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+@contextmanager
+def setup_timeout():
+    """Collectives wait up to the set-up timeout (``comm.init_timeout_seconds``) for what runs inside, then the
+    ranks meet at a barrier and the timeout in force comes back. Every rank must enter it together.
+
+    For work that may take one rank much longer than another mid-training: a first ``torch.compile`` of
+    the fixed-shape decode step (``rollout.static_decode``). A rank that finishes first would wait for the
+    others in the next collective under ``comm.train_timeout_seconds`` and be killed by the watchdog; a
+    collective's timeout is the one in force when it is issued, so the fast rank's barrier here waits
+    under the longer one. Nothing to do with one process.
+    """
+    if world_size() == 1 or _timeouts["setup_s"] is None or _timeouts["setup_s"] <= _timeouts["now_s"]:
+        yield
+        return
+    _apply_timeout(_timeouts["setup_s"])
+    try:
+        yield
+        dist.barrier()
+    finally:
+        _apply_timeout(_timeouts["now_s"])
 
 
 _run_failed = False

@@ -44,7 +44,7 @@ from refexp.kl import masked_sum, sequence_kl
 from refexp.record.metric_names import EVAL_ACCURACY, VAL_ACCURACY
 from refexp.record.outcomes import EvalOutcomes
 from refexp.reference import HOST, ReferenceStrategy, model_device, on_device
-from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine
+from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.tasks.batching import pack_sequences
 
 EVAL_SAMPLES = "samples/eval"
@@ -237,7 +237,7 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     ecfg = ctx.cfg.eval
     temperature = getattr(ctx.cfg.algo, "temperature", 1.0)  # GRPO samples at algo.temperature; DPO has none
     pd = ctx.parallel_dims
-    engine = build_engine(ctx.cfg.rollout, policy, ctx.task.tokenizer)
+    engine = build_engine(ctx.cfg.rollout, policy, ctx.task.tokenizer, capacity=decode_capacity(ctx.cfg))
     out = {}
     if with_accuracy:
         samples: list[dict] = []

@@ -20,7 +20,7 @@ from refexp.hashing import digest, stable_hash
 from refexp.record.atomic import atomic_dir
 from refexp.models import build_frozen
 from refexp.refcache import checkpoint_stamp
-from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine
+from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
 
@@ -46,7 +46,8 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
         model = build_frozen(ctx, sft_dir)
         rows = sample_pairs(model, ctx.task, num_pairs=a.num_pairs, pair_seed=a.pair_seed,
                             max_new_tokens=ctx.task.max_new_tokens,
-                            engine=build_engine(ctx.cfg.rollout, model, ctx.task.tokenizer))
+                            engine=build_engine(ctx.cfg.rollout, model, ctx.task.tokenizer,
+                                                capacity=decode_capacity(ctx.cfg)))
         del model
         if ctx.dist.is_rank0:
             _save_atomic(datasets.Dataset.from_dict(rows), out,

@@ -22,7 +22,7 @@ from refexp.data_order import batch_ids
 from refexp.kl import AdaptiveKLController, FixedKLController, sequence_kl
 from refexp.losses import group_advantages, grpo_loss, sft_loss
 from refexp.reference import ReferenceStrategy
-from refexp.rollout import build_engine
+from refexp.rollout import build_engine, decode_capacity
 from refexp.tasks.batching import pack_sequences
 from refexp.timing import now
 
@@ -44,7 +44,7 @@ class GRPOStep:
         self.kl_ctl = (AdaptiveKLController(self.a.beta, self.a.kl_target, self.a.kl_horizon)
                        if self.a.kl_target is not None else FixedKLController(self.a.beta))
         self.max_new = self.a.max_new_tokens or ctx.task.max_new_tokens
-        self.engine = build_engine(ctx.cfg.rollout, policy.model, ctx.task.tokenizer)
+        self.engine = build_engine(ctx.cfg.rollout, policy.model, ctx.task.tokenizer, capacity=decode_capacity(ctx.cfg))
         self.metrics = GRPOStepMetrics(ctx)
 
     def __call__(self, step: int, ckpt) -> dict:

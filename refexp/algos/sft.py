@@ -28,7 +28,7 @@ from refexp.losses import sft_loss
 from refexp.models import build_run_model
 from refexp.optim import build_optimizer, clip_and_step
 from refexp.progress import progress_bar
-from refexp.rollout import build_engine
+from refexp.rollout import build_engine, decode_capacity
 from refexp.timing import now
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
@@ -154,7 +154,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     model, optimizers, schedulers = _build_sft_model(ctx)
     log = MetricLogger(out_dir, enabled=ctx.dist.is_rank0)
-    engine = build_engine(cfg.rollout, model, ctx.task.tokenizer)  # the configured engine, as every evaluation
+    engine = build_engine(cfg.rollout, model, ctx.task.tokenizer,  # the configured engine, as every evaluation
+                          capacity=decode_capacity(cfg))
     stop = ValidationStop(sft, has_val=has_val)
     best = BestWeights(model)
 
