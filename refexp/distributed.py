@@ -13,9 +13,12 @@ import datetime
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,29 @@ def broadcast_object(obj, src: int = 0):
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def decided_by_rank0(decide: Callable[[], T]) -> T:
+    """``decide()`` run on rank 0 alone, and its result (or the exception it raised, re-raised) on every rank.
+
+    For what each rank would otherwise read from the shared filesystem on its own: a cache hit, a cache key
+    made of file times, which kind of checkpoint a directory holds. NFS caches file attributes per client
+    (``actimeo``), so ranks on different nodes can see different answers for a while, and ranks that disagree
+    on whether a collective follows (train the SFT model, compute a table) hang until the collective timeout.
+    A collective: every rank must call it.
+    """
+    if world_size() == 1:
+        return decide()
+    answer = None
+    if is_rank0():
+        try:
+            answer = (True, decide())
+        except Exception as e:  # every rank raises rank 0's error, none waits for a broadcast that never comes
+            answer = (False, e)
+    ok, value = broadcast_object(answer)
+    if not ok:
+        raise value
+    return value
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:

@@ -40,7 +40,7 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
     if ctx.task.preference is not None:
         return ctx.task.preference
     a = ctx.cfg.algo
-    out = pairs_dir(ctx.cache_dir, pairs_key(ctx, sft_dir))
+    out = rdist.decided_by_rank0(lambda: pairs_dir(ctx.cache_dir, pairs_key(ctx, sft_dir)))  # file times: rank 0's
     # All ranks agree on rank 0's view: every rank must join the sharded forwards of generation.
     if rdist.broadcast_object(not _pairs_saved(out)):
         model = build_frozen(ctx, sft_dir)

@@ -58,8 +58,12 @@ def ensure_sft(ctx: RunContext) -> Path:
         return Path(ctx.cfg.model.hf_assets_path)
     if ctx.cfg.sft.checkpoint:  # a directory: config.check_start_weights
         return Path(ctx.cfg.sft.checkpoint)
-    out = ctx.cache_dir / "sft" / sft_fingerprint(ctx)
-    if _sft_cached(out):
+    def look() -> tuple[Path, bool]:  # the key holds the data files' times: rank 0's view of both (NFS)
+        out = ctx.cache_dir / "sft" / sft_fingerprint(ctx)
+        return out, _sft_cached(out)
+
+    out, cached = rdist.decided_by_rank0(look)
+    if cached:
         return out
     # Rank 0 takes the cross-process lock; all ranks then agree on whether training is needed.
     # (a job that finds it held waits for the holder's model; refexp/record/lock.py, also without flock)

@@ -16,7 +16,7 @@ from refexp.titan.checkpoint_dirs import (
     load_weights,
     save_model_weights,
 )
-from refexp.titan.copies import copy_shards_to_host, count_parameters, lerp_weights_, restore_shards_
+from refexp.titan.copies import copy_shards_to_host, count_parameters, fp32_master, lerp_weights_, restore_shards_
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
 from refexp.titan.decode import compiles_next_step, decode_step, finish_decode, prefill, repeat_decode_rows
 from refexp.titan.hf_config import model_cfg_overrides_from_hf
@@ -38,6 +38,7 @@ __all__ = [
     "decode_step",
     "export_hf",
     "finish_decode",
+    "fp32_master",
     "is_hf_dir",
     "latest_checkpoint_step",
     "lerp_weights_",
