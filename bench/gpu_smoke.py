@@ -559,6 +559,10 @@ class Bench:
             extra["capture_s"] = _round(extra["warmup_s"] - seconds)
         extra["compiles_timed"] = compile_count() - compiled  # > 0: the timed generation recompiled
         extra["compiles_in_process"] = compile_count()
+        if static:  # the decode module's own count per bucket, first-step and capture seconds
+            from refexp.titan import static_decode_stats
+
+            extra["static_decode_stats"] = static_decode_stats()
         return {"value": _round(n / seconds), "unit": "tokens/s", "rows": rows, "prompt_len": s.prompt_len,
                 "new_tokens": s.new_tokens, "generated_tokens": n, "seconds": _round(seconds),
                 "static_decode": static, **extra}
