@@ -210,7 +210,7 @@ def plan(cfg) -> list[tuple[str, float, str]]:
     has_ref = a.name != "sft" and ref_cfg.name != "none"
     if has_ref and a.name == "dpo" and getattr(a, "precompute_ref", False) and ref_cfg.name == "fixed":
         has_ref = False  # its log-probs are read from the precomputed table
-    ref_dev = 0 if (ref_cfg.offload or not has_ref) else s.params * ref_bytes / split
+    ref_dev = 0 if (ref_cfg.offload or not has_ref) else s.params * (ref_bytes + ref_cfg.fp32_master_bytes(cfg.training.dtype)) / split
     lines.append(("reference", ref_dev, "host memory (reference.offload)" if has_ref and ref_cfg.offload else
                   (f"frozen copy, {ref_cfg.dtype or cfg.training.dtype}" if has_ref else "none")))
     anchor_shared = ref_cfg.name == "fixed" and not ref_cfg.checkpoint and ref_cfg.dtype in (None, cfg.training.dtype)

@@ -44,10 +44,11 @@ from refexp import titan
 from refexp.context import RunContext
 from refexp.distributed import dp_sum, padded_share
 from refexp.kl import masked_sum, sequence_kl
+from refexp.offload import model_device, on_device, park_on_host
 from refexp.record.metric_names import EVAL_ACCURACY, EVAL_GOLD, VAL_ACCURACY, VAL_GOLD
 from refexp.record.outcomes import EvalOutcomes
-from refexp.reference import HOST, ReferenceStrategy, model_device, on_device
-from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine
+from refexp.reference import ReferenceStrategy
+from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.tasks.batching import pack_sequences
 
 EVAL_SAMPLES = "samples/eval"
@@ -196,7 +197,7 @@ class InitAnchor:
     With ``reference=fixed`` on the start checkpoint it *is* the reference (``shared``, no second
     copy). Otherwise ``build_frozen()`` makes it at the first measurement and it is kept for the run,
     never rebuilt from disk; with ``offload`` (``reference.offload``) it waits in host memory between
-    measurements and is moved to the compute device for each (``reference.on_device``).
+    measurements and is lent to the compute device for each (``refexp/offload.py``).
     """
 
     def __init__(self, build_frozen: Callable[[], torch.nn.Module], shared=None, *, offload: bool = False):
@@ -209,7 +210,7 @@ class InitAnchor:
             self.model = self.build_frozen()
             if self.offload:
                 self._device = model_device(self.model)
-                self.model.to(HOST)
+                park_on_host(self.model)
         return self.model
 
     @contextmanager
@@ -254,7 +255,7 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     ecfg = ctx.cfg.eval
     temperature = getattr(ctx.cfg.algo, "temperature", 1.0)  # GRPO samples at algo.temperature; DPO has none
     pd = ctx.parallel_dims
-    engine = build_engine(ctx.cfg.rollout, policy, ctx.task.tokenizer)
+    engine = build_engine(ctx.cfg.rollout, policy, ctx.task.tokenizer, capacity=decode_capacity(ctx.cfg))
     out = {}
     if with_accuracy:
         samples: list[dict] = []

@@ -309,7 +309,7 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
 
     algo = ctx.cfg.algo.name
     sft_dir = ensure_sft(ctx)
-    summary = read_sft_summary(sft_dir)
+    summary = rdist.decided_by_rank0(lambda: read_sft_summary(sft_dir))
     status.sft_start = sft_start_record(sft_dir, summary)
     if algo == "sft":
         from refexp.record.metrics import read_metrics
