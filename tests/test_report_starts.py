@@ -19,9 +19,9 @@ from refexp.report import build_report
 from refexp.report.bootstrap import paired_hierarchical_bootstrap
 from refexp.report.group import group_runs
 from refexp.report.load import load_sweep
-from refexp.report.paired import N_BOOT, START_LEVEL, SeedOnlyResult, compare
+from refexp.report.paired import N_BOOT, START_LEVEL, Endpoint, SeedOnlyResult, compare
 from refexp.report.stats import mean_ci
-from refexp.report.table import Endpoint, endpoints, header_and_cells
+from refexp.report.table import endpoints, header_and_cells
 from refexp.report.reduce import COLUMNS
 from refexp.wandb_conventions import run_info
 
@@ -180,7 +180,6 @@ def test_hand_checked_start_mean_t(tmp_path):
     """2 starts × 2 seeds: start A's differences +0.5, 0 (mean +0.25), start B's 0, -0.25 (mean -0.125). The t over
     the 2 start means: mean +0.0625, se |0.25 + 0.125| / 2 = 0.1875, df 1, half-width 12.706 · 0.1875 = 2.382,
     two-sided p 1 - (2/π)·atan(1/3) = 0.795 (Student's t with 1 df is Cauchy)."""
-    rng = np.random.default_rng(2)
     for k, (start, nets) in enumerate({"A": (100, 0), "B": (0, -50)}.items()):
         for seed, net in enumerate(nets):
             base = np.zeros(PROMPTS)
@@ -198,7 +197,6 @@ def test_hand_checked_start_mean_t(tmp_path):
     assert t.p_value == pytest.approx(1 - 2 / math.pi * math.atan(1 / 3))
     assert c.seed_t.mean == pytest.approx(0.0625) and c.seed_t.half_width == pytest.approx(12.7062 * 0.1875, abs=1e-3)
     assert c.result.point == pytest.approx(0.0625)
-    del rng
 
 
 # ---------------------------------------------------------------- degenerate designs

@@ -115,8 +115,9 @@ class SeedOnlyResult:
     @property
     def over(self) -> str:
         """What the t is taken over, in the report's words."""
-        return ("the per-seed differences" if self.unit == "seed"
-                else f"the per-{self.unit.removeprefix('SFT ')} mean differences (each {self.unit}'s mean over its seeds)")
+        if self.unit == "seed":
+            return "the per-seed differences"
+        return f"the per-{self.unit.removeprefix('SFT ')} mean differences (each {self.unit}'s mean over its seeds)"
 
     @property
     def method(self) -> str:
