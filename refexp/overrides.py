@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-SEED_KEYS = {"training.seed", "seed"}
-"""What a group averages over: never part of a group."""
+SEED_KEYS = {"training.seed", "seed", "sft.seed"}
+"""What a group averages over: never part of a group. ``sft.seed`` makes another SFT start, a replicate the report
+nests the seeds in (``refexp/report/paired.py``), not another arm."""
 
 
 def _key(override_key: str) -> str:

@@ -42,6 +42,23 @@ def test_sft_loss_decreases_and_the_result_is_reused(tmp_path, monkeypatch):
         run(compose_tiny_run(tmp_path / "c", "algo=sft", "sft.steps=41", "sft.eval_every=20"))
 
 
+def test_two_sft_seeds_train_two_independent_starts_that_runs_record(tmp_path):
+    """``sft.seed`` is a factor of a sweep: each value is its own cache entry (another init and batch order, so
+    other weights), and a run's ``status.json`` names the entry it started from (what the report groups by)."""
+    from refexp.record.status import read_status
+    from refexp.report.load import load_run
+
+    dirs = []
+    for seed in (0, 1):
+        final = run(compose_tiny_run(tmp_path / str(seed), "algo=sft", "sft.steps=4", f"sft.seed={seed}"))
+        dirs.append(Path(final["sft/dir"]))
+        assert read_status(tmp_path / str(seed))["sft_start"]["key"] == dirs[-1].name
+        assert load_run(tmp_path / str(seed), tmp_path).sft_start == dirs[-1].name
+    assert dirs[0] != dirs[1] and all((d / "sft.json").is_file() for d in dirs)
+    first_losses = [next(r["loss/total"] for r in read_metrics(d) if "loss/total" in r) for d in dirs]
+    assert first_losses[0] != first_losses[1]  # another init and first batch from the first step on
+
+
 def test_model_weights_round_trip_through_dcp(tmp_path):
     titan.prepare_torchtitan("cpu")
     cfg = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)

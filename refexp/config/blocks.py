@@ -65,7 +65,9 @@ class SFTConfig:
     weight_decay: float = 0.0
     """Decoupled weight decay."""
     seed: int = 0
-    """Seeds the SFT model's init and batch order (part of the cache key)."""
+    """Seeds the SFT model's init and batch order (part of the cache key): another value trains another,
+    independent start. Swept (``sft.seed=0,1 training.seed=0,1,2``) every arm runs from every start; a report
+    pairs runs by start and seed and nests the seeds in the starts (docs/runs.md, "How to read a report")."""
     checkpoint: Optional[str] = None
     """Use this SFT checkpoint dir (a refexp SFT output) instead of training/reusing one."""
     cache_dir: str = "${oc.env:REFEXP_CACHE,${oc.env:HOME}/.cache/refexp}"

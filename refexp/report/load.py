@@ -197,6 +197,18 @@ class Run:
             return None
 
     @property
+    def sft_start(self) -> str:
+        """The SFT start the run trained from, the unit its seeds are nested in: ``status.json``'s ``sft_start`` key
+        (the SFT cache entry's name), else ``sft.seed=N`` from the config or overrides (a run that predates that
+        record: every run of such a sweep with one ``sft.seed`` shares one start), else "" (not recorded)."""
+        recorded = (self.status or {}).get("sft_start")
+        if isinstance(recorded, dict) and recorded.get("key"):
+            return str(recorded["key"])
+        seed = _get(self.config, "sft.seed")
+        seed = seed if seed is not None else self.override("sft.seed")
+        return f"sft.seed={seed}" if seed is not None else ""
+
+    @property
     def state(self) -> str:
         """completed | failed | running | stale (running, but its process is gone) | incomplete (no or
         unreadable status.json, or another status)."""

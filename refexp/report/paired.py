@@ -1,30 +1,40 @@
 """Paired differences against the baseline group, and the verdict sentences they support.
 
-Every arm of a sweep starts from the same SFT checkpoint, a seed fixes the batch order and the sampling noise,
-and every run is evaluated on the same held-out prompts, so arm - baseline is paired twice: by seed and by
+Every arm of a sweep starts from an SFT checkpoint (its start), a seed fixes the batch order and the sampling noise,
+and every run is evaluated on the same held-out prompts, so arm - baseline is paired by (start, seed) and by
 prompt. The difference comes from ``bootstrap.paired_hierarchical_bootstrap`` on the per-prompt outcomes
 (``eval_outcomes.jsonl``): seeds, then prompts within seed, one prompt draw serving both arms of a pair. Runs
 written before that file existed fall back to the Student-t interval over the per-seed differences, labelled
 "seed-only" (it leaves out the prompts' noise). Verdicts are made over the family of comparisons against the
 baseline (``inference.family_verdicts``: Holm, Bonferroni intervals, TOST with a margin).
+
+Several SFT starts (``sft.seed=0,1``): the seeds are nested in the starts, and a difference that one start's seeds
+agree on may reverse on another start, so the start, not the seed, is the independent unit (pseudoreplication:
+Hurlbert 1984, Ecol. Monogr. 54:187; Lazic 2010, BMC Neurosci. 11:5). The bootstrap then resamples starts, then
+seeds within start, then prompts; its Student-t companion is taken over the per-start mean differences (n starts,
+n - 1 degrees of freedom), which in a balanced design is the exact test of the mean difference under the nested
+random-effects model (the start-by-arm interaction is its error term), and with unequal seeds per start weighs each
+start alike, as the bootstrap's hierarchical mean does. One start is exactly the one-start analysis.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .bootstrap import BootstrapResult, paired_hierarchical_bootstrap
 from .group import Group
 from .inference import Verdict, family_verdicts
-from .load import Run
+from .load import Run, natural_key
 from .reduce import ACC
 from .stats import Estimate, mean_ci, t_cdf, t_quantile
 
 N_BOOT = 10000
 """Bootstrap replicates per comparison (seeded: a report is reproducible)."""
 SEED_ONLY_NOTE = "seed-only: the prompts' noise is not included"
+START_LEVEL = "SFT start"
+"""The name of the level above the seeds when a comparison spans several SFT starts."""
 
 
 @dataclass(frozen=True)
@@ -66,11 +76,14 @@ def prompt_pair(arm: Run, base: Run, endpoint: Endpoint) -> Optional[tuple[list[
 
 @dataclass(frozen=True)
 class SeedOnlyResult:
-    """The fallback without per-prompt outcomes: Student-t over the per-seed differences (n >= 2). It answers
-    what ``BootstrapResult`` answers (point, p_value, se, percentile_interval, tail, levels, note), so the
-    family's Holm adjustment and verdict words treat both alike."""
+    """The fallback without per-prompt outcomes: Student-t over the per-seed differences (n >= 2); with several
+    SFT starts (``unit`` ``START_LEVEL``), over the per-start mean differences. It answers what ``BootstrapResult``
+    answers (point, p_value, se, percentile_interval, tail, levels, note), so the family's Holm adjustment and
+    verdict words treat both alike."""
 
     diffs: tuple[float, ...]
+    unit: str = "seed"
+    """What one of ``diffs`` is the difference of: a seed, or an SFT start (the mean over its seeds)."""
 
     @property
     def point(self) -> float:
@@ -85,15 +98,30 @@ class SeedOnlyResult:
     def df(self) -> int:
         return len(self.diffs) - 1
 
-    levels, resampled, note = ("seed",), ("seed",), SEED_ONLY_NOTE
+    note = SEED_ONLY_NOTE
+
+    @property
+    def levels(self) -> tuple[str]:
+        return (self.unit,)
+
+    @property
+    def resampled(self) -> tuple[str]:
+        return (self.unit,)
 
     @property
     def n_units(self) -> tuple[int]:
         return (len(self.diffs),)
 
     @property
+    def over(self) -> str:
+        """What the t is taken over, in the report's words."""
+        if self.unit == "seed":
+            return "the per-seed differences"
+        return f"the per-{self.unit.removeprefix('SFT ')} mean differences (each {self.unit}'s mean over its seeds)"
+
+    @property
     def method(self) -> str:
-        return "seed-only Student-t interval over the per-seed differences (no per-prompt outcomes)"
+        return f"seed-only Student-t interval over {self.over} (no per-prompt outcomes)"
 
     def tail(self, threshold: float, side: str) -> float:
         """P(point + se·T <= threshold) ("below") or >= ("above"), T Student's t with n-1 df."""
@@ -145,7 +173,7 @@ class BothLevelsResult:
 
     @property
     def method(self) -> str:
-        return (f"{self.boot.method}, and a Student-t test over the per-seed differences; a difference counts only "
+        return (f"{self.boot.method}, and a Student-t test over {self.seeds.over}; a difference counts only "
                 f"where both tests reject (the larger p, the hull of the two intervals)")
 
     def percentile_interval(self, alpha: float) -> tuple[float, float]:
@@ -164,33 +192,80 @@ class Comparison:
     seeds: list[int]
     result: Optional[BothLevelsResult | SeedOnlyResult]
     seed_t: Optional[Estimate]
-    """The Student-t 95% interval over the per-seed differences (the seed-only column)."""
+    """The Student-t 95% interval over the per-seed differences (the seed-only column); with several SFT starts,
+    over the per-start mean differences."""
     no_claim: str = ""
     """Why there is no result (no common seed; one seed without per-prompt outcomes)."""
+    starts: list[str] = field(default_factory=list)
+    """The SFT start of each pair, aligned with ``seeds`` (``Run.sft_start``)."""
 
     @property
     def seed_only(self) -> bool:
         return isinstance(self.result, SeedOnlyResult)
 
+    @property
+    def seeds_per_start(self) -> dict[str, int]:
+        """start -> how many paired seeds it holds, in the pairs' order."""
+        out: dict[str, int] = {}
+        for s in self.starts:
+            out[s] = out.get(s, 0) + 1
+        return out
+
 
 def compare(group: Group, base: Group, endpoint: Endpoint, counts: Callable[[Run], bool]) -> Comparison:
-    """``group - base`` on ``endpoint`` over the seeds both completed among the runs ``counts`` admits."""
-    base_runs = {r.seed: r for r in base.completed if r.seed is not None and counts(r)}
-    pairs = [(r, base_runs[r.seed]) for r in group.completed if r.seed in base_runs and counts(r)]
+    """``group - base`` on ``endpoint`` over the (SFT start, seed) pairs both completed among the runs ``counts``
+    admits: one start, seeds then prompts; several, starts then seeds within start then prompts (module doc)."""
+    base_runs = {(r.sft_start, r.seed): r for r in base.completed if r.seed is not None and counts(r)}
+    pairs = [(r, base_runs[(r.sft_start, r.seed)]) for r in group.completed
+             if (r.sft_start, r.seed) in base_runs and counts(r)]
     pairs = [(a, b) for a, b in pairs if endpoint.per_run(a) is not None and endpoint.per_run(b) is not None]
-    pairs.sort(key=lambda p: p[0].seed)
-    seeds = [a.seed for a, _ in pairs]
+    pairs.sort(key=lambda p: (natural_key(p[0].sft_start), p[0].seed))
+    seeds, starts = [a.seed for a, _ in pairs], [a.sft_start for a, _ in pairs]
     diffs = [endpoint.per_run(a) - endpoint.per_run(b) for a, b in pairs]
-    seed_t = mean_ci(diffs)
     if not pairs:
-        return Comparison(group.label, seeds, None, None, "no common seed")
+        return Comparison(group.label, seeds, None, None, "no common seed", starts)
+    by_start: dict[str, list[tuple[Run, Run, float]]] = {}
+    for (a, b), d in zip(pairs, diffs):
+        by_start.setdefault(a.sft_start, []).append((a, b, d))
+    if len(by_start) == 1:
+        return _one_start(group.label, pairs, diffs, endpoint, starts)
+    start_means = tuple(sum(d for *_, d in units) / len(units) for units in by_start.values())
+    seed_t = mean_ci(start_means)
+    t_test = SeedOnlyResult(start_means, unit=START_LEVEL)
+    if all(len(units) == 1 for units in by_start.values()):  # a start is one run: starts, then prompts
+        tree, levels = {s: prompt_pair(a, b, endpoint) for s, [(a, b, _)] in by_start.items()}, (START_LEVEL, "prompt")
+        leaves = list(tree.values())
+    else:
+        tree = {s: {a.seed: prompt_pair(a, b, endpoint) for a, b, _ in units} for s, units in by_start.items()}
+        levels, leaves = (START_LEVEL, "seed", "prompt"), [x for t in tree.values() for x in t.values()]
+    if all(leaf is not None for leaf in leaves):
+        boot = paired_hierarchical_bootstrap(tree, levels=levels, n_boot=N_BOOT)
+        return Comparison(group.label, seeds, BothLevelsResult(boot, t_test), seed_t, starts=starts)
+    return Comparison(group.label, seeds, t_test, seed_t, starts=starts)
+
+
+def _one_start(label: str, pairs: list[tuple[Run, Run]], diffs: list[float], endpoint: Endpoint,
+               starts: list[str]) -> Comparison:
+    """One SFT start: seeds, then prompts within seed, and the t over the per-seed differences."""
+    seeds = [a.seed for a, _ in pairs]
+    seed_t = mean_ci(diffs)
     if len(diffs) < 2:  # the seed-to-seed spread is unknown: no test of a sweep's question
-        return Comparison(group.label, seeds, None, seed_t, "one paired seed")
+        return Comparison(label, seeds, None, seed_t, "one paired seed", starts)
     tree = {a.seed: prompt_pair(a, b, endpoint) for a, b in pairs}
     if all(leaf is not None for leaf in tree.values()):
         boot = paired_hierarchical_bootstrap(tree, n_boot=N_BOOT)
-        return Comparison(group.label, seeds, BothLevelsResult(boot, SeedOnlyResult(tuple(diffs))), seed_t)
-    return Comparison(group.label, seeds, SeedOnlyResult(tuple(diffs)), seed_t)
+        return Comparison(label, seeds, BothLevelsResult(boot, SeedOnlyResult(tuple(diffs))), seed_t, starts=starts)
+    return Comparison(label, seeds, SeedOnlyResult(tuple(diffs)), seed_t, starts=starts)
+
+
+def design_text(c: Comparison) -> str:
+    """E.g. "2 SFT starts × 3 seeds" (or "× 2–3 seeds" when the starts hold different numbers of paired seeds)."""
+    counts = list(c.seeds_per_start.values())
+    if not counts:
+        return "no pair"
+    lo, hi = min(counts), max(counts)
+    n = f"{lo}" if lo == hi else f"{lo}–{hi}"
+    return f"{len(counts)} SFT start{'s' if len(counts) != 1 else ''} × {n} seed{'s' if hi != 1 else ''}"
 
 
 def judge(comparisons: list[Comparison], alpha: float, margin: Optional[float]) -> dict[str, Verdict]:
@@ -205,8 +280,12 @@ def verdict_text(algo: str, endpoint: Endpoint, baseline: str, kind: str, compar
     comparison (``Verdict.sentence``) and the comparisons without a claim."""
     m = len(verdicts)
     methods = list(dict.fromkeys(c.result.method for c in comparisons if c.result is not None))
-    head = (f"{algo.upper()}, {endpoint.doc_name}, paired against {baseline} ({kind}). Family: {m} comparison"
-            f"{'s' if m != 1 else ''} against {baseline}, Holm-adjusted, alpha {alpha:g}. Method: "
+    designs = list(dict.fromkeys(design_text(c) for c in comparisons if c.starts))
+    design = (f" Runs paired by SFT start and seed: {designs[0]}." if len(designs) == 1 else
+              " Runs paired by SFT start and seed: " + "; ".join(f"{c.label} {design_text(c)}" for c in comparisons
+                                                                 if c.starts) + "." if designs else "")
+    head = (f"{algo.upper()}, {endpoint.doc_name}, paired against {baseline} ({kind}).{design} Family: {m} "
+            f"comparison{'s' if m != 1 else ''} against {baseline}, Holm-adjusted, alpha {alpha:g}. Method: "
             f"{'; '.join(methods) or 'none'}.")
     parts = [head] + [verdicts[c.label].sentence(baseline) for c in comparisons if c.label in verdicts]
     unclaimed = [f"{c.label} ({c.no_claim})" for c in comparisons if c.result is None]

@@ -56,7 +56,11 @@ HOW_TO_READ = (
     "one-sided tests); each verdict sentence gives the smallest difference these seeds and prompts would "
     "detect with 80% power. Runs written before `eval_outcomes.jsonl` existed fall back to the Student-t "
     "interval over the per-seed differences, marked *seed-only* (the prompts' noise is not included); the "
-    "*seed-only t 95%* column shows that interval for every group. Runs outside the comparison the "
+    "*seed-only t 95%* column shows that interval for every group. With several SFT starts (`sft.seed=0,1`) "
+    "the runs pair by start and seed, the seeds are nested in the starts (the bootstrap resamples starts, then "
+    "seeds within start, then prompts) and the t is over the per-start mean differences (*SFT-start-mean t "
+    "95%*), n starts − 1 degrees of freedom: a start is the independent unit, a seed is not. "
+    "Runs outside the comparison the "
     "experiment declared (other seeds or arms), or from another refexp commit or thread count than most "
     "runs, are listed in the setup block and left out of the verdict (`--allow-mixed` counts them). "
     "*chosen Δlogp* (DPO) is the last `logps/chosen_delta`: how far the chosen "
@@ -230,7 +234,7 @@ def render_html(report) -> str:
 def _comparison_dict(c, v, baseline: str) -> dict:
     """One group's comparison with the baseline on one endpoint: its seeds, the family verdict and numbers
     (None without a claim), and the seed-only t interval."""
-    out = {"seeds": c.seeds, "no_claim": c.no_claim or None,
+    out = {"seeds": c.seeds, "sft_starts": c.starts, "no_claim": c.no_claim or None,
            "seed_only_t95": c.seed_t.to_dict() if c.seed_t else None}
     if v is not None:
         out |= {"difference": v.result.point, "interval": list(v.interval), "interval_kind":

@@ -15,7 +15,7 @@ from refexp.record.status import provenances, wall_seconds
 from refexp.record.metric_names import EVAL_ACCURACY, VAL_ACCURACY
 
 from .group import Group
-from .load import Run, _get
+from .load import Run, _get, natural_key
 from .plan import Plan, threads
 
 FIELDS: tuple[tuple[str, str], ...] = (
@@ -91,6 +91,26 @@ def sft_start(runs: list[Run]) -> str | None:
     return f"{where}; {accs} at step 0" if accs else where
 
 
+def sft_starts(runs: list[Run]) -> list[tuple[str, str]]:
+    """(start key, what it was) per SFT start the runs trained from (``Run.sft_start``), in natural order: its
+    ``sft.seed`` and validation accuracy as ``status.json`` records them (else the validation accuracy logged at
+    step 0)."""
+    by_start: dict[str, list[Run]] = {}
+    for r in runs:
+        by_start.setdefault(r.sft_start, []).append(r)
+    out = []
+    for key in sorted(by_start, key=natural_key):
+        rs = by_start[key]
+        recorded = [s for s in ((r.status or {}).get("sft_start") for r in rs) if isinstance(s, dict)]
+        val = _shown([f"{s['val_accuracy']:.3f}" for s in recorded if s.get("val_accuracy") is not None]) \
+            or _at_step_0(rs, VAL_ACCURACY)
+        seed = _shown([_get(r.config, "sft.seed") for r in rs])
+        what = ", ".join(t for t in (f"sft.seed {seed}" if seed is not None and not key.startswith("sft.seed=")
+                                     else "", f"validation accuracy {val}" if val else "") if t)
+        out.append((key or "not recorded", what))
+    return out
+
+
 def comparison_rows(plan: Plan, runs: list[Run]) -> list[tuple[str, str]]:
     """The comparison the verdict reads, the runs it leaves out and why, and the hyper-parameters chosen on test."""
     rows = [("comparison", plan.kind)]
@@ -123,9 +143,13 @@ def setup_rows(groups: list[Group], plan: Plan | None = None) -> list[tuple[str,
             if label == "hf checkpoint":
                 shown = " | ".join(Path(v).name for v in shown.split(" | "))  # a dir name, not a machine path
             rows.append((label, shown))
-    start = sft_start(runs)
-    if start:
-        rows.append(("SFT start", start))
+    starts = sft_starts(runs)
+    if len(starts) > 1:  # a factor of the sweep: the verdicts nest the seeds in them (paired.py)
+        rows.append(("SFT starts", f"{len(starts)}: " + "; ".join(f"{k} ({w})" if w else k for k, w in starts)))
+    else:
+        start = sft_start(runs)
+        if start:
+            rows.append(("SFT start", start))
     n_threads = _shown([threads(r) for r in runs])
     if n_threads is not None:
         rows.append(("training.num_threads", n_threads))

@@ -241,7 +241,8 @@ def error_cell(text: str, limit: int = 300) -> str:
 
 
 def seed_t_text(c: Optional[Comparison]) -> str:
-    """The seed-only Student-t 95% interval: "+0.065 ± 0.041" (signed), "+0.020 (n=1)", or "—"."""
+    """The seed-only Student-t 95% interval (over the per-start means with several SFT starts): "+0.065 ± 0.041"
+    (signed), "+0.020 (n=1)", or "—"."""
     if c is None or c.seed_t is None:
         return "—"
     text = cell_text(c.seed_t)
@@ -288,7 +289,9 @@ def header_and_cells(table: AlgoTable) -> tuple[list[str], list[list[str]]]:
         header += [f"Δ {ep.header} vs {table.baseline} (paired, {_family_level(table, ep.key)})",
                    f"Holm p ({ep.header})", f"verdict ({ep.header})"]
     if table.endpoints:
-        header.append(f"Δ {table.headline.header} seed-only t 95%")
+        several = any(len(row.paired[table.endpoints[0].key].seeds_per_start) > 1 for row in table.rows
+                      if table.endpoints[0].key in row.paired)
+        header.append(f"Δ {table.headline.header} {'SFT-start-mean' if several else 'seed-only'} t 95%")
     if table.target is not None:
         header.append(f"steps to acc≥{table.target:.3g}")
     header.append("seeds")
