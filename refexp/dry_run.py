@@ -52,22 +52,22 @@ def format_plan(cfg, p: Plan) -> str:
     return "\n".join(line.rstrip() for line in out)
 
 
-def plan_dict(p: Plan) -> dict[str, float]:
-    """``{line: bytes}``: every item, ``"<phase> peak"`` per phase, the checkpoint and the peak."""
-    out = {i.what: i.bytes for i in p.resident}
+def plan_lines(cfg) -> list[tuple[str, float, str]]:
+    """``(what, bytes, how)`` of every line ``format_plan`` prints, phase peaks and the peak last, for a
+    validated RootConfig (bench/gpu_adapters.py reads them)."""
+    p = plan(cfg)
+    out = [(i.what, i.bytes, i.how) for i in p.resident]
     for name, items in p.phases.items():
-        out.update({i.what: i.bytes for i in items})
-        out[f"{name} peak"] = p.phase_peak(name)
-    out[p.checkpoint.what] = p.checkpoint.bytes
-    out[PEAK] = p.peak
+        out += [(i.what, i.bytes, i.how) for i in items]
+    out += [(f"{name} peak", p.phase_peak(name), "") for name in p.phases]
+    out += [(p.checkpoint.what, p.checkpoint.bytes, p.checkpoint.how), (PEAK, p.peak, p.peak_phase)]
     return out
 
 
 def dry_run(dcfg: DictConfig) -> dict:
-    """Validate what a plan needs (data paths may stay unset), print the plan, return ``plan_dict``."""
+    """Validate what a plan needs (data paths may stay unset), print the plan, return ``{line: bytes}``."""
     from refexp.config import to_object
 
     cfg = to_object(fill_data_paths(dcfg))
-    p = plan(cfg)
-    print(format_plan(cfg, p))
-    return plan_dict(p)
+    print(format_plan(cfg, plan(cfg)))
+    return {what: b for what, b, _ in plan_lines(cfg)}

@@ -5,6 +5,9 @@
 - ``val/accuracy`` (when the task has a validation split, ``task.val_fraction`` / ``task.val_path``): the
   same on the first ``eval.num_prompts`` validation prompts; what a hyper-parameter search selects on, so the
   held-out ``eval/accuracy`` prompts are only ever reported.
+- ``eval/gold``, ``val/gold`` (when a learned reward is optimised, ``task.reward_model``): the gold reward (the
+  task's verifier, or ``task.gold_reward_model``) of the same greedy completions, whose optimised reward is then
+  ``eval/accuracy`` / ``val/accuracy`` (docs/reward-models.md).
 - ``kl/init``: KL(policy || frozen initial model) on the first ``eval.kl_prompts`` held-out prompts,
   with one completion per prompt sampled from the policy; the per-token k3 estimator averaged over
   completion tokens (the same estimator and averaging as ``kl/ref``, refexp.kl.mean_token_kl).
@@ -41,10 +44,11 @@ from refexp import titan
 from refexp.context import RunContext
 from refexp.distributed import dp_sum, padded_share
 from refexp.kl import masked_sum, sequence_kl
-from refexp.record.metric_names import EVAL_ACCURACY, VAL_ACCURACY
+from refexp.offload import model_device, on_device, park_on_host
+from refexp.record.metric_names import EVAL_ACCURACY, EVAL_GOLD, VAL_ACCURACY, VAL_GOLD
 from refexp.record.outcomes import EvalOutcomes
-from refexp.reference import HOST, ReferenceStrategy, model_device, on_device
-from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine
+from refexp.reference import ReferenceStrategy
+from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.tasks.batching import pack_sequences
 
 EVAL_SAMPLES = "samples/eval"
@@ -53,6 +57,8 @@ EVAL_SAMPLES = "samples/eval"
 EVAL_OUTCOMES, VAL_OUTCOMES = "outcomes/eval", "outcomes/val"
 """The metrics keys of an evaluation's per-prompt scores (``EvalOutcomes``; ``MetricLogger`` writes them to
 ``eval_outcomes.jsonl`` only: not a metric, not sent to W&B)."""
+EVAL_GOLD_OUTCOMES, VAL_GOLD_OUTCOMES = "outcomes/eval_gold", "outcomes/val_gold"
+"""The same for the gold reward beside a learned one (``eval/gold``, ``val/gold``)."""
 KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
 
 LogprobFn = Callable[..., torch.Tensor]
@@ -88,14 +94,17 @@ def _all_scores(parallel_dims, device: torch.device, ids: list[int], mine: list[
 @torch.no_grad()
 def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None,
                     split: str = "eval", samples: list | None = None, num_samples: int = 0,
-                    engine: RolloutEngine | None = None, scores: list | None = None) -> float:
+                    engine: RolloutEngine | None = None, scores: list | None = None,
+                    gold_scores: list | None = None, verifier: bool = False) -> float:
     """Mean reward of greedy completions on the first ``num_prompts`` prompts of ``task.<split>`` (the
     held-out ``eval`` prompts, or ``val``), split over the data-parallel ranks of ``parallel_dims`` (None:
     this process does them all). Collective. ``samples``: a list that receives the first ``num_samples``
     rows this rank measured as ``{"prompt", "completion", "answer", "reward"}`` (rank 0 holds the first
     prompts, and only rank 0 logs). ``engine``: the rollout engine that generates (None: the built-in one
     on ``model``). ``scores``: a list that receives the score of each of the ``num_prompts`` prompts, in
-    order, on every rank (one more collective)."""
+    order, on every rank (one more collective). ``gold_scores``: the same for the task's gold reward
+    (``Task.gold_score``; left empty when the task logs none). ``verifier``: score with the task's verifier
+    (``Task.verify``, what the SFT stage reads) instead of the optimised reward."""
     engine = engine or BuiltinEngine(model, task.tokenizer)
     data = getattr(task, split)
     n = min(num_prompts, len(data))
@@ -104,14 +113,21 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, par
     prompts, answers = rows["prompt"], rows["answer"]
     total = 0.0
     mine: list[float] = []  # this rank's real prompts' scores, in order
+    mine_gold: list[float] = []
+    score = task.verify if verifier else task.score
+    with_gold = gold_scores is not None and getattr(task, "gold", None) is not None
     was_training = model.training
     model.eval()
     for sl in _batches(len(prompts), batch_size):
         out = engine.generate(prompts[sl], max_new_tokens=task.max_new_tokens, greedy=True)
-        batch_scores = task.score(out.texts, answers[sl], prompts[sl])
-        kept = [s for s, keep in zip(batch_scores, _real_rows(sl, real).tolist()) if keep]
+        batch_scores = score(out.texts, answers[sl], prompts[sl])
+        real_rows = _real_rows(sl, real).tolist()
+        kept = [s for s, keep in zip(batch_scores, real_rows) if keep]
         total += sum(kept)
         mine += [float(s) for s in kept]
+        if with_gold:
+            mine_gold += [float(g) for g, keep in zip(task.gold_score(out.texts, answers[sl], prompts[sl]), real_rows)
+                          if keep]
         if samples is not None:
             keep = max(0, min(num_samples - len(samples), real - sl.start, len(batch_scores)))
             samples += [{"prompt": p, "completion": c, "answer": a, "reward": float(r)} for p, c, a, r
@@ -120,6 +136,8 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, par
     (total,) = _global_sums(parallel_dims, model_device(model), total)
     if scores is not None:
         scores += _all_scores(parallel_dims, model_device(model), ids, mine, n)
+    if with_gold:
+        gold_scores += _all_scores(parallel_dims, model_device(model), ids, mine_gold, n)
     return total / max(1, n)
 
 
@@ -179,7 +197,7 @@ class InitAnchor:
     With ``reference=fixed`` on the start checkpoint it *is* the reference (``shared``, no second
     copy). Otherwise ``build_frozen()`` makes it at the first measurement and it is kept for the run,
     never rebuilt from disk; with ``offload`` (``reference.offload``) it waits in host memory between
-    measurements and is moved to the compute device for each (``reference.on_device``).
+    measurements and is lent to the compute device for each (``refexp/offload.py``).
     """
 
     def __init__(self, build_frozen: Callable[[], torch.nn.Module], shared=None, *, offload: bool = False):
@@ -192,7 +210,7 @@ class InitAnchor:
             self.model = self.build_frozen()
             if self.offload:
                 self._device = model_device(self.model)
-                self.model.to(HOST)
+                park_on_host(self.model)
         return self.model
 
     @contextmanager
@@ -237,21 +255,29 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     ecfg = ctx.cfg.eval
     temperature = getattr(ctx.cfg.algo, "temperature", 1.0)  # GRPO samples at algo.temperature; DPO has none
     pd = ctx.parallel_dims
-    engine = build_engine(ctx.cfg.rollout, policy, ctx.task.tokenizer)
+    engine = build_engine(ctx.cfg.rollout, policy, ctx.task.tokenizer, capacity=decode_capacity(ctx.cfg))
     out = {}
     if with_accuracy:
         samples: list[dict] = []
         scores: list[float] = []
+        gold: list[float] = []  # beside a learned reward: the gold reward of the same completions
         out[EVAL_ACCURACY] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, samples=samples,
-                                             num_samples=ecfg.log_samples, engine=engine, scores=scores)
+                                             num_samples=ecfg.log_samples, engine=engine, scores=scores,
+                                             gold_scores=gold)
         out[EVAL_OUTCOMES] = EvalOutcomes("eval", EVAL_ACCURACY, list(range(len(scores))), scores)
+        if gold:
+            out[EVAL_GOLD] = sum(gold) / len(gold)
+            out[EVAL_GOLD_OUTCOMES] = EvalOutcomes("eval", EVAL_GOLD, list(range(len(gold))), gold)
         if samples:
             out[EVAL_SAMPLES] = samples  # the logger writes them to samples.jsonl and a W&B table
         if ctx.task.val is not None and len(ctx.task.val):  # what a search selects on (run.objective)
-            scores = []
+            scores, gold = [], []
             out[VAL_ACCURACY] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, split="val",
-                                                engine=engine, scores=scores)
+                                                engine=engine, scores=scores, gold_scores=gold)
             out[VAL_OUTCOMES] = EvalOutcomes("val", VAL_ACCURACY, list(range(len(scores))), scores)
+            if gold:
+                out[VAL_GOLD] = sum(gold) / len(gold)
+                out[VAL_GOLD_OUTCOMES] = EvalOutcomes("val", VAL_GOLD, list(range(len(gold))), gold)
     measure_ref = reference is not None and reference.holds_model
     # the fixed reference on the start checkpoint is the anchor (InitAnchor.shared): its kl/ref is kl/init
     ref_is_anchor = measure_ref and reference is anchor.shared

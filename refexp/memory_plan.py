@@ -13,8 +13,9 @@ ranks, or a compute dtype other than the master's: refexp/titan/build.py).
 
 Held in every phase: the parameters in ``training.dtype`` (the optimizer's master copy), AdamW's two
 moments in float32, the frozen reference (none for ``reference=none`` and for a fixed DPO reference whose
-log-probs are precomputed) and the ``kl/init`` anchor (none when it is the fixed reference itself); the
-last two in host memory with ``reference.offload=true``. Gradients are freed after each optimizer step
+log-probs are precomputed; with the float32 master a bf16 EMA reference keeps) and the ``kl/init`` anchor
+(none when it is the fixed reference itself), the last two in host memory with ``reference.offload=true``;
+learned reward models (``task.reward_model`` & co., ``tasks/reward_model.reward_models_plan_line``). Gradients are freed after each optimizer step
 (``optim.clip_and_step`` zeroes them to None), so only the training phase holds them.
 
 Rollout (the decode loop, ``titan/decode.py``, for the GRPO step's rows and the evaluation's batches):
@@ -24,7 +25,9 @@ Rollout (the decode loop, ``titan/decode.py``, for the GRPO step's rows and the 
 - the KV cache of the largest generating batch: rows x (prompt + new tokens) x layers x 2 x kv_dim x c / t;
   and while a cache is copied to fewer rows (GRPO's prompt prefilled once then repeated for its group; the
   sampler dropping finished rows once ``sampler.DROP_FINISHED_SHARE`` of them have stopped, at most all
-  but that share) both copies live;
+  but that share) both copies live; with ``rollout.static_decode`` the cache is the kept buffers of
+  ``titan/static_decode.py`` (rows padded to a power of two, ``rollout.decode_capacity`` slots, one per row
+  bucket, held in every phase) and the rollout adds the prompts' ordinary prefill copied into them;
 - a decode step's logits and the sampler's float32/float64 working tensors over the whole vocabulary.
 Policy training (one forward/backward chunk of ``training.micro_batch_size`` rows of L tokens):
 - the gradients, the dtype of the parameters, sharded like them;
@@ -301,17 +304,37 @@ def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: i
         dropped = 0 if static or g.rows < 2 else g.rows - math.ceil(DROP_FINISHED_SHARE * g.rows)
         return (dropped, "finished rows dropped") if dropped >= repeat else (repeat, "prompts repeated for groups")
 
-    big = max(generations(cfg, dp), key=lambda g: (g.rows + copied_rows(g)[0]) * g.length)
-    items.append(Item("generation KV cache", big.rows * big.length * per_slot,
-                      f"{big.rows} rows x {big.length} tokens ({big.what} batch, the largest)"))
-    extra, why = copied_rows(big)
-    items.append(Item("KV cache while copied", extra * big.length * per_slot,
-                      f"{extra} rows copied while the old cache lives ({why})" if extra else "no copy"))
+    if static:  # the cache lives in the kept buckets (resident); an ordinary prefill of the prompts is copied in
+        big = max(generations(cfg, dp), key=lambda g: g.distinct)
+        items.append(Item("generation KV cache", 0, "in the kept static-decode buffers"))
+        items.append(Item("KV cache while copied", big.distinct * cfg.task.max_prompt_len * per_slot,
+                          f"the prefill of {big.distinct} prompts x {cfg.task.max_prompt_len} tokens, copied into "
+                          "its bucket"))
+    else:
+        big = max(generations(cfg, dp), key=lambda g: (g.rows + copied_rows(g)[0]) * g.length)
+        items.append(Item("generation KV cache", big.rows * big.length * per_slot,
+                          f"{big.rows} rows x {big.length} tokens ({big.what} batch, the largest)"))
+        extra, why = copied_rows(big)
+        items.append(Item("KV cache while copied", extra * big.length * per_slot,
+                          f"{extra} rows copied while the old cache lives ({why})" if extra else "no copy"))
     # sampler._Sampling.next_tokens: the step's float32 logits, log-softmax and probabilities, and the
     # float64 CDF of the inverse-CDF draw
     items.append(Item("decode logits and sampling", big.rows * s.vocab * (3 * 4 + 8),
                       f"{big.rows} rows x {s.vocab} vocab: float32 logits, log-probs, probs; float64 CDF"))
     return items
+
+
+def _static_buckets(cfg, s: Shapes, compute: int, dp: int) -> Item:
+    """``rollout.static_decode``'s kept K/V buffers (``titan/static_decode.py``): one per row bucket the run's
+    generations use, each [bucket rows, n_kv, ``rollout.decode_capacity``, head_dim] per layer, held between
+    generations."""
+    from refexp.rollout import decode_capacity
+    from refexp.titan.static_decode import bucket_rows
+
+    buckets = sorted({bucket_rows(g.rows) for g in generations(cfg, dp)})
+    capacity = decode_capacity(cfg)
+    return Item("static-decode KV buffers", sum(buckets) * capacity * s.n_layers * 2 * s.kv_dim * compute,
+                f"row buckets {'+'.join(map(str, buckets))} x {capacity} slots, kept between generations")
 
 
 def plan(cfg) -> Plan:
@@ -334,17 +357,26 @@ def plan(cfg) -> Plan:
     ref_shards = s.params * ref_bytes / split
     anchor_shared = ref_cfg.name == "fixed" and not ref_cfg.checkpoint and ref_cfg.dtype in (None, cfg.training.dtype)
     has_anchor = a.name != "sft" and not (anchor_shared and has_ref)
+    ref_master = s.params * ref_cfg.fp32_master_bytes(cfg.training.dtype) / split  # a bf16 EMA's fp32 master
     resident = [
         Item("parameters", s.params * master / split, f"{s.params / 1e9:.3f}B x {master} B / {split} ranks"),
         Item("optimizer state", s.params * 8 / split, f"{cfg.training.optimizer}: 2 moments x 4 B / {split}"),
-        Item("reference", 0 if (ref_cfg.offload or not has_ref) else ref_shards,
+        Item("reference", 0 if (ref_cfg.offload or not has_ref) else ref_shards + ref_master,
              "host memory (reference.offload)" if has_ref and ref_cfg.offload else
-             (f"frozen copy, {ref_cfg.dtype or cfg.training.dtype}" if has_ref else "none")),
+             (f"frozen copy, {ref_cfg.dtype or cfg.training.dtype}" + (" + float32 master" if ref_master else "")
+              if has_ref else "none")),
         Item("kl/init anchor", 0 if (ref_cfg.offload or not has_anchor) else s.params * master / split,
              "the fixed reference itself" if not has_anchor and a.name != "sft" else
              ("host memory (reference.offload)" if ref_cfg.offload and has_anchor else
               ("frozen copy" if has_anchor else "none"))),
     ]
+    from refexp.tasks.reward_model import reward_models_plan_line
+
+    reward_models = reward_models_plan_line(cfg.task, s.params)  # learned rewards: beside the policy throughout
+    if reward_models is not None:
+        resident.append(Item(*reward_models))
+    if cfg.rollout.static_decode:
+        resident.append(_static_buckets(cfg, s, compute, dp))
     out = Plan(device=device_how, compute=compute_name, resident=resident)
     out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
 

@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from refexp.record import layout
-from refexp.record.metric_names import current_names
+from refexp.record.metric_names import EVAL_ACCURACY, current_names
 from refexp.record.metrics import read_metrics
 from refexp.record.outcomes import read_outcomes
 from refexp.record.resolved_config import read_resolved_config
@@ -259,11 +259,12 @@ class Run:
 
     @cached_property
     def outcomes(self) -> dict[int, dict[int, float]]:
-        """step -> {prompt id: score} of every held-out test evaluation in ``eval_outcomes.jsonl`` ({} for a
-        run written before that file existed); a step written twice (a resumed run): the later line wins."""
+        """step -> {prompt id: score} of every held-out test evaluation of ``eval/accuracy`` in
+        ``eval_outcomes.jsonl`` ({} for a run written before that file existed); a step written twice (a resumed
+        run): the later line wins."""
         out: dict[int, dict[int, float]] = {}
         for step, o in read_outcomes(self.path):
-            if o.split == "eval":
+            if o.split == "eval" and o.metric == EVAL_ACCURACY:  # eval/gold's outcomes are another metric's
                 out[step] = dict(zip((int(i) for i in o.prompt_ids), (float(x) for x in o.scores)))
         return out
 
