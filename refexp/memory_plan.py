@@ -15,7 +15,8 @@ Held in every phase: the parameters in ``training.dtype`` (the optimizer's maste
 moments in float32, the frozen reference (none for ``reference=none`` and for a fixed DPO reference whose
 log-probs are precomputed; with the float32 master a bf16 EMA reference keeps) and the ``kl/init`` anchor
 (none when it is the fixed reference itself), the last two in host memory with ``reference.offload=true``;
-learned reward models (``task.reward_model`` & co., ``tasks/reward_model.reward_models_plan_line``). Gradients are freed after each optimizer step
+learned reward models (``task.reward_model`` & co., ``tasks/reward_model.reward_models_plan_line``);
+``rollout.static_decode``'s kept K/V buffers. Gradients are freed after each optimizer step
 (``optim.clip_and_step`` zeroes them to None), so only the training phase holds them.
 
 Rollout (the decode loop, ``titan/decode.py``, for the GRPO step's rows and the evaluation's batches):
