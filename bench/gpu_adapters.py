@@ -1,7 +1,7 @@
 """What bench/gpu_check.py's probes read from refexp, in one place, so that each can follow refexp's interfaces
 as they change (a memory plan with a line per phase, a compile counter of the static decode step).
 
-- ``plan_lines(overrides)``: ``refexp.dry_run.plan`` of a config composed as ``refexp dry_run=true ...`` composes
+- ``plan_lines(overrides)``: ``refexp.dry_run.plan_lines`` of a config composed as ``refexp dry_run=true ...`` composes
   it, as ``{line: bytes}``;
 - ``planned_training_peak(lines)``: the plan's peak of a policy-training step (the phase line when the plan has
   one, else the whole plan's peak);
@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PEAK = "per-rank peak estimate"
 # A plan that splits its peak by phase names the policy-training phase so (docs/gpus.md, "Plan the memory").
-TRAINING_PHASE_LINES = ("policy training", "peak: policy training", "training phase")
+TRAINING_PHASE_LINES = ("policy training peak", "policy training", "peak: policy training", "training phase")
 
 
 def plan_lines(overrides: list[str]) -> dict[str, float]:
@@ -26,13 +26,14 @@ def plan_lines(overrides: list[str]) -> dict[str, float]:
     from hydra.core.global_hydra import GlobalHydra
 
     from refexp.config import register_configs, to_object
-    from refexp.dry_run import fill_data_paths, plan
+    from refexp.dry_run import fill_data_paths
+    from refexp.dry_run import plan_lines as printed_lines
 
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         dcfg = compose("config", overrides=["dry_run=true", *overrides])
-    return {what: float(b) for what, b, _ in plan(to_object(fill_data_paths(dcfg)))}
+    return {what: float(b) for what, b, _ in printed_lines(to_object(fill_data_paths(dcfg)))}
 
 
 def planned_training_peak(lines: dict[str, float]) -> tuple[float, str]:

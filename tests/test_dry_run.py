@@ -10,11 +10,10 @@ import sys
 
 import pytest
 
-from refexp.dry_run import dry_run
+from refexp.dry_run import PEAK, dry_run
 from tests.helpers.configs import CONF_DIR, compose_root, conf_options
 
 DRY_RUN_PAGE = CONF_DIR.parent / "docs" / "gpus.md"
-PEAK = "per-rank peak estimate"
 
 
 def readme_dry_run_commands() -> list[list[str]]:
@@ -72,6 +71,68 @@ def test_offload_takes_the_reference_and_anchor_off_the_device():
     assert on["reference"] > 0 and on["kl/init anchor"] > 0
     assert off["reference"] == 0 and off["kl/init anchor"] == 0
     assert off[PEAK] == pytest.approx(on[PEAK] - on["reference"] - on["kl/init anchor"])
+    # its own forward brings the reference back to the device
+    assert off["reference moved to the device"] == on["reference"] and on["reference moved to the device"] == 0
+
+
+DONE_WHEN = ["activation_checkpoint=full", "training.micro_batch_size=8"]
+GIB = 2**30
+
+
+def test_the_8b_plan_prints_each_phase_and_its_peak_is_the_rollout(capsys):
+    """The rollout holds the resident state plus the whole model unsharded in bf16 (every FSDP unit gathered
+    at once), the plain step's w1|w3 copies and the KV cache; with AC full and micro-batches of 8 that is
+    the largest phase."""
+    plan = dry_run(compose_root(*LLAMA_8X, *DONE_WHEN))
+    out = capsys.readouterr().out
+    for phase in ("rollout", "policy training", "reference forward"):
+        assert re.search(rf"^  {phase} peak +[0-9.]+ GiB", out, re.M), phase
+    assert re.search(r"^  rollout peak .*<- the peak$", out, re.M)
+    P = plan["parameters"] * 8 / 4  # fp32 over 8 ranks
+    assert plan["unsharded model for decoding"] == P * 2
+    assert plan["fused gate/up weights"] == 2 * 14336 * 4096 * 32 * 2
+    assert plan["generation KV cache"] == 25 * 512 * 32 * 2 * 1024 * 2  # ceil(200 eval prompts / 8) rows
+    resident = plan["parameters"] + plan["optimizer state"] + plan["reference"] + plan["kl/init anchor"]
+    on_top = sum(plan[k] for k in ("unsharded model for decoding", "fused gate/up weights", "generation KV cache",
+                                   "KV cache while copied", "decode logits and sampling"))
+    assert plan["rollout peak"] == pytest.approx(resident + on_top)
+    assert plan[PEAK] == plan["rollout peak"] > plan["policy training peak"] > plan["reference forward peak"]
+    assert plan["gradients"] > 0 and plan["norm + lm_head unit"] == 2 * (128256 * 4096 + 4096) * 2
+
+
+def test_the_page_shows_the_8b_plan_as_it_prints(capsys):
+    """docs/gpus.md's Llama-3.1-8B plan is this code's output for its command, line for line."""
+    page = DRY_RUN_PAGE.read_text()
+    shown = re.search(r"^```\n(refexp dry run: grpo x reference=fixed, model llama3 8B.*?)\n```", page, re.M | re.S)
+    shown = shown.group(1)
+    dry_run(compose_root(*LLAMA_8X))
+    assert capsys.readouterr().out.rstrip("\n") == shown
+
+
+def test_decoding_paths_without_the_fused_copy_plan_none():
+    """``rollout.static_decode`` reads w1 and w3 in place and drops no rows; TP decodes through the sharded
+    sub-modules, each rank unsharding its TP shard only."""
+    plain = dry_run(compose_root(*LLAMA_8X, *DONE_WHEN))
+    static = dry_run(compose_root(*LLAMA_8X, *DONE_WHEN, "rollout.static_decode=true"))
+    assert static["fused gate/up weights"] == 0 < plain["fused gate/up weights"]
+    assert static["KV cache while copied"] < plain["KV cache while copied"]
+    # its K/V buffers are kept between generations: row buckets 8 (kl/init's 8 rows), 16 (the step's) and 32
+    # (eval/accuracy's 25 rows, padded), 512 slots, 32 layers x 2 x 1024 in bf16
+    assert static["static-decode KV buffers"] == (8 + 16 + 32) * 512 * 32 * 2 * 1024 * 2
+    assert static["generation KV cache"] == 0
+    tp = dry_run(compose_root(*LLAMA_8X, *DONE_WHEN, "parallelism.tensor_parallel_degree=2"))
+    assert tp["fused gate/up weights"] == 0
+    assert tp["unsharded model for decoding"] == pytest.approx(plain["unsharded model for decoding"] / 2)
+
+
+def test_an_auto_device_plan_says_what_it_assumed(capsys):
+    """``training.device=auto`` is planned as the run would resolve it on this machine, and the header says so."""
+    import torch
+
+    dry_run(compose_root("dry_run=true", "algo=grpo"))
+    head = capsys.readouterr().out.splitlines()[0]
+    found, compute = ("cuda", "bfloat16") if torch.cuda.is_available() else ("cpu", "float32")
+    assert f"device auto -> {found}" in head and f"compute {compute}" in head
 
 
 def test_the_cli_dry_run_prints_the_plan_and_builds_nothing(tmp_path):

@@ -1,0 +1,414 @@
+"""The per-rank memory plan of a configured run (``refexp dry_run=true``): what one device holds in each
+phase of a step, and the largest of them.
+
+Shapes come from a meta-device build of the model preset (the torchtitan flavor with its own vocabulary,
+or ``config.json`` when ``model.hf_assets_path`` is given); lengths from ``task.max_prompt_len`` + the
+generation budget; rows from the algorithm's batch, the evaluation's batches, the data-parallel degree and
+``training.micro_batch_size``. ``training.device=auto`` is planned as the device the run would resolve on
+this machine (``titan.resolve_device``: CUDA when one is visible, else CPU, whose compute dtype is float32).
+
+Per rank, in bytes (P = parameters, s = FSDP shard degree, t = tensor-parallel degree; sharding divides by
+s * t, replication does not; c = the compute dtype's bytes). "Wrapped": the model is FSDP-wrapped (several
+ranks, or a compute dtype other than the master's: refexp/titan/build.py).
+
+Held in every phase: the parameters in ``training.dtype`` (the optimizer's master copy), AdamW's two
+moments in float32, the frozen reference (none for ``reference=none`` and for a fixed DPO reference whose
+log-probs are precomputed; with the float32 master a bf16 EMA reference keeps) and the ``kl/init`` anchor
+(none when it is the fixed reference itself), the last two in host memory with ``reference.offload=true``;
+learned reward models (``task.reward_model`` & co., ``tasks/reward_model.reward_models_plan_line``);
+``rollout.static_decode``'s kept K/V buffers. Gradients are freed after each optimizer step
+(``optim.clip_and_step`` zeroes them to None), so only the training phase holds them.
+
+Rollout (the decode loop, ``titan/decode.py``, for the GRPO step's rows and the evaluation's batches):
+- wrapped, every FSDP unit is unsharded at once for the whole generation: P x c / t;
+- the plain one-token step (``decode_step_plain.py``; not under TP, not with ``rollout.static_decode``)
+  concatenates w1 and w3 of every layer once per generation: 2 x ffn x dim x layers x c;
+- the KV cache of the largest generating batch: rows x (prompt + new tokens) x layers x 2 x kv_dim x c / t;
+  and while a cache is copied to fewer rows (GRPO's prompt prefilled once then repeated for its group; the
+  sampler dropping finished rows once ``sampler.DROP_FINISHED_SHARE`` of them have stopped, at most all
+  but that share) both copies live; with ``rollout.static_decode`` the cache is the kept buffers of
+  ``titan/static_decode.py`` (rows padded to a power of two, ``rollout.decode_capacity`` slots, one per row
+  bucket, held in every phase) and the rollout adds the prompts' ordinary prefill copied into them;
+- a decode step's logits and the sampler's float32/float64 working tensors over the whole vocabulary.
+Policy training (one forward/backward chunk of ``training.micro_batch_size`` rows of L tokens):
+- the gradients, the dtype of the parameters, sharded like them;
+- wrapped: two transformer blocks unsharded (the one computing and the one prefetched), and the unit
+  holding the final norm and lm_head (with the embedding when tied): unsharded at the chunk's peak, the end
+  of forward and the start of backward, whatever ``parallelism.fsdp_reshard_after_forward`` says (torchtitan
+  keeps it unsharded from forward to backward by default), and its gradient, unsharded in the compute dtype
+  until it is reduced;
+- activations per token and layer (elements, compute dtype), counted from what autograd keeps in
+  torchtitan's decoder block (RMSNorm -> q/k/v -> SDPA -> wo; RMSNorm -> SwiGLU): 7*dim + 2*kv_dim + 4*ffn
+  without checkpointing (the attention matrix is not kept: flash / memory-efficient SDPA),
+  4*dim + 2*kv_dim + 2*ffn with ``selective`` per-op checkpointing (matmul outputs kept), dim per block
+  with ``full`` plus one block's full set while it is recomputed;
+- the logits: the model's output in the compute dtype, kept for backward, its gradient, and the float32
+  chunk (``titan.logprobs.FP32_CHUNK_ELEMENTS``) the log-softmax works on and its gradient (vocab sharded
+  by t);
+- shared prompts (``algo.share_prompt``, ``refexp/algos/shared_prompt.py``), attended the way the run will
+  (``attention_way``): the dense mask, U x S^2 booleans per chunk, or for ``titan.CausalRows`` the usual
+  rows' queries, keys, values and outputs that SDPA keeps (N x T x (2*dim + 2*kv_dim) per layer whose
+  activations are kept) in place of the shared rows' queries, keys and values (U x S x (dim + 2*kv_dim),
+  counted among the activations above).
+Reference forward (no graph, one chunk): the reference's shards moved to the device when offloaded; wrapped,
+two blocks and the lm_head unit unsharded; the chunk's logits in the compute dtype and one float32 chunk.
+The peak is the largest phase. One checkpoint on disk: weights (``training.dtype``) + AdamW state (8
+bytes/parameter) + the moving reference's weights when ``checkpoint.save_reference``.
+These are estimates: allocator fragmentation, NCCL buffers and the CUDA context (~1-3 GiB), FSDP's
+transient all-gather buffers and a layer's transient intermediates are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from refexp.choices import MOVING_STRATEGIES
+
+GIB = 2**30
+BYTES = {"float32": 4, "bfloat16": 2}
+PHASES = ("rollout", "policy training", "reference forward")
+
+
+@dataclass
+class Shapes:
+    params: int
+    """P: every parameter of the model."""
+    block_params: int
+    """Parameters of one transformer block."""
+    head_params: int
+    """Parameters of torchtitan's last FSDP unit: the final norm and lm_head (with the embedding when tied)."""
+    dim: int
+    kv_dim: int
+    ffn: int
+    n_layers: int
+    vocab: int
+
+
+@dataclass
+class Item:
+    what: str
+    bytes: float
+    how: str
+
+
+@dataclass
+class Plan:
+    """Per-rank bytes: ``resident`` in every phase, ``phases[name]`` on top of it in that phase."""
+
+    device: str
+    """The device type planned for (``training.device``, ``auto`` resolved) and how it was chosen."""
+    compute: str
+    resident: list[Item]
+    phases: dict[str, list[Item]] = field(default_factory=dict)
+    checkpoint: Item | None = None
+
+    def phase_peak(self, name: str) -> float:
+        return sum(i.bytes for i in self.resident) + sum(i.bytes for i in self.phases[name])
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phase_peak)
+
+    @property
+    def peak(self) -> float:
+        return self.phase_peak(self.peak_phase)
+
+
+def model_shapes(model_cfg, parallelism) -> Shapes:
+    """Parameter counts and layer sizes of the configured model, from a meta-device build."""
+    import torch
+
+    from refexp import titan
+
+    spec = titan.build_model_spec(model_cfg, vocab_size=None, parallelism=parallelism)
+    with torch.device("meta"):
+        model = spec.model.build()
+    dec = titan.unwrap.decoder_of(model)
+    block = next(iter(dec.layers.values()))
+    attn = block.attention
+    dim = dec.tok_embeddings.weight.shape[1]
+    q_out = sum(p.shape[0] for n, p in attn.named_parameters() if n.split(".")[-2] in ("wq", "wqkv"))
+    kv_dim = _kv_dim(attn, dim, q_out)
+    ffn = next(p.shape[0] for n, p in block.named_parameters() if n.endswith("w1.weight"))
+    head = {id(p): p for m in (dec.norm, dec.lm_head) for p in m.parameters()}
+    if getattr(dec, "enable_weight_tying", False):
+        head.update({id(p): p for p in dec.tok_embeddings.parameters()})
+    return Shapes(params=sum(p.numel() for p in model.parameters()),
+                  block_params=sum(p.numel() for p in block.parameters()),
+                  head_params=sum(p.numel() for p in head.values()), dim=dim, kv_dim=kv_dim, ffn=ffn,
+                  n_layers=len(dec.layers), vocab=dec.tok_embeddings.weight.shape[0])
+
+
+def _kv_dim(attn, dim: int, q_out: int) -> int:
+    """Width of the keys (= values) of one block: wk's rows, or the k/v part of a fused wqkv."""
+    for n, p in attn.named_parameters():
+        if n.split(".")[-2] == "wk":
+            return p.shape[0]
+    n_kv, head_dim = getattr(attn, "n_kv_heads", None), getattr(attn, "head_dim", None)
+    if n_kv and head_dim:
+        return n_kv * head_dim
+    return (q_out - dim) // 2 if q_out > dim else dim
+
+
+def layout(cfg) -> tuple[int, int, int, int]:
+    """(world size, replicate, shard, TP degrees) of the planned job: torchrun's WORLD_SIZE when set (several
+    nodes), else one node's processes."""
+    from refexp.config.model import planned_world_size, resolve_shard_degree
+
+    world = planned_world_size(cfg.parallelism) or cfg.parallelism.nproc_per_node
+    if world == 1:
+        return 1, 1, 1, 1
+    p = cfg.parallelism
+    return world, p.data_parallel_replicate_degree, resolve_shard_degree(p, world), p.tensor_parallel_degree
+
+
+def planned_device(cfg) -> tuple[str, str]:
+    """(device type, how it was chosen): ``auto`` resolves as the run would on this machine."""
+    import torch
+
+    device = cfg.training.device
+    if device.startswith("cuda"):
+        return "cuda", device
+    if device == "auto":
+        found = "cuda" if torch.cuda.is_available() else "cpu"
+        return found, f"auto -> {found} (this machine{'' if found == 'cuda' else ' has no GPU'}; "\
+                      "pass training.device=cuda to plan for a GPU)"
+    return "cpu", device
+
+
+def _training_rows(cfg, dp: int) -> tuple[int, int]:
+    """(rows per training chunk, tokens per training row) on one rank."""
+    a, task = cfg.algo, cfg.task
+    completion = getattr(a, "max_new_tokens", None) or task.max_new_tokens
+    prompt = task.max_prompt_len
+    if a.name == "grpo":
+        G = a.group_size
+        rows = max(1, a.prompts_per_step * G // dp)
+        chunk = min(rows, cfg.training.micro_batch_size or rows)
+        if a.share_prompt:  # a prompt's G completions in one row (refexp/algos/shared_prompt.py)
+            return max(1, chunk // G), prompt + G * completion + G - 1
+        return chunk, prompt + completion
+    if a.name == "dpo":
+        pairs = max(1, a.pairs_per_step // dp)
+        chunk = min(pairs, cfg.training.micro_batch_size or pairs)
+        if a.share_prompt:
+            return chunk, prompt + 2 * completion + 1
+        return 2 * chunk, prompt + completion
+    rows = max(1, cfg.sft.batch_size // dp)  # SFT: the stage's own batch of demonstrations
+    return min(rows, cfg.training.micro_batch_size or rows), prompt + completion
+
+
+@dataclass
+class Generation:
+    """One batch the decode loop generates on a rank: ``rows`` rows of ``length`` cache slots, prefilled
+    from ``distinct`` prompts."""
+
+    what: str
+    rows: int
+    length: int
+    distinct: int
+
+
+def generations(cfg, dp: int) -> list[Generation]:
+    """The batches a rank decodes: the GRPO step's, and the evaluation's (``refexp/evaluation.py``: each rank
+    its ``ceil(n / dp)`` prompts, in batches of at most the functions' default ``batch_size``)."""
+    import inspect
+
+    from refexp.evaluation import greedy_accuracy, kl_to_anchor
+
+    a, task = cfg.algo, cfg.task
+    out = []
+    full = task.max_prompt_len + task.max_new_tokens
+    if a.name == "grpo":
+        rows = max(1, a.prompts_per_step * a.group_size // dp)
+        out.append(Generation("the GRPO step's", rows, task.max_prompt_len + (a.max_new_tokens or task.max_new_tokens),
+                              max(1, rows // a.group_size)))
+
+    def per_rank(fn, n: int) -> int:
+        return min(inspect.signature(fn).parameters["batch_size"].default, -(-n // dp))
+
+    if task.name != "preference":  # no reward: no eval/accuracy
+        n = per_rank(greedy_accuracy, cfg.eval.num_prompts)
+        out.append(Generation("eval/accuracy's", n, full, n))
+    n = per_rank(kl_to_anchor, cfg.eval.kl_prompts)
+    out.append(Generation("kl/init's", n, full, n))
+    return out
+
+
+def _shared_attention(cfg, s: Shapes, shared_rows: int, shared_len: int, compute: int, tp: int) -> tuple[float, str]:
+    """Bytes and description of the shared-prompt attention's own memory for one training chunk (see the
+    module docstring)."""
+    a, task = cfg.algo, cfg.task
+    if not getattr(a, "share_prompt", False):
+        return 0, "prompts not shared"
+    from refexp.algos.shared_prompt import attention_way
+
+    per_prompt = a.group_size if a.name == "grpo" else 2  # GRPO's group, DPO's chosen and rejected
+    N, T = shared_rows * per_prompt, task.max_prompt_len + (getattr(a, "max_new_tokens", None) or task.max_new_tokens)
+    if attention_way(N, T, shared_rows, shared_len) == "mask":
+        return shared_rows * shared_len ** 2, f"dense mask: {shared_rows} x {shared_len}^2 booleans"
+    ac = cfg.activation_checkpoint
+    if ac.mode == "full":
+        layers = 1  # the block being recomputed
+    elif ac.mode == "selective" and ac.selective_ac_option != "op":
+        layers = s.n_layers - s.n_layers // int(ac.selective_ac_option) + 1
+    else:
+        layers = s.n_layers
+    elems = N * T * (2 * s.dim + 2 * s.kv_dim) - shared_rows * shared_len * (s.dim + 2 * s.kv_dim)
+    return elems * layers * compute / tp, (f"{N} usual rows x {T} tokens gathered for causal attention, "
+                                           f"{layers} layer{'s' if layers > 1 else ''} kept")
+
+
+def _activation_elems_per_token(s: Shapes, ac) -> tuple[int, int]:
+    """(elements kept per token for all blocks, elements of one block's full set), see the module docstring."""
+    full_block = 7 * s.dim + 2 * s.kv_dim + 4 * s.ffn
+    if ac.mode == "full":
+        return s.n_layers * s.dim, full_block
+    if ac.mode == "selective" and ac.selective_ac_option == "op":
+        return s.n_layers * (4 * s.dim + 2 * s.kv_dim + 2 * s.ffn), full_block
+    if ac.mode == "selective":  # every N-th block fully checkpointed
+        n = int(ac.selective_ac_option)
+        checkpointed = s.n_layers // n
+        return checkpointed * s.dim + (s.n_layers - checkpointed) * full_block, full_block
+    return s.n_layers * full_block, 0
+
+
+def _logit_bytes(tokens: int, s: Shapes, compute: int, tp: int, *, backward: bool) -> float:
+    """The logits of ``tokens`` tokens (compute dtype; with ``backward`` also their gradient) and the float32
+    chunk of the log-softmax (two of them in backward: the recomputed chunk and its gradient)."""
+    from refexp.titan.logprobs import FP32_CHUNK_ELEMENTS
+
+    v = s.vocab / tp
+    chunk = min(tokens * v, max(FP32_CHUNK_ELEMENTS, v)) * 4
+    return tokens * v * compute * (2 if backward else 1) + chunk * (2 if backward else 1)
+
+
+def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: int) -> list[Item]:
+    """What the decode loop holds on top of the resident state (see the module docstring)."""
+    compute = BYTES[compute_name]
+    static = cfg.rollout.static_decode
+    items = [Item("unsharded model for decoding", s.params * compute / tp if wrapped else 0,
+                  f"every FSDP unit gathered at once (titan/decode.py), {compute_name}"
+                  if wrapped else "not FSDP-wrapped: decoding reads the parameters")]
+    fused = tp == 1 and not static
+    items.append(Item("fused gate/up weights", 2 * s.ffn * s.dim * s.n_layers * compute if fused else 0,
+                      f"w1|w3 of {s.n_layers} layers concatenated per generation (titan/decode_step_plain.py)" if fused
+                      else ("rollout.static_decode reads w1 and w3 as they are" if static else "TP: decoded by the "
+                            "sub-modules")))
+    from refexp.sampler import DROP_FINISHED_SHARE
+
+    per_slot = s.n_layers * 2 * s.kv_dim * compute / tp
+
+    def copied_rows(g: Generation) -> tuple[int, str]:  # rows of the second copy while a cache is copied
+        repeat = g.distinct if g.distinct < g.rows else 0  # the prompts' cache -> the groups' rows
+        dropped = 0 if static or g.rows < 2 else g.rows - math.ceil(DROP_FINISHED_SHARE * g.rows)
+        return (dropped, "finished rows dropped") if dropped >= repeat else (repeat, "prompts repeated for groups")
+
+    if static:  # the cache lives in the kept buckets (resident); an ordinary prefill of the prompts is copied in
+        big = max(generations(cfg, dp), key=lambda g: g.distinct)
+        items.append(Item("generation KV cache", 0, "in the kept static-decode buffers"))
+        items.append(Item("KV cache while copied", big.distinct * cfg.task.max_prompt_len * per_slot,
+                          f"the prefill of {big.distinct} prompts x {cfg.task.max_prompt_len} tokens, copied into "
+                          "its bucket"))
+    else:
+        big = max(generations(cfg, dp), key=lambda g: (g.rows + copied_rows(g)[0]) * g.length)
+        items.append(Item("generation KV cache", big.rows * big.length * per_slot,
+                          f"{big.rows} rows x {big.length} tokens ({big.what} batch, the largest)"))
+        extra, why = copied_rows(big)
+        items.append(Item("KV cache while copied", extra * big.length * per_slot,
+                          f"{extra} rows copied while the old cache lives ({why})" if extra else "no copy"))
+    # sampler._Sampling.next_tokens: the step's float32 logits, log-softmax and probabilities, and the
+    # float64 CDF of the inverse-CDF draw
+    items.append(Item("decode logits and sampling", big.rows * s.vocab * (3 * 4 + 8),
+                      f"{big.rows} rows x {s.vocab} vocab: float32 logits, log-probs, probs; float64 CDF"))
+    return items
+
+
+def _static_buckets(cfg, s: Shapes, compute: int, dp: int) -> Item:
+    """``rollout.static_decode``'s kept K/V buffers (``titan/static_decode.py``): one per row bucket the run's
+    generations use, each [bucket rows, n_kv, ``rollout.decode_capacity``, head_dim] per layer, held between
+    generations."""
+    from refexp.rollout import decode_capacity
+    from refexp.titan.static_decode import bucket_rows
+
+    buckets = sorted({bucket_rows(g.rows) for g in generations(cfg, dp)})
+    capacity = decode_capacity(cfg)
+    return Item("static-decode KV buffers", sum(buckets) * capacity * s.n_layers * 2 * s.kv_dim * compute,
+                f"row buckets {'+'.join(map(str, buckets))} x {capacity} slots, kept between generations")
+
+
+def plan(cfg) -> Plan:
+    """The per-rank memory plan of a validated RootConfig."""
+    world, rep, shard, tp = layout(cfg)
+    dp = rep * shard
+    device_type, device_how = planned_device(cfg)
+    s = model_shapes(cfg.model, cfg.parallelism)
+    split = shard * tp
+    master = BYTES[cfg.training.dtype]
+    compute_name = cfg.training.compute_dtype(device_type)
+    compute = BYTES[compute_name]
+    ref_cfg, a = cfg.reference, cfg.algo
+    ref_bytes = BYTES[ref_cfg.dtype or cfg.training.dtype]
+    wrapped = world > 1 or compute_name != cfg.training.dtype
+
+    has_ref = a.name != "sft" and ref_cfg.name != "none"
+    if has_ref and a.name == "dpo" and getattr(a, "precompute_ref", False) and ref_cfg.name == "fixed":
+        has_ref = False  # its log-probs are read from the precomputed table
+    ref_shards = s.params * ref_bytes / split
+    anchor_shared = ref_cfg.name == "fixed" and not ref_cfg.checkpoint and ref_cfg.dtype in (None, cfg.training.dtype)
+    has_anchor = a.name != "sft" and not (anchor_shared and has_ref)
+    ref_master = s.params * ref_cfg.fp32_master_bytes(cfg.training.dtype) / split  # a bf16 EMA's fp32 master
+    resident = [
+        Item("parameters", s.params * master / split, f"{s.params / 1e9:.3f}B x {master} B / {split} ranks"),
+        Item("optimizer state", s.params * 8 / split, f"{cfg.training.optimizer}: 2 moments x 4 B / {split}"),
+        Item("reference", 0 if (ref_cfg.offload or not has_ref) else ref_shards + ref_master,
+             "host memory (reference.offload)" if has_ref and ref_cfg.offload else
+             (f"frozen copy, {ref_cfg.dtype or cfg.training.dtype}" + (" + float32 master" if ref_master else "")
+              if has_ref else "none")),
+        Item("kl/init anchor", 0 if (ref_cfg.offload or not has_anchor) else s.params * master / split,
+             "the fixed reference itself" if not has_anchor and a.name != "sft" else
+             ("host memory (reference.offload)" if ref_cfg.offload and has_anchor else
+              ("frozen copy" if has_anchor else "none"))),
+    ]
+    from refexp.tasks.reward_model import reward_models_plan_line
+
+    reward_models = reward_models_plan_line(cfg.task, s.params)  # learned rewards: beside the policy throughout
+    if reward_models is not None:
+        resident.append(Item(*reward_models))
+    if cfg.rollout.static_decode:
+        resident.append(_static_buckets(cfg, s, compute, dp))
+    out = Plan(device=device_how, compute=compute_name, resident=resident)
+    out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
+
+    rows, length = _training_rows(cfg, dp)
+    kept, one_block = _activation_elems_per_token(s, cfg.activation_checkpoint)
+    tokens = rows * length
+    blocks = 2 * s.block_params * compute / tp if wrapped else 0
+    shared, shared_how = _shared_attention(cfg, s, rows, length, compute, tp)
+    out.phases["policy training"] = [
+        Item("gradients", s.params * master / split, f"same as the parameters ({cfg.training.dtype})"),
+        Item("FSDP unsharded blocks", blocks, "2 blocks in the compute dtype" if wrapped else "not FSDP-wrapped"),
+        Item("norm + lm_head unit", 2 * s.head_params * compute / tp if wrapped else 0,
+             "unsharded from forward to backward, and its unsharded gradient" if wrapped else "not FSDP-wrapped"),
+        Item("activations", tokens * (kept + one_block) * compute / tp,
+             f"{rows} rows x {length} tokens, activation_checkpoint={cfg.activation_checkpoint.mode}"),
+        Item("logits and log-probs", _logit_bytes(tokens, s, compute, tp, backward=True),
+             f"{tokens} tokens x {s.vocab} vocab, and their gradient"),
+        Item("shared-prompt attention", shared, shared_how),
+    ]
+    live_ref = has_ref and not (a.name == "dpo" and getattr(a, "precompute_ref", False))
+    out.phases["reference forward"] = [
+        Item("reference moved to the device", ref_shards if (live_ref and ref_cfg.offload) else 0,
+             "reference.offload: its shards, for the forward" if live_ref and ref_cfg.offload else "stays put"),
+        Item("reference unsharded units", (2 * s.block_params + s.head_params) * compute / tp
+             if wrapped and live_ref else 0, "2 blocks and the lm_head unit" if wrapped and live_ref else "none"),
+        Item("reference logits", _logit_bytes(tokens, s, compute, tp, backward=False) if live_ref else 0,
+             f"{tokens} tokens, no graph" if live_ref else "no live reference forward"),
+    ]
+    ckpt = s.params * master + s.params * 8
+    if ref_cfg.name in MOVING_STRATEGIES and a.name != "sft" and getattr(cfg.checkpoint, "save_reference", True):
+        ckpt += s.params * ref_bytes
+    out.checkpoint = Item("one checkpoint on disk (all ranks)", ckpt, "weights + AdamW state" +
+                          (" + moving reference" if ckpt > s.params * (master + 8) else ""))
+    return out
