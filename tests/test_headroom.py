@@ -51,7 +51,7 @@ def test_demo_slip_drops_the_ones_carry_of_that_share_of_training_demonstrations
 
 def test_demo_slip_is_refused_where_there_is_no_sum_to_slip():
     with pytest.raises(ValueError, match=r"task.demo_slip.*'\+' in task.ops"):
-        TaskConfig(ops=["*"], demo_slip=0.5)
+        TaskConfig(ops=["*"], rl_ops=["*"], demo_slip=0.5)
     with pytest.raises(ValueError, match="task.demo_slip"):
         TaskConfig(demo_slip=1.5)
 
