@@ -65,7 +65,7 @@ OUTCOMES = {EVAL_ACCURACY: EVAL_OUTCOMES, VAL_ACCURACY: VAL_OUTCOMES, EVAL_RETEN
 """The metrics keys of an evaluation's per-prompt scores, by metric (``EvalOutcomes``; ``MetricLogger`` writes
 them to ``eval_outcomes.jsonl`` only: not a metric, not sent to W&B)."""
 KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
-PASS_K_KEY = 7_778  # eval/pass_at_k's samples: another namespace
+PASS_K_KEY = 7_778  # eval/pass_at_k's samples: another namespace (3-tuple keys, as kl/init's)
 GREEDY_METRICS = ((EVAL_ACCURACY, "eval"), (VAL_ACCURACY, "val"), (EVAL_RETENTION, "retain_eval"),
                   (VAL_RETENTION, "retain_val"))
 """The greedy exact-match metrics of ``evaluate`` and the ``Task`` split each reads (its outcomes' ``split``)."""
@@ -156,7 +156,7 @@ def sampled_pass_at_k(model, task, num_prompts: int, *, k: int, n: int, seed: in
                       top_p: float = 1.0, batch_size: int = 256, parallel_dims=None,
                       engine: RolloutEngine | None = None, scores: list | None = None) -> float:
     """Mean ``pass_at_k(n, c, k)`` over the first ``num_prompts`` held-out prompts, n completions each sampled by
-    ``engine`` (None: the built-in one on ``model``) with keys ``(seed, PASS_K_KEY, prompt index, sample)``, c the
+    ``engine`` (None: the built-in one on ``model``) with keys ``(seed, PASS_K_KEY, prompt index * n + sample)``, c the
     completions whose reward is >= 1. Split over the data-parallel ranks as ``greedy_accuracy``; ``scores``
     receives every prompt's estimate, in order, on every rank. Collective."""
     engine = engine or BuiltinEngine(model, task.tokenizer)
@@ -169,7 +169,7 @@ def sampled_pass_at_k(model, task, num_prompts: int, *, k: int, n: int, seed: in
     model.eval()
     for sl in _batches(len(prompts), max(1, batch_size // n)):
         group = [p for p in prompts[sl] for _ in range(n)]
-        keys = [(seed, PASS_K_KEY, i, j) for i in ids[sl] for j in range(n)]
+        keys = [(seed, PASS_K_KEY, i * n + j) for i in ids[sl] for j in range(n)]  # not a training key's shape
         out = engine.generate(group, max_new_tokens=task.max_new_tokens, temperature=temperature, top_p=top_p,
                               keys=keys)
         rewards = task.score(out.texts, [a for a in answers[sl] for _ in range(n)], group)
