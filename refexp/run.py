@@ -33,7 +33,8 @@ from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.context import RunContext
 from refexp.metric_logger import MetricLogger
 from refexp.provenance import provenance
-from refexp.record.metric_names import EVAL_ACCURACY, EVAL_PREF_ACCURACY, KL_INIT, KL_REF, VAL_ACCURACY
+from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
+                                        KL_REF, VAL_ACCURACY)
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
 from refexp.record import layout
 from refexp.record.lock import FileLock, LockHeld
@@ -88,7 +89,8 @@ def objective(final) -> float | None:
 
 def summary_line(final: dict, wall_s: float, run_dir) -> str:
     """One line at the end of a single run: what it reached, how far it drifted, how long it took, where it is."""
-    parts = [f"{k} {final[k]:.3f}" for k in (EVAL_ACCURACY, EVAL_PREF_ACCURACY, VAL_ACCURACY, KL_INIT, KL_REF)
+    parts = [f"{k} {final[k]:.3f}" for k in (EVAL_ACCURACY, EVAL_PREF_ACCURACY, VAL_ACCURACY, EVAL_RETENTION,
+                                             EVAL_PASS_AT_K, KL_INIT, KL_REF)
              if isinstance(final.get(k), (int, float))]
     steps = final.get("step")
     parts.append(f"{int(steps)} steps" if isinstance(steps, (int, float)) else "")

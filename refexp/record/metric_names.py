@@ -94,9 +94,10 @@ METRICS: tuple[Metric, ...] = (
            "skills), the unbiased estimator of Chen et al. 2021 over `eval.pass_k_samples` samples; a policy whose "
            "distribution collapsed loses it; per prompt in `eval_outcomes.jsonl`",
            f"{_EVAL}, when `eval.pass_k` > 0 and the task has a reward", summary="last"),
-    Metric("sft/val_loss", "the SFT stage: NLL per demonstration token on the validation split (what its stop "
-           "rules read)", "the SFT stage, every `sft.eval_every` steps"),
-    Metric(SFT_VAL_ACCURACY, "the SFT stage: greedy exact match on the validation split",
+    Metric("sft/val_loss", "the SFT stage: NLL per demonstration token on the validation split, every skill it "
+           "teaches (what its stop rules read)", "the SFT stage, every `sft.eval_every` steps"),
+    Metric(SFT_VAL_ACCURACY, "the SFT stage: greedy exact match on the validation split, every skill it teaches "
+           "(`task.ops`)",
            "the SFT stage, every `sft.eval_every` steps; `algo=sft`: the final value"),
     Metric("sft/grad_norm", "the SFT stage: gradient norm before clipping", "the SFT stage, every step"),
     Metric("sft/wall_s", "seconds the SFT stage trained", "`algo=sft`: final value only (W&B summary)"),
