@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 import refexp.launcher as launcher
 from refexp.config import ConfigError
 from refexp.launcher import claim_core
-from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_config, compose_tiny_run
+from tests.helpers.configs import (TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_config, compose_tiny_run,
+                                   conf_options)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,7 +103,7 @@ def test_pinning_moves_every_thread_of_the_process():
 
 
 def test_every_experiment_runs_on_cpu_cores_and_the_command_line_wins():
-    for experiment in ("quickstart", "compare_refs_grpo", "compare_refs_dpo", "long_horizon_grpo"):
+    for experiment in conf_options("experiment"):  # a new experiment runs side by side too
         cfg = compose_config("run_dir=/tmp/x", f"experiment={experiment}", return_hydra_config=True)
         assert cfg.hydra.runtime.choices["hydra/launcher"] == "cpu_cores"
         assert cfg.hydra.launcher.n_jobs == (torch.cuda.device_count() or len(os.sched_getaffinity(0)))
