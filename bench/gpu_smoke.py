@@ -36,7 +36,9 @@ whether refexp's torchtitan layer imports). Then one line per figure, in this or
 ``gen_tokens_per_s_16_static``, ``gen_tokens_per_s_128_static``
     The same generations with ``static_decode=True`` (``rollout.static_decode``: fixed-shape decode steps,
     captured as CUDA graphs by ``torch.compile(mode="reduce-overhead")`` on CUDA, eager on CPU). A first
-    generation of the same shape compiles and records the graphs (``warmup_s``); the value is the second's.
+    generation of the same shape compiles and records the graphs (``warmup_s``; ``capture_s``: what it took
+    beyond the second); the value is the second's. ``compiles_first`` / ``compiles_timed``: graphs compiled
+    during each (``compiles_timed`` > 0: the same shape compiled again), ``compiles_in_process``: all so far.
 ``grpo_e2e_3steps``
     The real CLI (``python -m refexp``) on the embedded arithmetic task in a temporary run dir: a short SFT
     stage, then 3 GRPO steps with a fixed reference (``model=qwen3_debug`` on a GPU, the tests' tiny model at
@@ -84,6 +86,7 @@ for _p in (str(REPO), str(BENCH_DIR)):
 import torch  # noqa: E402
 
 import _common as C  # noqa: E402  (stdlib + torch only; safe on an older torch)
+from gpu_adapters import compile_count  # noqa: E402
 
 FIGURES = (
     "matmul_bf16_tflops",
@@ -542,13 +545,24 @@ class Bench:
         keys = [(0, 1, i, 0) for i in range(rows)]
         extra = {}
         if static:  # the first generation of this shape compiles and records the graphs
+            compiled = compile_count()
             t0 = now(self.device)
             generate(model, tok, prompts, max_new_tokens=s.new_tokens, keys=keys, static_decode=True)
             extra["warmup_s"] = _round(now(self.device) - t0)
+            extra["compiles_first"] = compile_count() - compiled
+        compiled = compile_count()
         t0 = now(self.device)
         rollout = generate(model, tok, prompts, max_new_tokens=s.new_tokens, keys=keys, static_decode=static)
         seconds = now(self.device) - t0
         n = rollout.num_completion_tokens
+        if static:  # compiling and recording: what the first generation took beyond the second
+            extra["capture_s"] = _round(extra["warmup_s"] - seconds)
+        extra["compiles_timed"] = compile_count() - compiled  # > 0: the timed generation recompiled
+        extra["compiles_in_process"] = compile_count()
+        if static:  # the decode module's own count per bucket, first-step and capture seconds
+            from refexp.titan import static_decode_stats
+
+            extra["static_decode_stats"] = static_decode_stats()
         return {"value": _round(n / seconds), "unit": "tokens/s", "rows": rows, "prompt_len": s.prompt_len,
                 "new_tokens": s.new_tokens, "generated_tokens": n, "seconds": _round(seconds),
                 "static_decode": static, **extra}
@@ -562,6 +576,8 @@ class Bench:
                      f"hydra.run.dir={work / 'hydra'}", f"sft.cache_dir={work / 'cache'}"]
         if self.device.type == "cpu" and self.args.threads:
             overrides.append(f"training.num_threads={self.args.threads}")
+        if self.args.mixed_precision != "auto":
+            overrides.append(f"training.mixed_precision_param={self.args.mixed_precision}")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         log = work / "run.log"
         t0 = time.monotonic()
@@ -597,14 +613,15 @@ class Bench:
 class Runner:
     """Runs figures in order, one JSON line each, within the budget; a watchdog covers hung figures."""
 
-    def __init__(self, budget_s: float, device: torch.device, only: Optional[set] = None):
+    def __init__(self, budget_s: float, device: torch.device, only: Optional[set] = None,
+                 figures: tuple = FIGURES):
         self.t0 = time.monotonic()
         self.deadline = self.t0 + budget_s
         self.device = device
         self.only = only
         self.counts = {"ok": 0, "error": 0, "skipped": 0}
         self.current: Optional[str] = None
-        self.pending = list(FIGURES)
+        self.pending = list(figures)  # a probe of bench/gpu_check.py runs its own figures
         self.watchdog = threading.Timer(max(0.0, budget_s) + HARD_STOP_GRACE_S, self._hard_stop)
         self.watchdog.daemon = True
         self.watchdog.start()

@@ -62,7 +62,7 @@ class ReferenceState:
         self.strategy = strategy
 
     def state_dict(self) -> dict:
-        return {k: v for k, v in self.strategy.state_dict().items() if k != "model"}
+        return {k: v for k, v in self.strategy.state_dict().items() if k not in ("model", "master")}
 
     def load_state_dict(self, sd: dict) -> None:
         version = int(sd["version"])

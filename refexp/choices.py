@@ -30,6 +30,9 @@ PREFERENCE_LOSSES: tuple[str, ...] = DPO_LOSS_TYPES + DPO_REFERENCE_FREE_LOSSES
 GRPOObjective = Literal["grpo", "sft"]
 """``grpo``: the policy-gradient objective; ``sft``: the continued-SFT baseline on the same prompts."""
 GRPO_OBJECTIVES: tuple[str, ...] = get_args(GRPOObjective)
+OldLogprobs = Literal["auto", "rollout", "trainer"]
+"""What GRPO's clip ratio is taken against on a batch's first update (``algo.old_logprobs``)."""
+OLD_LOGPROBS: tuple[str, ...] = get_args(OldLogprobs)
 GRPOLossAgg = Literal["grpo", "dr_grpo", "dapo"]
 """How token losses are averaged (refexp/losses/grpo.py)."""
 GRPO_LOSS_AGGS: tuple[str, ...] = get_args(GRPOLossAgg)

@@ -11,10 +11,14 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ def init_distributed(device: torch.device, *, backend: str = "auto", timeout_s: 
             dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
         # once per group made here; a second registration (a group destroyed and made again) is a no-op
         atexit.register(_teardown_at_exit)
+        _timeouts.update(setup_s=timeout_s, now_s=timeout_s, groups=[None])
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
 
 
@@ -110,9 +115,41 @@ def set_collective_timeout(seconds: int, parallel_dims=None) -> None:
         return
     dist.barrier()
     meshes = parallel_dims.get_all_one_dimensional_meshes().values() if parallel_dims is not None else ()
+    _timeouts.update(now_s=seconds, groups=[None, *(m.get_group() for m in meshes)])
+    _apply_timeout(seconds)
+
+
+_timeouts: dict = {"setup_s": None, "now_s": None, "groups": [None]}
+"""The set-up timeout ``init_distributed`` was given, the one in force (``set_collective_timeout``) and the
+groups it applies to."""
+
+
+def _apply_timeout(seconds: int) -> None:
     timeout = datetime.timedelta(seconds=seconds)
-    for group in [None, *(m.get_group() for m in meshes)]:
+    for group in _timeouts["groups"]:
         dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+@contextmanager
+def setup_timeout():
+    """Collectives wait up to the set-up timeout (``comm.init_timeout_seconds``) for what runs inside, then the
+    ranks meet at a barrier and the timeout in force comes back. Every rank must enter it together.
+
+    For work that may take one rank much longer than another mid-training: a first ``torch.compile`` of
+    the fixed-shape decode step (``rollout.static_decode``). A rank that finishes first would wait for the
+    others in the next collective under ``comm.train_timeout_seconds`` and be killed by the watchdog; a
+    collective's timeout is the one in force when it is issued, so the fast rank's barrier here waits
+    under the longer one. Nothing to do with one process.
+    """
+    if world_size() == 1 or _timeouts["setup_s"] is None or _timeouts["setup_s"] <= _timeouts["now_s"]:
+        yield
+        return
+    _apply_timeout(_timeouts["setup_s"])
+    try:
+        yield
+        dist.barrier()
+    finally:
+        _apply_timeout(_timeouts["now_s"])
 
 
 _run_failed = False
@@ -162,6 +199,29 @@ def broadcast_object(obj, src: int = 0):
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def decided_by_rank0(decide: Callable[[], T]) -> T:
+    """``decide()`` run on rank 0 alone, and its result (or the exception it raised, re-raised) on every rank.
+
+    For what each rank would otherwise read from the shared filesystem on its own: a cache hit, a cache key
+    made of file times, which kind of checkpoint a directory holds. NFS caches file attributes per client
+    (``actimeo``), so ranks on different nodes can see different answers for a while, and ranks that disagree
+    on whether a collective follows (train the SFT model, compute a table) hang until the collective timeout.
+    A collective: every rank must call it.
+    """
+    if world_size() == 1:
+        return decide()
+    answer = None
+    if is_rank0():
+        try:
+            answer = (True, decide())
+        except Exception as e:  # every rank raises rank 0's error, none waits for a broadcast that never comes
+            answer = (False, e)
+    ok, value = broadcast_object(answer)
+    if not ok:
+        raise value
+    return value
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:

@@ -210,7 +210,7 @@ def plan(cfg) -> list[tuple[str, float, str]]:
     has_ref = a.name != "sft" and ref_cfg.name != "none"
     if has_ref and a.name == "dpo" and getattr(a, "precompute_ref", False) and ref_cfg.name == "fixed":
         has_ref = False  # its log-probs are read from the precomputed table
-    ref_dev = 0 if (ref_cfg.offload or not has_ref) else s.params * ref_bytes / split
+    ref_dev = 0 if (ref_cfg.offload or not has_ref) else s.params * (ref_bytes + ref_cfg.fp32_master_bytes(cfg.training.dtype)) / split
     lines.append(("reference", ref_dev, "host memory (reference.offload)" if has_ref and ref_cfg.offload else
                   (f"frozen copy, {ref_cfg.dtype or cfg.training.dtype}" if has_ref else "none")))
     anchor_shared = ref_cfg.name == "fixed" and not ref_cfg.checkpoint and ref_cfg.dtype in (None, cfg.training.dtype)
@@ -233,6 +233,14 @@ def plan(cfg) -> list[tuple[str, float, str]]:
     kv = gen_rows * gen_len * s.n_layers * 2 * s.kv_dim * compute / tp
     lines.append(("generation KV cache", kv, f"{gen_rows} rows x {gen_len} tokens"))
     resident = sum(b for _, b, _ in lines[:6])
+    # --- learned rewards (task.reward_model & co.): their weights, resident beside the policy
+    from refexp.tasks.reward_model import reward_models_plan_line
+
+    reward_models = reward_models_plan_line(cfg.task, s.params)
+    if reward_models is not None:
+        lines.append(reward_models)
+        resident += reward_models[1]
+    # ---
     peak = resident + max(acts + logits + shared, kv)
     ckpt = s.params * master + s.params * 8
     if ref_cfg.name in MOVING_STRATEGIES and a.name != "sft" and getattr(cfg.checkpoint, "save_reference", True):

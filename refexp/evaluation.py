@@ -14,6 +14,9 @@
   Trained on Code", eq. 1): pass@k = 1 - C(n-c, k) / C(n, k), averaged over prompts. The samples are keyed to
   the prompt and the sample's index, as ``kl/init``'s. A policy that collapsed onto one answer per prompt keeps
   its greedy accuracy and loses this.
+- ``eval/gold``, ``val/gold`` (when a learned reward is optimised, ``task.reward_model``): the gold reward (the
+  task's verifier, or ``task.gold_reward_model``) of the same greedy completions, whose optimised reward is then
+  ``eval/accuracy`` / ``val/accuracy`` (docs/reward-models.md).
 - ``kl/init``: KL(policy || frozen initial model) on the first ``eval.kl_prompts`` held-out prompts,
   with one completion per prompt sampled from the policy; the per-token k3 estimator averaged over
   completion tokens (the same estimator and averaging as ``kl/ref``, refexp.kl.mean_token_kl).
@@ -50,10 +53,12 @@ from refexp import titan
 from refexp.context import RunContext
 from refexp.distributed import dp_sum, padded_share
 from refexp.kl import masked_sum, sequence_kl
-from refexp.record.metric_names import EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_RETENTION, VAL_ACCURACY, VAL_RETENTION
+from refexp.offload import model_device, on_device, park_on_host
+from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_GOLD, EVAL_PASS_AT_K, EVAL_RETENTION, VAL_ACCURACY,
+                                        VAL_GOLD, VAL_RETENTION)
 from refexp.record.outcomes import EvalOutcomes
-from refexp.reference import HOST, ReferenceStrategy, model_device, on_device
-from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine
+from refexp.reference import ReferenceStrategy
+from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.tasks.batching import pack_sequences
 
 EVAL_SAMPLES = "samples/eval"
@@ -64,6 +69,10 @@ OUTCOMES = {EVAL_ACCURACY: EVAL_OUTCOMES, VAL_ACCURACY: VAL_OUTCOMES, EVAL_RETEN
             VAL_RETENTION: "outcomes/retain_val", EVAL_PASS_AT_K: "outcomes/pass_at_k"}
 """The metrics keys of an evaluation's per-prompt scores, by metric (``EvalOutcomes``; ``MetricLogger`` writes
 them to ``eval_outcomes.jsonl`` only: not a metric, not sent to W&B)."""
+EVAL_GOLD_OUTCOMES, VAL_GOLD_OUTCOMES = "outcomes/eval_gold", "outcomes/val_gold"
+"""The same for the gold reward beside a learned one (``eval/gold``, ``val/gold``)."""
+GOLD = {EVAL_ACCURACY: (EVAL_GOLD, EVAL_GOLD_OUTCOMES), VAL_ACCURACY: (VAL_GOLD, VAL_GOLD_OUTCOMES)}
+"""The gold metric (and its outcomes key) logged beside an optimised-reward accuracy."""
 KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
 PASS_K_KEY = 7_778  # eval/pass_at_k's samples: another namespace (3-tuple keys, as kl/init's)
 GREEDY_METRICS = ((EVAL_ACCURACY, "eval"), (VAL_ACCURACY, "val"), (EVAL_RETENTION, "retain_eval"),
@@ -103,14 +112,17 @@ def _all_scores(parallel_dims, device: torch.device, ids: list[int], mine: list[
 @torch.no_grad()
 def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None,
                     split: str = "eval", samples: list | None = None, num_samples: int = 0,
-                    engine: RolloutEngine | None = None, scores: list | None = None) -> float:
+                    engine: RolloutEngine | None = None, scores: list | None = None,
+                    gold_scores: list | None = None, verifier: bool = False) -> float:
     """Mean reward of greedy completions on the first ``num_prompts`` prompts of ``task.<split>`` (the
     held-out ``eval`` prompts, or ``val``), split over the data-parallel ranks of ``parallel_dims`` (None:
     this process does them all). Collective. ``samples``: a list that receives the first ``num_samples``
     rows this rank measured as ``{"prompt", "completion", "answer", "reward"}`` (rank 0 holds the first
     prompts, and only rank 0 logs). ``engine``: the rollout engine that generates (None: the built-in one
     on ``model``). ``scores``: a list that receives the score of each of the ``num_prompts`` prompts, in
-    order, on every rank (one more collective)."""
+    order, on every rank (one more collective). ``gold_scores``: the same for the task's gold reward
+    (``Task.gold_score``; left empty when the task logs none). ``verifier``: score with the task's verifier
+    (``Task.verify``, what the SFT stage reads) instead of the optimised reward."""
     engine = engine or BuiltinEngine(model, task.tokenizer)
     data = getattr(task, split)
     n = min(num_prompts, len(data))
@@ -119,14 +131,21 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, par
     prompts, answers = rows["prompt"], rows["answer"]
     total = 0.0
     mine: list[float] = []  # this rank's real prompts' scores, in order
+    mine_gold: list[float] = []
+    score = task.verify if verifier else task.score
+    with_gold = gold_scores is not None and getattr(task, "gold", None) is not None
     was_training = model.training
     model.eval()
     for sl in _batches(len(prompts), batch_size):
         out = engine.generate(prompts[sl], max_new_tokens=task.max_new_tokens, greedy=True)
-        batch_scores = task.score(out.texts, answers[sl], prompts[sl])
-        kept = [s for s, keep in zip(batch_scores, _real_rows(sl, real).tolist()) if keep]
+        batch_scores = score(out.texts, answers[sl], prompts[sl])
+        real_rows = _real_rows(sl, real).tolist()
+        kept = [s for s, keep in zip(batch_scores, real_rows) if keep]
         total += sum(kept)
         mine += [float(s) for s in kept]
+        if with_gold:
+            mine_gold += [float(g) for g, keep in zip(task.gold_score(out.texts, answers[sl], prompts[sl]), real_rows)
+                          if keep]
         if samples is not None:
             keep = max(0, min(num_samples - len(samples), real - sl.start, len(batch_scores)))
             samples += [{"prompt": p, "completion": c, "answer": a, "reward": float(r)} for p, c, a, r
@@ -135,6 +154,8 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, par
     (total,) = _global_sums(parallel_dims, model_device(model), total)
     if scores is not None:
         scores += _all_scores(parallel_dims, model_device(model), ids, mine, n)
+    if with_gold:
+        gold_scores += _all_scores(parallel_dims, model_device(model), ids, mine_gold, n)
     return total / max(1, n)
 
 
@@ -240,7 +261,7 @@ class InitAnchor:
     With ``reference=fixed`` on the start checkpoint it *is* the reference (``shared``, no second
     copy). Otherwise ``build_frozen()`` makes it at the first measurement and it is kept for the run,
     never rebuilt from disk; with ``offload`` (``reference.offload``) it waits in host memory between
-    measurements and is moved to the compute device for each (``reference.on_device``).
+    measurements and is lent to the compute device for each (``refexp/offload.py``).
     """
 
     def __init__(self, build_frozen: Callable[[], torch.nn.Module], shared=None, *, offload: bool = False):
@@ -253,7 +274,7 @@ class InitAnchor:
             self.model = self.build_frozen()
             if self.offload:
                 self._device = model_device(self.model)
-                self.model.to(HOST)
+                park_on_host(self.model)
         return self.model
 
     @contextmanager
@@ -298,7 +319,7 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     ecfg = ctx.cfg.eval
     temperature = getattr(ctx.cfg.algo, "temperature", 1.0)  # GRPO samples at algo.temperature; DPO has none
     pd = ctx.parallel_dims
-    engine = build_engine(ctx.cfg.rollout, policy, ctx.task.tokenizer)
+    engine = build_engine(ctx.cfg.rollout, policy, ctx.task.tokenizer, capacity=decode_capacity(ctx.cfg))
     out = {}
     if with_accuracy:
         for metric, split in GREEDY_METRICS:  # a split the task lacks (no validation, no retained skill): skipped
@@ -307,10 +328,17 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
                 continue
             samples: list[dict] = []
             scores: list[float] = []
+            gold: list[float] = []  # beside a learned reward: the gold reward of the same completions
+            retention = metric not in GOLD  # exact match on a skill no reward trains: the verifier's
             out[metric] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, split=split,
                                           samples=samples if metric == EVAL_ACCURACY else None,
-                                          num_samples=ecfg.log_samples, engine=engine, scores=scores)
+                                          num_samples=ecfg.log_samples, engine=engine, scores=scores,
+                                          gold_scores=None if retention else gold, verifier=retention)
             out[OUTCOMES[metric]] = EvalOutcomes(split, metric, list(range(len(scores))), scores)
+            if gold:
+                gold_metric, gold_key = GOLD[metric]
+                out[gold_metric] = sum(gold) / len(gold)
+                out[gold_key] = EvalOutcomes(split, gold_metric, list(range(len(gold))), gold)
             if samples:
                 out[EVAL_SAMPLES] = samples  # the logger writes them to samples.jsonl and a W&B table
         if ecfg.pass_k:

@@ -6,8 +6,15 @@ alpha=1 and alpha<1 (TR-DPO, Gorbatovski et al. 2024, eq. 6-7). Each strategy ow
 (``version``, ``last_update_step``), reports it as ``ref/version`` / ``ref/last_update_step``, and
 checkpoints it together with its weights when they can differ from the start checkpoint.
 
-``reference.offload``: the frozen model lives in host memory between uses and is moved to the compute
-device for each forward and update (``on_device``); the kl/init anchor (refexp/evaluation.py) likewise.
+``reference.offload``: the frozen model lives in host memory (``refexp/offload.py``) and is lent to the
+compute device for its forwards, never copied back; an update blends the policy's shards into the host copy
+itself. The kl/init anchor (refexp/evaluation.py) is offloaded likewise.
+
+Precision: an EMA reference stored in bf16 (``reference.dtype`` or ``training.dtype=bfloat16``) keeps a float32
+master copy (``titan.fp32_master``) that the updates accumulate in, the bf16 model cast from it after each
+(``ReferenceConfig.fp32_master_bytes``: 4 bytes per parameter more, on the device unless offloaded, where it
+stays in host memory). A bf16 EMA without it stalls: an element moves only when alpha times its distance
+to the policy reaches half a bf16 ulp. Hard resets are exact copies and need none.
 
 Steps are 1-based optimizer steps: ``after_step(step=k)`` runs after the k-th update, so with
 ``reset_every=3`` the reference changes at steps 3, 6, ... and the batch of step 4 is sampled from
@@ -31,32 +38,7 @@ from refexp.config import (
     PeriodicResetReferenceConfig,
     ReferenceConfig,
 )
-
-
-HOST = torch.device("cpu")
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of ``model``'s parameters (of this rank's shards under FSDP/TP)."""
-    return next(model.parameters()).device
-
-
-@contextmanager
-def on_device(model: torch.nn.Module | None, device: torch.device | None):
-    """Within the block ``model`` is on ``device``; after it, back in host memory. A no-op when either is
-    None or ``device`` is the host (a CPU run: offloading changes nothing there).
-
-    ``Module.to`` moves plain modules and FSDP2-sharded ones alike: FSDP2's ``FSDPModule._apply``
-    re-registers its sharded parameters after a move (torch/distributed/fsdp/_fully_shard/_fully_shard.py).
-    """
-    if model is None or device is None or device == HOST:
-        yield model
-        return
-    model.to(device)
-    try:
-        yield model
-    finally:
-        model.to(HOST)
+from refexp.offload import model_device, on_device, park_on_host
 
 
 class ReferenceStrategy:
@@ -65,6 +47,8 @@ class ReferenceStrategy:
 
     name = "base"
     holds_model = True
+    gradual = False
+    """Whether updates blend (alpha < 1): such a strategy keeps an fp32 master of a bf16 model."""
 
     def __init__(self, cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Module] | None, *,
                  defer_build: bool = False):
@@ -76,6 +60,7 @@ class ReferenceStrategy:
         self.model = None
         self._device: torch.device | None = None  # where an offloaded model computes
         self._resident = False  # inside ``resident()``: on its device
+        self.master: dict[str, torch.Tensor] | None = None  # fp32 accumulator of a gradual bf16 reference
         if not defer_build:
             self.ensure_model()
 
@@ -86,7 +71,10 @@ class ReferenceStrategy:
             self.model = self._build_frozen()
             if self.cfg.offload:
                 self._device = model_device(self.model)
-                self.model.to(HOST)
+                park_on_host(self.model)
+            if self.gradual and any(p.is_floating_point() and p.dtype != torch.float32
+                                    for p in self.model.parameters()):
+                self.master = titan.fp32_master(self.model)  # where the model is: host memory when offloaded
         return self.model
 
     def release_model(self) -> None:
@@ -95,6 +83,7 @@ class ReferenceStrategy:
         if self.moves:
             raise RuntimeError(f"reference={self.name} moves: its weights are state and cannot be released")
         self.model = None
+        self.master = None
 
     # -------------------------------------------------------------- queries
     @property
@@ -134,8 +123,11 @@ class ReferenceStrategy:
         return False
 
     def _update(self, step: int, policy: torch.nn.Module, alpha: float) -> None:
-        with self.resident():
-            titan.lerp_weights_(self.model, policy, alpha)
+        """Blend the policy into the reference where the reference is kept (its host copy when offloaded:
+        the policy's shards come to it, and the reference is never copied back from the device)."""
+        if self._resident:
+            raise RuntimeError("a reference update inside resident(): its host copy would be stale after it")
+        titan.lerp_weights_(self.model, policy, alpha, self.master)
         self.version += 1
         self.last_update_step = step
 
@@ -144,6 +136,8 @@ class ReferenceStrategy:
         sd = {"version": self.version, "last_update_step": self.last_update_step}
         if self.moves and self.model is not None:
             sd["model"] = self.model.state_dict()
+            if self.master is not None:
+                sd["master"] = self.master  # resumes the blend exactly (the bf16 model alone has lost its bits)
         return sd
 
     def load_state_dict(self, sd: Mapping) -> None:
@@ -151,6 +145,12 @@ class ReferenceStrategy:
         self.last_update_step = int(sd["last_update_step"])
         if "model" in sd and self.model is not None:
             self.model.load_state_dict(sd["model"])
+            if self.master is not None:
+                if "master" in sd:
+                    for name, t in self.master.items():
+                        t.copy_(sd["master"][name])
+                else:  # saved without one: the model's own values, as at the start
+                    self.master = titan.fp32_master(self.model)
 
 
 class FixedReference(ReferenceStrategy):
@@ -178,6 +178,7 @@ class EMAReference(ReferenceStrategy):
     """Every ``sync_every`` steps: ref <- alpha*policy + (1-alpha)*ref (TR-DPO soft update)."""
 
     name = "ema"
+    gradual = True
     cfg: EMAReferenceConfig
 
     def after_step(self, step, policy, metrics) -> bool:

@@ -16,7 +16,8 @@ from typing import Protocol
 import torch
 
 from refexp import sampler
-from refexp.config import RolloutConfig
+from refexp.config import RolloutConfig, RootConfig
+from refexp.config.root import generation_budget
 
 
 class RolloutEngine(Protocol):
@@ -36,12 +37,14 @@ class BuiltinEngine:
 
     name = "builtin"
 
-    def __init__(self, model: torch.nn.Module, tokenizer, cfg: RolloutConfig | None = None):
+    def __init__(self, model: torch.nn.Module, tokenizer, cfg: RolloutConfig | None = None, *,
+                 capacity: int | None = None):
         self.model, self.tokenizer = model, tokenizer
         device = next(model.parameters()).device
         cfg = cfg or RolloutConfig()
         self.stop_check_every = cfg.stop_check_interval(device.type)
         self.static_decode = cfg.static_decode
+        self.capacity = capacity
 
     def load_weights(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -51,13 +54,22 @@ class BuiltinEngine:
         return sampler.generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
                                 temperature=temperature, top_p=top_p, greedy=greedy, keys=keys,
                                 max_prompt_len=max_prompt_len, stop_check_every=self.stop_check_every,
-                                static_decode=self.static_decode)
+                                static_decode=self.static_decode, static_capacity=self.capacity)
 
 
 ENGINES = {"builtin": BuiltinEngine}
 """``rollout.name`` -> the engine class."""
 
 
-def build_engine(cfg: RolloutConfig, model: torch.nn.Module, tokenizer) -> RolloutEngine:
-    """The configured engine, holding ``model``'s weights."""
-    return ENGINES[cfg.name](model, tokenizer, cfg)
+def build_engine(cfg: RolloutConfig, model: torch.nn.Module, tokenizer, *, capacity: int | None = None
+                 ) -> RolloutEngine:
+    """The configured engine, holding ``model``'s weights. ``capacity``: the cache slots every generation of
+    the run fits in (``decode_capacity``); ``rollout.static_decode`` pads to it so that its compiled step
+    does not follow each batch's longest prompt."""
+    return ENGINES[cfg.name](model, tokenizer, cfg, capacity=capacity)
+
+
+def decode_capacity(cfg: RootConfig) -> int:
+    """``task.max_prompt_len`` + the most new tokens any generation of the run asks for: the same for GRPO's
+    rollouts, evaluation, ``kl/init`` and DPO's pairs."""
+    return cfg.task.max_prompt_len + generation_budget(cfg)[1]

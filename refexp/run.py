@@ -6,8 +6,8 @@ Order (cheap checks first, so bad input fails before any model is built):
  2. spawn workers when the job asks for N processes but was started as one (``parallelism.nproc_per_node``);
  3. device, process group, threads;
  4. task (data + tokenizer + reward), logger (rank 0: W&B + metrics.jsonl), ``status.json``;
- 5. the algorithm: ``sft`` (just the stage) | ``grpo`` | ``dpo`` (which build policy, reference
-    strategy, optimizer and checkpointer themselves).
+ 5. the algorithm: ``sft`` (just the stage) | ``rm`` (a reward model on the stage's samples) | ``grpo`` | ``dpo``
+    (which build policy, reference strategy, optimizer and checkpointer themselves).
 ``status.json`` in the run dir records running / completed / failed (with the error) so a sweep's
 report lists failed runs instead of dropping them.
 """
@@ -190,7 +190,7 @@ def check_rerun_steps(cfg: RootConfig, run_dir: Path) -> None:
     earlier = read_status(run_dir) or {}
     heartbeat = earlier.get("heartbeat") if isinstance(earlier.get("heartbeat"), dict) else {}
     reached = max(int(earlier.get("last_step") or 0), int(heartbeat.get("step") or 0))
-    if cfg.algo.name != "sft" and reached > cfg.training.steps:  # an sft run's steps are the stage's
+    if cfg.algo.name not in ("sft", "rm") and reached > cfg.training.steps:  # sft's and rm's steps are their stage's
         done = "completed" if earlier.get("status") == "completed" else "reached"
         raise ConfigError(f"run_dir={str(run_dir)!r} holds a run that {done} {reached} steps, and rerunning a run "
                           f"dir resumes it: training.steps={cfg.training.steps} is fewer. To continue it use "
@@ -341,7 +341,7 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
 
     algo = ctx.cfg.algo.name
     sft_dir = ensure_sft(ctx)
-    summary = read_sft_summary(sft_dir)
+    summary = rdist.decided_by_rank0(lambda: read_sft_summary(sft_dir))
     status.sft_start = sft_start_record(sft_dir, summary)
     if algo == "sft":
         from refexp.record.metrics import read_metrics
@@ -356,15 +356,25 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
             print(f"[refexp] SFT model: {sft_dir} (test accuracy {summary['eval_accuracy']:.3f} after "
                   f"{summary['steps']} steps, stopped by {summary.get('stopped_by', 'cap')})")
         return final
+    if algo == "rm":
+        from refexp.algos.rm import run_rm
+
+        return run_rm(ctx, sft_dir)
     if algo == "grpo":
         from refexp.algos.grpo import train_grpo
+        from refexp.tasks.reward_sum import attach_rewards, names_stage_model
 
+        if ctx.cfg.task.learned_rewards():  # task.reward_model & co.; =rm: the reward-model stage's, cached or made now
+            from refexp.algos.rm import ensure_rm
+
+            rm_dir = ensure_rm(ctx, sft_dir) / "hf" if names_stage_model(ctx.cfg.task) else None
+            attach_rewards(ctx.task, ctx.cfg.task, device=ctx.device, stage_model=rm_dir)
         return train_grpo(ctx, sft_dir)
     if algo == "dpo":
         from refexp.algos.dpo import train_dpo
 
         return train_dpo(ctx, sft_dir)
-    raise ConfigError(f"algo={algo!r} is invalid: expected sft, grpo or dpo")
+    raise ConfigError(f"algo={algo!r} is invalid: expected sft, grpo, dpo or rm")
 
 
 def cpu_record() -> dict:

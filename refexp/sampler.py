@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from refexp import titan
-from refexp.distributed import any_rank
+from refexp.distributed import any_rank, setup_timeout
 
 
 def row_seed(*key: int) -> int:
@@ -91,6 +91,7 @@ def generate(
     max_prompt_len: int | None = None,
     stop_check_every: int = 1,
     static_decode: bool = False,
+    static_capacity: int | None = None,
 ) -> Rollout:
     """Sample one completion per entry of ``prompts`` (repeat a prompt G times for a group).
 
@@ -98,6 +99,8 @@ def generate(
     ``stop_check_every``: decode steps between the checks that every row has stopped (a device sync, and a
     collective with several ranks); finished rows emit masked padding meanwhile, so the result is the same.
     ``static_decode``: fixed-shape decode steps (``titan.prefill(static=True)``; finished rows stay in the batch).
+    ``static_capacity``: their cache's slots (None: the longest prompt + ``max_new_tokens``); a fixed value
+    (``rollout.decode_capacity``) keeps one compiled step per row bucket (``refexp/titan/static_decode.py``).
     """
     device = next(model.parameters()).device
     prompt_UL, lens_U, rows_B = _distinct_prompts(tokenizer, prompts, max_prompt_len, device)
@@ -108,11 +111,14 @@ def generate(
             raise ValueError("generate(): keys (one per row) are required for sampling")
         u_BT = row_uniforms(keys, max_new_tokens).to(device)
 
-    logits_UV, cache = titan.prefill(model, prompt_UL, lens_U, max_new_tokens=max_new_tokens, static=static_decode)
-    if prompt_UL.shape[0] < n:
-        cache, logits_AV = titan.repeat_decode_rows(cache, rows_B), logits_UV[rows_B]
+    if static_decode:  # the rows are laid out in the kept buffers at prefill
+        logits_UV, cache = titan.prefill(model, prompt_UL, lens_U, max_new_tokens=max_new_tokens, static=True,
+                                         capacity=static_capacity, rows_B=rows_B)
     else:
-        logits_AV = logits_UV
+        logits_UV, cache = titan.prefill(model, prompt_UL, lens_U, max_new_tokens=max_new_tokens)
+        if prompt_UL.shape[0] < n:
+            cache = titan.repeat_decode_rows(cache, rows_B)
+    logits_AV = logits_UV[rows_B] if prompt_UL.shape[0] < n else logits_UV
     sampling = _Sampling(greedy, temperature, top_p, u_BT)
     out, logp_out, lengths = _decode(model, tokenizer, logits_AV, cache, sampling, n=n, max_new_tokens=max_new_tokens,
                                      stop_check_every=stop_check_every, static_decode=static_decode)
@@ -197,6 +203,13 @@ def _decode(model, tokenizer, logits_AV: torch.Tensor, cache, sampling: _Samplin
                     cache = titan.repeat_decode_rows(cache, keep_K)
                     active_A = keep_K if active_A is None else active_A[keep_K]
                     tok, done_A = tok[keep_K], done_A[keep_K]
+            if t == 0 and static_decode and any_rank(titan.compiles_next_step(cache), device):
+                # A bucket's first step compiles (minutes for a large model, not alike on every rank): the
+                # rank done first must not wait for the others in the next collective under
+                # comm.train_timeout_seconds (refexp/distributed.py, setup_timeout).
+                with setup_timeout():
+                    logits_AV, cache = titan.decode_step(model, tok, cache)
+                continue
             logits_AV, cache = titan.decode_step(model, tok, cache)
     finally:
         titan.finish_decode(cache)

@@ -49,17 +49,21 @@ def test_multinode_refuses_incomplete_settings(env, args, message):
 
 
 def test_slurm_multinode_passes_job_id_first_node_and_node_rank(tmp_path):
-    """srun is faked as the task of node 1; scontrol lists the allocation's nodes."""
+    """srun is faked as the task of node 1 (its options written to a file); scontrol lists the allocation's
+    nodes. srun gets --cpus-per-task: a job step no longer inherits it (SLURM >= 22.05)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\nprintf 'gpu07\\ngpu08\\n'\n")
-    (bin_dir / "srun").write_text("#!/usr/bin/env bash\nshift\nSLURM_NODEID=1 exec \"$@\"\n")
+    srun_opts = tmp_path / "srun_options"
+    (bin_dir / "srun").write_text("#!/usr/bin/env bash\nwhile [[ $1 == --* ]]; do echo \"$1\" >> "
+                                  f"{srun_opts}; shift; done\nSLURM_NODEID=1 exec \"$@\"\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     out = _bash([str(ROOT / "launch" / "slurm_multinode.sbatch"), "run_dir=/shared/r"],
                 PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu[07-08]", SLURM_NNODES="2",
-                SLURM_JOB_ID="12345", SLURM_GPUS_ON_NODE="8", SLURM_SUBMIT_DIR=str(ROOT))
+                SLURM_JOB_ID="12345", SLURM_GPUS_ON_NODE="8", SLURM_SUBMIT_DIR=str(ROOT), SLURM_CPUS_PER_TASK="48")
     assert out.returncode == 0, out.stderr
+    assert srun_opts.read_text().split() == ["--ntasks-per-node=1", "--cpus-per-task=48"]
     words = out.stdout.split()
     for want in ("--nnodes=2", "--nproc_per_node=8", "--rdzv_endpoint=gpu07:32345", "--rdzv_id=12345",
                  "--node_rank=1", "run_dir=/shared/r"):

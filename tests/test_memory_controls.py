@@ -176,51 +176,29 @@ def test_offload_gives_the_same_run_and_the_anchor_is_built_once(tmp_path, dense
                {k: v for k, v in w.items() if not k.startswith(("perf/", "mem/"))}, step
 
 
-class _MovesRecorded(torch.nn.Module):
-    """A frozen stand-in whose ``to`` records the devices it is sent to (no GPU needed)."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
-        self.moves: list[str] = []
-
-    def to(self, device):
-        self.moves.append(torch.device(device).type)
-        return self
-
-
-def test_offloaded_reference_moves_once_per_use_and_waits_on_the_host(monkeypatch):
-    """Built -> host; each forward or update -> device and back; a step's chunks inside ``resident()``
-    share one move. (On CPU the device is the host and nothing moves: the test pretends a GPU.)"""
-    import refexp.reference as ref_mod
-    from refexp.config import EMAReferenceConfig
-
-    monkeypatch.setattr(ref_mod, "model_device", lambda model: torch.device("cuda"))
-    monkeypatch.setattr(ref_mod.titan, "token_logprobs", lambda model, tokens, **kw: torch.zeros(tokens.shape))
-    monkeypatch.setattr(ref_mod.titan, "lerp_weights_", lambda dst, src, alpha: None)
-    model = _MovesRecorded()
-    strategy = ref_mod.build_reference(EMAReferenceConfig(name="ema", offload=True), lambda: model)
-    assert model.moves == ["cpu"]
-    strategy.logprobs(torch.zeros(2, 3, dtype=torch.long))
-    assert model.moves[1:] == ["cuda", "cpu"]
-    with strategy.resident():
-        for _ in range(3):
-            strategy.logprobs(torch.zeros(2, 3, dtype=torch.long))
-    assert model.moves[3:] == ["cuda", "cpu"]
-    strategy.after_step(1, model, {})  # sync_every=1: an EMA update on the device
-    assert model.moves[5:] == ["cuda", "cpu"]
-    resident = _MovesRecorded()
-    ref_mod.build_reference(EMAReferenceConfig(name="ema"), lambda: resident).logprobs(torch.zeros(2, 3).long())
-    assert resident.moves == []  # offload=false: never moved
-
-
-def test_offloaded_anchor_is_built_once_and_moved_per_measurement(monkeypatch):
+def test_offloaded_anchor_is_built_once_and_lent_to_the_device_per_measurement(monkeypatch):
+    """The kl/init anchor offloads as the reference does (its moves per step: tests/test_offload.py): built once,
+    parked on the host, lent to the device for each measurement (the meta device here: a move there is real,
+    a copy back from it impossible) and back on its host tensors after it."""
     import refexp.evaluation as eval_mod
+    import refexp.offload as offload
 
-    monkeypatch.setattr(eval_mod, "model_device", lambda model: torch.device("cuda"))
-    built: list[_MovesRecorded] = []
-    anchor = eval_mod.InitAnchor(lambda: built.append(_MovesRecorded()) or built[-1], offload=True)
+    meta = torch.device("meta")
+    moved: list[torch.device] = []
+    real = offload.copy_to_device
+    monkeypatch.setattr(offload, "copy_to_device", lambda t, device: moved.append(device) or real(t, device))
+    monkeypatch.setattr(eval_mod, "model_device", lambda model: meta)
+    built: list[torch.nn.Module] = []
+
+    def build():
+        titan.prepare_torchtitan("cpu")
+        built.append(titan.build_model(tiny_model_config(), vocab_size=17, device="cpu", requires_grad=False))
+        return built[-1]
+
+    anchor = eval_mod.InitAnchor(build, offload=True)
     for _ in range(3):
         with anchor.logprobs():
-            pass
-    assert len(built) == 1 and built[0].moves == ["cpu"] + ["cuda", "cpu"] * 3
+            assert all(t.device == meta for t in [*built[0].parameters(), *built[0].buffers()])
+        assert all(t.device.type == "cpu" for t in [*built[0].parameters(), *built[0].buffers()])
+    n = len([*built[0].parameters(), *built[0].buffers()])
+    assert len(built) == 1 and moved == [meta] * (3 * n)

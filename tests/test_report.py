@@ -725,3 +725,30 @@ def test_the_continued_sft_baseline_is_named_and_paired_like_a_strategy(tmp_path
     table = build_report(tmp_path, baseline="fixed").tables["grpo"]
     assert [r.group.label for r in table.rows] == ["fixed", "continued SFT"]
     assert table.rows[1].paired and "continued SFT" in table.verdict
+
+
+def test_gold_and_proxy_are_drawn_against_kl_init_when_runs_log_a_gold_reward(tmp_path):
+    """Runs of a learned reward log eval/gold: the report adds the gold/proxy-vs-kl/init plot, whose points are the
+    seed means at the evaluations every seed logged (hand-computed here); runs without it get no such plot."""
+    from refexp.report.load import load_sweep
+    from refexp.report.plots import gold_proxy_curve
+
+    gold = {0: [0.3, 0.5, 0.4], 1: [0.3, 0.6, 0.2]}  # per seed, at steps 0, 10, 20
+    for seed in (0, 1):
+        rows = [{"step": s, "reward/mean": 0.1 * s, "reward/gold": gold[seed][i], "eval/accuracy": 1.0 + s + seed,
+                 "eval/gold": gold[seed][i], "kl/init": 0.01 * s * (seed + 1)} for i, s in enumerate((0, 10, 20))]
+        rows.append({"step": 25, "eval/gold": 9.0})  # a step without kl/init and proxy: not a point
+        _write_run(tmp_path / str(seed), algo="grpo", strategy="none", seed=seed,
+                   overrides=["algo=grpo", "reference=none", f"training.seed={seed}"], rows=rows)
+    kl, g, proxy = gold_proxy_curve(load_sweep(tmp_path))
+    np.testing.assert_allclose(kl, [0.0, 0.15, 0.30])
+    np.testing.assert_allclose(g, [0.3, 0.55, 0.3])
+    np.testing.assert_allclose(proxy, [1.5, 11.5, 21.5])
+    report = build_report(tmp_path, baseline="none")
+    assert report.plots["grpo"]["gold"].read_bytes()[:8] == PNG_MAGIC
+    assert "Gold and proxy reward vs drift from init" in report.markdown_path.read_text()
+
+
+def test_no_gold_plot_without_a_gold_reward(sweep):
+    _, _, report = sweep
+    assert "gold" not in report.plots["grpo"]

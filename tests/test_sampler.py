@@ -8,6 +8,7 @@ import torch
 from refexp import sampler, titan
 from refexp.config import ModelConfig
 from refexp.tasks.tokenizer import build_char_tokenizer
+from tests.helpers.compile_count import CountingBackend
 
 TOK = build_char_tokenizer()
 PROMPTS = ["12+34=", "5+6=", "123+456=", "7="]  # different lengths: left padding in the decoder
@@ -115,21 +116,45 @@ def test_finished_rows_leave_the_decode_batch_and_the_completions_stay_the_same(
     torch.testing.assert_close(dropped.behaviour_logp, kept.behaviour_logp, rtol=0, atol=1e-5)
 
 
-def test_fixed_shape_decoding_gives_the_same_completions_and_traces_as_one_graph(monkeypatch):
-    """rollout.static_decode: the same tokens as the default decode (log-probs to float rounding: attention
-    reads every slot under a mask), and the step traces without a graph break, which CUDA-graph capture
-    (torch.compile mode="reduce-overhead" on CUDA) needs; traced here with the eager backend."""
-    from refexp.titan import decode, decode_step_plain
+@pytest.fixture
+def counted_static_step(monkeypatch):
+    """rollout.static_decode's step compiled on CPU with a counting backend, from no kept buckets."""
+    from refexp.titan import static_decode
 
+    backend = CountingBackend()
+    titan.release_static_buckets()
+    monkeypatch.setattr(static_decode, "CPU_BACKEND", backend)
+    yield backend
+    titan.release_static_buckets()
+
+
+def test_fixed_shape_decoding_gives_the_same_completions_and_compiles_once_per_bucket(counted_static_step):
+    """rollout.static_decode: the same tokens as the default decode (log-probs to float rounding: attention
+    reads every slot under a mask) whatever the padding, the step traces as one graph (fullgraph: CUDA-graph
+    capture needs it), and batches of other row counts (padded to a power of two) and prompt lengths (a fixed
+    capacity) reuse the bucket's compiled step and buffers; stale keys of an earlier batch do not leak in."""
     m = _model()
-    prompts = [p for p in PROMPTS for _ in range(2)]
-    keys = [(5, 1, i, 0) for i in range(len(prompts))]
-    ref = sampler.generate(m, TOK, prompts, max_new_tokens=10, keys=keys)
-    static = sampler.generate(m, TOK, prompts, max_new_tokens=10, keys=keys, static_decode=True)
-    assert static.completion_ids == ref.completion_ids and torch.equal(static.mask_BT, ref.mask_BT)
-    torch.testing.assert_close(static.behaviour_logp, ref.behaviour_logp, rtol=0, atol=1e-5)
-    traced = torch.compile(decode_step_plain.plain_static_step, backend="eager", fullgraph=True, dynamic=False)
-    monkeypatch.setattr(decode, "static_step_for", lambda device: traced)
-    again = sampler.generate(m, TOK, prompts, max_new_tokens=10, keys=keys, static_decode=True)
-    assert again.completion_ids == static.completion_ids
-    torch.testing.assert_close(again.behaviour_logp, static.behaviour_logp, rtol=0, atol=1e-6)
+    before = titan.static_decode_stats()
+    batches = [[p for p in PROMPTS for _ in range(2)],            # 8 rows: bucket 8, prompts of 4 lengths
+               [PROMPTS[3], PROMPTS[1], PROMPTS[1]],              # 3 rows, shorter prompts: bucket 8 again
+               [p for p in reversed(PROMPTS) for _ in range(3)]]  # 12 rows: bucket 16
+    for i, prompts in enumerate(batches):
+        keys = [(5, i, j, 0) for j in range(len(prompts))]
+        ref = sampler.generate(m, TOK, prompts, max_new_tokens=10, keys=keys)
+        static = sampler.generate(m, TOK, prompts, max_new_tokens=10, keys=keys, static_decode=True,
+                                  static_capacity=32)
+        assert static.completion_ids == ref.completion_ids and torch.equal(static.mask_BT, ref.mask_BT)
+        torch.testing.assert_close(static.behaviour_logp, ref.behaviour_logp, rtol=0, atol=1e-5)
+    assert counted_static_step.graphs == 2  # buckets 8 and 16, each compiled once
+    after = titan.static_decode_stats()
+    assert after["compiles"] - before["compiles"] == 2 and after["buckets"] - before["buckets"] == 2
+
+
+def test_a_fixed_capacity_too_small_for_the_prompts_and_budget_is_refused(counted_static_step):
+    m = _model()
+    with pytest.raises(ValueError, match=r"capacity=12 slots is invalid .* expected at least 19"):
+        sampler.generate(m, TOK, PROMPTS, max_new_tokens=10, keys=[(0, 0, i) for i in range(4)], static_decode=True,
+                         static_capacity=12)
+    # the refusal left no bucket held: the next generation runs
+    sampler.generate(m, TOK, PROMPTS, max_new_tokens=10, keys=[(0, 0, i) for i in range(4)], static_decode=True,
+                     static_capacity=19)

@@ -20,7 +20,7 @@ from refexp.hashing import digest, stable_hash
 from refexp.record.atomic import atomic_dir
 from refexp.models import build_frozen
 from refexp.refcache import checkpoint_stamp
-from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine
+from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
 
@@ -40,13 +40,14 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
     if ctx.task.preference is not None:
         return ctx.task.preference
     a = ctx.cfg.algo
-    out = pairs_dir(ctx.cache_dir, pairs_key(ctx, sft_dir))
+    out = rdist.decided_by_rank0(lambda: pairs_dir(ctx.cache_dir, pairs_key(ctx, sft_dir)))  # file times: rank 0's
     # All ranks agree on rank 0's view: every rank must join the sharded forwards of generation.
     if rdist.broadcast_object(not _pairs_saved(out)):
         model = build_frozen(ctx, sft_dir)
         rows = sample_pairs(model, ctx.task, num_pairs=a.num_pairs, pair_seed=a.pair_seed,
                             max_new_tokens=ctx.task.max_new_tokens,
-                            engine=build_engine(ctx.cfg.rollout, model, ctx.task.tokenizer))
+                            engine=build_engine(ctx.cfg.rollout, model, ctx.task.tokenizer,
+                                                capacity=decode_capacity(ctx.cfg)))
         del model
         if ctx.dist.is_rank0:
             _save_atomic(datasets.Dataset.from_dict(rows), out,

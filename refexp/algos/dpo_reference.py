@@ -77,7 +77,7 @@ def _precomputed(ctx: RunContext, strategy: ReferenceStrategy, pairs: datasets.D
     """A fixed reference's table of the whole set, loaded or computed now (over the data-parallel ranks);
     the reference model is released afterwards, since every value it could give is in the table."""
     t0 = now(ctx.device)
-    key = _table_key(ctx, pairs, ref_path)
+    key = rdist.decided_by_rank0(lambda: _table_key(ctx, pairs, ref_path))  # file times in the key: rank 0's
 
     def compute_all() -> RefLogps:
         strategy.ensure_model()

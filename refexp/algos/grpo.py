@@ -22,7 +22,7 @@ from refexp.data_order import batch_ids
 from refexp.kl import AdaptiveKLController, FixedKLController, sequence_kl
 from refexp.losses import group_advantages, grpo_loss, sft_loss
 from refexp.reference import ReferenceStrategy
-from refexp.rollout import build_engine
+from refexp.rollout import build_engine, decode_capacity
 from refexp.tasks.batching import pack_sequences
 from refexp.timing import now
 
@@ -44,7 +44,8 @@ class GRPOStep:
         self.kl_ctl = (AdaptiveKLController(self.a.beta, self.a.kl_target, self.a.kl_horizon)
                        if self.a.kl_target is not None else FixedKLController(self.a.beta))
         self.max_new = self.a.max_new_tokens or ctx.task.max_new_tokens
-        self.engine = build_engine(ctx.cfg.rollout, policy.model, ctx.task.tokenizer)
+        self.ratio_vs_trainer = ratio_against_trainer(self.a, ctx.cfg.training.compute_dtype(ctx.device.type))
+        self.engine = build_engine(ctx.cfg.rollout, policy.model, ctx.task.tokenizer, capacity=decode_capacity(ctx.cfg))
         self.metrics = GRPOStepMetrics(ctx)
 
     def __call__(self, step: int, ckpt) -> dict:
@@ -87,8 +88,10 @@ class GRPOStep:
         model.train()
         gen_s = now(ctx.device) - t0
         rewards = torch.tensor(task.score(rollout.texts, answers, prompts), dtype=torch.float32, device=ctx.device)
+        gold = task.gold_score(rollout.texts, answers, prompts)  # None unless a learned reward is optimised
         return StepRollouts(rollout, prompts, answers, rollout.tokens_BT.to(ctx.device), rollout.mask_BT.to(ctx.device),
-                            rollout.behaviour_logp.to(ctx.device), rewards, gen_s)
+                            rollout.behaviour_logp.to(ctx.device), rewards, gen_s,
+                            None if gold is None else torch.tensor(gold, dtype=torch.float32, device=ctx.device))
 
     def _reference_logprobs(self, rollouts: StepRollouts, chunks) -> tuple[torch.Tensor | None, float]:
         """The reference's log-probs of the rollouts [N, T-1] (None when reference-free), and the seconds taken.
@@ -180,9 +183,10 @@ class GRPOStep:
 
         Each chunk's loss is weighted by its share of the step's aggregate (rows for grpo/dr_grpo,
         completion tokens for dapo) times this rank's ``share`` of the global batch, so the summed
-        gradient is the whole batch's. With ``algo.tis_cap`` (truncated importance sampling, Yao et al.
-        2025) the clipped ratio is taken against ``trainer_logp`` and each token's policy loss is weighted
-        by min(exp(trainer_logp - old_logp), tis_cap). Returns (the whole-batch loss, detached; its metrics,
+        gradient is the whole batch's. With ``algo.old_logprobs`` resolved to trainer (``ratio_against_trainer``)
+        the clipped ratio is taken against ``trainer_logp``; with ``algo.tis_cap`` (truncated importance
+        sampling, Yao et al. 2025) too, and each token's policy loss is weighted by
+        min(exp(trainer_logp - old_logp), tis_cap). Returns (the whole-batch loss, detached; its metrics,
         combined over chunks as the whole batch's; the entropy summed over completion tokens, a 0-d tensor;
         this update's log-probs [N, T-1], detached).
         """
@@ -195,8 +199,9 @@ class GRPOStep:
             logp, entropy = row_logprobs(partial(titan.token_logprobs, model), tokens[sl], m_c, shared,
                                          temperature=a.temperature, with_entropy=True)
             ratio_base, token_weight = old_logp[sl], None
-            if a.tis_cap is not None:
+            if self.ratio_vs_trainer:
                 ratio_base = logp.detach() if trainer_logp is None else trainer_logp[sl]
+            if a.tis_cap is not None:
                 token_weight = torch.exp(ratio_base - old_logp[sl]).clamp(max=a.tis_cap)
             loss, m = grpo_loss(logp, ratio_base, None if a.kl_in_reward or ref_logp is None else ref_logp[sl],
                                 adv[sl], m_c, beta=beta, eps_low=a.eps_low, eps_high=a.eps_high,
@@ -218,6 +223,14 @@ class GRPOStep:
 
     def load_state_dict(self, sd: dict) -> None:
         self.kl_ctl.load_state_dict(sd)
+
+
+def ratio_against_trainer(a: GRPOConfig, compute_dtype: str) -> bool:
+    """Whether the clip ratio is taken against the trainer's log-probs of the rollout (``algo.old_logprobs``:
+    trainer, or auto in a bfloat16 forward; always with ``algo.tis_cap``) rather than the engine's."""
+    if a.tis_cap is not None or a.old_logprobs == "trainer":
+        return True
+    return a.old_logprobs == "auto" and compute_dtype == "bfloat16"
 
 
 def train_grpo(ctx: RunContext, sft_dir: Path) -> dict:

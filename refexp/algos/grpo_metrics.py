@@ -13,6 +13,7 @@ import torch
 from refexp import distributed as rdist
 from refexp.context import RunContext
 from refexp.kl import mean_token_kl
+from refexp.record.metric_names import REWARD_GOLD
 from refexp.sampler import Rollout
 from refexp.timing import now
 
@@ -26,6 +27,7 @@ class StepRollouts:
     tokens_NT:         [N, T] on the training device; mask_NT, behaviour_logp_NT: [N, T-1] (the engine's log-probs)
     rewards_N:         [N] float32
     gen_s:             seconds spent sampling
+    gold_N:            [N] float32 gold rewards (``Task.gold_score``), None when the task logs none
     """
 
     rollout: Rollout
@@ -36,6 +38,7 @@ class StepRollouts:
     behaviour_logp_NT: torch.Tensor
     rewards_N: torch.Tensor
     gen_s: float
+    gold_N: torch.Tensor | None = None
 
 
 @dataclass
@@ -98,6 +101,8 @@ class GRPOStepMetrics:
         out = rdist.dp_mean_metrics(pd, local, self._dp_weights(local, res.counts), device=self.ctx.device)
         out["rollout/logprob_diff_max"] = float(rdist.dp_sum(pd, diff_max, op=torch.distributed.ReduceOp.MAX))
         out.update(self._reward_stats(res.rollouts.rewards_N, res.counts.global_rows))
+        if res.rollouts.gold_N is not None:  # beside a learned reward: what it stands for (docs/reward-models.md)
+            out[REWARD_GOLD] = float(rdist.dp_sum(pd, res.rollouts.gold_N.sum()) / res.counts.global_rows)
         out.update(self._trl_counts(res.rollouts, res.counts.global_rows))
         k = self.ctx.cfg.eval.log_samples
         if k and step % self.ctx.cfg.eval.every == 0:  # a few of this rank's rollouts, on the evaluation schedule
@@ -163,8 +168,12 @@ class GRPOStepMetrics:
 
     @staticmethod
     def _samples(res: GRPOStepResult, k: int) -> list[dict]:
-        """The first ``k`` rows of this rank: prompt, completion, answer, reward, advantage."""
+        """The first ``k`` rows of this rank: prompt, completion, answer, reward, advantage (and gold, when logged)."""
         b = res.rollouts
-        return [{"prompt": p, "completion": c, "answer": ans, "reward": float(x), "advantage": float(v)}
+        rows = [{"prompt": p, "completion": c, "answer": ans, "reward": float(x), "advantage": float(v)}
                 for p, c, ans, x, v in zip(b.prompts[:k], b.rollout.texts[:k], b.answers[:k],
                                            b.rewards_N[:k].tolist(), res.adv_N[:k].tolist())]
+        if b.gold_N is not None:
+            for row, g in zip(rows, b.gold_N[:k].tolist()):
+                row["gold"] = float(g)
+        return rows

@@ -29,7 +29,7 @@ from refexp.losses import sft_loss
 from refexp.models import build_run_model
 from refexp.optim import build_optimizer, clip_and_step
 from refexp.progress import progress_bar
-from refexp.rollout import build_engine
+from refexp.rollout import build_engine, decode_capacity
 from refexp.timing import now
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
@@ -59,8 +59,12 @@ def ensure_sft(ctx: RunContext) -> Path:
         return Path(ctx.cfg.model.hf_assets_path)
     if ctx.cfg.sft.checkpoint:  # a directory: config.check_start_weights
         return Path(ctx.cfg.sft.checkpoint)
-    out = ctx.cache_dir / "sft" / sft_fingerprint(ctx)
-    if _sft_cached(out):
+    def look() -> tuple[Path, bool]:  # the key holds the data files' times: rank 0's view of both (NFS)
+        out = ctx.cache_dir / "sft" / sft_fingerprint(ctx)
+        return out, _sft_cached(out)
+
+    out, cached = rdist.decided_by_rank0(look)
+    if cached:
         return out
     # Rank 0 takes the cross-process lock; all ranks then agree on whether training is needed.
     # (a job that finds it held waits for the holder's model; refexp/record/lock.py, also without flock)
@@ -155,7 +159,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     model, optimizers, schedulers = _build_sft_model(ctx)
     log = MetricLogger(out_dir, enabled=ctx.dist.is_rank0)
-    engine = build_engine(cfg.rollout, model, ctx.task.tokenizer)  # the configured engine, as every evaluation
+    engine = build_engine(cfg.rollout, model, ctx.task.tokenizer,  # the configured engine, as every evaluation
+                          capacity=decode_capacity(cfg))
     stop = ValidationStop(sft, has_val=has_val)
     best = BestWeights(model)
 
@@ -163,7 +168,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
         n, pd = cfg.eval.num_prompts, ctx.parallel_dims
         split = "sft_validation"  # every skill the stage teaches
         out = {"sft/val_loss": -logp_correct(model, ctx.task, n, parallel_dims=pd, split=split, per_token=True),
-               "sft/val_accuracy": greedy_accuracy(model, ctx.task, n, parallel_dims=pd, split=split, engine=engine)}
+               "sft/val_accuracy": greedy_accuracy(model, ctx.task, n, parallel_dims=pd, split=split, engine=engine,
+                                                   verifier=True)}
         stop.update(out["sft/val_loss"], out["sft/val_accuracy"], step)
         if stop.improved:
             best.save(step)
@@ -191,11 +197,13 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     if best.step is not None and best.step != step and not stop.hit_target:  # at the target: the model that hit it
         best.restore()
     # the model kept, measured once on the test split (reported, never used to stop or select)
-    acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims, engine=engine)
+    # the verifier, also when a learned reward is configured for the RL stage (its cache key holds no reward model)
+    acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims, engine=engine,
+                          verifier=True)
     final = {EVAL_ACCURACY: acc}
     if ctx.task.retain_eval is not None:  # the skills RL will not train: what it starts from
         final[EVAL_RETENTION] = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims,
-                                                split="retain_eval", engine=engine)
+                                                split="retain_eval", engine=engine, verifier=True)
     log.log({**pending, **final}, step=step)
     bar.close()
     summary = {"steps": step, "eval_accuracy": acc, "val_accuracy": stop.accuracy, "best_val_loss": stop.best_loss,

@@ -1,4 +1,4 @@
-"""The ``algo/`` group: one schema per algorithm (``algo=sft|grpo|dpo``), each with only its own fields."""
+"""The ``algo/`` group: one schema per algorithm (``algo=sft|grpo|dpo|rm``), each with only its own fields."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Optional
 from omegaconf import MISSING
 
 from refexp.choices import (ADVANTAGE_SCALES, DPO_REFERENCE_FREE_LOSSES, GRPO_LOSS_AGGS, GRPO_OBJECTIVES,
-                            PREFERENCE_LOSSES)
+                            OLD_LOGPROBS, PREFERENCE_LOSSES)
 
 from .errors import ConfigError, check, non_negative, one_of, positive_int
 
@@ -18,7 +18,7 @@ class AlgoConfig:
     """Base of the algorithm schemas; ``algo=<name>`` picks the subclass."""
 
     name: str = MISSING
-    """sft | grpo | dpo (set by the option, not by ``algo.name``)."""
+    """sft | grpo | dpo | rm (set by the option, not by ``algo.name``)."""
 
 
 @dataclass
@@ -84,10 +84,22 @@ class GRPOConfig(AlgoConfig):
     """Truncated importance sampling (Yao et al. 2025): the clipped surrogate's ratio is taken against the
     trainer's own log-probs of the rollout, and each token's loss is weighted by min(pi_trainer / pi_rollout,
     tis_cap), correcting for a rollout engine whose numerics differ from the trainer's. None = off."""
+    old_logprobs: str = "auto"
+    """An ``OldLogprobs`` (refexp/choices.py): what the clipped ratio of a batch's first update is taken
+    against. ``rollout``: the engine's log-probs of the sampled tokens; ``trainer``: the trainer's own, from that
+    update's forward (no extra pass; the ratio is exactly 1 there, later updates on the batch use the same
+    log-probs); ``auto``: trainer when the forward computes in bfloat16 (``training.compute_dtype``: the default
+    on CUDA), where the built-in engine's KV-cache decode and the trainer's forward differ by bf16 rounding
+    (``rollout/logprob_diff``) and the clip would fire on that noise; rollout in float32, where the two agree
+    within 1e-4. ``algo.tis_cap`` takes the ratio against the trainer's (so rollout is refused with it)."""
 
     def __post_init__(self) -> None:
         if self.tis_cap is not None:
             check(self.tis_cap >= 1, "algo.tis_cap", self.tis_cap, "a number >= 1 or null (off)")
+        one_of("algo.old_logprobs", self.old_logprobs, OLD_LOGPROBS)
+        check(self.tis_cap is None or self.old_logprobs != "rollout", "algo.old_logprobs", self.old_logprobs,
+              "auto or trainer with algo.tis_cap (truncated importance sampling takes the ratio against the "
+              "trainer's log-probs), or algo.tis_cap=null")
         one_of("algo.objective", self.objective, GRPO_OBJECTIVES)
         positive_int("algo.prompts_per_step", self.prompts_per_step)
         check(isinstance(self.group_size, int) and self.group_size >= 2, "algo.group_size", self.group_size,
@@ -171,5 +183,13 @@ class DPOConfig(AlgoConfig):
         return self.loss_type in ("orpo", "sft") or self.nll_weight > 0
 
 
-ALGO_SCHEMAS = {"sft": SFTAlgoConfig, "grpo": GRPOConfig, "dpo": DPOConfig}
+@dataclass
+class RMConfig(AlgoConfig):
+    """``algo=rm``: run only the reward-model stage (its settings are the root ``rm`` block; refexp/algos/rm.py)."""
+
+    name: str = "rm"
+    """Always rm."""
+
+
+ALGO_SCHEMAS = {"sft": SFTAlgoConfig, "grpo": GRPOConfig, "dpo": DPOConfig, "rm": RMConfig}
 """``algo=<name>`` -> its schema (registered as ``algo_<name>_schema``)."""

@@ -1,11 +1,11 @@
-"""The root's own blocks (not config groups): ``eval`` and ``sft``, set in place (``eval.every=25``)."""
+"""The root's own blocks (not config groups): ``eval``, ``sft`` and ``rm``, set in place (``eval.every=25``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import check, positive_int
+from .errors import check, non_negative, positive_int
 
 
 @dataclass
@@ -106,3 +106,47 @@ class SFTConfig:
         check(self.lr > 0, "sft.lr", self.lr, "a number > 0")
         check(isinstance(self.decay_ratio, (int, float)) and 0 <= self.decay_ratio <= 1, "sft.decay_ratio",
               self.decay_ratio, "a number in [0, 1]")
+
+
+@dataclass
+class RMStageConfig:
+    """The reward-model stage: a reward model for the task trained from the start (SFT) model's own samples labelled
+    by the task's verifier (Cobbe et al. 2021's outcome verifiers), cached by a hash of what determines it and
+    exported for ``task.reward_model`` (``algo=rm`` runs only this stage; ``task.reward_model=rm`` trains or finds it
+    at a GRPO run's start; refexp/algos/rm.py, docs/reward-models.md)."""
+
+    num_samples: int = 2048
+    """Labelled samples: completions of the start (SFT) model, each scored by the verifier. Fewer make a weaker,
+    more exploitable proxy."""
+    samples_per_prompt: int = 4
+    """Completions sampled per training prompt (``num_samples / samples_per_prompt`` prompts)."""
+    temperature: float = 1.0
+    """Sampling temperature of those completions."""
+    val_fraction: float = 0.125
+    """Share of the prompts (with all their samples) held out to measure the reward model and keep its best step."""
+    steps: int = 300
+    """Optimizer steps."""
+    batch_size: int = 64
+    """Labelled samples per step."""
+    lr: float = 3.0e-4
+    """AdamW learning rate (constant), backbone and head alike."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    eval_every: int = 50
+    """Steps between measurements on the held-out samples (and the last step)."""
+    seed: int = 0
+    """Seeds the prompts drawn, their samples, the fresh score head and the batch order."""
+
+    def __post_init__(self) -> None:
+        positive_int("rm.num_samples", self.num_samples)
+        positive_int("rm.samples_per_prompt", self.samples_per_prompt)
+        check(self.num_samples >= 2 * self.samples_per_prompt, "rm.num_samples", self.num_samples,
+              f"at least 2 x rm.samples_per_prompt={self.samples_per_prompt} (a training and a held-out prompt)")
+        check(self.temperature > 0, "rm.temperature", self.temperature, "a number > 0")
+        check(0 < self.val_fraction < 1, "rm.val_fraction", self.val_fraction, "a number in (0, 1)")
+        positive_int("rm.steps", self.steps)
+        positive_int("rm.batch_size", self.batch_size)
+        check(self.lr > 0, "rm.lr", self.lr, "a number > 0")
+        non_negative("rm.weight_decay", self.weight_decay)
+        positive_int("rm.eval_every", self.eval_every)
+        check(isinstance(self.seed, int) and self.seed >= 0, "rm.seed", self.seed, "an integer >= 0")

@@ -26,8 +26,10 @@ class RolloutConfig:
     cache's whole capacity under a mask of filled slots and writes its keys/values at a slot index held on
     the device; finished rows stay in the batch. On CUDA the step is compiled with
     ``torch.compile(mode="reduce-overhead")`` (CUDA graphs: one launch per step instead of one per operator);
-    on CPU it runs eagerly (the same numbers; the capture pays only where kernel launches cost). Needs plain
-    weights: not with tensor parallelism."""
+    on CPU it runs eagerly (the same numbers; the capture pays only where kernel launches cost). The rows are
+    padded to a power of two (at least 8) and the cache holds task.max_prompt_len + the generation budget
+    slots, so the step compiles once per row bucket; each bucket's KV buffers are kept between generations.
+    Needs plain weights: not with tensor parallelism."""
 
     def __post_init__(self) -> None:
         one_of("rollout.name", self.name, ROLLOUT_ENGINES)

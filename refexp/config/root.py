@@ -18,7 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from refexp.choices import DPO_REFERENCE_FREE_LOSSES, REFERENCE_STRATEGIES
 
 from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig
-from .blocks import EvalConfig, SFTConfig
+from .blocks import EvalConfig, RMStageConfig, SFTConfig
 from .comparison import ComparisonConfig
 from .errors import ConfigError, check_finite_floats
 from .logger import LoggerConfig
@@ -61,6 +61,8 @@ class RootConfig:
     """Held-out measurements (set in place: ``eval.every=25``)."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """The SFT stage (set in place: ``sft.steps=500``)."""
+    rm: RMStageConfig = field(default_factory=RMStageConfig)
+    """The reward-model stage of ``algo=rm`` and ``task.reward_model=rm`` (set in place: ``rm.num_samples=512``)."""
     comparison: ComparisonConfig = field(default_factory=ComparisonConfig)
     """The comparison an experiment was planned for (set in ``conf/experiment/*.yaml``; read by the report)."""
     experiment_name: str = "default"
@@ -201,6 +203,14 @@ def check_cross_fields(cfg: RootConfig) -> None:
         if cfg.sft.enable and not cfg.sft.checkpoint:
             raise ConfigError("task=preference needs sft.enable=false (start from model.hf_assets_path) or "
                               "sft.checkpoint=DIR: the SFT stage needs demonstrations, which preference pairs are not")
+    if cfg.task.learned_rewards() and cfg.algo.name != "grpo":
+        field_name = next(f"task.{n}" for n in ("reward_model", "reward_funcs", "gold_reward_model")
+                          if getattr(cfg.task, n))
+        raise ConfigError(f"{field_name} is invalid with algo={cfg.algo.name}: only algo=grpo optimises or logs a "
+                          f"learned reward (unset it, or use algo=grpo)")
+    if cfg.algo.name == "rm" and cfg.parallelism.nproc_per_node > 1:
+        raise ConfigError(f"parallelism.nproc_per_node={cfg.parallelism.nproc_per_node} is invalid with algo=rm: "
+                          f"the reward-model stage trains in one process (expected 1)")
     if not cfg.sft.enable:
         if cfg.algo.name == "sft":
             raise ConfigError("sft.enable=false is invalid with algo=sft: the SFT stage is all that algo runs "

@@ -85,6 +85,28 @@ class TaskConfig:
     """A reward function ``(completion: str, answer: str) -> float`` by dotted path
     (``package.module:function`` or ``package.module.function``), imported when the config is
     validated; None = the task's own (exact integer match for arithmetic, the final number for gsm8k)."""
+    reward_model: Optional[str] = None
+    """A learned reward as the optimised reward: a local HF checkpoint dir of an ``AutoModelForSequenceClassification``
+    with ``num_labels=1`` and its tokenizer, scoring prompt + completion (through its chat template when it has one
+    and ``task.chat_template=false``), or ``rm``: the reward-model stage's (the root ``rm`` block, trained on the SFT
+    model's verifier-labelled samples, cached). The task's verifier then becomes the gold reward (``reward/gold``,
+    ``eval/gold``). GRPO only; docs/reward-models.md."""
+    reward_funcs: list[str] = field(default_factory=list)
+    """Several rewards summed with ``reward_weights`` (TRL's ``reward_funcs``): each ``verifier`` (the task's own
+    reward, or ``task.reward``), a reward model (``rm``, or a dir: a path with ``/``), or a function by dotted path,
+    as ``task.reward`` takes. Empty = one reward (``reward_model``, else the verifier). GRPO only."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per ``reward_funcs`` entry (TRL's ``reward_weights``); empty = 1 each."""
+    gold_reward_model: Optional[str] = None
+    """A second reward model dir logged as the gold reward (``reward/gold``, ``eval/gold``) in place of the task's
+    verifier; never optimised. GRPO only."""
+    reward_model_dtype: str = "float32"
+    """float32 | bfloat16: the dtype the reward models are loaded and score in."""
+    reward_model_batch_size: int = 64
+    """Completions scored per reward-model forward."""
+    reward_model_offload: bool = False
+    """Keep the reward models in host memory between scorings, moved to the trainer's device for each (frees
+    their device memory for policy and reference during the update)."""
     tokenizer_path: Optional[str] = None
     """HF tokenizer dir (tokenizer.json); None = refexp's character tokenizer for the embedded task."""
     chat_template: bool = False
@@ -132,6 +154,7 @@ class TaskConfig:
         for name in ("system_prompt", "chat_template_kwargs"):  # silently unused otherwise
             check(self.chat_template or not getattr(self, name), f"task.{name}", getattr(self, name),
                   "unset unless task.chat_template=true")
+        self._check_reward_models()
         if self.name == "gsm8k":
             check(self.train_path is not None, "task.train_path", self.train_path,
                   "GSM8K-format data (a local file or folder, or a Hub id) when task.name=gsm8k")
@@ -145,6 +168,25 @@ class TaskConfig:
         if self.name != "arithmetic":
             return []
         return [op for op in dict.fromkeys(self.ops) if op not in self.rl_ops]
+
+    def learned_rewards(self) -> bool:
+        """Whether the optimised reward is other than the verifier alone (``reward_model`` or ``reward_funcs``), or a
+        gold reward model is named: then the gold reward is logged beside it (``refexp.tasks.reward_sum``)."""
+        return bool(self.reward_model or self.reward_funcs or self.gold_reward_model)
+
+    def _check_reward_models(self) -> None:
+        """The reward fields' shapes; what a reward model dir holds is checked by ``refexp.tasks.sources``."""
+        one_of("task.reward_model_dtype", self.reward_model_dtype, ("float32", "bfloat16"))
+        positive_int("task.reward_model_batch_size", self.reward_model_batch_size)
+        check(not (self.reward_model and self.reward_funcs), "task.reward_funcs", self.reward_funcs,
+              "empty when task.reward_model is set (list the model among task.reward_funcs instead)")
+        for f in self.reward_funcs:
+            check(isinstance(f, str) and f != "", "task.reward_funcs[]", f,
+                  "verifier, a reward model dir or a function's dotted path")
+        check(not self.reward_weights or len(self.reward_weights) == len(self.reward_funcs), "task.reward_weights",
+              self.reward_weights, f"empty or one weight per task.reward_funcs entry ({len(self.reward_funcs)})")
+        for w in self.reward_weights:
+            check(isinstance(w, (int, float)) and not isinstance(w, bool), "task.reward_weights[]", w, "a number")
 
     def val_share(self) -> float:
         """The share of training rows carved off as validation: ``val_fraction``, else the task's default
@@ -169,7 +211,7 @@ class TaskConfig:
         """``preference`` reads pairs only: a field for questions, answers or their reward would be silently unused."""
         check(self.preference_path is not None, "task.preference_path", self.preference_path,
               "a preference dataset (a local file or folder, or a Hub id) when task.name=preference")
-        for name in ("train_path", "val_path", "reward"):
+        for name in ("train_path", "val_path", "reward", "reward_model", "gold_reward_model"):
             check(getattr(self, name) is None, f"task.{name}", getattr(self, name),
                   "None when task.name=preference (pairs come from task.preference_path; there is no reward)")
         check(not self.val_fraction, "task.val_fraction", self.val_fraction,

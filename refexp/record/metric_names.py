@@ -34,6 +34,9 @@ PERF_GEN_S = "perf/gen_s"
 MEM_PEAK_RSS_MB = "mem/peak_rss_mb"
 MEM_PEAK_GPU_MB = "mem/peak_gpu_mb"
 SFT_VAL_ACCURACY = "sft/val_accuracy"
+REWARD_GOLD = "reward/gold"
+EVAL_GOLD = "eval/gold"
+VAL_GOLD = "val/gold"
 
 RENAMED = {"rewards/accuracy": REWARDS_ACCURACIES, "rewards/margin": REWARDS_MARGINS}
 """Old metric name -> the name logged now (TRL's): runs logged before the rename read as if they had logged
@@ -65,6 +68,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("loss/or", "ORPO's odds-ratio term", "DPO `loss_type=orpo`, every step"),
     Metric(REWARD_MEAN, "GRPO: task reward of the sampled completions (global batch)", "GRPO, every step",
            "`reward`", summary="last"),
+    Metric(REWARD_GOLD, "GRPO with a learned reward (`task.reward_model`, `task.reward_funcs`): the gold reward "
+           "(the task's verifier, or `task.gold_reward_model`) of the same sampled completions, never optimised",
+           "GRPO with a learned reward, every step", summary="last"),
     Metric("reward/std", "GRPO: its population std (TRL's is the sample std, n−1)", "GRPO, every step",
            "`reward_std`"),
     Metric("reward/shaped_mean", "GRPO: reward after `algo.kl_in_reward` shaping (beta times the sequence's k1 "
@@ -78,7 +84,8 @@ METRICS: tuple[Metric, ...] = (
            "GRPO (policy objective), every step"),
     Metric("rollout/logprob_diff_max", "the max of the same difference", "GRPO (policy objective), every step"),
     Metric(EVAL_ACCURACY, "greedy exact match (mean reward) on the first `eval.num_prompts` held-out *test* "
-           "prompts (never used to stop or select); per prompt in `eval_outcomes.jsonl`",
+           "prompts (never used to stop or select); per prompt in `eval_outcomes.jsonl`; with a learned reward its "
+           "mean (the proxy; the verifier's is `eval/gold`)",
            f"{_EVAL}; `algo=sft` and the SFT stage: once, on the model the stage keeps", summary="max"),
     Metric(VAL_ACCURACY, "the same on the validation split, when the task has one (`task.val_fraction`, "
            "`task.val_path`); what `hparams_search` selects on", f"{_EVAL}, when the task has a validation split"),
@@ -94,6 +101,20 @@ METRICS: tuple[Metric, ...] = (
            "skills), the unbiased estimator of Chen et al. 2021 over `eval.pass_k_samples` samples; a policy whose "
            "distribution collapsed loses it; per prompt in `eval_outcomes.jsonl`",
            f"{_EVAL}, when `eval.pass_k` > 0 and the task has a reward", summary="last"),
+    Metric(EVAL_GOLD, "with a learned reward: the gold reward of the same greedy held-out completions, whose "
+           "learned (proxy) reward is then `eval/accuracy`; per prompt in `eval_outcomes.jsonl`",
+           f"GRPO with a learned reward, {_EVAL}"),
+    Metric(VAL_GOLD, "the same on the validation split", f"GRPO with a learned reward and a validation split, {_EVAL}"),
+    Metric("rm/loss", "`algo=rm` (the reward-model stage): the reward model's binary cross-entropy against the verifier's labels (training "
+           "batch)", "`algo=rm`, every step"),
+    Metric("rm/val_loss", "`algo=rm`: the same on its held-out labelled samples", "`algo=rm`, every `rm.eval_every` "
+           "steps and the last"),
+    Metric("rm/val_accuracy", "`algo=rm`: share of held-out labelled samples whose label the reward model's sign "
+           "gets right", "`algo=rm`, every `rm.eval_every` steps and the last"),
+    Metric("rm/positive_rate", "`algo=rm`: share of its labelled samples the verifier scored correct",
+           "`algo=rm`, once"),
+    Metric("rm/dir", "`algo=rm`: the reward model's HF checkpoint dir (what `task.reward_model` takes)",
+           "`algo=rm`: final value only (W&B summary)"),
     Metric("sft/val_loss", "the SFT stage: NLL per demonstration token on the validation split, every skill it "
            "teaches (what its stop rules read)", "the SFT stage, every `sft.eval_every` steps"),
     Metric(SFT_VAL_ACCURACY, "the SFT stage: greedy exact match on the validation split, every skill it teaches "

@@ -139,6 +139,46 @@ def plot_ref_cost(path: Path, algo: str, groups: list[Group]) -> Optional[Path]:
     return _save(fig, ax, path)
 
 
+GOLD, PROXY = "eval/gold", ACC
+"""Held-out gold reward and the learned (proxy) reward of the same greedy completions (docs/reward-models.md)."""
+
+
+def gold_proxy_curve(runs) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(kl/init, gold, proxy) [S] at the S evaluation steps every run logged all three at, each the mean over the
+    runs (seeds); None when there is no such step."""
+    keys = ("kl/init", GOLD, PROXY)
+    series = [[dict(zip(*r.series(k))) for k in keys] for r in runs]
+    steps = sorted(set.intersection(*(set(d) for per_run in series for d in per_run))) if series else []
+    if not steps:
+        return None
+    return tuple(np.array([np.mean([per_run[i][s] for per_run in series]) for s in steps]) for i in range(3))
+
+
+def plot_gold_vs_kl(path: Path, algo: str, groups: list[Group]) -> Optional[Path]:
+    """Gao et al. 2022's view of over-optimisation ("Scaling Laws for Reward Model Overoptimization", fig. 1): the
+    gold reward (solid, left axis) and the optimised proxy (dashed, right axis) of the held-out greedy completions
+    against the drift from the start (``kl/init``), one curve per group through its evaluations (seed means). Gold
+    falling while the proxy still climbs is over-optimisation."""
+    st = styles(groups)
+    fig, ax = _figure(f"{algo.upper()}: gold (solid) and proxy (dashed) reward vs drift from init (seed means)",
+                      "kl/init", f"{GOLD} (gold)")
+    fig.subplots_adjust(right=0.88)  # room for the proxy's axis
+    proxy_ax = ax.twinx()
+    proxy_ax.set_ylabel(f"{PROXY} (proxy: the optimised reward)")
+    drawn = False
+    for g in groups:
+        curve = gold_proxy_curve(g.completed)
+        if curve is None:
+            continue
+        kl, gold, proxy = curve
+        colour, _ = st[g.label]
+        ax.plot(kl, gold, color=colour, linestyle="-", marker="o", markersize=3,
+                label=f"{g.label} (n={len(g.completed)})")
+        proxy_ax.plot(kl, proxy, color=colour, linestyle="--", marker="x", markersize=3)
+        drawn = True
+    return _save(fig, ax, path) if drawn else None
+
+
 def make_plots(algo: str, groups: list[Group], out_dir: Path) -> dict[str, Path]:
     """Every plot the algorithm has data for: name -> PNG path (missing data = no file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -155,6 +195,7 @@ def make_plots(algo: str, groups: list[Group], out_dir: Path) -> dict[str, Path]
         "kl_ref": plot_vs_step(out_dir / f"{algo}_kl_ref.png", algo, groups, "kl/ref", "kl/ref",
                                seed_lines=True),
         "ref_cost": plot_ref_cost(out_dir / f"{algo}_ref_cost.png", algo, groups),
+        "gold": GOLD in logged and plot_gold_vs_kl(out_dir / f"{algo}_gold_vs_kl.png", algo, groups),
     }
     return {k: p for k, p in made.items() if p}
 

@@ -145,7 +145,7 @@ def _sample_rows(report, k: int = 3) -> list[list[str]]:
 _PLOT_CAPTIONS = {
     "reward": "Reward vs step", "accuracy": "Held-out accuracy vs step",
     "frontier": "Accuracy vs drift from init (kl/init)", "kl_ref": "kl/ref vs step",
-    "ref_cost": "Reference cost",
+    "ref_cost": "Reference cost", "gold": "Gold and proxy reward vs drift from init (kl/init)",
 }
 
 

@@ -5,8 +5,10 @@
 (HF tokenizer from ``task.tokenizer_path``), or preference pairs only (``task.name=preference``: its
 ``train`` and ``eval`` rows are ``prompt``/``chosen``/``rejected`` pairs, and it has no reward).
 Otherwise every split has ``prompt``/``completion``/``answer`` columns, and
-``Task.reward(completion_text, answer)`` scores decoded model output: the task's own reward never raises;
-a ``task.reward`` hook that does is named with its sample by ``Task.score``.
+``Task.reward(completion_text, answer)`` (the verifier) scores decoded model output: the task's own reward never
+raises; a ``task.reward`` hook that does is named with its sample by ``Task.verify``. ``Task.score`` is the reward
+a run optimises: the verifier, or a learned reward that GRPO attaches (``refexp.tasks.reward_sum``), with the
+verifier then as ``Task.gold_score``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from refexp.tasks.arithmetic import load_arithmetic, rows_of_ops
 from refexp.tasks.chat import chat_rows, configure_chat
 from refexp.tasks.fingerprint import task_fingerprint
 from refexp.tasks.preference import load_preference
+from refexp.tasks.reward_sum import BatchReward
 from refexp.tasks.rewards import exact_match_reward, gsm8k_reward, load_reward, no_reward
 from refexp.tasks.splits import check_lengths, gsm8k_splits, preference_splits, val_split
 from refexp.tasks.tokenizer import TextTokenizer, build_char_tokenizer
@@ -73,7 +76,28 @@ class Task:
         """What the SFT stage's stop rule reads: ``sft_val``, else ``val``."""
         return self.val if self.sft_val is None else self.sft_val
 
+    optimised: Optional[BatchReward] = None
+    """The reward GRPO optimises when it is more than ``reward`` (``task.reward_model``, ``task.reward_funcs``;
+    set by ``refexp.tasks.reward_sum.attach_rewards``); None: ``reward``."""
+    gold: Optional[BatchReward] = None
+    """The gold reward logged beside an ``optimised`` one (``task.gold_reward_model``, else ``reward``); None when
+    the verifier is what is optimised."""
+
     def score(self, texts: list[str], answers: list[str], prompts: list[str]) -> list[float]:
+        """The optimised reward of each completion (``optimised``, else ``verify``)."""
+        if self.optimised is not None:
+            return self.optimised(prompts, texts, answers)
+        return self.verify(texts, answers, prompts)
+
+    def gold_score(self, texts: list[str], answers: list[str], prompts: list[str]) -> Optional[list[float]]:
+        """The gold reward of each completion, None when the task logs none (``gold``)."""
+        return None if self.gold is None else self.gold(prompts, texts, answers)
+
+    def verify_batch(self, prompts: list[str], texts: list[str], answers: list[str]) -> list[float]:
+        """``verify`` as a ``BatchReward`` (the verifier among ``task.reward_funcs``, or the gold)."""
+        return self.verify(texts, answers, prompts)
+
+    def verify(self, texts: list[str], answers: list[str], prompts: list[str]) -> list[float]:
         """``reward`` of each completion; a reward function that fails names the sample (prompt,
         completion, answer) instead of leaving a bare traceback."""
         out = []
@@ -92,7 +116,8 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
     ``datasets``' Arrow copies of files and Hub downloads under ``cache_dir/hf-datasets``. ``algo``
     (``algo.name``) decides whether the reference answers must fit ``task.max_new_tokens``
     (``refexp.tasks.splits.TARGET_ALGOS``); ``max_seq_len`` (``model.max_seq_len``) and ``new_tokens``
-    (``refexp.config.root.generation_budget``) whether the longest prompt + generation fits the model."""
+    (``refexp.config.root.generation_budget``) whether the longest prompt + generation fits the model. Learned rewards
+    (``task.reward_model`` & co.) are attached by GRPO, ``refexp.tasks.reward_sum.attach_rewards``."""
     tokenizer = _tokenizer(task_cfg)
     configure_chat(tokenizer, task_cfg)
     hf_cache = os.path.join(cache_dir, "hf-datasets")

@@ -87,27 +87,27 @@ def no_reward(completion: str, answer: str) -> float:
     raise RuntimeError("task=preference has no reward: it holds preference pairs only (use algo=dpo)")
 
 
-def load_reward(spec: str) -> Callable[[str, str], float]:
+def load_reward(spec: str, field_name: str = "task.reward") -> Callable[[str, str], float]:
     """The function ``spec`` names: ``package.module:function`` or ``package.module.function``,
-    called as ``reward(completion, answer) -> float``. ConfigError naming ``task.reward`` when it
+    called as ``reward(completion, answer) -> float``. ConfigError naming ``field_name`` when it
     does not import, is not callable, or cannot take those two arguments."""
     module_name, sep, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
     if not module_name or not attr:
-        raise ConfigError(f"task.reward={spec!r} is invalid: expected package.module:function "
+        raise ConfigError(f"{field_name}={spec!r} is invalid: expected package.module:function "
                           f"or package.module.function")
     try:
         fn = importlib.import_module(module_name)
         for part in attr.split("."):
             fn = getattr(fn, part)
     except Exception as e:  # ImportError, AttributeError, or the module's own import-time error
-        raise ConfigError(f"task.reward={spec!r} could not be imported: {type(e).__name__}: {e}") from e
+        raise ConfigError(f"{field_name}={spec!r} could not be imported: {type(e).__name__}: {e}") from e
     if not callable(fn):
-        raise ConfigError(f"task.reward={spec!r} is a {type(fn).__name__}: expected a function "
+        raise ConfigError(f"{field_name}={spec!r} is a {type(fn).__name__}: expected a function "
                           f"(completion: str, answer: str) -> float")
     try:
         inspect.signature(fn).bind("completion", "answer")
     except TypeError as e:
-        raise ConfigError(f"task.reward={spec!r} cannot be called as reward(completion, answer): {e}") from e
+        raise ConfigError(f"{field_name}={spec!r} cannot be called as reward(completion, answer): {e}") from e
     except ValueError:  # a builtin without a signature: trust it
         pass
     return fn

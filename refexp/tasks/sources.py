@@ -35,7 +35,8 @@ def looks_like_hub_id(path: str) -> bool:
 
 def check_sources(task_cfg: TaskConfig) -> None:
     """ConfigError naming the field for a data path that is neither a local path nor a reachable Hub
-    dataset, and for a ``task.reward`` that does not import (``refexp.tasks.rewards.load_reward``)."""
+    dataset, for a ``task.reward`` that does not import (``refexp.tasks.rewards.load_reward``), and for a reward
+    model dir that is not a one-label sequence classifier (``check_reward_fields``)."""
     from refexp.tasks.rewards import load_reward
 
     for field_name, path in (("task.train_path", task_cfg.train_path), ("task.eval_path", task_cfg.eval_path),
@@ -44,6 +45,27 @@ def check_sources(task_cfg: TaskConfig) -> None:
             check_source(field_name, path, task_cfg.dataset_config)
     if task_cfg.reward is not None:
         load_reward(task_cfg.reward)
+    check_reward_fields(task_cfg)
+
+
+def check_reward_fields(task_cfg: TaskConfig) -> None:
+    """Every reward model dir is a one-label sequence classifier with a tokenizer (its config.json read) and
+    every function of ``task.reward_funcs`` imports (``refexp.tasks.reward_sum``)."""
+    from refexp.tasks.reward_model import STAGE_MODEL, check_reward_model_dir, is_reward_model_entry
+    from refexp.tasks.reward_sum import VERIFIER
+    from refexp.tasks.rewards import load_reward
+
+    for field_name, path in (("task.reward_model", task_cfg.reward_model),
+                             ("task.gold_reward_model", task_cfg.gold_reward_model)):
+        if path and path != STAGE_MODEL:  # rm: the stage's model, made by refexp (refexp/algos/rm.py)
+            check_reward_model_dir(field_name, path)
+    for entry in task_cfg.reward_funcs:
+        if entry in (VERIFIER, STAGE_MODEL):
+            continue
+        if is_reward_model_entry(entry):
+            check_reward_model_dir("task.reward_funcs[]", entry)
+        else:
+            load_reward(entry, "task.reward_funcs[]")
 
 
 def check_source(field_name: str, path: str, config: Optional[str] = None) -> None:

@@ -16,14 +16,15 @@ from refexp.titan.checkpoint_dirs import (
     load_weights,
     save_model_weights,
 )
-from refexp.titan.copies import copy_shards_to_host, count_parameters, lerp_weights_, restore_shards_
+from refexp.titan.copies import copy_shards_to_host, count_parameters, fp32_master, lerp_weights_, restore_shards_
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
-from refexp.titan.decode import decode_step, finish_decode, prefill, repeat_decode_rows
+from refexp.titan.decode import compiles_next_step, decode_step, finish_decode, prefill, repeat_decode_rows
 from refexp.titan.hf_config import model_cfg_overrides_from_hf
 from refexp.titan.hf_weights import export_hf, load_hf_weights_
 from refexp.titan.kv_cache import DecodeState
 from refexp.titan.logprobs import logits, token_logprobs
 from refexp.titan.spec import build_model_spec
+from refexp.titan.static_decode import release_static_buckets, static_decode_stats
 
 __all__ = [
     "CausalRows",
@@ -31,11 +32,13 @@ __all__ = [
     "MaskedSDPA",
     "build_model",
     "build_model_spec",
+    "compiles_next_step",
     "copy_shards_to_host",
     "count_parameters",
     "decode_step",
     "export_hf",
     "finish_decode",
+    "fp32_master",
     "is_hf_dir",
     "latest_checkpoint_step",
     "lerp_weights_",
@@ -47,9 +50,11 @@ __all__ = [
     "model_cfg_overrides_from_hf",
     "prefill",
     "prepare_torchtitan",
+    "release_static_buckets",
     "repeat_decode_rows",
     "resolve_device",
     "restore_shards_",
     "save_model_weights",
+    "static_decode_stats",
     "token_logprobs",
 ]

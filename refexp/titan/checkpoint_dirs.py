@@ -10,8 +10,9 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from refexp.record.checkpoints import complete_steps, newest_verified_step
 from refexp.config import ConfigError, ModelConfig
+from refexp.distributed import decided_by_rank0
+from refexp.record.checkpoints import complete_steps, newest_verified_step
 from refexp.titan.hf_weights import load_hf_weights_
 
 
@@ -34,25 +35,32 @@ def save_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> N
     dcp.save(model.state_dict(), checkpoint_id=str(checkpoint_dir))
 
 
-def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> None:
-    """Load model weights from a refexp model-only checkpoint, a run's ``checkpoint/step-N``, or a run dir
-    (its newest checkpoint that verifies against its manifest, refexp/record/checkpoints.py)."""
-    import torch.distributed.checkpoint as dcp
-
+def dcp_dir(checkpoint_dir: str | os.PathLike) -> Path:
+    """The DCP folder a weights directory's model is read from: ``model/`` of a refexp SFT output, the dir
+    itself when it holds ``.metadata`` (a ``checkpoint/step-N``), else a run dir's newest checkpoint that
+    verifies against its manifest (refexp/record/checkpoints.py). ``ConfigError`` when there is none."""
     path = Path(checkpoint_dir)
     if not path.is_dir():
         raise ConfigError(f"checkpoint directory {str(path)!r} does not exist")
     if (path / "model").is_dir() and (path / "model" / ".metadata").is_file():
-        path = path / "model"  # a refexp SFT output dir
-    elif not (path / ".metadata").is_file():
-        step = newest_verified_step(path / "checkpoint")
-        if step >= 0:
-            path = path / "checkpoint" / f"step-{step}"
-        else:
-            raise ConfigError(
-                f"{str(checkpoint_dir)!r} holds no DCP checkpoint (.metadata) that verifies — expected a refexp SFT "
-                f"output, a run's checkpoint/step-N, or a run dir with checkpoint/"
-            )
+        return path / "model"  # a refexp SFT output dir
+    if (path / ".metadata").is_file():
+        return path
+    step = newest_verified_step(path / "checkpoint")
+    if step >= 0:
+        return path / "checkpoint" / f"step-{step}"
+    raise ConfigError(
+        f"{str(checkpoint_dir)!r} holds no DCP checkpoint (.metadata) that verifies — expected a refexp SFT "
+        f"output, a run's checkpoint/step-N, or a run dir with checkpoint/"
+    )
+
+
+def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> None:
+    """Load model weights from a refexp model-only checkpoint, a run's ``checkpoint/step-N``, or a run dir
+    (``dcp_dir``: which one is rank 0's view, every rank reads the same folder)."""
+    import torch.distributed.checkpoint as dcp
+
+    path = decided_by_rank0(lambda: dcp_dir(checkpoint_dir))
     state = model.state_dict()
     dcp.load(state, checkpoint_id=str(path))
     model.load_state_dict(state)
@@ -64,10 +72,11 @@ def load_weights(model: nn.Module, model_cfg: ModelConfig, path: str | os.PathLi
 
     ``hf=True``: an HF safetensors dir (``load_hf_weights_``); ``hf=False``: a refexp/DCP checkpoint
     (``load_model_weights``: an SFT output, a run's ``checkpoint/step-N``, or a run dir);
-    ``hf=None``: decided by ``is_hf_dir(path)`` (config.json beside ``*.safetensors``).
+    ``hf=None``: decided by ``is_hf_dir(path)`` (config.json beside ``*.safetensors``) on rank 0, whose answer
+    every rank follows (a shared filesystem can show ranks different ones: ``distributed.decided_by_rank0``).
     """
     if hf is None:
-        hf = is_hf_dir(path)
+        hf = decided_by_rank0(lambda: is_hf_dir(path))
     if hf:
         load_hf_weights_(model, model_cfg, str(path))
     else:

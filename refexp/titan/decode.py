@@ -1,5 +1,5 @@
 """KV-cache decoding of left-padded prompts: ``prefill``, ``decode_step``, ``repeat_decode_rows``,
-``finish_decode``.
+``finish_decode`` (and ``compiles_next_step`` for fixed-shape decoding, ``static_decode.py``).
 
 The cache is built from the decoder's own sub-modules (llama3, dense qwen3) rather than torchtitan's
 forward, which has no cache. Under TP the sub-modules keep doing their own redistribution (torchtitan
@@ -15,8 +15,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from refexp.titan.decode_step_plain import PlainStepWeights, plain_decode_step, static_step_for
-from refexp.titan.kv_cache import DecodeState, append_kv, new_cache_buffer, static_address
+from refexp.titan.decode_step_plain import PlainStepWeights, plain_decode_step
+from refexp.titan.kv_cache import DecodeState, append_kv
+from refexp.titan.static_decode import bucket_rows, static_bucket
 from refexp.titan.logprobs import vocab_shard_mesh_dim
 from refexp.titan.unwrap import decoder_of, local_tensor
 
@@ -122,7 +123,8 @@ def _cached_forward(model: nn.Module, tokens_BL: torch.Tensor, positions_BL: tor
 
 @torch.no_grad()
 def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.LongTensor, *,
-            max_new_tokens: int = 0, static: bool = False):
+            max_new_tokens: int = 0, static: bool = False, capacity: int | None = None,
+            rows_B: torch.LongTensor | None = None):
     """Start incremental decoding of left-padded prompts: returns (last_logits_BV float32, state).
 
     ``prompt_BL`` is left-padded to a common length L; row b's real tokens are its last
@@ -131,9 +133,21 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
     the FSDP modules are unsharded until ``finish_decode``; under TP each rank caches its own heads.
     Collective under FSDP/TP: every rank must decode the same number of steps.
     ``max_new_tokens``: decode steps to reserve cache slots for (more still fit: the cache grows).
-    ``static``: fixed-shape decode steps (``DecodeState.static``): at most ``max_new_tokens`` of them; needs
-    plain weights (not TP).
+    ``static``: fixed-shape decode steps (``static_decode.py``) over a kept bucket of
+    ``bucket_rows(len(rows_B))`` rows and ``capacity`` slots (None: L + ``max_new_tokens``; a fixed value
+    keeps one compiled step per row bucket whatever the prompts' lengths): at most ``capacity - L`` steps;
+    needs plain weights (not TP). ``rows_B`` (static only): decode row b continues prompt ``rows_B[b]``
+    (``repeat_decode_rows`` in one go; None: one row per prompt). The logits stay per prompt [B, V].
     """
+    if static:
+        return _prefill_static(model, prompt_BL, prompt_lens_B, max_new_tokens, capacity, rows_B)
+    if rows_B is not None or capacity is not None:
+        raise ValueError("prefill(): rows_B and capacity are for static=True")
+    return _prefill(model, prompt_BL, prompt_lens_B, max_new_tokens, fuse_ffn=True)
+
+
+def _prefill(model: nn.Module, prompt_BL: torch.Tensor, prompt_lens_B: torch.Tensor, max_new_tokens: int, *,
+             fuse_ffn: bool):
     L = prompt_BL.shape[1]
     lens_B = prompt_lens_B.to(prompt_BL.device)
     slots_L = torch.arange(L, device=prompt_BL.device)
@@ -144,17 +158,7 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
                         capacity=L + max(0, int(max_new_tokens)), padded=bool((lens_B < L).any()))
     state.unsharded = _unshard_for_decoding(model)
     # the unsharded weights, where they are plain tensors
-    state.plain = PlainStepWeights.of(decoder_of(model), fuse_ffn=not static)
-    if static:
-        if state.plain is None:
-            finish_decode(state)
-            raise ValueError("prefill(static=True) needs plain weights; this model's are DTensors (tensor "
-                             "parallel): decode with static=False")
-        state.static = True
-        state.slot_1 = static_address(torch.full((1,), L, dtype=torch.long, device=prompt_BL.device), state)
-        allowed = torch.zeros(len(lens_B), state.capacity, dtype=torch.bool, device=prompt_BL.device)
-        allowed[:, :L] = valid_BL
-        state.allowed_BC = static_address(allowed, state)
+    state.plain = PlainStepWeights.of(decoder_of(model), fuse_ffn=fuse_ffn)
     if not state.padded:  # plain causal attention, no mask to build or apply
         return _cached_forward(model, prompt_BL, positions_BL, state, None), state
     # Query i sees real keys j <= i; pad queries see themselves only (their output is never used,
@@ -162,6 +166,52 @@ def prefill(model: nn.Module, prompt_BL: torch.LongTensor, prompt_lens_B: torch.
     causal_LL = slots_L[None, :] <= slots_L[:, None]
     allowed_BLL = (causal_LL & valid_BL[:, None, :]) | torch.eye(L, dtype=torch.bool, device=prompt_BL.device)
     return _cached_forward(model, prompt_BL, positions_BL, state, allowed_BLL), state
+
+
+def _prefill_static(model: nn.Module, prompt_BL: torch.Tensor, prompt_lens_B: torch.Tensor, max_new_tokens: int,
+                    capacity: int | None, rows_B: torch.Tensor | None):
+    """``prefill(static=True)``: the prompts' keys/values (an ordinary prefill, exactly L slots) copied into
+    a kept bucket's buffers; its padding rows and the slots no row has filled yet are masked out."""
+    L = prompt_BL.shape[1]
+    capacity = L + max(0, int(max_new_tokens)) if capacity is None else int(capacity)
+    if capacity < L + max_new_tokens:
+        raise ValueError(f"prefill(static=True): capacity={capacity} slots is invalid for prompts of {L} tokens and "
+                         f"{max_new_tokens} new tokens: expected at least {L + max_new_tokens}")
+    # the fixed-shape step reads the parameters themselves (fixed addresses), not a concatenated w1/w3 copy
+    logits_UV, pre = _prefill(model, prompt_BL, prompt_lens_B, 0, fuse_ffn=False)
+    if pre.plain is None:
+        finish_decode(pre)
+        raise ValueError("prefill(static=True) needs plain weights; this model's are DTensors (tensor "
+                         "parallel): decode with static=False")
+    rows_B = torch.arange(len(prompt_BL), device=prompt_BL.device) if rows_B is None else rows_B.to(prompt_BL.device)
+    n = len(rows_B)
+    try:
+        bucket = static_bucket(pre.key_bufs[0], len(pre.key_bufs), bucket_rows(n), capacity)
+    except BaseException:
+        finish_decode(pre)
+        raise
+    for src, dst in ((pre.key_bufs, bucket.key_bufs), (pre.value_bufs, bucket.value_bufs)):
+        for s, d in zip(src, dst):
+            d[:n, :, :L].copy_(s[rows_B, :, :L])
+    # Stale keys/values of an earlier generation stay in the other slots and rows: finite, and masked here.
+    # Padding rows see only the slots their own (discarded) tokens fill, so no row's attention is all-masked.
+    bucket.allowed_RC.zero_()
+    bucket.allowed_RC[:n, :L] = pre.valid_BS[rows_B]
+    bucket.next_pos_R.zero_()
+    bucket.next_pos_R[:n] = pre.next_pos_B[rows_B]
+    bucket.slot_1.fill_(L)
+    bucket.tokens_R.zero_()
+    state = DecodeState(tokens_BS=pre.tokens_BS[rows_B], valid_BS=pre.valid_BS[rows_B],
+                        next_pos_B=bucket.next_pos_R[:n], unsharded=pre.unsharded, capacity=capacity, filled=L,
+                        key_bufs=bucket.key_bufs, value_bufs=bucket.value_bufs, padded=pre.padded, plain=pre.plain,
+                        static=True, bucket=bucket)
+    pre.unsharded = []  # now owned by ``state``: finish_decode(state) reshards
+    return logits_UV, state
+
+
+def compiles_next_step(state: DecodeState) -> bool:
+    """True when ``state``'s next ``decode_step`` is its bucket's first (where a compiled step compiles)."""
+    return bool(state.static and state.bucket.compiles_next_call)
 
 
 @torch.no_grad()
@@ -182,29 +232,27 @@ def decode_step(model: nn.Module, next_tokens_B: torch.LongTensor, state: Decode
 
 
 def _static_decode_step(tokens_B: torch.Tensor, state: DecodeState) -> torch.Tensor:
-    step = static_step_for(tokens_B.device)
-    logits_BV = step(state.plain, tokens_B, state.next_pos_B, state.slot_1, state.key_bufs, state.value_bufs,
-                     state.allowed_BC)
-    state.next_pos_B.add_(1)  # in place: fixed addresses
-    state.slot_1.add_(1)
+    if state.filled >= state.capacity:
+        raise ValueError(f"decode_step: the fixed-shape cache's {state.capacity} slots are full (prefill's capacity)")
+    logits_BV = state.bucket.run(state.plain, tokens_B)  # next_pos_B is a view of the bucket's: advanced there
     state.filled += 1  # host-side bookkeeping only (no device read, no per-layer views)
     return logits_BV
 
 
 def repeat_decode_rows(state: DecodeState, rows_B: torch.LongTensor) -> DecodeState:
     """A state whose row b continues ``state``'s row ``rows_B[b]`` (prefill each distinct prompt once,
-    then decode G rows of it: GRPO's groups). Copies the filled cache slots; shares the FSDP unshard."""
+    then decode G rows of it: GRPO's groups). Copies the filled cache slots; shares the FSDP unshard.
+    Not for a fixed-shape state (its rows are fixed: ``prefill(static=True, rows_B=...)``)."""
+    if state.static:
+        raise ValueError("repeat_decode_rows(): a fixed-shape decode's rows are set at prefill (rows_B)")
     rows_B = rows_B.to(state.tokens_BS.device)
     out = DecodeState(tokens_BS=state.tokens_BS[rows_B], valid_BS=state.valid_BS[rows_B],
                       next_pos_B=state.next_pos_B[rows_B], unsharded=state.unsharded,
-                      capacity=state.capacity, padded=state.padded, plain=state.plain, static=state.static)
-    if state.static:
-        out.slot_1 = static_address(state.slot_1.clone(), out)
-        out.allowed_BC = static_address(state.allowed_BC[rows_B], out)
+                      capacity=state.capacity, padded=state.padded, plain=state.plain)
     filled = out.filled = state.filled
     for kb, vb in zip(state.key_bufs, state.value_bufs):
         for src, dst in ((kb, out.key_bufs), (vb, out.value_bufs)):
-            buf = new_cache_buffer(src, (len(rows_B), *src.shape[1:]), out)
+            buf = src.new_empty((len(rows_B), *src.shape[1:]))
             buf[:, :, :filled] = src[rows_B, :, :filled]
             dst.append(buf)
         out.keys.append(out.key_bufs[-1][:, :, :filled])
@@ -221,4 +269,6 @@ def finish_decode(state: DecodeState) -> None:
     state.keys, state.values = [], []
     state.key_bufs, state.value_bufs = [], []
     state.plain = None  # drops the per-generation concatenated FFN weights
-    state.slot_1 = state.allowed_BC = None
+    if state.bucket is not None:  # its buffers stay, for the next generation of the same bucket
+        state.bucket.in_use = False
+        state.bucket = None

@@ -1,6 +1,6 @@
 """The one-token decode step on plain (unsharded, non-DTensor) weights: the decoder's sub-modules'
 arithmetic with a fraction of their per-token operators (``plain_decode_step``), and its fixed-shape form
-for CUDA graphs (``plain_static_step``, ``rollout.static_decode``). ``PlainStepWeights.of(model)`` is None
+for CUDA graphs (``plain_static_step``, ``rollout.static_decode``; compiled per bucket in ``static_decode.py``). ``PlainStepWeights.of(model)`` is None
 where it does not apply (TP, MoE): decoding then takes the module path. Why: docs/torchtitan-notes.md §16.
 """
 
@@ -136,16 +136,3 @@ def plain_static_step(w: PlainStepWeights, tokens_B: torch.Tensor, positions_B: 
                                               scale=att.scaling, enable_gqa=att.enable_gqa)
 
     return _forward_one_token(w, tokens_B, positions_B, attend)
-
-
-_CAPTURED: dict[str, object] = {}
-
-
-def static_step_for(device: torch.device):
-    """The fixed-shape step as it runs on ``device``: captured as CUDA graphs on CUDA
-    (``torch.compile(mode="reduce-overhead")``, compiled once per process and batch shape), eager elsewhere."""
-    if device.type != "cuda":
-        return plain_static_step
-    if "cuda" not in _CAPTURED:
-        _CAPTURED["cuda"] = torch.compile(plain_static_step, mode="reduce-overhead", dynamic=False)
-    return _CAPTURED["cuda"]

@@ -5,12 +5,13 @@ reads each rank's shards through DCP's HF reader, ``export_hf`` writes transform
 
 from __future__ import annotations
 
+import datetime
 import glob
 import json
 import os
 import shutil
 import warnings
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -108,11 +109,19 @@ def _write_hf_index(out_dir: str, weight_map: dict[str, str], total_size: int) -
         json.dump(index, f, indent=2)
 
 
+EXPORT_WAIT_MIN_S = 1800.0
+"""The shortest time the other ranks wait for rank 0's files (``export_hf``)."""
+EXPORT_WRITE_BYTES_PER_S = 20e6
+"""A slow shared filesystem's write rate: the wait grows past ``EXPORT_WAIT_MIN_S`` for exports larger than
+36 GB at it."""
+
+
 @torch.no_grad()
 def _write_hf_weights(model: nn.Module, model_cfg: ModelConfig, out_dir: str, max_shard_bytes: int) -> torch.dtype:
-    """Gather the model tensor by tensor (a collective per sharded tensor) and write the HF safetensors
-    from rank 0, each file as soon as its tensors are in: rank 0 holds at most one file's tensors.
-    Returns the weights' dtype."""
+    """Gather the model tensor by tensor (a collective per sharded tensor) into rank 0's host memory, then
+    write the HF safetensors from rank 0 with no collective left: a file written while the other ranks wait
+    inside a gather would hold them there past the collective timeout on a slow filesystem. Rank 0 holds
+    the whole model in host memory meanwhile (an 8B model in bf16: 16 GB). Returns the weights' dtype."""
     from safetensors.torch import save_file
 
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
@@ -123,10 +132,6 @@ def _write_hf_weights(model: nn.Module, model_cfg: ModelConfig, out_dir: str, ma
                for name, p, module in entries]
     sizes = {k: v.numel() * v.element_size() for hf in planned for k, v in hf.items()}
     file_of = _plan_hf_files(sizes, max_shard_bytes)
-    remaining = Counter(file_of.values())  # tensors each file still waits for
-    if rank0:
-        os.makedirs(out_dir, exist_ok=True)
-        _clear_hf_weights(out_dir)
     buffers: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
     for (name, param, module), hf in zip(entries, planned):
         if not hf:  # dropped by the adapter (a tied lm_head): nothing to gather
@@ -135,14 +140,25 @@ def _write_hf_weights(model: nn.Module, model_cfg: ModelConfig, out_dir: str, ma
         if not rank0:
             continue
         for k, v in to_hf_tensors(adapter, name, full.detach().to("cpu"), module).items():
-            file = file_of[k]
-            buffers[file][k] = v.contiguous().clone()
-            remaining[file] -= 1
-            if remaining[file] == 0:
-                save_file(buffers.pop(file), os.path.join(out_dir, file), metadata={"format": "pt"})
-    if rank0 and len(remaining) > 1:
-        _write_hf_index(out_dir, file_of, sum(sizes.values()))
+            buffers[file_of[k]][k] = v.contiguous().clone()
+    if rank0:  # every collective is done: rank 0 writes alone
+        os.makedirs(out_dir, exist_ok=True)
+        _clear_hf_weights(out_dir)
+        for file in sorted(buffers):
+            save_file(buffers.pop(file), os.path.join(out_dir, file), metadata={"format": "pt"})
+        if len(set(file_of.values())) > 1:
+            _write_hf_index(out_dir, file_of, sum(sizes.values()))
     return next(p.dtype for _, p, _ in entries)
+
+
+def _waiting_group(nbytes: int):
+    """A gloo group whose barrier the other ranks wait at while rank 0 writes ``nbytes`` of files: its
+    timeout is long enough for a slow filesystem (``EXPORT_WAIT_MIN_S``, ``EXPORT_WRITE_BYTES_PER_S``), and a
+    CPU barrier leaves nothing pending on the GPU's collective watchdog. None on one process."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    wait_s = max(EXPORT_WAIT_MIN_S, nbytes / EXPORT_WRITE_BYTES_PER_S)
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=wait_s))
 
 
 def export_hf(model: nn.Module, model_cfg: ModelConfig, out_dir: str, *, tokenizer=None,
@@ -152,7 +168,9 @@ def export_hf(model: nn.Module, model_cfg: ModelConfig, out_dir: str, *, tokeniz
 
     The weights are one ``model.safetensors`` when they fit in ``max_shard_bytes``, else
     ``model-0000i-of-0000N.safetensors`` files with transformers' ``model.safetensors.index.json``.
-    Collective: call on every rank; sharded tensors are gathered one at a time and rank 0 writes.
+    Collective: call on every rank; sharded tensors are gathered one at a time into rank 0's host memory,
+    then rank 0 writes every file while the other ranks wait at a barrier of their own, with no collective
+    in flight (``_write_hf_weights``, ``_waiting_group``).
     The tokenizer files come from ``tokenizer`` (a ``refexp.tasks.TextTokenizer``: what the run
     tokenized with, chat template included) when given, else are copied from ``model.hf_assets_path``.
     generation_config.json is copied from ``model.hf_assets_path`` (its sampling defaults and every eos
@@ -160,12 +178,15 @@ def export_hf(model: nn.Module, model_cfg: ModelConfig, out_dir: str, *, tokeniz
     """
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes={max_shard_bytes} is invalid: expected a positive number of bytes")
+    nbytes = sum(p.numel() * p.element_size() for _, p, _ in native_export_entries(model))
+    waiting = _waiting_group(nbytes)  # made by every rank before rank 0 starts writing
     dtype = _write_hf_weights(model, model_cfg, out_dir, max_shard_bytes)
     if not dist.is_initialized() or dist.get_rank() == 0:
         write_hf_config(out_dir, model_cfg.name, arch_from_model_config(decoder_of(model).config), dtype)
         _export_sidecars(model_cfg.hf_assets_path, out_dir, tokenizer)
-    if dist.is_initialized():
-        dist.barrier()
+    if waiting is not None:
+        dist.barrier(group=waiting)
+        dist.destroy_process_group(waiting)
 
 
 def _export_sidecars(src: str | None, out_dir: str, tokenizer) -> None:

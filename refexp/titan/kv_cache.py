@@ -24,9 +24,9 @@ class DecodeState:
     ``next_pos_B`` is the RoPE position of each row's next token. ``padded``: some prompt was
     left-padded, so attention needs the explicit ``valid_BS`` mask (otherwise it is plain causal).
     ``plain``: the weights of the one-token step on plain tensors (``decode_step_plain.py``), None where
-    decoding takes the sub-modules' path (TP). ``static``: fixed-shape steps (``plain_static_step``): the
-    buffers never grow, ``slot_1`` ([1] long, on the device) is the next slot and ``allowed_BC`` ([B, C]
-    bool) the slots each row's queries may see.
+    decoding takes the sub-modules' path (TP). ``static``: fixed-shape steps (``plain_static_step``) over
+    ``bucket``'s kept buffers (``static_decode.StaticBucket``: rows padded to the bucket's, a fixed capacity;
+    ``key_bufs``/``value_bufs`` are its buffers), of which the first B rows are this generation's.
     """
 
     tokens_BS: torch.Tensor
@@ -42,8 +42,7 @@ class DecodeState:
     padded: bool = True
     plain: object | None = None  # decode_step_plain.PlainStepWeights
     static: bool = False
-    slot_1: torch.Tensor | None = None
-    allowed_BC: torch.Tensor | None = None
+    bucket: object | None = None  # static_decode.StaticBucket
 
 
 def append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: torch.Tensor) -> int:
@@ -52,15 +51,14 @@ def append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: torc
     B, N, L, H = k_BNLH.shape
     if layer == len(state.key_bufs):  # prefill: the layer's first tokens
         start, cap = 0, max(state.capacity, L)
-        state.key_bufs.append(new_cache_buffer(k_BNLH, (B, N, cap, H), state))
-        state.value_bufs.append(new_cache_buffer(v_BNLH, (B, N, cap, H), state))
+        state.key_bufs.append(k_BNLH.new_empty(B, N, cap, H))
+        state.value_bufs.append(v_BNLH.new_empty(B, N, cap, H))
         state.keys.append(k_BNLH)
         state.values.append(v_BNLH)
     else:
         start = state.keys[layer].shape[2]
     kb, vb = state.key_bufs[layer], state.value_bufs[layer]
     if start + L > kb.shape[2]:
-        assert not state.static, "a fixed-shape decode never grows its cache (prefill reserves max_new_tokens)"
         cap = max(2 * kb.shape[2], start + L)
         kb = torch.cat([kb[:, :, :start], kb.new_empty(B, N, cap - start, H)], dim=2)
         vb = torch.cat([vb[:, :, :start], vb.new_empty(B, N, cap - start, H)], dim=2)
@@ -71,18 +69,3 @@ def append_kv(state: DecodeState, layer: int, k_BNLH: torch.Tensor, v_BNLH: torc
     state.filled = start + L
     return start
 
-
-def new_cache_buffer(like: torch.Tensor, shape: tuple[int, ...], state: DecodeState) -> torch.Tensor:
-    """An uninitialised cache buffer, zeroed for a fixed-shape decode: its step reads unfilled slots
-    (masked, but 0 x NaN would still be NaN); the other paths read only the filled ones."""
-    if not state.static:
-        return like.new_empty(shape)
-    return static_address(like.new_zeros(shape), state)
-
-
-def static_address(t: torch.Tensor, state: DecodeState) -> torch.Tensor:
-    """Mark a fixed-shape decode's buffer as living at a fixed address (CUDA graphs then read and write it
-    in place rather than copying it in at every replay)."""
-    if state.static and t.is_cuda:
-        torch._dynamo.mark_static_address(t)
-    return t

@@ -152,7 +152,9 @@ def check_decode(cfg, par, dims) -> float:
 
 def check_generate(cfg, par, dims) -> float:
     """sampler.generate, greedy and sampled (per-row keys, temperature and top-p), gives the
-    single-process tokens exactly (else inf); returns the largest behaviour log-prob difference."""
+    single-process tokens exactly (else inf); returns the largest behaviour log-prob difference. Without TP
+    also with rollout.static_decode (FSDP's unsharded weights; each generation's first step of a bucket in
+    ``setup_timeout``)."""
     from refexp import sampler
     from refexp.tasks.tokenizer import build_char_tokenizer
 
@@ -163,8 +165,10 @@ def check_generate(cfg, par, dims) -> float:
     prompts = ["12+34=", "5+6=", "123+456=", "7="]  # different lengths: left padding
     keys = [(0, 1, i, 0) for i in range(len(prompts))]
     err = 0.0
-    for kw in (dict(greedy=True), dict(temperature=0.7, top_p=0.9, keys=keys)):
-        want = sampler.generate(ref, tok, prompts, max_new_tokens=8, **kw)
+    static = [dict(static_decode=True, static_capacity=24)] if par.tensor_parallel_degree == 1 else []
+    for kw in (dict(greedy=True), dict(temperature=0.7, top_p=0.9, keys=keys),
+               *(dict(greedy=True, **s) for s in static), *(dict(keys=keys, **s) for s in static)):
+        want = sampler.generate(ref, tok, prompts, max_new_tokens=8, **{k: v for k, v in kw.items() if "static" not in k})
         got = sampler.generate(model, tok, prompts, max_new_tokens=8, **kw)
         if not torch.equal(got.tokens_BT, want.tokens_BT):
             return float("inf")

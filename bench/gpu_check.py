@@ -1,0 +1,161 @@
+"""The GPU check's figures in one JSON file: gpu_smoke.py and the probes, each in its own process with its own
+share of the time budget, so that a crash, a hang or an out-of-memory in one costs only its own figures.
+
+Steps, in order (a step's share of what is left of the budget is its weight over the weights still to run, so
+time a step does not use goes to the later ones):
+
+| step | runs | figures |
+|---|---|---|
+| ``train`` | ``gpu_smoke.py --only ...`` | ``matmul_bf16_tflops``, ``train_tokens_per_s``, ``train_mfu``, ``ref_forward_ratio`` |
+| ``memory`` | ``gpu_probe_memory.py`` | ``peak_mem_mib_ac_none``, ``peak_mem_mib_ac_full`` (each against the dry-run plan) |
+| ``grpo`` | ``gpu_probe_grpo.py`` | ``grpo_3steps_s`` (generation / reference forward / policy split), ``rollout_logprob_diff`` |
+| ``decode`` | ``gpu_smoke.py --only ...`` | ``gen_tokens_per_s_{16,128}`` and ``..._static`` (compile counts, capture seconds) |
+
+A step gets ``--budget-s`` = 80% of its share (gpu_smoke's ``Runner`` skips the figures that would start
+later) and is killed, with its process group, at its share; the lines it printed by then are kept. Every
+figure of the table is in the output: a figure its step never printed gets ``"value": null`` and the reason.
+Output: ``OUT/gpu_check.json`` (``env``, ``deps`` from ``OUT/deps.json`` when gpu_check.sh wrote it,
+``figures``, ``steps``, ``summary``) and each step's output in ``OUT/logs/``.
+
+    python bench/gpu_check.py OUT [--budget-s N] [--toy]     # bench/gpu_check.sh calls it so
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+MAX_BUDGET_S = 360.0
+CHILD_BUDGET_FRACTION = 0.8  # the rest of a share: the child's start-up (torch, refexp) and a margin
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    script: str
+    figures: tuple[str, ...]
+    weight: float
+    smoke_only: bool = False  # gpu_smoke.py: pass the figures as --only
+    toy_args: tuple[str, ...] = ()
+
+
+STEPS = (
+    Step("train", "gpu_smoke.py", ("matmul_bf16_tflops", "train_tokens_per_s", "train_mfu", "ref_forward_ratio"),
+         weight=2.0, smoke_only=True),
+    Step("memory", "gpu_probe_memory.py", ("peak_mem_mib_ac_none", "peak_mem_mib_ac_full"), weight=1.5),
+    # at toy size on CPU too, the log-prob difference is the bfloat16 one (the CUDA code path, a 1-rank mesh)
+    Step("grpo", "gpu_probe_grpo.py", ("grpo_3steps_s", "rollout_logprob_diff"), weight=3.0,
+         toy_args=("--mixed-precision", "bfloat16")),
+    Step("decode", "gpu_smoke.py", ("gen_tokens_per_s_16", "gen_tokens_per_s_128", "gen_tokens_per_s_16_static",
+                                    "gen_tokens_per_s_128_static"), weight=3.5, smoke_only=True),
+)
+FIGURES = tuple(f for s in STEPS for f in s.figures)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path, help="folder for gpu_check.json and the steps' logs")
+    p.add_argument("--budget-s", type=float, default=300.0, help=f"wall-clock budget, at most {MAX_BUDGET_S:.0f}")
+    p.add_argument("--toy", action="store_true", help="toy sizes on CPU, one thread (minutes -> seconds)")
+    p.add_argument("--steps", type=lambda v: tuple(x for x in v.split(",") if x), default=tuple(s.name for s in STEPS),
+                   help="only these steps, comma-separated (a rerun): " + ", ".join(s.name for s in STEPS))
+    args = p.parse_args(argv)
+    if not 0 < args.budget_s <= MAX_BUDGET_S:
+        p.error(f"--budget-s must be in (0, {MAX_BUDGET_S:.0f}], got {args.budget_s:g}")
+    unknown = set(args.steps) - {s.name for s in STEPS}
+    if unknown or not args.steps:
+        p.error(f"--steps: unknown {sorted(unknown)}; choose from {', '.join(s.name for s in STEPS)}")
+    return args
+
+
+def step_command(step: Step, budget_s: float, toy: bool) -> list[str]:
+    cmd = [sys.executable, str(BENCH / step.script), "--budget-s", f"{budget_s:.1f}"]
+    if step.smoke_only:
+        cmd += ["--only", *step.figures]
+    if toy:
+        cmd += ["--toy", "--device", "cpu", "--threads", "1", *step.toy_args]
+    return cmd
+
+
+def run_step(step: Step, box_s: float, args, logs: Path) -> tuple[list[dict], dict]:
+    """(the JSON lines the step printed, its record): killed with its process group after ``box_s``."""
+    cmd = step_command(step, CHILD_BUDGET_FRACTION * box_s, args.toy)
+    out_path, err_path = logs / f"{step.name}.jsonl", logs / f"{step.name}.log"
+    t0 = time.monotonic()
+    timed_out = False
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+        try:
+            rc = p.wait(timeout=box_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(p.pid, signal.SIGKILL)  # its own session: the end-to-end run's subprocess goes too
+            rc = p.wait()
+    lines = []
+    for raw in out_path.read_text(errors="replace").splitlines():
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and "figure" in obj:
+            lines.append(obj)
+    record = {"seconds": round(time.monotonic() - t0, 1), "box_s": round(box_s, 1), "rc": rc,
+              "timed_out": timed_out, "command": " ".join(cmd[1:])}
+    return lines, record
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    deadline = t0 + args.budget_s
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    result = {"schema": "refexp-gpu-check/1", "toy": args.toy, "budget_s": args.budget_s,
+              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": None, "deps": None,
+              "figures": {}, "steps": {}}
+    deps = args.out / "deps.json"
+    if deps.exists():
+        result["deps"] = json.loads(deps.read_text())
+    steps = [s for s in STEPS if s.name in args.steps]
+    for i, step in enumerate(steps):
+        left = deadline - time.monotonic()
+        box = left * step.weight / sum(s.weight for s in steps[i:])
+        if box < 1.0:
+            result["steps"][step.name] = {"skipped": f"out of time: {max(left, 0):.0f} s of the budget left"}
+            continue
+        lines, record = run_step(step, box, args, logs)
+        result["steps"][step.name] = record
+        for line in lines:
+            name = line.pop("figure")
+            if name == "env" and result["env"] is None:
+                result["env"] = line
+            elif name in step.figures:
+                result["figures"][name] = line
+        print(f"gpu_check: {step.name}: {record['seconds']} s of {record['box_s']} s, rc {record['rc']}",
+              file=sys.stderr, flush=True)
+    for step in steps:  # a figure never printed: its step died, timed out or did not start
+        rec = result["steps"][step.name]
+        why = rec.get("skipped") or ("timed out" if rec.get("timed_out") else f"exit {rec.get('rc')}")
+        for name in step.figures:
+            result["figures"].setdefault(name, {"value": None, "error": f"step {step.name} printed no line for it "
+                                                                        f"({why}; see logs/{step.name}.log)"})
+    figs = result["figures"]
+    result["summary"] = {"ok": sum(1 for f in figs.values() if f.get("value") is not None),
+                         "error": sum(1 for f in figs.values() if f.get("error")),
+                         "skipped": sum(1 for f in figs.values() if f.get("skipped")),
+                         "elapsed_s": round(time.monotonic() - t0, 1)}
+    (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"gpu_check: {result['summary']} -> {args.out / 'gpu_check.json'}", file=sys.stderr)
+    return result
+
+
+if __name__ == "__main__":
+    main()

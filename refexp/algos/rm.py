@@ -1,0 +1,212 @@
+"""The reward-model stage (the root ``rm`` block): a reward model for the task, trained from the start (SFT) model's own
+samples labelled by the task's verifier, cached under ``<cache>/rm/<hash>/`` like the SFT stage and exported as an HF
+sequence-classification checkpoint (``<dir>/hf``) that ``task.reward_model`` loads (docs/reward-models.md).
+``algo=rm`` runs only this stage; ``task.reward_model=rm`` finds it (or trains it) at a GRPO run's start.
+
+The recipe is Cobbe et al. 2021's outcome verifier ("Training Verifiers to Solve Math Word Problems", §4): sample
+completions of the training prompts from the generator, label each by whether its final answer is correct, and
+train a scalar head on the generator's own backbone to predict that label. Here the backbone is the start model's
+HF export loaded through transformers as ``AutoModelForSequenceClassification`` (e.g. ``LlamaForSequenceClassification``:
+the decoder plus a fresh linear ``score`` head on the last token), every weight trained with binary cross-entropy
+on the logit (the verifier's label is the target, so the logit is the log-odds that a completion is correct).
+``rm.num_samples`` sets how many labelled samples it sees: fewer make a weaker proxy for GRPO to exploit.
+
+A share of the prompts (``rm.val_fraction``, with all their samples) is held out; the weights of the lowest
+held-out loss are kept, as the SFT stage keeps its best-on-validation weights. The task's test split is not read.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from refexp.algos.sft import read_sft_summary
+from refexp.cache_dirs import marker_check
+from refexp.config import ConfigError
+from refexp.context import RunContext
+from refexp.hashing import stable_hash
+from refexp.metric_logger import MetricLogger
+from refexp.models import build_frozen
+from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
+from refexp.record.lock import FileLock
+from refexp.record.metrics import read_metrics
+from refexp.rollout import build_engine
+from refexp.tasks import task_fingerprint
+from refexp.tasks.reward_model import (load_sequence_classifier, quiet_transformers, reward_model_inputs,
+                                       reward_model_texts)
+from refexp.timing import now
+
+RM_KEY = 9_191
+"""The sampling-key namespace of the labelled samples (distinct from training rollouts and ``kl/init``'s)."""
+_rm_cached = marker_check("rm.json")
+"""Whether a reward-model dir is complete (``rm.json`` is written last)."""
+
+
+def start_hf_dir(sft_dir: Path) -> Path:
+    """The HF export of the start model: the SFT stage's ``hf/``, or the start dir itself when it is an HF
+    checkpoint (``sft.enable=false``); ConfigError when it has none."""
+    for d in (Path(sft_dir) / "hf", Path(sft_dir)):
+        if (d / "config.json").is_file():
+            return d
+    raise ConfigError(f"algo=rm needs an HF export of the start model: {sft_dir} has no config.json nor hf/ "
+                      f"(sft.checkpoint=DIR must be an SFT output dir or an HF checkpoint)")
+
+
+def rm_fingerprint(ctx: RunContext, sft_dir: Path) -> str:
+    """Hash of what determines the reward model: the start model (its dir in the cache and what its ``sft.json``
+    says), the task's data and verifier, the ``rm`` block, the generation budget, the rollout engine and the clip
+    (``training.max_norm``)."""
+    cfg = ctx.cfg
+    key = {"start": str(Path(sft_dir).resolve()), "start_summary": read_sft_summary(sft_dir),
+           "task": task_fingerprint(cfg.task), "rm": asdict(cfg.rm), "max_new_tokens": ctx.task.max_new_tokens,
+           "rollout": asdict(cfg.rollout), "chat_template": cfg.task.chat_template, "max_norm": cfg.training.max_norm,
+           "version": 1}
+    return stable_hash(key, 16)
+
+
+def ensure_rm(ctx: RunContext, sft_dir: Path) -> Path:
+    """The reward model's cache dir (``hf/``, ``metrics.jsonl``, ``rm.json``), trained now unless cached; one process
+    trains it at a time (the SFT stage's lock and atomic rename)."""
+    out = ctx.cache_dir / "rm" / rm_fingerprint(ctx, sft_dir)
+    if _rm_cached(out):
+        return out
+    if ctx.dist.world_size > 1:  # it trains in one process: the ranks would wait on each other's collectives
+        raise ConfigError(f"task.reward_model=rm: the reward model of these settings is not in the cache ({out}), and "
+                          f"it trains in one process: run `refexp algo=rm` with the same task, model, sft and rm "
+                          f"settings once (one process), then this run")
+    with FileLock(ctx.cache_dir / "rm" / f"{out.name}.lock", blocking=True):
+        remove_temporaries(out)
+        if not _rm_cached(out):
+            with atomic_dir(out, is_complete=_rm_cached) as tmp:
+                train_rm(ctx, sft_dir, Path(tmp))
+    return out
+
+
+def run_rm(ctx: RunContext, sft_dir: Path) -> dict:
+    """``algo=rm``: the reward model (cached or trained now), its curve logged to the run, its dir printed."""
+    out = ensure_rm(ctx, sft_dir)
+    for row in read_metrics(out):  # the curve, also when it was cached
+        ctx.logger.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+    summary = read_rm_summary(out)
+    hf = out / "hf"
+    if ctx.dist.is_rank0:
+        print(f"[refexp] reward model: {hf} (held-out label accuracy {summary['val_accuracy']:.3f} on "
+              f"{summary['val_samples']} samples; {summary['train_samples']} training samples, "
+              f"{summary['positive_rate']:.3f} of them correct); use it with task.reward_model={hf}")
+    return {"rm/val_accuracy": summary["val_accuracy"], "rm/val_loss": summary["val_loss"],
+            "rm/positive_rate": summary["positive_rate"], "rm/dir": str(hf), "step": summary["steps"]}
+
+
+def read_rm_summary(rm_dir: Path) -> dict:
+    """The ``rm.json`` a reward-model dir ends with (``train_rm``)."""
+    return json.loads((Path(rm_dir) / "rm.json").read_text())
+
+
+def labelled_samples(ctx: RunContext, sft_dir: Path) -> tuple[dict, dict]:
+    """``(train, val)``, each ``{"prompts", "completions", "labels"}``: ``rm.samples_per_prompt`` completions of
+    the start model for each of ``rm.num_samples / samples_per_prompt`` training prompts (a seeded draw), labelled by
+    the verifier (``Task.verify``); the last ``rm.val_fraction`` of the prompts held out with their samples."""
+    a, task = ctx.cfg.rm, ctx.task
+    n_prompts = min(len(task.train), max(2, a.num_samples // a.samples_per_prompt))
+    order = torch.randperm(len(task.train), generator=torch.Generator().manual_seed(a.seed))[:n_prompts].tolist()
+    rows = task.train.select(order)
+    prompts = [p for p in rows["prompt"] for _ in range(a.samples_per_prompt)]
+    answers = [x for x in rows["answer"] for _ in range(a.samples_per_prompt)]
+    keys = [(a.seed, RM_KEY, pid, g) for pid in order for g in range(a.samples_per_prompt)]
+    model = build_frozen(ctx, sft_dir)
+    engine = build_engine(ctx.cfg.rollout, model, task.tokenizer)
+    texts: list[str] = []
+    for s in range(0, len(prompts), 256):
+        texts += engine.generate(prompts[s:s + 256], max_new_tokens=task.max_new_tokens, temperature=a.temperature,
+                                 keys=keys[s:s + 256]).texts
+    del model, engine
+    labels = task.verify(texts, answers, prompts)
+    bad = next((x for x in labels if not 0.0 <= x <= 1.0), None)
+    if bad is not None:
+        raise ConfigError(f"algo=rm trains on the verifier's labels in [0, 1] (binary cross-entropy), and the task's "
+                          f"reward gave {bad}: use a task whose reward is a correctness score (task.reward)")
+    n_val = min(n_prompts - 1, max(1, round(a.val_fraction * n_prompts))) * a.samples_per_prompt
+    cut = len(prompts) - n_val
+
+    def part(sl: slice) -> dict:
+        return {"prompts": prompts[sl], "completions": texts[sl], "labels": torch.tensor(labels[sl])}
+
+    return part(slice(0, cut)), part(slice(cut, None))
+
+
+def _batch_loss(model, tokenizer, texts: list[str], labels: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(BCE-with-logits loss, the logits [B]) of one batch."""
+    logits = model(**reward_model_inputs(tokenizer, texts, device)).logits[:, 0].float()
+    return F.binary_cross_entropy_with_logits(logits, labels.to(device)), logits
+
+
+@torch.no_grad()
+def _held_out(model, tokenizer, texts: list[str], labels: torch.Tensor, device, batch_size: int) -> dict[str, float]:
+    """``rm/val_loss`` (mean BCE) and ``rm/val_accuracy`` (the logit's sign agrees with label > 0.5)."""
+    model.eval()
+    loss_sum, right = 0.0, 0
+    for s in range(0, len(texts), batch_size):
+        y = labels[s:s + batch_size]
+        loss, logits = _batch_loss(model, tokenizer, texts[s:s + batch_size], y, device)
+        loss_sum += float(loss) * len(y)
+        right += int(((logits.cpu() > 0) == (y > 0.5)).sum())
+    model.train()
+    return {"rm/val_loss": loss_sum / len(texts), "rm/val_accuracy": right / len(texts)}
+
+
+def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
+    """Sample and label, train the reward model on ``ctx.device``, keep its best held-out weights and write
+    ``out_dir/hf`` (safetensors, config.json with one label, tokenizer), ``metrics.jsonl`` and ``rm.json`` (last)."""
+    cfg, a, device = ctx.cfg, ctx.cfg.rm, ctx.device
+    t0 = now(device)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train, val = labelled_samples(ctx, sft_dir)
+    torch.manual_seed(a.seed)  # the fresh score head
+    model, tokenizer = load_sequence_classifier(str(start_hf_dir(sft_dir)), torch.float32, device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+    render = (lambda d: reward_model_texts(tokenizer, d["prompts"], d["completions"],
+                                           prompts_rendered=cfg.task.chat_template))
+    train_texts, val_texts = render(train), render(val)
+    log = MetricLogger(out_dir, enabled=True)
+    positive_rate = float(torch.cat([train["labels"], val["labels"]]).mean())
+    best = {"rm/val_loss": math.inf}
+    best_state, best_step = None, 0
+    gen = torch.Generator().manual_seed(a.seed)
+    order: list[int] = []
+    for step in range(1, a.steps + 1):
+        if len(order) < a.batch_size:  # epochs of a seeded permutation
+            order += torch.randperm(len(train_texts), generator=gen).tolist()
+        ids, order = order[:a.batch_size], order[a.batch_size:]
+        loss, _ = _batch_loss(model, tokenizer, [train_texts[i] for i in ids], train["labels"][ids], device)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        row = {"rm/loss": float(loss.detach())}
+        if step == 1:
+            row["rm/positive_rate"] = positive_rate
+        if step % a.eval_every == 0 or step == a.steps:
+            row.update(_held_out(model, tokenizer, val_texts, val["labels"], device, a.batch_size))
+            if row["rm/val_loss"] < best["rm/val_loss"]:
+                best, best_step = {k: row[k] for k in ("rm/val_loss", "rm/val_accuracy")}, step
+                best_state = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        log.log(row, step=step)
+    model.load_state_dict(best_state)
+    with quiet_transformers():
+        model.save_pretrained(out_dir / "hf")  # safetensors, config.json (one label, pad id)
+    tokenizer.save_pretrained(out_dir / "hf")
+    summary = {"steps": a.steps, "kept_step": best_step, "val_loss": best["rm/val_loss"],
+               "val_accuracy": best["rm/val_accuracy"], "train_samples": len(train_texts),
+               "val_samples": len(val_texts), "positive_rate": positive_rate, "wall_s": now(device) - t0,
+               "start": str(sft_dir)}
+    log.close()
+    write_json_atomic(out_dir / "rm.json", summary)
+    return summary
+

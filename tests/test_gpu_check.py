@@ -1,0 +1,163 @@
+"""The GPU check (bench/gpu_check.sh) at toy size on CPU, and what it rests on: a ``logger=none`` run needs only
+what the GPU machine has plus bench/gpu_wheels.txt (neither wandb nor optuna), and the phase split of a GRPO
+run's logged times."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
+sys.path.insert(0, str(BENCH))
+
+import gpu_adapters  # noqa: E402
+import gpu_check  # noqa: E402
+import gpu_smoke  # noqa: E402
+
+COUNTS = {"compiles_first", "compiles_timed", "compiles_in_process"}  # may be 0: eager on CPU
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@pytest.mark.slow
+def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "--toy", str(out), "--budget-s", "240"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads((out / "gpu_check.json").read_text())
+    figs = result["figures"]
+    assert set(figs) == set(gpu_check.FIGURES)
+    for name, fig in figs.items():
+        assert fig.get("error") is None and fig.get("skipped") is None, (name, fig)
+        assert _finite(fig["value"]) and fig["value"] > 0, (name, fig)
+    assert result["env"]["toy"] is True and result["env"]["refexp_titan_import"] == "ok"
+    assert result["summary"]["ok"] == len(gpu_check.FIGURES) and result["summary"]["elapsed_s"] <= 240
+    assert all(s["rc"] == 0 and not s["timed_out"] for s in result["steps"].values())
+
+    for ac in ("none", "full"):  # each measured step against the dry-run plan of the same shape
+        mem = figs[f"peak_mem_mib_ac_{ac}"]
+        assert mem["activation_checkpoint"] == ac and mem["plan_mib"]["activations"] > 0
+        assert mem["planned_mib"] > mem["planned_step_extra_mib"] > 0 and mem["measured_over_plan"] > 0
+    assert figs["peak_mem_mib_ac_full"]["plan_mib"]["activations"] < figs["peak_mem_mib_ac_none"]["plan_mib"][
+        "activations"]
+
+    grpo = figs["grpo_3steps_s"]
+    assert [s["step"] for s in grpo["per_step"]] == [1, 2, 3]
+    for s in grpo["per_step"]:  # the parts add up to the step, and each part took time
+        assert s["gen_s"] > 0 and s["ref_fwd_s"] > 0 and s["policy_s"] > 0
+        assert s["gen_s"] + s["ref_fwd_s"] + s["policy_s"] == pytest.approx(s["step_s"], abs=2e-4)
+    assert grpo["gen_share"] + grpo["ref_fwd_share"] + grpo["policy_share"] == pytest.approx(1, abs=1e-3)
+    diff = figs["rollout_logprob_diff"]
+    assert diff["compute_dtype"] == "bfloat16" and len(diff["per_step"]) == 3 and diff["max"] >= diff["value"]
+
+    for rows in gpu_smoke.GEN_ROWS:
+        eager, static = figs[f"gen_tokens_per_s_{rows}"], figs[f"gen_tokens_per_s_{rows}_static"]
+        assert eager["rows"] == static["rows"] == rows and static["static_decode"] is True
+        assert eager["generated_tokens"] == static["generated_tokens"] == rows * gpu_smoke.TOY.new_tokens
+        assert all(_finite(static[k]) and static[k] >= 0 for k in COUNTS) and _finite(static["capture_s"])
+
+
+def test_gpu_check_refuses_a_budget_over_six_minutes(tmp_path):
+    p = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), str(tmp_path), "--budget-s", "361"], cwd=REPO,
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "--budget-s must be a number of seconds in (0, 360]" in p.stderr
+    assert not (tmp_path / "gpu_check.json").exists()
+
+
+def test_phase_split_sums_the_logged_step_times_by_phase():
+    rows = [{"step": 0, "eval/accuracy": 0.5},  # an evaluation row: no step time
+            {"step": 1, "perf/gen_s": 2.0, "perf/ref_fwd_s": 0.5, "perf/step_s": 4.0},
+            {"step": 2, "perf/gen_s": 1.0, "perf/step_s": 3.0}]  # no reference forward logged: 0
+    split = gpu_adapters.phase_split(rows)
+    assert (split["gen_s"], split["ref_fwd_s"], split["policy_s"], split["step_s"]) == (3.0, 0.5, 3.5, 7.0)
+    assert split["per_step"][1] == {"step": 2, "gen_s": 1.0, "ref_fwd_s": 0.0, "policy_s": 2.0, "step_s": 3.0}
+    with pytest.raises(RuntimeError, match="perf/step_s"):
+        gpu_adapters.phase_split(rows[:1])
+
+
+def _names(path: Path) -> set[str]:
+    """Normalised distribution names of a list file (``name==version  # comment`` or ``name`` per line)."""
+    out = set()
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out.add(re.sub(r"[-_.]+", "-", line.split("==")[0]).lower())
+    return out
+
+
+# Runs refexp's CLI with every distribution outside the allowed set unimportable (as on the GPU machine with
+# the wheels installed), then prints what was imported and what was refused.
+_CHILD = r"""
+import importlib.metadata as md, json, re, sys
+allowed = set(json.loads(sys.argv[1]))
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+owners = md.packages_distributions()
+refused = set()
+class NotOnTheMachine:  # wraps each finder: a refused module is not found, as where it is not installed
+    def __init__(self, finder):
+        self.finder = finder
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        dists = owners.get(top)
+        if dists and not any(norm(d) in allowed for d in dists):
+            refused.add(top)
+            return None
+        find = getattr(self.finder, "find_spec", None)
+        return find(name, path, target) if find else None
+    def find_distributions(self, *args, **kwargs):  # their metadata is gone too
+        find = getattr(self.finder, "find_distributions", None)
+        return (d for d in (find(*args, **kwargs) if find else ()) if norm(d.metadata["Name"] or "") in allowed)
+    def invalidate_caches(self):
+        getattr(self.finder, "invalidate_caches", lambda: None)()
+sys.meta_path[:] = [NotOnTheMachine(f) for f in sys.meta_path]
+sys.argv = ["refexp", *sys.argv[2:]]
+from refexp.__main__ import main
+try:
+    main()
+finally:
+    print("IMPORTED " + json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+    print("REFUSED " + json.dumps(sorted(refused)))
+"""
+
+
+@pytest.mark.slow
+def test_a_logger_none_run_needs_only_the_gpu_machine_and_the_wheel_list(tmp_path):
+    allowed = _names(BENCH / "gpu_machine.txt") | _names(BENCH / "gpu_wheels.txt") | {"refexp"}
+    assert not {"wandb", "optuna"} & allowed  # a 34 MB wheel and an optional sweeper: not carried
+    overrides = ["debug=fast", "algo=grpo", "logger=none", "logger.progress=false", "model.dim=32",
+                 "model.ffn_hidden_dim=64", "model.n_heads=2", "model.n_kv_heads=2", "sft.steps=2", "sft.eval_every=2",
+                 "sft.batch_size=8", "task.num_train=100", "task.num_eval=8", "eval.num_prompts=4",
+                 "eval.kl_prompts=2", "algo.prompts_per_step=2", "algo.group_size=2", "training.steps=1",
+                 "training.num_threads=1", f"run_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}",
+                 f"sft.cache_dir={tmp_path / 'cache'}"]
+    p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(sorted(allowed)), *overrides], cwd=REPO,
+                       capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": str(REPO), "REFEXP_CACHE": str(tmp_path)})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert "[refexp] done:" in p.stdout + p.stderr
+    imported = set(json.loads(p.stdout.split("IMPORTED ", 1)[1].splitlines()[0]))
+    assert not {"wandb", "optuna"} & imported
+    refused = set(json.loads(p.stdout.split("REFUSED ", 1)[1].splitlines()[0]))
+    assert not {"wandb", "optuna"} & refused  # not even tried: the imports of W&B and Optuna stay lazy
+
+
+def test_compile_count_counts_each_compilation_once():
+    import torch
+
+    step = torch.compile(lambda x: torch.relu(x) * 2, backend="eager", dynamic=False)
+    before = gpu_adapters.compile_count()
+    step(torch.ones(3))
+    step(torch.ones(3))  # the same shape: the compiled graph again
+    assert gpu_adapters.compile_count() == before + 1
+    step(torch.ones(5))  # another shape, static shapes: compiled anew
+    assert gpu_adapters.compile_count() == before + 2
