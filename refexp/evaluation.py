@@ -10,8 +10,8 @@
   (``Task.retain_eval`` / ``Task.retain_val``): what RL keeps of its start.
 - ``eval/pass_at_k`` (``eval.pass_k`` > 0): on the first ``eval.pass_k_prompts`` held-out prompts, n =
   ``eval.pass_k_samples`` completions sampled at the run's sampling temperature (and GRPO's ``algo.top_p``), c of
-  them correct (reward >= 1), and the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models
-  Trained on Code", eq. 1): pass@k = 1 - C(n-c, k) / C(n, k), averaged over prompts. The samples are keyed to
+  them correct (the verifier's reward >= 1), and the unbiased estimator of Chen et al. 2021 ("Evaluating Large
+  Language Models Trained on Code", eq. 1): pass@k = 1 - C(n-c, k) / C(n, k), averaged over prompts. The samples are keyed to
   the prompt and the sample's index, as ``kl/init``'s. A policy that collapsed onto one answer per prompt keeps
   its greedy accuracy and loses this.
 - ``eval/gold``, ``val/gold`` (when a learned reward is optimised, ``task.reward_model``): the gold reward (the
@@ -178,7 +178,7 @@ def sampled_pass_at_k(model, task, num_prompts: int, *, k: int, n: int, seed: in
                       engine: RolloutEngine | None = None, scores: list | None = None) -> float:
     """Mean ``pass_at_k(n, c, k)`` over the first ``num_prompts`` held-out prompts, n completions each sampled by
     ``engine`` (None: the built-in one on ``model``) with keys ``(seed, PASS_K_KEY, prompt index * n + sample)``, c the
-    completions whose reward is >= 1. Split over the data-parallel ranks as ``greedy_accuracy``; ``scores``
+    completions the task's verifier scores >= 1. Split over the data-parallel ranks as ``greedy_accuracy``; ``scores``
     receives every prompt's estimate, in order, on every rank. Collective."""
     engine = engine or BuiltinEngine(model, task.tokenizer)
     total_n = min(num_prompts, len(task.eval))
@@ -193,7 +193,8 @@ def sampled_pass_at_k(model, task, num_prompts: int, *, k: int, n: int, seed: in
         keys = [(seed, PASS_K_KEY, i * n + j) for i in ids[sl] for j in range(n)]  # not a training key's shape
         out = engine.generate(group, max_new_tokens=task.max_new_tokens, temperature=temperature, top_p=top_p,
                               keys=keys)
-        rewards = task.score(out.texts, [a for a in answers[sl] for _ in range(n)], group)
+        # correct by the verifier, also beside a learned reward (whose score is not a correctness)
+        rewards = task.verify(out.texts, [a for a in answers[sl] for _ in range(n)], group)
         for row, keep in enumerate(_real_rows(sl, real).tolist()):
             if keep:
                 correct = sum(r >= 1.0 for r in rewards[row * n:(row + 1) * n])
