@@ -11,9 +11,9 @@
 - ``eval/pass_at_k`` (``eval.pass_k`` > 0): on the first ``eval.pass_k_prompts`` held-out prompts, n =
   ``eval.pass_k_samples`` completions sampled at the run's sampling temperature (and GRPO's ``algo.top_p``), c of
   them correct (the verifier's reward >= 1), and the unbiased estimator of Chen et al. 2021 ("Evaluating Large
-  Language Models Trained on Code", eq. 1): pass@k = 1 - C(n-c, k) / C(n, k), averaged over prompts. The samples are keyed to
-  the prompt and the sample's index, as ``kl/init``'s. A policy that collapsed onto one answer per prompt keeps
-  its greedy accuracy and loses this.
+  Language Models Trained on Code", eq. 1): pass@k = 1 - C(n-c, k) / C(n, k), averaged over prompts. The samples are
+  keyed to the prompt and the sample's index, as ``kl/init``'s. A policy that collapsed onto one answer per prompt
+  keeps its greedy accuracy and loses this.
 - ``eval/gold``, ``val/gold`` (when a learned reward is optimised, ``task.reward_model``): the gold reward (the
   task's verifier, or ``task.gold_reward_model``) of the same greedy completions, whose optimised reward is then
   ``eval/accuracy`` / ``val/accuracy`` (docs/reward-models.md).

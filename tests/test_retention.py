@@ -50,7 +50,8 @@ def test_rl_reads_its_skills_and_sft_and_retention_read_the_rest(tmp_path):
     assert sorted([*task.eval["prompt"], *task.retain_eval["prompt"]]) == sorted(everything.eval["prompt"])
     assert sorted([*task.val["prompt"], *task.retain_val["prompt"]]) == sorted(everything.val["prompt"])
     assert sorted(task.train["prompt"]) == sorted(p for p in everything.train["prompt"] if p[3] == "+")
-    assert list(task.demonstrations["completion"]) == list(everything.train["completion"])  # SFT sees the same data either way
+    # SFT sees the same data either way
+    assert list(task.demonstrations["completion"]) == list(everything.train["completion"])
     assert len(task.retain_eval) == 100 and all(int(a) >= 0 for a in task.retain_eval["answer"])
 
 

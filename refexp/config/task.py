@@ -235,7 +235,8 @@ def ignored_fields(name: str, preference_path: Optional[str]) -> dict[str, str]:
     beside a data file or ``eval_path`` — sizes that presets set for every task (the tests' TINY)."""
     ignored: dict[str, str] = {}
     if name != "arithmetic":
-        ignored.update(dict.fromkeys(("digits", "ops", "rl_ops"), "only the embedded arithmetic task generates problems"))
+        ignored.update(dict.fromkeys(("digits", "ops", "rl_ops"),
+                                     "only the embedded arithmetic task generates problems"))
     if name != "gsm8k":
         ignored.update(dict.fromkeys(("question_column", "answer_column"), "only GSM8K-format data has them"))
     if name == "arithmetic":
