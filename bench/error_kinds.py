@@ -1,4 +1,5 @@
-"""Which mistakes the models of a sweep make on the arithmetic task's test prompts: a missed ones-carry (the
+"""Which mistakes the models of a sweep make on the arithmetic task's test prompts (those of the RL skills,
+``task.rl_ops``: the held-out split ``eval/accuracy`` reads): a missed ones-carry (the
 headroom task's demonstration slip, docs/headroom-task.md), a carry added where the ones column has none,
 or anything else.
 
@@ -25,6 +26,7 @@ import json
 import sys
 from pathlib import Path
 
+from refexp.choices import ARITHMETIC_OPS
 from refexp.tasks.arithmetic import format_problem, ones_carry, slip_carry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,21 +34,26 @@ KINDS = ("correct", "missed ones-carry", "carry added without one", "other")
 
 
 def classify(prompt: str, completion: str) -> str:
-    """``a+b=`` (zero-padded operands) and the completion -> one of KINDS, the slip as the task makes it."""
-    left, right = prompt.rstrip("=").split("+")
+    """``a<op>b=`` (zero-padded operands, an operator of ``task.ops``) and the completion -> one of KINDS, the slip
+    as the task makes it. The slip's two kinds are the sums' (``+``); a wrong answer of another operator is
+    ``other``."""
+    op = next((o for o in ARITHMETIC_OPS if o in prompt), None)
+    if op is None:
+        raise ValueError(f"{prompt!r} is not a problem of the arithmetic task (no operator of {ARITHMETIC_OPS})")
+    left, right = prompt.rstrip("=").split(op)
     a, b = int(left), int(right)
-    _, correct, _ = format_problem("+", a, b, len(left))
+    _, correct, answer = format_problem(op, a, b, len(left))
     got = completion.strip()
     if not (got.isascii() and got.isdigit()):
         return "other"
-    if int(got) == a + b:
+    if int(got) == int(answer):
         return "correct"
     got = got.zfill(len(correct))
-    if len(got) != len(correct):
+    if len(got) != len(correct) or op != "+":
         return "other"
-    if ones_carry("+", a, b) and got == slip_carry(correct):
+    if ones_carry(op, a, b) and got == slip_carry(correct):
         return "missed ones-carry"
-    if not ones_carry("+", a, b) and slip_carry(got) == correct:
+    if not ones_carry(op, a, b) and slip_carry(got) == correct:
         return "carry added without one"
     return "other"
 

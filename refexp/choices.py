@@ -39,3 +39,8 @@ GRPO_LOSS_AGGS: tuple[str, ...] = get_args(GRPOLossAgg)
 AdvantageScale = Literal["group", "batch", "none"]
 """What the group-centred rewards are divided by (refexp/losses/grpo.py)."""
 ADVANTAGE_SCALES: tuple[str, ...] = get_args(AdvantageScale)
+
+ArithmeticOp = Literal["+", "-", "*"]
+"""The embedded task's operators: addition, subtraction with a non-negative result, multiplication
+(refexp/tasks/arithmetic.py)."""
+ARITHMETIC_OPS: tuple[str, ...] = get_args(ArithmeticOp)

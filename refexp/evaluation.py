@@ -5,6 +5,15 @@
 - ``val/accuracy`` (when the task has a validation split, ``task.val_fraction`` / ``task.val_path``): the
   same on the first ``eval.num_prompts`` validation prompts; what a hyper-parameter search selects on, so the
   held-out ``eval/accuracy`` prompts are only ever reported.
+- ``eval/retention`` / ``val/retention`` (when ``task.rl_ops`` leaves out some of ``task.ops``): the same greedy
+  exact match on the held-out / validation prompts of the skills the SFT stage taught and RL does not train
+  (``Task.retain_eval`` / ``Task.retain_val``): what RL keeps of its start.
+- ``eval/pass_at_k`` (``eval.pass_k`` > 0): on the first ``eval.pass_k_prompts`` held-out prompts, n =
+  ``eval.pass_k_samples`` completions sampled at the run's sampling temperature (and GRPO's ``algo.top_p``), c of
+  them correct (the verifier's reward >= 1), and the unbiased estimator of Chen et al. 2021 ("Evaluating Large
+  Language Models Trained on Code", eq. 1): pass@k = 1 - C(n-c, k) / C(n, k), averaged over prompts. The samples are
+  keyed to the prompt and the sample's index, as ``kl/init``'s. A policy that collapsed onto one answer per prompt
+  keeps its greedy accuracy and loses this.
 - ``eval/gold``, ``val/gold`` (when a learned reward is optimised, ``task.reward_model``): the gold reward (the
   task's verifier, or ``task.gold_reward_model``) of the same greedy completions, whose optimised reward is then
   ``eval/accuracy`` / ``val/accuracy`` (docs/reward-models.md).
@@ -45,7 +54,8 @@ from refexp.context import RunContext
 from refexp.distributed import dp_sum, padded_share
 from refexp.kl import masked_sum, sequence_kl
 from refexp.offload import model_device, on_device, park_on_host
-from refexp.record.metric_names import EVAL_ACCURACY, EVAL_GOLD, VAL_ACCURACY, VAL_GOLD
+from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_GOLD, EVAL_PASS_AT_K, EVAL_RETENTION, VAL_ACCURACY,
+                                        VAL_GOLD, VAL_RETENTION)
 from refexp.record.outcomes import EvalOutcomes
 from refexp.reference import ReferenceStrategy
 from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
@@ -55,11 +65,19 @@ EVAL_SAMPLES = "samples/eval"
 """The metrics key of an evaluation's sample completions (a list of dicts; ``MetricLogger`` turns it into
 ``samples.jsonl`` rows and a W&B table, never a number)."""
 EVAL_OUTCOMES, VAL_OUTCOMES = "outcomes/eval", "outcomes/val"
-"""The metrics keys of an evaluation's per-prompt scores (``EvalOutcomes``; ``MetricLogger`` writes them to
-``eval_outcomes.jsonl`` only: not a metric, not sent to W&B)."""
+OUTCOMES = {EVAL_ACCURACY: EVAL_OUTCOMES, VAL_ACCURACY: VAL_OUTCOMES, EVAL_RETENTION: "outcomes/retain_eval",
+            VAL_RETENTION: "outcomes/retain_val", EVAL_PASS_AT_K: "outcomes/pass_at_k"}
+"""The metrics keys of an evaluation's per-prompt scores, by metric (``EvalOutcomes``; ``MetricLogger`` writes
+them to ``eval_outcomes.jsonl`` only: not a metric, not sent to W&B)."""
 EVAL_GOLD_OUTCOMES, VAL_GOLD_OUTCOMES = "outcomes/eval_gold", "outcomes/val_gold"
 """The same for the gold reward beside a learned one (``eval/gold``, ``val/gold``)."""
+GOLD = {EVAL_ACCURACY: (EVAL_GOLD, EVAL_GOLD_OUTCOMES), VAL_ACCURACY: (VAL_GOLD, VAL_GOLD_OUTCOMES)}
+"""The gold metric (and its outcomes key) logged beside an optimised-reward accuracy."""
 KL_INIT_KEY = 7_777  # a key namespace distinct from training rollouts
+PASS_K_KEY = 7_778  # eval/pass_at_k's samples: another namespace (3-tuple keys, as kl/init's)
+GREEDY_METRICS = ((EVAL_ACCURACY, "eval"), (VAL_ACCURACY, "val"), (EVAL_RETENTION, "retain_eval"),
+                  (VAL_RETENTION, "retain_val"))
+"""The greedy exact-match metrics of ``evaluate`` and the ``Task`` split each reads (its outcomes' ``split``)."""
 
 LogprobFn = Callable[..., torch.Tensor]
 """``fn(tokens_BT, **kwargs) -> [B, T-1]`` float32 log-probs; kwargs go to ``titan.token_logprobs``
@@ -139,6 +157,53 @@ def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, par
     if with_gold:
         gold_scores += _all_scores(parallel_dims, model_device(model), ids, mine_gold, n)
     return total / max(1, n)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one prompt from n samples of which c are correct (Chen et al. 2021, eq. 1):
+    1 - C(n-c, k) / C(n, k), as their numerically stable product 1 - prod_{i=n-c+1}^{n} (1 - k/i)."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+@torch.no_grad()
+def sampled_pass_at_k(model, task, num_prompts: int, *, k: int, n: int, seed: int, temperature: float = 1.0,
+                      top_p: float = 1.0, batch_size: int = 256, parallel_dims=None,
+                      engine: RolloutEngine | None = None, scores: list | None = None) -> float:
+    """Mean ``pass_at_k(n, c, k)`` over the first ``num_prompts`` held-out prompts, n completions each sampled by
+    ``engine`` (None: the built-in one on ``model``) with keys ``(seed, PASS_K_KEY, prompt index * n + sample)``, c the
+    completions the task's verifier scores >= 1. Split over the data-parallel ranks as ``greedy_accuracy``; ``scores``
+    receives every prompt's estimate, in order, on every rank. Collective."""
+    engine = engine or BuiltinEngine(model, task.tokenizer)
+    total_n = min(num_prompts, len(task.eval))
+    ids, real = padded_share(parallel_dims, total_n)
+    rows = task.eval.select(ids)
+    prompts, answers = rows["prompt"], rows["answer"]
+    mine: list[float] = []
+    was_training = model.training
+    model.eval()
+    for sl in _batches(len(prompts), max(1, batch_size // n)):
+        group = [p for p in prompts[sl] for _ in range(n)]
+        keys = [(seed, PASS_K_KEY, i * n + j) for i in ids[sl] for j in range(n)]  # not a training key's shape
+        out = engine.generate(group, max_new_tokens=task.max_new_tokens, temperature=temperature, top_p=top_p,
+                              keys=keys)
+        # correct by the verifier, also beside a learned reward (whose score is not a correctness)
+        rewards = task.verify(out.texts, [a for a in answers[sl] for _ in range(n)], group)
+        for row, keep in enumerate(_real_rows(sl, real).tolist()):
+            if keep:
+                correct = sum(r >= 1.0 for r in rewards[row * n:(row + 1) * n])
+                mine.append(pass_at_k(n, correct, k))
+    model.train(was_training)
+    (total,) = _global_sums(parallel_dims, model_device(model), sum(mine))
+    if scores is not None:
+        scores += _all_scores(parallel_dims, model_device(model), ids, mine, total_n)
+    return total / max(1, total_n)
 
 
 @torch.no_grad()
@@ -258,26 +323,32 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     engine = build_engine(ctx.cfg.rollout, policy, ctx.task.tokenizer, capacity=decode_capacity(ctx.cfg))
     out = {}
     if with_accuracy:
-        samples: list[dict] = []
-        scores: list[float] = []
-        gold: list[float] = []  # beside a learned reward: the gold reward of the same completions
-        out[EVAL_ACCURACY] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, samples=samples,
-                                             num_samples=ecfg.log_samples, engine=engine, scores=scores,
-                                             gold_scores=gold)
-        out[EVAL_OUTCOMES] = EvalOutcomes("eval", EVAL_ACCURACY, list(range(len(scores))), scores)
-        if gold:
-            out[EVAL_GOLD] = sum(gold) / len(gold)
-            out[EVAL_GOLD_OUTCOMES] = EvalOutcomes("eval", EVAL_GOLD, list(range(len(gold))), gold)
-        if samples:
-            out[EVAL_SAMPLES] = samples  # the logger writes them to samples.jsonl and a W&B table
-        if ctx.task.val is not None and len(ctx.task.val):  # what a search selects on (run.objective)
-            scores, gold = [], []
-            out[VAL_ACCURACY] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, split="val",
-                                                engine=engine, scores=scores, gold_scores=gold)
-            out[VAL_OUTCOMES] = EvalOutcomes("val", VAL_ACCURACY, list(range(len(scores))), scores)
+        for metric, split in GREEDY_METRICS:  # a split the task lacks (no validation, no retained skill): skipped
+            data = getattr(ctx.task, split)
+            if data is None or not len(data):
+                continue
+            samples: list[dict] = []
+            scores: list[float] = []
+            gold: list[float] = []  # beside a learned reward: the gold reward of the same completions
+            retention = metric not in GOLD  # exact match on a skill no reward trains: the verifier's
+            out[metric] = greedy_accuracy(policy, ctx.task, ecfg.num_prompts, parallel_dims=pd, split=split,
+                                          samples=samples if metric == EVAL_ACCURACY else None,
+                                          num_samples=ecfg.log_samples, engine=engine, scores=scores,
+                                          gold_scores=None if retention else gold, verifier=retention)
+            out[OUTCOMES[metric]] = EvalOutcomes(split, metric, list(range(len(scores))), scores)
             if gold:
-                out[VAL_GOLD] = sum(gold) / len(gold)
-                out[VAL_GOLD_OUTCOMES] = EvalOutcomes("val", VAL_GOLD, list(range(len(gold))), gold)
+                gold_metric, gold_key = GOLD[metric]
+                out[gold_metric] = sum(gold) / len(gold)
+                out[gold_key] = EvalOutcomes(split, gold_metric, list(range(len(gold))), gold)
+            if samples:
+                out[EVAL_SAMPLES] = samples  # the logger writes them to samples.jsonl and a W&B table
+        if ecfg.pass_k:
+            scores = []
+            out[EVAL_PASS_AT_K] = sampled_pass_at_k(
+                policy, ctx.task, ecfg.pass_k_prompts, k=ecfg.pass_k, n=ecfg.pass_k_n(), seed=ctx.cfg.training.seed,
+                temperature=temperature, top_p=getattr(ctx.cfg.algo, "top_p", 1.0), parallel_dims=pd, engine=engine,
+                scores=scores)
+            out[OUTCOMES[EVAL_PASS_AT_K]] = EvalOutcomes("eval", EVAL_PASS_AT_K, list(range(len(scores))), scores)
     measure_ref = reference is not None and reference.holds_model
     # the fixed reference on the start checkpoint is the anchor (InitAnchor.shared): its kl/ref is kl/init
     ref_is_anchor = measure_ref and reference is anchor.shared

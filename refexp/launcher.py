@@ -66,9 +66,9 @@ def describe_failure(error) -> str:
     return f"rank {rank} exited with code {failure.exitcode}: {failure.message}"
 
 
-# ---------------------------------------------------------------- single-GPU jobs side by side
+# ---------------------------------------------------------------- single-device jobs side by side
 _HELD: dict = {}
-"""The GPU this process holds (``claim_gpu``): its index and the open, locked lock file."""
+"""What this process holds (``claim_gpu``, ``claim_core``): per kind, the index and the open, locked lock file."""
 
 
 def claim_gpu(lock_dir: Path, n_gpus: int, *, first: int = 0, held: dict | None = None) -> int:
@@ -81,19 +81,46 @@ def claim_gpu(lock_dir: Path, n_gpus: int, *, first: int = 0, held: dict | None 
     its GPU for its later jobs: its process group and CUDA context are bound to it. The lock is freed
     by the OS when the process ends, however it ends.
     """
+    return _claim(lock_dir, "gpu", list(range(n_gpus)), first=first, held=held,
+                  too_few="hydra.launcher.n_jobs must be at most the number of GPUs")
+
+
+def claim_core(lock_dir: Path, cores: list[int], *, first: int = 0, held: dict | None = None) -> int:
+    """A CPU core of ``cores`` that no other job of the sweep holds, kept by this process until it exits: the
+    jobs of a ``hydra/launcher=cpu_cores`` sweep, one per core, as ``claim_gpu``'s are one per GPU."""
+    return _claim(lock_dir, "cpu", cores, first=first, held=held,
+                  too_few="hydra.launcher.n_jobs must be at most the number of cores this process may use")
+
+
+def _claim(lock_dir: Path, kind: str, devices: list[int], *, first: int, held: dict | None, too_few: str) -> int:
     held = _HELD if held is None else held
-    if "gpu" in held:
-        return held["gpu"]
+    if kind in held:
+        return held[kind][0]
     lock_dir.mkdir(parents=True, exist_ok=True)
-    for k in range(n_gpus):
-        gpu = (first + k) % n_gpus
-        f = open(lock_dir / f"gpu-{gpu}.lock", "w")
+    for k in range(len(devices)):
+        device = devices[(first + k) % len(devices)]
+        f = open(lock_dir / f"{kind}-{device}.lock", "w")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
             continue
-        held.update(gpu=gpu, file=f)
-        return gpu
-    raise RuntimeError(f"all {n_gpus} GPUs are held by other jobs of this sweep ({lock_dir}): "
-                       f"hydra.launcher.n_jobs must be at most the number of GPUs")
+        held[kind] = (device, f)
+        return device
+    raise RuntimeError(f"all {len(devices)} {kind.upper()}s are held by other jobs of this sweep ({lock_dir}): "
+                       f"{too_few}")
+
+
+def usable_cores() -> list[int]:
+    """The CPU cores this process may run on (its affinity, which a container or ``taskset`` may narrow)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def pin_process(cores: set[int]) -> None:
+    """Pin every thread of this process to ``cores`` (Linux affinity is per thread, and threads started before
+    the call, OpenMP's or gloo's, would otherwise keep theirs); threads started later inherit it."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
+            pass

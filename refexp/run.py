@@ -34,7 +34,8 @@ from refexp.context import RunContext
 from refexp.metric_logger import MetricLogger
 from refexp.process_settings import apply_process_settings
 from refexp.provenance import provenance
-from refexp.record.metric_names import EVAL_ACCURACY, EVAL_PREF_ACCURACY, KL_INIT, KL_REF, VAL_ACCURACY
+from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
+                                        KL_REF, VAL_ACCURACY)
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
 from refexp.record import layout
 from refexp.record.lock import FileLock, LockHeld
@@ -63,6 +64,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     # report lists it, and refexp.sweep.ReportCallback makes the sweep exit non-zero at the end.
     try:
         _use_own_gpu(cfg)
+        _use_own_core(cfg)
         final = run(cfg)
     except Exception as e:
         import logging
@@ -88,7 +90,8 @@ def objective(final) -> float | None:
 
 def summary_line(final: dict, wall_s: float, run_dir) -> str:
     """One line at the end of a single run: what it reached, how far it drifted, how long it took, where it is."""
-    parts = [f"{k} {final[k]:.3f}" for k in (EVAL_ACCURACY, EVAL_PREF_ACCURACY, VAL_ACCURACY, KL_INIT, KL_REF)
+    parts = [f"{k} {final[k]:.3f}" for k in (EVAL_ACCURACY, EVAL_PREF_ACCURACY, VAL_ACCURACY, EVAL_RETENTION,
+                                             EVAL_PASS_AT_K, KL_INIT, KL_REF)
              if isinstance(final.get(k), (int, float))]
     steps = final.get("step")
     parts.append(f"{int(steps)} steps" if isinstance(steps, (int, float)) else "")
@@ -110,6 +113,35 @@ def _use_own_gpu(cfg: DictConfig) -> None:
 
     gpu = claim_gpu(Path(hc.sweep.dir) / ".gpus", torch.cuda.device_count(), first=hc.job.num)
     cfg.training.device = f"cuda:{gpu}"
+
+
+CPU_CORES_LAUNCHER = "cpu_cores"
+"""The ``hydra/launcher`` option that runs a sweep's jobs one per CPU core (conf/hydra/launcher/cpu_cores.yaml)."""
+
+
+def _use_own_core(cfg: DictConfig) -> None:
+    """Under ``hydra/launcher=cpu_cores`` a single-process job on the CPU takes a core no other job of the sweep
+    holds (refexp/launcher.py, ``claim_core``), pins its process to it and runs one torch thread
+    (``training.num_threads`` 0 -> 1): jobs side by side that neither share a core nor migrate between them, as
+    the committed re-runs were run by hand. A job on a GPU (``_use_own_gpu``) or of several processes is left as
+    it is."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    if OmegaConf.select(hc, "runtime.choices", default={}).get("hydra/launcher") != CPU_CORES_LAUNCHER:
+        return
+    on_cpu = cfg.training.device == "cpu" or (cfg.training.device == "auto" and not torch.cuda.is_available())
+    if not on_cpu or cfg.parallelism.nproc_per_node > 1:
+        return
+    if cfg.training.num_threads not in (0, 1):
+        raise ConfigError(f"training.num_threads={cfg.training.num_threads} is invalid with "
+                          f"hydra/launcher={CPU_CORES_LAUNCHER}: expected 0 or 1 (one single-thread job per core; "
+                          f"hydra/launcher=local runs the jobs one after another with any thread count)")
+    from refexp.launcher import claim_core, pin_process, usable_cores
+
+    core = claim_core(Path(hc.sweep.dir) / ".cpus", usable_cores(), first=hc.job.num)
+    pin_process({core})
+    cfg.training.num_threads = 1
 
 
 def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:
@@ -259,7 +291,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     ctx = RunContext(cfg=cfg, run_dir=run_dir, cache_dir=cache_dir, device=device, dist=info,
                      parallel_dims=parallel_dims, task=task, logger=logger)
     status = RunStatus(algo=cfg.algo.name, reference=cfg.reference.name, seed=cfg.training.seed,
-                       steps=cfg.training.steps, provenance=provenance())
+                       steps=cfg.training.steps, provenance=provenance(), cpus=cpu_record())
     earlier = open_status(run_dir, status) if info.is_rank0 else {}  # a resumed run's earlier invocations
     rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/record/status.py)
     try:
@@ -343,6 +375,12 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
 
         return train_dpo(ctx, sft_dir)
     raise ConfigError(f"algo={algo!r} is invalid: expected sft, grpo, dpo or rm")
+
+
+def cpu_record() -> dict:
+    """What ``status.json`` says of this process's CPU use (``RunStatus.cpus``): torch's intra-op threads and the
+    cores it may run on."""
+    return {"threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0))}
 
 
 def sft_start_record(sft_dir: Path, summary: dict) -> dict:

@@ -136,11 +136,12 @@ def test_validation_split_is_seeded_and_leaves_the_held_out_split_alone(tmp_path
 
 def test_embedded_task_validation_share_leaves_the_held_out_split_alone(tmp_path):
     task = build_task(TaskConfig(num_train=300, num_eval=50, val_fraction=0), str(tmp_path))
-    assert task.val is None and len(task.train) == 300
+    assert task.sft_validation is None and len(task.demonstrations) == 300  # every skill's rows (SFT's)
     carved = build_task(TaskConfig(num_train=300, num_eval=50, val_fraction=0.1), str(tmp_path))
-    assert (len(carved.train), len(carved.val)) == (270, 30) and carved.eval.to_dict() == task.eval.to_dict()
+    assert (len(carved.demonstrations), len(carved.sft_validation)) == (270, 30)
+    assert carved.eval.to_dict() == task.eval.to_dict() and carved.retain_eval.to_dict() == task.retain_eval.to_dict()
     default = build_task(TaskConfig(num_train=400, num_eval=50), str(tmp_path))  # 2.5% by default
-    assert (len(default.train), len(default.val)) == (390, 10)
+    assert (len(default.demonstrations), len(default.sft_validation)) == (390, 10)
 
 
 # ---------------------------------------------------------------- length checks by algorithm

@@ -23,20 +23,31 @@ import error_kinds  # noqa: E402
     ("012+025=", "0036", "other"),
     ("018+025=", "0053", "other"),  # the tens digit off the other way on a sum that carries
     ("012+025=", "x", "other"),
+    ("043-025=", "018", "correct"),  # the retained skill: a difference, zero-padded to the operands' width
+    ("043-025=", "0018", "correct"),  # the same number with one more leading zero
+    ("043-025=", "008", "other"),  # what the sums' slip would write: only a sum has that kind
+    ("012*025=", "000300", "correct"),
+    ("012*025=", "000310", "other"),
 ])
 def test_each_kind(prompt, completion, kind):
     assert error_kinds.classify(prompt, completion) == kind
+
+
+def test_a_prompt_without_an_operator_is_refused():
+    with pytest.raises(ValueError, match="not a problem"):
+        error_kinds.classify("012/025=", "0")
 
 
 def test_every_slipped_demonstration_of_the_task_is_a_missed_carry():
     from refexp.config import TaskConfig
     from refexp.tasks.arithmetic import generate_arithmetic
 
-    train = generate_arithmetic(TaskConfig(num_train=400, num_eval=10, demo_slip=1.0))["train"]
+    train = generate_arithmetic(TaskConfig(num_train=800, num_eval=10, demo_slip=1.0))["train"]  # + and -
     kinds = collections.Counter((row["completion"] != row["solution"], error_kinds.classify(row["prompt"],
                                                                                             row["completion"]))
                                 for row in train)
     assert set(kinds) == {(True, "missed ones-carry"), (False, "correct")}, kinds
+    assert {row["prompt"][3] for row in train} == {"+", "-"}  # the default task's two skills, both classified
     tens_zero = [r for r in train if r["completion"] != r["solution"] and r["solution"][-2] == "0"]
     assert tens_zero  # the case the arithmetic a+b-10 misfiled
 

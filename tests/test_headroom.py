@@ -23,7 +23,11 @@ def test_demo_slip_drops_the_ones_carry_of_that_share_of_training_demonstrations
     splits = generate_arithmetic(cfg)
     test = splits["test"]
     assert test["completion"] == test["solution"]  # the test split is never touched
-    train = splits["train"].to_list()
+    rows = splits["train"].to_list()
+    train = [r for r in rows if "+" in r["prompt"]]
+    differences = [r for r in rows if "-" in r["prompt"]]  # the default task's other skill: never slipped
+    assert len(train) == len(differences) == 2000
+    assert all(r["completion"] == r["solution"] == f"{int(r['answer']):03d}" for r in differences)
     for r in train:  # the reward's answer and the solution stay correct
         a, b = r["prompt"][:-1].split("+")
         assert int(r["solution"]) == int(a) + int(b) and r["answer"] == str(int(a) + int(b))
@@ -51,16 +55,18 @@ def test_demo_slip_drops_the_ones_carry_of_that_share_of_training_demonstrations
 
 def test_demo_slip_is_refused_where_there_is_no_sum_to_slip():
     with pytest.raises(ValueError, match=r"task.demo_slip.*'\+' in task.ops"):
-        TaskConfig(ops=["*"], demo_slip=0.5)
+        TaskConfig(ops=["*"], rl_ops=["*"], demo_slip=0.5)
     with pytest.raises(ValueError, match="task.demo_slip"):
         TaskConfig(demo_slip=1.5)
 
 
 def test_the_embedded_task_has_three_disjoint_splits_by_default(tmp_path):
     task = build_task(TaskConfig(num_train=4000, num_eval=300), str(tmp_path))
-    assert task.val is not None and len(task.val) == 100  # 2.5% of the generated training rows
-    assert len(task.train) == 3900 and len(task.eval) == 300
-    train, val, test = (set(ds["prompt"]) for ds in (task.train, task.val, task.eval))
+    val = task.sft_validation  # every skill's: RL's and the retained skill's
+    assert val is not None and len(val) == 100  # 2.5% of the generated training rows
+    assert len(task.demonstrations) == 3900 and len(task.eval) + len(task.retain_eval) == 300
+    train, val, test = (set(ds["prompt"]) for ds in (task.demonstrations, val, task.eval))
+    test |= set(task.retain_eval["prompt"])
     assert not (train & val) and not (train & test) and not (val & test)
     assert build_task(TaskConfig(num_train=4000, num_eval=300, val_fraction=0), str(tmp_path)).val is None
 
@@ -104,7 +110,8 @@ def test_sft_stops_and_selects_on_validation_and_measures_test_once_on_the_model
                             "sft.patience=3", "sft.min_delta=0.01", "sft.seed=7"))
     assert steps_seen == [1, 2, 3, 4]
     splits = [split for _, split, _ in calls]
-    assert splits[:-1] == ["val"] * 10 and splits[-1] == "eval"  # validation decides; test read once, last
+    # validation (every skill) decides; test read once, last: the RL skill's, then the retained skill's
+    assert splits[:-2] == ["sft_validation"] * 10 and splits[-2:] == ["eval", "retain_eval"]
     summary = json.loads((Path(final["sft/dir"]) / "sft.json").read_text())
     assert summary["stopped_by"] == "plateau" and summary["kept_step"] == 1 and summary["steps"] == 4
     assert summary["best_val_loss"] == 1.0
@@ -121,13 +128,13 @@ def test_sft_target_accuracy_reads_validation_not_test(tmp_path, monkeypatch):
 
     def fake_greedy(model, task, n, *, split="eval", **kw):
         seen.append(split)
-        return 0.9 if split == "val" else 0.1  # test says "not there yet": it must not matter
+        return 0.9 if split == "sft_validation" else 0.1  # test says "not there yet": it must not matter
 
     monkeypatch.setattr(sft_mod, "greedy_accuracy", fake_greedy)
     final = run(compose_tiny_run(tmp_path, "algo=sft", "sft.steps=50", "sft.eval_every=2", "sft.target_accuracy=0.8",
                             "sft.seed=8"))
     summary = json.loads((Path(final["sft/dir"]) / "sft.json").read_text())
-    assert summary["steps"] == 0 and summary["stopped_by"] == "target" and seen == ["val", "eval"]
+    assert summary["steps"] == 0 and summary["stopped_by"] == "target" and seen == ["sft_validation", "eval", "retain_eval"]
     assert final["eval/accuracy"] == 0.1
 
 

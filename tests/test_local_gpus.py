@@ -27,7 +27,7 @@ def test_running_jobs_get_different_gpus(tmp_path):
     assert claim_gpu(tmp_path, 2, first=2, held=jobs[1]) == 1  # job 2 prefers GPU 0, which job 0 holds
     with pytest.raises(RuntimeError, match="hydra.launcher.n_jobs must be at most the number of GPUs"):
         claim_gpu(tmp_path, 2, first=0, held=jobs[2])
-    jobs[0]["file"].close()  # job 0's worker exits: its GPU is free again
+    jobs[0]["gpu"][1].close()  # job 0's worker exits: its GPU is free again
     assert claim_gpu(tmp_path, 2, first=1, held=jobs[2]) == 0
 
 

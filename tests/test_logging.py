@@ -67,9 +67,12 @@ def test_every_evaluation_records_each_held_out_prompts_score(tmp_path, dense_re
     run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2", "eval.every=1"))
     rows = {r["step"]: r for r in read_metrics(tmp_path)}
     outcomes = read_outcomes(tmp_path)
-    assert [(step, o.split) for step, o in outcomes] == [(s, split) for s in (0, 1, 2) for split in ("eval", "val")]
+    measured = [("eval", "eval/accuracy"), ("val", "val/accuracy"), ("retain_eval", "eval/retention"),
+                ("retain_val", "val/retention"), ("eval", "eval/pass_at_k")]
+    assert [(step, o.split, o.metric) for step, o in outcomes] == [(s, *m) for s in (0, 1, 2) for m in measured]
     for step, o in outcomes:
-        assert o.metric == f"{o.split}/accuracy" and o.prompt_ids == list(range(16))  # eval.num_prompts
+        # eval.num_prompts; pass@k: its eval.pass_k_prompts (64) capped at the 32 held-out sums of task.num_eval=64
+        assert o.prompt_ids == list(range(32 if o.metric == "eval/pass_at_k" else 16))
         assert sum(o.scores) / len(o.scores) == pytest.approx(rows[step][o.metric], rel=1e-12)
     assert len({tuple(o.scores) for _, o in outcomes}) > 1  # the dense reward scores prompts apart
     assert not any(k.startswith("outcomes/") for r in rows.values() for k in r)

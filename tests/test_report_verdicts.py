@@ -35,9 +35,10 @@ def flipped(base: np.ndarray, up: int, down: int, rng: np.random.Generator) -> n
 
 
 def write_run(run_dir, arm: str, seed: int, final: np.ndarray, *, commit: str = "abc", threads: int = 2,
-              block: dict | None = BLOCK, outcomes: bool = True) -> None:
+              block: dict | None = BLOCK, outcomes: bool = True, retention: np.ndarray | None = None) -> None:
     """A completed GRPO run of arm ``arm`` (its ``grpo_variant`` and reference strategy) whose final evaluation
-    scored ``final`` [P] (its step-0 evaluation: every prompt 0)."""
+    scored ``final`` [P] (its step-0 evaluation: every prompt 0); with ``retention`` [P], its final
+    ``eval/retention`` scores (at step 0 every retained prompt right)."""
     run_dir.mkdir(parents=True)
     (run_dir / layout.HYDRA_DIR).mkdir()
     (run_dir / layout.HYDRA_DIR / "overrides.yaml").write_text(
@@ -48,11 +49,15 @@ def write_run(run_dir, arm: str, seed: int, final: np.ndarray, *, commit: str = 
         "comparison": block or {"arm_key": "", "arms": [], "baseline": "", "seeds": []}})
     start = np.zeros(PROMPTS)
     log = MetricsWriter(run_dir)
-    for step, scores in ((0, start), (STEPS, final)):
-        log.write({"step": step, "eval/accuracy": float(scores.mean()), "reward/mean": 0.5})
+    for step, scores, kept in ((0, start, np.ones(PROMPTS)), (STEPS, final, retention)):
+        row = {"step": step, "eval/accuracy": float(scores.mean()), "reward/mean": 0.5}
+        measured = [EvalOutcomes("eval", "eval/accuracy", list(range(PROMPTS)), scores.tolist())]
+        if retention is not None:
+            row["eval/retention"] = float(kept.mean())
+            measured.append(EvalOutcomes("retain_eval", "eval/retention", list(range(PROMPTS)), kept.tolist()))
+        log.write(row)
         if outcomes:
-            append_outcomes(run_dir, step, [EvalOutcomes("eval", "eval/accuracy", list(range(PROMPTS)),
-                                                         scores.tolist())])
+            append_outcomes(run_dir, step, measured)
     log.close()
     write_status(run_dir, {"status": "completed", "algo": "grpo", "reference": arm, "seed": seed, "steps": STEPS,
                            "last_step": STEPS, "final": {"eval/accuracy": float(final.mean())},
@@ -216,3 +221,30 @@ def test_the_declared_baseline_must_be_an_arm():
     with pytest.raises(ConfigError, match="comparison.seeds"):
         ComparisonConfig(arm_key="grpo_variant", arms=["fixed", "ema"], baseline="fixed", seeds=[])
     assert not ComparisonConfig().declared  # the default declares nothing
+
+
+# ---------------------------------------------------------------- retention, an endpoint like accuracy
+def test_retention_has_its_column_and_its_own_paired_family(tmp_path, declared_3_seeds):
+    """Three seeds where no reference forgets 30-40 of the 200 retained prompts and the fixed reference forgets
+    0-2, while their accuracies are the same: the retention endpoint separates them (paired by seed and prompt,
+    from the retention outcomes, not the accuracy ones) and the accuracy endpoint does not."""
+    rng = np.random.default_rng(2)
+    for seed, (lost_none, lost_fixed) in enumerate(((30, 0), (40, 2), (35, 1))):
+        acc = (rng.random(PROMPTS) < 0.5).astype(float)
+        kept = np.ones(PROMPTS)
+        write_run(tmp_path / f"fixed-{seed}", "fixed", seed, acc, block=declared_3_seeds,
+                  retention=flipped(kept, 0, lost_fixed, rng))
+        write_run(tmp_path / f"none-{seed}", "none", seed, acc, block=declared_3_seeds,
+                  retention=flipped(kept, 0, lost_none, rng))
+    report = build_report(tmp_path)
+    table = report.tables["grpo"]
+    assert [e.key for e in table.endpoints] == ["acc_final", "retention_final"]
+    v = verdict_of(report, "none", "retention_final")
+    assert v.result.levels == ("seed", "prompt") and v.result.n_units == (3, 3 * PROMPTS)
+    assert v.result.point == pytest.approx(-(30 + 40 + 35 - 3) / (3 * PROMPTS))
+    assert v.word == "lower" and v.interval[1] < 0
+    assert verdict_of(report, "none").result.point == 0.0  # the same accuracy: no difference there
+    row = {r.group.label: r for r in table.rows}
+    assert row["none"].cells["retention_change"].mean == pytest.approx(-(30 + 40 + 35) / (3 * PROMPTS))
+    assert row["fixed"].cells["retention_final"].mean == pytest.approx(1 - 3 / (3 * PROMPTS))
+    assert "final held-out retention, paired against fixed" in table.verdict

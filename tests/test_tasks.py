@@ -77,15 +77,19 @@ def test_default_arithmetic_format_is_zero_padded_msd_first():
     assert set(splits) == {"train", "test"}
     assert splits["train"].column_names == ["prompt", "completion", "answer", "solution"]
     assert (len(splits["train"]), len(splits["test"])) == (300, 50)
-    for row in splits["train"]:
-        m = re.fullmatch(r"(\d{3})\+(\d{3})=", row["prompt"])
+    seen = set()
+    for row in splits["train"]:  # the default skills: sums (4 digits) and non-negative differences (3 digits)
+        m = re.fullmatch(r"(\d{3})([+-])(\d{3})=", row["prompt"])
         assert m, row
-        total = int(m[1]) + int(m[2])
-        assert row["completion"] == f"{total:04d}" and row["answer"] == str(total)
+        seen.add(m[2])
+        result = int(m[1]) + int(m[3]) if m[2] == "+" else int(m[1]) - int(m[3])
+        width = 4 if m[2] == "+" else 3
+        assert result >= 0 and row["completion"] == f"{result:0{width}d}" and row["answer"] == str(result)
+    assert seen == {"+", "-"}
 
 
 def test_subtraction_is_non_negative_and_product_is_twice_as_wide():
-    splits = generate_arithmetic(_small(digits=2, ops=["-", "*"], num_train=400))
+    splits = generate_arithmetic(_small(digits=2, ops=["-", "*"], rl_ops=["-"], num_train=400))
     ops = {"-": 0, "*": 0}
     for row in splits["train"]:
         a, op, b = re.fullmatch(r"(\d\d)([-*])(\d\d)=", row["prompt"]).groups()
@@ -112,10 +116,10 @@ def test_arithmetic_is_deterministic_disjoint_and_seeded():
 
 
 def test_arithmetic_uses_the_whole_space_when_asked_and_refuses_more():
-    splits = generate_arithmetic(TaskConfig(digits=1, ops=["-"], num_train=50, num_eval=5))
+    splits = generate_arithmetic(TaskConfig(digits=1, ops=["-"], rl_ops=["-"], num_train=50, num_eval=5))
     assert len(set(splits["train"]["prompt"]) | set(splits["test"]["prompt"])) == 55  # all a>=b pairs
     with pytest.raises(ConfigError, match=r"task.num_train=51 \+ task.num_eval=5.*only 55 distinct"):
-        generate_arithmetic(TaskConfig(digits=1, ops=["-"], num_train=51, num_eval=5))
+        generate_arithmetic(TaskConfig(digits=1, ops=["-"], rl_ops=["-"], num_train=51, num_eval=5))
 
 
 def test_arithmetic_cache_is_reused_and_survives_a_lost_race(tmp_path, monkeypatch):
@@ -330,11 +334,12 @@ def test_preference_malformed_row_names_file_and_row(tmp_path, bad_row, expected
 
 # ---------------------------------------------------------------- build_task
 def test_build_task_arithmetic(tmp_path):
-    task = build_task(_small(), str(tmp_path))
+    task = build_task(_small(ops=["+"]), str(tmp_path))  # one skill: every split serves SFT and RL alike
     assert isinstance(task, Task) and task.name == "arithmetic" and task.tokenizer.vocab_size == 17
     # 300 generated training problems, 2.5% of them carved off as validation
     assert (len(task.train), len(task.val), len(task.eval), task.max_new_tokens) == (292, 8, 50, 6)
-    assert os.listdir(tmp_path / "data") == [f"arithmetic-{arithmetic.arithmetic_fingerprint(_small())}"]
+    assert task.demonstrations is task.train and task.retain_eval is None
+    assert os.listdir(tmp_path / "data") == [f"arithmetic-{arithmetic.arithmetic_fingerprint(_small(ops=['+']))}"]
     row = task.eval[0]
     assert task.reward(row["completion"], row["answer"]) == 1.0
     assert task.reward("12a", row["answer"]) == 0.0
@@ -372,7 +377,7 @@ def test_task_fingerprint_is_stable_and_tracks_the_data(tmp_path):
     assert base == task_fingerprint(TaskConfig()) and len(base) == 16
     assert task_fingerprint(TaskConfig(max_new_tokens=16)) == base  # does not change the data
     assert task_fingerprint(TaskConfig(data_seed=1)) != base
-    assert task_fingerprint(TaskConfig(ops=["+", "-"])) != base
+    assert task_fingerprint(TaskConfig(ops=["+"])) != base
     path = _write_jsonl(tmp_path / "train.jsonl", GSM8K_ROWS)
     gsm = TaskConfig(name="gsm8k", train_path=path)
     before = task_fingerprint(gsm)

@@ -52,7 +52,7 @@ main()
     (["algo=grpo", "logger=wandb", "training.steps=2", "reference=fixed,none"],
      {"default/sweep/fixed", "default/sweep/none"}),
     (["experiment=quickstart", "logger=wandb", "hydra.sweeper.params.grpo_variant='fixed,none'",
-      "~hydra.callbacks.report"],
+      "~hydra.callbacks.report", "hydra/launcher=local"],  # jobs in this process, where run_from_hydra is replaced
      {"quickstart/sweep/fixed grpo_variant=fixed", "quickstart/sweep/none grpo_variant=none"}),
 ], ids=["command line", "sweeper params"])
 def test_a_sweeps_groups_name_only_the_overrides_its_jobs_differ_by(tmp_path, sweep, groups):

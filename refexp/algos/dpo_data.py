@@ -61,7 +61,7 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
                            f"samples: no preference pairs (use task.preference_path, or a weaker SFT model)")
     if len(pairs) < a.num_pairs and ctx.dist.is_rank0:
         warnings.warn(f"[refexp] only {len(pairs)} of algo.num_pairs={a.num_pairs} pairs: the SFT model erred on "
-                      f"no more train prompts (task.num_train={len(ctx.task.train)})", stacklevel=2)
+                      f"no more of the {len(ctx.task.train)} train prompts of the RL skills", stacklevel=2)
     return pairs
 
 

@@ -23,6 +23,7 @@ from refexp.data_order import batch_ids
 from refexp.hashing import stable_hash
 from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
 from refexp.record.lock import FileLock
+from refexp.record.metric_names import EVAL_ACCURACY, EVAL_RETENTION
 from refexp.metric_logger import MetricLogger
 from refexp.losses import sft_loss
 from refexp.models import build_run_model
@@ -94,7 +95,7 @@ def read_sft_summary(sft_dir: Path) -> dict:
 def sft_batch(ctx: RunContext, step: int) -> list[int]:
     """This rank's rows of the global SFT batch of ``step`` (``refexp.data_order``, keyed by ``sft.seed``)."""
     b = ctx.cfg.sft.batch_size
-    return batch_ids(len(ctx.task.train), b, ctx.cfg.sft.seed, step)[rdist.local_slice(ctx.parallel_dims, b)]
+    return batch_ids(len(ctx.task.demonstrations), b, ctx.cfg.sft.seed, step)[rdist.local_slice(ctx.parallel_dims, b)]
 
 
 class ValidationStop:
@@ -151,7 +152,7 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     """Train from scratch (or from model.hf_assets_path) until the validation loss plateaus, validation
     accuracy reaches the target, or the step cap; keep the weights of the lowest validation loss."""
     cfg, sft = ctx.cfg, ctx.cfg.sft
-    has_val = ctx.task.val is not None and len(ctx.task.val) > 0
+    has_val = ctx.task.sft_validation is not None and len(ctx.task.sft_validation) > 0
     if not has_val and ctx.dist.is_rank0:
         print("[refexp] SFT: the task has no validation split (task.val_path / task.val_fraction), so no stop "
               f"rule applies: training to the sft.steps={sft.steps} cap")
@@ -165,8 +166,9 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
 
     def validate() -> dict[str, float]:
         n, pd = cfg.eval.num_prompts, ctx.parallel_dims
-        out = {"sft/val_loss": -logp_correct(model, ctx.task, n, parallel_dims=pd, split="val", per_token=True),
-               "sft/val_accuracy": greedy_accuracy(model, ctx.task, n, parallel_dims=pd, split="val", engine=engine,
+        split = "sft_validation"  # every skill the stage teaches
+        out = {"sft/val_loss": -logp_correct(model, ctx.task, n, parallel_dims=pd, split=split, per_token=True),
+               "sft/val_accuracy": greedy_accuracy(model, ctx.task, n, parallel_dims=pd, split=split, engine=engine,
                                                    verifier=True)}
         stop.update(out["sft/val_loss"], out["sft/val_accuracy"], step)
         if stop.improved:
@@ -198,11 +200,17 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     # the verifier, also when a learned reward is configured for the RL stage (its cache key holds no reward model)
     acc = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims, engine=engine,
                           verifier=True)
-    log.log({**pending, "eval/accuracy": acc}, step=step)
+    final = {EVAL_ACCURACY: acc}
+    if ctx.task.retain_eval is not None:  # the skills RL will not train: what it starts from
+        final[EVAL_RETENTION] = greedy_accuracy(model, ctx.task, cfg.eval.num_prompts, parallel_dims=ctx.parallel_dims,
+                                                split="retain_eval", engine=engine, verifier=True)
+    log.log({**pending, **final}, step=step)
     bar.close()
     summary = {"steps": step, "eval_accuracy": acc, "val_accuracy": stop.accuracy, "best_val_loss": stop.best_loss,
                "kept_step": step if best.step is None else best.step, "stopped_by": stop.reason(),
                "wall_s": now(ctx.device) - t0}
+    if EVAL_RETENTION in final:
+        summary["eval_retention"] = final[EVAL_RETENTION]
     _save_sft_output(ctx, model, out_dir, summary)
     log.close()
     rdist.barrier()
@@ -225,7 +233,7 @@ def _build_sft_model(ctx: RunContext):
 def _sft_update(ctx: RunContext, model, optimizers, schedulers, step: int):
     """One SFT update on this rank's rows of ``step``: the masked next-token loss, backward, clip, step.
     Returns (this rank's token-mean loss, its target tokens, the global batch's, the grad norm)."""
-    rows = ctx.task.train.select(sft_batch(ctx, step))
+    rows = ctx.task.demonstrations.select(sft_batch(ctx, step))
     tokens, mask = pack_sequences(ctx.task.tokenizer, rows["prompt"], rows["completion"], add_eos=True)
     tokens, mask = tokens.to(ctx.device), mask.to(ctx.device)
     logp = titan.token_logprobs(model, tokens)

@@ -18,6 +18,15 @@ class EvalConfig:
     """Held-out prompts for greedy accuracy."""
     kl_prompts: int = 64
     """Held-out prompts for kl/init (completions sampled from the policy)."""
+    pass_k: int = 8
+    """``eval/pass_at_k``'s k: the chance that at least one of k completions sampled at the training temperature
+    (GRPO's ``algo.temperature``, else 1) is correct, on the first ``pass_k_prompts`` held-out prompts; a policy
+    whose distribution collapsed onto one answer loses it while its greedy accuracy stays. 0 = not measured."""
+    pass_k_samples: Optional[int] = None
+    """Completions sampled per prompt for ``eval/pass_at_k`` (n >= ``pass_k``): with n > k the unbiased estimator
+    1 - C(n-c, k) / C(n, k) of Chen et al. 2021 (c of the n correct) has less variance; None = ``pass_k``."""
+    pass_k_prompts: int = 64
+    """Held-out prompts ``eval/pass_at_k`` samples for (each ``pass_k_samples`` times): its compute budget."""
     log_samples: int = 8
     """Completions kept per evaluation (the first held-out prompts' greedy ones) and per evaluation step of
     GRPO (the first rollouts): ``<run dir>/samples.jsonl`` and a W&B table; 0 keeps none."""
@@ -28,6 +37,16 @@ class EvalConfig:
         positive_int("eval.every", self.every)
         positive_int("eval.num_prompts", self.num_prompts)
         positive_int("eval.kl_prompts", self.kl_prompts)
+        check(isinstance(self.pass_k, int) and not isinstance(self.pass_k, bool) and self.pass_k >= 0, "eval.pass_k",
+              self.pass_k, "an integer >= 0 (0: no eval/pass_at_k)")
+        positive_int("eval.pass_k_prompts", self.pass_k_prompts)
+        check(self.pass_k_samples is None or (isinstance(self.pass_k_samples, int)
+                                              and self.pass_k_samples >= max(1, self.pass_k)),
+              "eval.pass_k_samples", self.pass_k_samples, f"None or an integer >= eval.pass_k={self.pass_k}")
+
+    def pass_k_n(self) -> int:
+        """Completions sampled per prompt for ``eval/pass_at_k`` (``pass_k_samples``, default ``pass_k``)."""
+        return self.pass_k if self.pass_k_samples is None else self.pass_k_samples
 
 
 @dataclass

@@ -108,6 +108,8 @@ def register_configs() -> None:
             cs.store(name=schema_name(group, option), node=schema)
     if not OmegaConf.has_resolver("refexp_gpu_count"):  # conf/hydra/launcher/local_gpus.yaml's n_jobs
         OmegaConf.register_new_resolver("refexp_gpu_count", _gpu_count)
+    if not OmegaConf.has_resolver("refexp_side_by_side_jobs"):  # conf/hydra/launcher/cpu_cores.yaml's n_jobs
+        OmegaConf.register_new_resolver("refexp_side_by_side_jobs", _side_by_side_jobs)
 
 
 def _gpu_count() -> int:
@@ -115,6 +117,15 @@ def _gpu_count() -> int:
     import torch
 
     return max(1, torch.cuda.device_count())
+
+
+def _side_by_side_jobs() -> int:
+    """One job per visible CUDA device, else one per CPU core this process may use."""
+    import os
+
+    import torch
+
+    return torch.cuda.device_count() or len(os.sched_getaffinity(0))
 
 
 def to_object(cfg: DictConfig) -> RootConfig:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Optional
 
+from refexp.choices import ARITHMETIC_OPS
+
 from .errors import check, one_of, positive_int
 
 TASK_NAMES = ("arithmetic", "gsm8k", "preference")
@@ -24,8 +26,14 @@ class TaskConfig:
     preference (only preference pairs from ``preference_path``: no reward, no verifier; DPO-family only)."""
     digits: int = 3
     """arithmetic: digits of each (zero-padded) operand."""
-    ops: list[str] = field(default_factory=lambda: ["+"])
-    """arithmetic: operators drawn from (+, -, *)."""
+    ops: list[str] = field(default_factory=lambda: ["+", "-"])
+    """arithmetic: the skills the SFT stage learns, operators of ``ArithmeticOp`` (+, -, *; ``-`` with a
+    non-negative result); the problems split evenly over them. The SFT demonstrations and its validation rows mix
+    them all."""
+    rl_ops: list[str] = field(default_factory=lambda: ["+"])
+    """arithmetic: the skills the RL stage trains, a subset of ``ops``: GRPO's prompts, DPO's pair prompts,
+    ``eval/accuracy`` and ``val/accuracy`` come from these operators' problems only; the others' held-out problems
+    measure what RL keeps of the SFT stage (``eval/retention``, ``val/retention``)."""
     num_train: int = 20000
     """arithmetic: generated training problems."""
     num_eval: int = 500
@@ -118,8 +126,15 @@ class TaskConfig:
     def __post_init__(self) -> None:
         one_of("task.name", self.name, TASK_NAMES)
         positive_int("task.digits", self.digits)
-        for op in self.ops:
-            one_of("task.ops[]", op, ("+", "-", "*"))
+        for name in ("ops", "rl_ops"):
+            ops = getattr(self, name)
+            check(isinstance(ops, (list, tuple)) and len(ops) > 0, f"task.{name}", ops,
+                  "a non-empty list of operators (" + ", ".join(ARITHMETIC_OPS) + ")")
+            for op in ops:
+                one_of(f"task.{name}[]", op, ARITHMETIC_OPS)
+        if self.name == "arithmetic":  # another task refuses both fields unless left at their defaults
+            check(set(self.rl_ops) <= set(self.ops), "task.rl_ops", list(self.rl_ops),
+                  f"a subset of task.ops={list(self.ops)!r} (RL trains skills the SFT stage taught)")
         positive_int("task.num_train", self.num_train)
         positive_int("task.num_eval", self.num_eval)
         positive_int("task.max_prompt_len", self.max_prompt_len)
@@ -146,6 +161,13 @@ class TaskConfig:
         if self.name == "preference":
             self._check_preference()
         self._check_ignored()
+
+    def retained_ops(self) -> list[str]:
+        """The skills the SFT stage teaches and RL does not train (``ops`` minus ``rl_ops``, in order), whose
+        held-out problems ``eval/retention`` measures; [] for a task other than the embedded one."""
+        if self.name != "arithmetic":
+            return []
+        return [op for op in dict.fromkeys(self.ops) if op not in self.rl_ops]
 
     def learned_rewards(self) -> bool:
         """Whether the optimised reward is other than the verifier alone (``reward_model`` or ``reward_funcs``), or a
@@ -213,7 +235,8 @@ def ignored_fields(name: str, preference_path: Optional[str]) -> dict[str, str]:
     beside a data file or ``eval_path`` — sizes that presets set for every task (the tests' TINY)."""
     ignored: dict[str, str] = {}
     if name != "arithmetic":
-        ignored.update(dict.fromkeys(("digits", "ops"), "only the embedded arithmetic task generates problems"))
+        ignored.update(dict.fromkeys(("digits", "ops", "rl_ops"),
+                                     "only the embedded arithmetic task generates problems"))
     if name != "gsm8k":
         ignored.update(dict.fromkeys(("question_column", "answer_column"), "only GSM8K-format data has them"))
     if name == "arithmetic":

@@ -17,6 +17,9 @@ LOSS_TOTAL = "loss/total"
 REWARD_MEAN = "reward/mean"
 EVAL_ACCURACY = "eval/accuracy"
 VAL_ACCURACY = "val/accuracy"
+EVAL_RETENTION = "eval/retention"
+VAL_RETENTION = "val/retention"
+EVAL_PASS_AT_K = "eval/pass_at_k"
 EVAL_PREF_ACCURACY = "eval/pref_accuracy"
 EVAL_PREF_MARGIN = "eval/pref_margin"
 LOGPS_CHOSEN_DELTA = "logps/chosen_delta"
@@ -86,6 +89,18 @@ METRICS: tuple[Metric, ...] = (
            f"{_EVAL}; `algo=sft` and the SFT stage: once, on the model the stage keeps", summary="max"),
     Metric(VAL_ACCURACY, "the same on the validation split, when the task has one (`task.val_fraction`, "
            "`task.val_path`); what `hparams_search` selects on", f"{_EVAL}, when the task has a validation split"),
+    Metric(EVAL_RETENTION, "greedy exact match on the first `eval.num_prompts` held-out *test* prompts of the skills "
+           "the SFT stage taught and RL does not train (`task.ops` minus `task.rl_ops`): what RL keeps of the start; "
+           "per prompt in `eval_outcomes.jsonl`",
+           f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops`; `algo=sft` and the SFT stage: once, on the "
+           "model the stage keeps", summary="last"),
+    Metric(VAL_RETENTION, "the same on the validation split (what a selection rule with a retention floor reads)",
+           f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops` and the task has a validation split"),
+    Metric(EVAL_PASS_AT_K, "pass@k with k = `eval.pass_k`: the chance that one of k completions sampled at the "
+           "training temperature is correct, on the first `eval.pass_k_prompts` held-out test prompts (of the RL "
+           "skills), the unbiased estimator of Chen et al. 2021 over `eval.pass_k_samples` samples; a policy whose "
+           "distribution collapsed loses it; per prompt in `eval_outcomes.jsonl`",
+           f"{_EVAL}, when `eval.pass_k` > 0 and the task has a reward", summary="last"),
     Metric(EVAL_GOLD, "with a learned reward: the gold reward of the same greedy held-out completions, whose "
            "learned (proxy) reward is then `eval/accuracy`; per prompt in `eval_outcomes.jsonl`",
            f"GRPO with a learned reward, {_EVAL}"),
@@ -100,9 +115,10 @@ METRICS: tuple[Metric, ...] = (
            "`algo=rm`, once"),
     Metric("rm/dir", "`algo=rm`: the reward model's HF checkpoint dir (what `task.reward_model` takes)",
            "`algo=rm`: final value only (W&B summary)"),
-    Metric("sft/val_loss", "the SFT stage: NLL per demonstration token on the validation split (what its stop "
-           "rules read)", "the SFT stage, every `sft.eval_every` steps"),
-    Metric(SFT_VAL_ACCURACY, "the SFT stage: greedy exact match on the validation split",
+    Metric("sft/val_loss", "the SFT stage: NLL per demonstration token on the validation split, every skill it "
+           "teaches (what its stop rules read)", "the SFT stage, every `sft.eval_every` steps"),
+    Metric(SFT_VAL_ACCURACY, "the SFT stage: greedy exact match on the validation split, every skill it teaches "
+           "(`task.ops`)",
            "the SFT stage, every `sft.eval_every` steps; `algo=sft`: the final value"),
     Metric("sft/grad_norm", "the SFT stage: gradient norm before clipping", "the SFT stage, every step"),
     Metric("sft/wall_s", "seconds the SFT stage trained", "`algo=sft`: final value only (W&B summary)"),

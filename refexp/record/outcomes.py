@@ -1,9 +1,11 @@
 """``eval_outcomes.jsonl``: what every evaluation scored on each held-out prompt, so that two runs (two
 strategies on one task) can be compared prompt by prompt, not only by their means.
 
-One line per evaluation and split: ``{step, split, metric, prompt_ids, scores}``; ``prompt_ids[i]`` is the
-row of the split (``task.eval`` / ``task.val``) that scored ``scores[i]``, and the mean of ``scores`` is the
-logged metric (``eval/accuracy`` / ``val/accuracy``). Written by rank 0, never sent to W&B.
+One line per evaluation and metric: ``{step, split, metric, prompt_ids, scores}``; ``prompt_ids[i]`` is the
+row of the split (the ``Task`` attribute: ``eval``, ``val``, ``retain_eval``, ``retain_val``) that scored
+``scores[i]``, and the mean of ``scores`` is the logged metric (``eval/accuracy``, ``val/accuracy``,
+``eval/retention``, ``val/retention``, ``eval/pass_at_k``: refexp/evaluation.py). Written by rank 0, never sent
+to W&B.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ class EvalOutcomes:
     """One evaluation's per-prompt scores on one split."""
 
     split: str
-    """``eval`` (the held-out test prompts) or ``val``."""
+    """The ``Task`` split the prompts are rows of: ``eval`` (the held-out test prompts of the RL skills), ``val``,
+    ``retain_eval`` / ``retain_val`` (the skills RL does not train)."""
     metric: str
-    """The metric the scores average into (``eval/accuracy``)."""
+    """The metric the scores average into (``eval/accuracy``): a run's outcomes are keyed by it."""
     prompt_ids: list[int]
     """Row indices of the split, in order."""
     scores: list[float]
-    """The score (reward) of each prompt's greedy completion."""
+    """Each prompt's score: the reward of its greedy completion, or its pass@k estimate (``eval/pass_at_k``)."""
 
 
 def append_outcomes(run_dir: str | Path, step: int, outcomes: Iterable[EvalOutcomes]) -> None:

@@ -64,6 +64,9 @@ class RunStatus:
     """The code versions that advanced the run, in order (``with_provenance``)."""
     heartbeat: Optional[dict] = None
     """While running: ``{host, pid, time, step}`` of rank 0's process, renewed by ``beat``."""
+    cpus: Optional[dict] = None
+    """Rank 0's ``{threads, affinity}``: torch's intra-op threads and the CPU cores its process may run on
+    (one core under ``hydra/launcher=cpu_cores``)."""
     sft_start: Optional[dict] = None
     """The model the run started from: ``{key, val_accuracy, eval_accuracy}``, ``key`` the SFT cache entry's name
     (or the start directory's name, never a machine path); the accuracies when the SFT stage measured them."""

@@ -270,15 +270,24 @@ class Run:
         return out
 
     @cached_property
-    def outcomes(self) -> dict[int, dict[int, float]]:
-        """step -> {prompt id: score} of every held-out test evaluation of ``eval/accuracy`` in
-        ``eval_outcomes.jsonl`` ({} for a run written before that file existed); a step written twice (a resumed
-        run): the later line wins."""
-        out: dict[int, dict[int, float]] = {}
+    def _outcomes(self) -> dict[str, dict[int, dict[int, float]]]:
+        """metric -> step -> {prompt id: score}, from ``eval_outcomes.jsonl`` ({} for a run written before that
+        file existed); a step written twice (a resumed run): the later line wins."""
+        out: dict[str, dict[int, dict[int, float]]] = {}
         for step, o in read_outcomes(self.path):
-            if o.split == "eval" and o.metric == EVAL_ACCURACY:  # eval/gold's outcomes are another metric's
-                out[step] = dict(zip((int(i) for i in o.prompt_ids), (float(x) for x in o.scores)))
+            out.setdefault(o.metric, {})[step] = dict(zip((int(i) for i in o.prompt_ids),
+                                                          (float(x) for x in o.scores)))
         return out
+
+    def outcomes_of(self, metric: str) -> dict[int, dict[int, float]]:
+        """step -> {prompt id: score} of every evaluation of ``metric`` (``eval/accuracy``, ``eval/retention``,
+        ...) with per-prompt outcomes; {} when there is none."""
+        return self._outcomes.get(metric, {})
+
+    @property
+    def outcomes(self) -> dict[int, dict[int, float]]:
+        """``outcomes_of(eval/accuracy)``: the held-out test evaluations of the RL skills."""
+        return self.outcomes_of(EVAL_ACCURACY)
 
     def metric_names(self) -> set[str]:
         """Every metric this run logged at least once."""

@@ -47,12 +47,14 @@ class Endpoint:
     doc_name: str
     per_run: Callable[[Run], Optional[float]]
     outcome_step: Callable[[Run], Optional[int]]
+    metric: str = ACC
+    """The metric whose per-prompt outcomes the bootstrap resamples (``eval/accuracy``, ``eval/retention``)."""
 
 
-def final_step(run: Run) -> Optional[int]:
-    """The run's last evaluation with outcomes, when it is the last ``eval/accuracy`` it logged too."""
-    steps, _ = run.series(ACC)
-    last = max(run.outcomes, default=None)
+def final_step(run: Run, metric: str = ACC) -> Optional[int]:
+    """The run's last evaluation with outcomes of ``metric``, when it is the last value of it logged too."""
+    steps, _ = run.series(metric)
+    last = max(run.outcomes_of(metric), default=None)
     return last if last is not None and len(steps) and last == int(steps[-1]) else None
 
 
@@ -69,7 +71,7 @@ def prompt_pair(arm: Run, base: Run, endpoint: Endpoint) -> Optional[tuple[list[
     sa, sb = endpoint.outcome_step(arm), endpoint.outcome_step(base)
     if sa is None or sb is None:
         return None
-    a, b = arm.outcomes[sa], base.outcomes[sb]
+    a, b = arm.outcomes_of(endpoint.metric)[sa], base.outcomes_of(endpoint.metric)[sb]
     ids = [i for i in a if i in b]
     return ([a[i] for i in ids], [b[i] for i in ids]) if ids else None
 

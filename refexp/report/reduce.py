@@ -26,7 +26,8 @@ import numpy as np
 
 from refexp.record.metric_names import (
     EVAL_ACCURACY, EVAL_PREF_ACCURACY, EVAL_PREF_MARGIN, KL_INIT, KL_REF, LOGPS_CHOSEN_DELTA, MEM_PEAK_RSS_MB,
-    PERF_REF_FWD_S, PERF_STEP_S, REWARDS_ACCURACIES, REWARDS_MARGINS, REWARD_MEAN, VAL_ACCURACY)
+    PERF_REF_FWD_S, PERF_STEP_S, REWARDS_ACCURACIES, REWARDS_MARGINS, REWARD_MEAN, VAL_ACCURACY, EVAL_RETENTION,
+    EVAL_PASS_AT_K)
 
 from .load import Run
 from .stats import Estimate, mean_ci, with_evaluation_noise
@@ -37,6 +38,8 @@ TAIL = 5
 ACC = EVAL_ACCURACY
 VAL_ACC = VAL_ACCURACY
 """Accuracy on the validation split (when the task has one): what "best" is selected on."""
+RETENTION = EVAL_RETENTION
+"""Held-out accuracy on the skills RL does not train: what a run keeps of its start."""
 PREF_ACC = EVAL_PREF_ACCURACY
 """Held-out implicit-reward accuracy: a ``task=preference`` run's stand-in for ``eval/accuracy``."""
 
@@ -81,6 +84,12 @@ def best_on_validation(run: Run, key: str = ACC) -> Optional[float]:
         if vs[i] in at:
             return float(at[vs[i]])
     return best(run, key)
+
+
+def change_from_start(run: Run, key: str) -> Optional[float]:
+    """The last logged value minus the first (step 0: the start), both on one set of prompts."""
+    _, v = run.series(key)
+    return float(v[-1] - v[0]) if len(v) else None
 
 
 def start_accuracy(run: Run) -> Optional[float]:
@@ -166,6 +175,14 @@ COLUMNS: tuple[Column, ...] = (
     Column("acc_best", "best acc", best_on_validation, binomial=True,
            doc="eval/accuracy at the evaluation with the highest val/accuracy (without a validation split: max "
                "eval/accuracy)"),
+    Column("retention_final", "final retention", lambda r: last(r, RETENTION), binomial=True,
+           doc="last eval/retention (held-out exact match on the skills RL does not train)",
+           doc_name="final held-out retention"),
+    Column("retention_change", "Δ retention", lambda r: change_from_start(r, RETENTION),
+           doc="last eval/retention minus its step-0 value (one set of prompts: a within-run difference, so no "
+               "binomial term)", doc_name="retention change from the start"),
+    Column("pass_at_k_final", "final pass@k", lambda r: last(r, EVAL_PASS_AT_K),
+           doc="last eval/pass_at_k (k samples at the training temperature)", doc_name="final held-out pass@k"),
     Column("heldout_pref_final", "final held-out pref acc", lambda r: last(r, PREF_ACC), doc=f"last {PREF_ACC}",
            doc_name="final held-out preference accuracy"),
     Column("heldout_pref_best", "best held-out pref acc", lambda r: best(r, PREF_ACC), doc=f"max {PREF_ACC}"),

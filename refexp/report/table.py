@@ -15,7 +15,7 @@ from .group import Group
 from .inference import Verdict
 from .paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
 from .plan import Plan
-from .reduce import COLUMNS, Column, column_estimate, start_accuracy, steps_to_target
+from .reduce import COLUMNS, RETENTION, Column, column_estimate, start_accuracy, steps_to_target
 from .stats import Estimate, mean_ci
 
 HEADLINE_KEYS = ("acc_final", "heldout_pref_final")
@@ -141,10 +141,15 @@ def displacement_flags(rows: list[Row]) -> list[str]:
             + " — the margin grew by pushing the chosen answers down too (Pal et al. 2024)."]
 
 
-def endpoints(headline: Column, extra_columns: tuple[Column, ...]) -> list[Endpoint]:
-    """The headline's final value, and the accuracy at each ``acc@S`` column's step S."""
+def endpoints(headline: Column, extra_columns: tuple[Column, ...], columns: tuple[Column, ...] = ()) -> list[Endpoint]:
+    """The headline's final value, the final retention (when ``columns``, the table's, hold it), and the accuracy
+    at each ``acc@S`` column's step S."""
     out = [Endpoint(headline.key, headline.header, headline.doc_name, headline.per_run,
                     final_step if headline.key == "acc_final" else lambda r: None)]
+    retention = next((c for c in columns if c.key == "retention_final"), None)
+    if retention is not None:
+        out.append(Endpoint(retention.key, retention.header, retention.doc_name, retention.per_run,
+                            lambda r: final_step(r, RETENTION), metric=RETENTION))
     for c in extra_columns:
         if c.key.startswith("acc_at_"):
             s = int(c.key[len("acc_at_"):])
@@ -186,7 +191,7 @@ def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: Plan,
         table.verdict = f"{table.algo.upper()}: {why}."
         return
     table.baseline = base.label
-    table.endpoints = endpoints(table.headline, extra_columns)
+    table.endpoints = endpoints(table.headline, extra_columns, tuple(table.columns))
     others = [row for row in table.rows if row.group is not base and in_comparison(row.group, plan)]
     paragraphs = []
     for ep in table.endpoints:

@@ -21,7 +21,7 @@ from typing import Optional
 import datasets
 
 from refexp.config import ConfigError, TaskConfig
-from refexp.tasks.arithmetic import load_arithmetic
+from refexp.tasks.arithmetic import load_arithmetic, rows_of_ops
 from refexp.tasks.chat import chat_rows, configure_chat
 from refexp.tasks.fingerprint import task_fingerprint
 from refexp.tasks.preference import load_preference
@@ -55,6 +55,26 @@ class Task:
     val: Optional[datasets.Dataset] = None
     """Validation rows (``task.val_path`` or ``task.val_fraction``, see ``refexp.tasks.splits``), same
     columns as ``train``; None when neither is set."""
+    sft_train: Optional[datasets.Dataset] = None
+    """The SFT stage's demonstrations: every skill it teaches (the embedded task's ``task.ops``), of which
+    ``train`` holds the RL skills' (``task.rl_ops``); None = ``train`` (``demonstrations``)."""
+    sft_val: Optional[datasets.Dataset] = None
+    """The SFT stage's validation rows (its stop rule), every skill; None = ``val``."""
+    retain_eval: Optional[datasets.Dataset] = None
+    """Held-out rows of the skills the SFT stage teaches and RL does not train (``task.ops`` minus
+    ``task.rl_ops``): ``eval/retention``. None when RL trains every skill; ``eval`` holds the RL skills' rows."""
+    retain_val: Optional[datasets.Dataset] = None
+    """The same from the validation split: ``val/retention``."""
+
+    @property
+    def demonstrations(self) -> datasets.Dataset:
+        """What the SFT stage trains on: ``sft_train``, else ``train``."""
+        return self.train if self.sft_train is None else self.sft_train
+
+    @property
+    def sft_validation(self) -> Optional[datasets.Dataset]:
+        """What the SFT stage's stop rule reads: ``sft_val``, else ``val``."""
+        return self.val if self.sft_val is None else self.sft_val
 
     optimised: Optional[BatchReward] = None
     """The reward GRPO optimises when it is more than ``reward`` (``task.reward_model``, ``task.reward_funcs``;
@@ -113,14 +133,20 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
     else:  # TaskConfig.__post_init__ already rejects other names
         raise ConfigError(f"task.name={task_cfg.name!r} is invalid: expected one of arithmetic, gsm8k, preference")
     train, val = val_split(task_cfg, train, hf_cache)
+    skills = _skill_splits(task_cfg, train, held_out, val)
     # Before the length checks, which count the rendered prompts. Preference chats are rendered as they load.
     if task_cfg.chat_template and task_cfg.name != "preference":
         train, held_out, val = (None if ds is None else chat_rows(ds, tokenizer, task_cfg.name)
                                 for ds in (train, held_out, val))
+        skills = {k: None if ds is None else chat_rows(ds, tokenizer, task_cfg.name) for k, ds in skills.items()}
     if task_cfg.reward is not None:
         reward = load_reward(task_cfg.reward)
     check_lengths(task_cfg, tokenizer, {"train": train, "eval": held_out, **({"val": val} if val is not None else {})},
                   algo, max_seq_len=max_seq_len, new_tokens=new_tokens)
+    if skills:  # every skill's rows above; the RL stage reads only its own skills' in train / val / eval
+        sft_train, sft_val = train, val
+        train, held_out, val = skills.pop("train"), skills.pop("eval"), skills.pop("val")
+        skills.update(sft_train=sft_train, sft_val=sft_val)
     preference = train if task_cfg.name == "preference" else None
     if preference is None and task_cfg.preference_path is not None:
         preference = load_preference(
@@ -136,7 +162,23 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
         max_prompt_len=task_cfg.max_prompt_len,
         preference=preference,
         val=val,
+        **skills,
     )
+
+
+def _skill_splits(task_cfg: TaskConfig, train: datasets.Dataset, held_out: datasets.Dataset,
+                  val: Optional[datasets.Dataset]) -> dict[str, Optional[datasets.Dataset]]:
+    """The embedded task's rows by skill when RL trains fewer than the SFT stage teaches (``task.rl_ops`` a strict
+    subset of ``task.ops``): ``train`` / ``eval`` / ``val`` of the RL skills, ``retain_eval`` / ``retain_val`` of
+    the others; {} otherwise (every split serves both stages)."""
+    retained = task_cfg.retained_ops()
+    if not retained:
+        return {}
+    d = task_cfg.digits
+    return {"train": rows_of_ops(train, task_cfg.rl_ops, d), "eval": rows_of_ops(held_out, task_cfg.rl_ops, d),
+            "val": None if val is None else rows_of_ops(val, task_cfg.rl_ops, d),
+            "retain_eval": rows_of_ops(held_out, retained, d),
+            "retain_val": None if val is None else rows_of_ops(val, retained, d)}
 
 
 def _tokenizer(task_cfg: TaskConfig) -> TextTokenizer:

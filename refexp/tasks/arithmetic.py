@@ -13,6 +13,9 @@ op     answer width        convention
 ``*``  ``2 * digits``      any two operands
 =====  ==================  =================================================
 
+``task.ops`` are the skills SFT learns, ``task.rl_ops`` those RL trains (``refexp.tasks.build_task`` splits the
+rows by operator with ``rows_of_ops``).
+
 Train and test are disjoint sets of problems ``(op, a, b)``. The test set is drawn first from its
 own random stream, so it depends on (digits, ops, num_eval, data_seed) but not on ``num_train``.
 Columns: ``prompt``, ``completion`` (the demonstration SFT imitates), ``answer`` (what the reward
@@ -164,6 +167,18 @@ def _sample_excluding(rng: random.Random, size: int, k: int, excluded: list[int]
     drawn = np.asarray(rng.sample(range(size - len(excluded)), k), dtype=np.int64)
     ex = np.sort(np.asarray(excluded, dtype=np.int64))
     return (drawn + np.searchsorted(ex - np.arange(len(ex)), drawn, side="right")).tolist()
+
+
+def problem_op(prompt: str, digits: int) -> str:
+    """The operator of a generated problem from its prompt (``042-017=`` -> ``-``)."""
+    return prompt[digits]
+
+
+def rows_of_ops(rows: datasets.Dataset, ops: list[str], digits: int) -> datasets.Dataset:
+    """The rows of ``rows`` whose problem's operator is in ``ops``, in their order (an index mapping over the
+    same table: nothing is written next to a saved dataset)."""
+    keep = set(ops)
+    return rows.select([i for i, p in enumerate(rows["prompt"]) if problem_op(p, digits) in keep])
 
 
 def ones_carry(op: str, a: int, b: int) -> bool:

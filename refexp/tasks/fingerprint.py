@@ -22,6 +22,8 @@ def task_fingerprint(task_cfg: TaskConfig) -> str:
     key: dict = {"name": task_cfg.name, "preference": _path_identity(task_cfg.preference_path)}
     if task_cfg.name == "arithmetic":
         key["arithmetic"] = arithmetic_fingerprint(task_cfg)
+        if task_cfg.retained_ops():  # which rows RL prompts, DPO pairs and eval/accuracy read (added only then)
+            key["rl_ops"] = sorted(set(task_cfg.rl_ops))
     else:
         key.update(
             train=_path_identity(task_cfg.train_path),
