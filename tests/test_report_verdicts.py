@@ -35,10 +35,12 @@ def flipped(base: np.ndarray, up: int, down: int, rng: np.random.Generator) -> n
 
 
 def write_run(run_dir, arm: str, seed: int, final: np.ndarray, *, commit: str = "abc", threads: int = 2,
-              block: dict | None = BLOCK, outcomes: bool = True, retention: np.ndarray | None = None) -> None:
+              block: dict | None = BLOCK, outcomes: bool = True, retention: np.ndarray | None = None,
+              gold: np.ndarray | None = None) -> None:
     """A completed GRPO run of arm ``arm`` (its ``grpo_variant`` and reference strategy) whose final evaluation
     scored ``final`` [P] (its step-0 evaluation: every prompt 0); with ``retention`` [P], its final
-    ``eval/retention`` scores (at step 0 every retained prompt right)."""
+    ``eval/retention`` scores (at step 0 every retained prompt right); with ``gold`` [P], its final ``eval/gold``
+    scores (at step 0 those of ``final``)."""
     run_dir.mkdir(parents=True)
     (run_dir / layout.HYDRA_DIR).mkdir()
     (run_dir / layout.HYDRA_DIR / "overrides.yaml").write_text(
@@ -55,6 +57,10 @@ def write_run(run_dir, arm: str, seed: int, final: np.ndarray, *, commit: str = 
         if retention is not None:
             row["eval/retention"] = float(kept.mean())
             measured.append(EvalOutcomes("retain_eval", "eval/retention", list(range(PROMPTS)), kept.tolist()))
+        if gold is not None:
+            g = gold if step else final
+            row["eval/gold"] = float(g.mean())
+            measured.append(EvalOutcomes("eval", "eval/gold", list(range(PROMPTS)), g.tolist()))
         log.write(row)
         if outcomes:
             append_outcomes(run_dir, step, measured)
@@ -221,6 +227,27 @@ def test_the_declared_baseline_must_be_an_arm():
     with pytest.raises(ConfigError, match="comparison.seeds"):
         ComparisonConfig(arm_key="grpo_variant", arms=["fixed", "ema"], baseline="fixed", seeds=[])
     assert not ComparisonConfig().declared  # the default declares nothing
+
+
+# ---------------------------------------------------------------- gold, an endpoint like accuracy
+def test_gold_under_a_learned_reward_is_its_own_paired_family(tmp_path, declared_3_seeds):
+    """Under a learned reward eval/accuracy is the proxy: two arms with the same proxy scores, where no reference
+    loses 40-50 of 200 prompts' gold and the fixed reference none, are separated on the gold endpoint (from the
+    gold outcomes) and not on the proxy one."""
+    rng = np.random.default_rng(3)
+    for seed, lost in enumerate((40, 50, 45)):
+        proxy = (rng.random(PROMPTS) < 0.5).astype(float)
+        write_run(tmp_path / f"fixed-{seed}", "fixed", seed, proxy, block=declared_3_seeds, gold=proxy)
+        write_run(tmp_path / f"none-{seed}", "none", seed, proxy, block=declared_3_seeds,
+                  gold=flipped(proxy, 0, lost, rng))
+    report = build_report(tmp_path)
+    table = report.tables["grpo"]
+    assert [e.key for e in table.endpoints] == ["acc_final", "gold_final"]
+    v = verdict_of(report, "none", "gold_final")
+    assert v.result.point == pytest.approx(-(40 + 50 + 45) / (3 * PROMPTS))
+    assert v.word == "lower" and v.interval[1] < 0
+    assert verdict_of(report, "none").result.point == 0.0
+    assert "final held-out gold reward, paired against fixed" in table.verdict
 
 
 # ---------------------------------------------------------------- retention, an endpoint like accuracy

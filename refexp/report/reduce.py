@@ -27,7 +27,7 @@ import numpy as np
 from refexp.record.metric_names import (
     EVAL_ACCURACY, EVAL_PREF_ACCURACY, EVAL_PREF_MARGIN, KL_INIT, KL_REF, LOGPS_CHOSEN_DELTA, MEM_PEAK_RSS_MB,
     PERF_REF_FWD_S, PERF_STEP_S, REWARDS_ACCURACIES, REWARDS_MARGINS, REWARD_MEAN, VAL_ACCURACY, EVAL_RETENTION,
-    EVAL_PASS_AT_K)
+    EVAL_GOLD, EVAL_PASS_AT_K)
 
 from .load import Run
 from .stats import Estimate, mean_ci, with_evaluation_noise
@@ -39,6 +39,7 @@ ACC = EVAL_ACCURACY
 VAL_ACC = VAL_ACCURACY
 """Accuracy on the validation split (when the task has one): what "best" is selected on."""
 RETENTION = EVAL_RETENTION
+GOLD = EVAL_GOLD
 """Held-out accuracy on the skills RL does not train: what a run keeps of its start."""
 PREF_ACC = EVAL_PREF_ACCURACY
 """Held-out implicit-reward accuracy: a ``task=preference`` run's stand-in for ``eval/accuracy``."""
@@ -181,6 +182,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("retention_change", "Δ retention", lambda r: change_from_start(r, RETENTION),
            doc="last eval/retention minus its step-0 value (one set of prompts: a within-run difference, so no "
                "binomial term)", doc_name="retention change from the start"),
+    Column("gold_final", "final gold", lambda r: last(r, GOLD),
+           doc="last eval/gold (with a learned reward: the gold reward of the held-out greedy completions; the "
+               "verifier's 0/1 unless task.gold_reward_model)", doc_name="final held-out gold reward"),
     Column("pass_at_k_final", "final pass@k", lambda r: last(r, EVAL_PASS_AT_K),
            doc="last eval/pass_at_k (k samples at the training temperature)", doc_name="final held-out pass@k"),
     Column("heldout_pref_final", "final held-out pref acc", lambda r: last(r, PREF_ACC), doc=f"last {PREF_ACC}",

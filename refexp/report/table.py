@@ -15,7 +15,7 @@ from .group import Group
 from .inference import Verdict
 from .paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
 from .plan import Plan
-from .reduce import COLUMNS, RETENTION, Column, column_estimate, start_accuracy, steps_to_target
+from .reduce import COLUMNS, GOLD, RETENTION, Column, column_estimate, start_accuracy, steps_to_target
 from .stats import Estimate, mean_ci
 
 HEADLINE_KEYS = ("acc_final", "heldout_pref_final")
@@ -141,15 +141,21 @@ def displacement_flags(rows: list[Row]) -> list[str]:
             + " — the margin grew by pushing the chosen answers down too (Pal et al. 2024)."]
 
 
+SECONDARY_ENDPOINTS = (("retention_final", RETENTION), ("gold_final", GOLD))
+"""(column key, metric) of the final values compared like the headline, each a family of its own, when the table
+has the column: what the reference protects (retention) and, under a learned reward, the gold reward."""
+
+
 def endpoints(headline: Column, extra_columns: tuple[Column, ...], columns: tuple[Column, ...] = ()) -> list[Endpoint]:
-    """The headline's final value, the final retention (when ``columns``, the table's, hold it), and the accuracy
+    """The headline's final value, the final retention and gold (when ``columns``, the table's, hold them), and the accuracy
     at each ``acc@S`` column's step S."""
     out = [Endpoint(headline.key, headline.header, headline.doc_name, headline.per_run,
                     final_step if headline.key == "acc_final" else lambda r: None)]
-    retention = next((c for c in columns if c.key == "retention_final"), None)
-    if retention is not None:
-        out.append(Endpoint(retention.key, retention.header, retention.doc_name, retention.per_run,
-                            lambda r: final_step(r, RETENTION), metric=RETENTION))
+    for key, metric in SECONDARY_ENDPOINTS:
+        col = next((c for c in columns if c.key == key), None)
+        if col is not None:
+            out.append(Endpoint(col.key, col.header, col.doc_name, col.per_run,
+                                lambda r, metric=metric: final_step(r, metric), metric=metric))
     for c in extra_columns:
         if c.key.startswith("acc_at_"):
             s = int(c.key[len("acc_at_"):])
