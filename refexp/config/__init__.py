@@ -18,7 +18,7 @@ Modules: ``errors`` (ConfigError and the checks), ``model`` (model, parallelism,
 
 from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig, GRPOConfig, RMConfig, SFTAlgoConfig
 from .blocks import EvalConfig, RMStageConfig, SFTConfig
-from .comparison import ComparisonConfig
+from .comparison import ComparisonConfig, SelectionConfig
 from .errors import ConfigError
 from .logger import LoggerConfig
 from .model import CompileConfig, ModelConfig, ParallelismConfig
@@ -51,7 +51,8 @@ __all__ = [
     "AlgoConfig", "CheckpointConfig", "CommConfig", "ComparisonConfig", "CompileConfig", "ConfigError",
     "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig",
     "KLTriggeredReferenceConfig", "LoggerConfig", "ModelConfig", "NoReferenceConfig", "ParallelismConfig",
-    "PeriodicResetReferenceConfig", "RMConfig", "RMStageConfig", "ReferenceConfig", "RolloutConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig", "TaskConfig",
+    "PeriodicResetReferenceConfig", "RMConfig", "RMStageConfig", "ReferenceConfig", "RolloutConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig",
+    "SelectionConfig", "TaskConfig",
     "TrainingConfig", "check_cross_fields", "check_known_fields", "check_search_validation", "register_configs",
     "schema_name", "to_object",
 ]

@@ -9,11 +9,45 @@ exploratory and needs ``refexp-report --baseline``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from .errors import check
 
 COMPARED_METRICS = ("eval/accuracy",)
 """Metrics a verdict can be about: those each evaluation records per prompt (``eval_outcomes.jsonl``)."""
+
+
+SEED_KEY = "training.seed"
+"""The swept key a comparison pairs by; never an arm's hyper-parameter."""
+
+
+@dataclass
+class SelectionConfig:
+    """How the report picks each arm's hyper-parameters (``comparison.select``): per arm, among the settings of
+    the swept keys other than ``arm_key`` and the seed, the one with the best mean of ``metric`` over its seeds,
+    among those whose validation metrics meet every ``floor``. Only validation metrics choose; the test metric
+    is read for the chosen settings alone."""
+
+    metric: str = ""
+    """The validation metric a setting is chosen on (its final value, averaged over the setting's seeds):
+    a ``val/`` metric (val/accuracy), never a test one; empty: no tuned comparison."""
+    maximize: bool = True
+    """Whether a higher ``metric`` is better."""
+    floor: dict[str, float] = field(default_factory=dict)
+    """Validation metric -> the least mean final value a setting must reach to be eligible (e.g.
+    ``{val/retention: 0.8}``); a floor on a metric the runs do not log is not applied and the report says so."""
+
+    @property
+    def declared(self) -> bool:
+        """Whether a selection rule is set (it names a metric)."""
+        return bool(self.metric)
+
+    def __post_init__(self) -> None:
+        check(self.metric == "" or self.metric.startswith("val/"), "comparison.select.metric", self.metric,
+              "a validation metric (val/accuracy), or empty: choosing on a test metric biases the comparison")
+        for key, value in self.floor.items():
+            check(isinstance(key, str) and key.startswith("val/"), "comparison.select.floor", key,
+                  "validation metrics as keys (val/retention)")
+            check(isinstance(value, (int, float)) and not isinstance(value, bool), f"comparison.select.floor.{key}",
+                  value, "a number")
 
 
 @dataclass
@@ -36,6 +70,12 @@ class ComparisonConfig:
     chosen_on_test: list[str] = field(default_factory=list)
     """Hyper-parameters (dotted keys) chosen by looking at test accuracy, not validation: the report's setup
     block names them, since they favour the arms they were tuned for."""
+    frontier_key: str = ""
+    """A swept key varied within every arm (``algo.beta``): the report draws each arm's accuracy against its
+    drift (``kl/init``) across this key's values, and compares arms at matched drift; empty: no frontier."""
+    select: SelectionConfig = field(default_factory=SelectionConfig)
+    """The rule that picks each arm's best hyper-parameters on validation, then compared on test (its metric
+    empty: the report makes no tuned comparison)."""
 
     @property
     def declared(self) -> bool:
@@ -54,5 +94,7 @@ class ComparisonConfig:
               self.seeds, "a non-empty list of seeds >= 0")
         check(self.metric in COMPARED_METRICS, "comparison.metric", self.metric,
               "one of " + ", ".join(COMPARED_METRICS))
+        check(self.frontier_key not in (self.arm_key, SEED_KEY), "comparison.frontier_key", self.frontier_key,
+              "a swept key other than comparison.arm_key and the seed (algo.beta), or empty")
         check(all(isinstance(s, int) and s >= 0 for s in self.at_steps), "comparison.at_steps", self.at_steps,
               "steps >= 0")

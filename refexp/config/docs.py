@@ -84,6 +84,9 @@ def field_table(schema: type, prefix: str, names: list[str]) -> list[str]:
     for name in names:
         f = by_name[name]
         path = f"{prefix}.{name}" if prefix else name
+        if is_dataclass(hints[name]):  # a block inside a block (comparison.select): one row per nested field
+            rows += field_table(hints[name], path, [g.name for g in fields(hints[name])])[2:]
+            continue
         rows.append(f"| `{path}` | `{_cell(_type(hints[name]))}` | {_cell(_default(f))} | "
                     f"{_cell(docs.get(name, '(no docstring)'))} |")
     return rows

@@ -23,6 +23,9 @@ Modules: load (read runs) → group (seeds together, variant names) → reduce (
 stats (mean, t-interval, seed bands) → plan (the declared comparison, the runs it leaves out) → paired
 (bootstrap differences against the baseline over seeds and prompts, ``bootstrap``; Holm and the verdict, ``inference``)
 → table (rows and their strings) → setup (what the runs were) → plots / render (files) → build (the order).
+A block with ``frontier_key`` or ``select`` adds frontier (accuracy against drift across that key, arms at
+matched drift) and selection (each arm at its setting chosen on validation, compared on test), gathered by
+frontier_report.
 """
 
 from .build import Report, build_report

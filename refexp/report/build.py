@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from . import frontier_report, selection
 from .group import group_runs
 from .load import Run, load_sweep
 from .plan import Plan, make_plan
@@ -59,6 +60,8 @@ class Report:
     """Columns asked for beyond ``reduce.COLUMNS`` (``--at-steps``: ``acc@S``, ``gain after S``)."""
     plan: Plan = field(default_factory=lambda: Plan(None, None))
     """The comparison the verdicts read (declared or exploratory) and the runs it leaves out."""
+    frontier: Optional[frontier_report.FrontierReport] = None
+    """The frontier across ``comparison.frontier_key`` and the tuned comparison (``comparison.select``)."""
 
     @property
     def shown_dir(self) -> str:
@@ -137,6 +140,11 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
     plots = {algo: make_plots(algo, by_algo[algo], plots_dir) for algo in tables}
 
     setup = {algo: setup_rows(by_algo[algo], plan) for algo in tables}
-    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan)
+    frontier = frontier_report.make(runs, plan, plots_dir)
+    if frontier is not None and frontier.selection is not None:
+        for algo, groups in by_algo.items():  # the chosen settings go to the setup block of the arms' algorithm
+            if algo in setup and any(plan.arm(r) is not None for g in groups for r in g.runs):
+                setup[algo] += selection.setup_rows(frontier.selection)
+    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan, frontier)
     write_all(report)
     return report

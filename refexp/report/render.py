@@ -15,6 +15,7 @@ from pathlib import Path
 
 from refexp.record.atomic import write_text_atomic
 
+from . import frontier_report
 from .reduce import COLUMNS, TAIL
 from .table import DEFAULT_TARGET_MARGIN, error_cell, header_and_cells
 
@@ -167,6 +168,8 @@ def render_markdown(report) -> str:
         for kind, path in report.plots.get(algo, {}).items():
             rel = path.relative_to(report.sweep_dir).as_posix()
             out += [f"![{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}]({rel})", ""]
+    if report.frontier is not None:
+        out += frontier_report.markdown(report.frontier, report.sweep_dir, _md_table)
     samples = _sample_rows(report)
     if samples:
         out += ["## What the models wrote", "",
@@ -221,6 +224,8 @@ def render_html(report) -> str:
         for kind, path in report.plots.get(algo, {}).items():
             alt = f"{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}"
             parts.append(f'<img alt="{e(alt)}" src="{_data_uri(path)}">')
+    if report.frontier is not None:
+        parts += frontier_report.html_parts(report.frontier, _html_table, _data_uri)
     samples = _sample_rows(report)
     if samples:
         parts += ["<h2>What the models wrote</h2>", _html_table(_SAMPLE_HEADER, samples, "bad")]
@@ -287,6 +292,8 @@ def summary_dict(report) -> dict:
         "plots": {a: {k: p.relative_to(report.sweep_dir).as_posix() for k, p in ps.items()}
                   for a, ps in report.plots.items()},
         "notes": report.notes,
+        "frontier": (frontier_report.summary(report.frontier, report.sweep_dir)
+                     if report.frontier is not None else None),
     }
 
 

@@ -174,6 +174,10 @@ def find_baseline(groups: list[Group], plan: Plan) -> tuple[Optional[Group], str
     matches = exact or [g for g in groups if plan.is_baseline(g.runs, g.label)]
     if len(matches) == 1:
         return matches[0], ""
+    key = (plan.block or {}).get("frontier_key") if plan.declared else None
+    if key and matches:
+        return None, (f"the baseline arm {plan.baseline} has {len(matches)} groups, one per {key}: the arms are "
+                      f"compared at matched drift and each at its best setting (below), not group by group")
     if not matches:
         return None, f"no {plan.baseline!r} group to pair against (--baseline names a group label or a swept variant)"
     return None, (f"--baseline {plan.baseline} matches {len(matches)} groups ({', '.join(g.label for g in matches)}): "

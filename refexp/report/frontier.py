@@ -1,0 +1,219 @@
+"""Each arm's frontier across a swept key (``comparison.frontier_key``, e.g. ``algo.beta``) and the arms compared
+at matched drift.
+
+A weaker KL term buys accuracy with drift, so two strategies run at one beta differ in both; which one is better
+is a question at equal drift. Per seed, an arm's runs across the frontier key give points (x, accuracy), x its
+final drift (``kl/init``) or its final ``eval/retention``; the seed's curve joins them piecewise-linearly in
+log x (linearly for retention, a share), sorted by x. Against the baseline arm, at values of x inside the range
+both arms' curves cover in every common seed (``common_range``), each seed's interpolated accuracy is a weighted
+sum of two runs' per-prompt scores, so the paired bootstrap over seeds and prompts (``metric_scores``) resamples
+the interpolation itself, paired by seed and prompt. The comparisons of one axis form one Holm family.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from refexp.record.metric_names import KL_INIT
+
+from .inference import Verdict, family_verdicts
+from .load import Run, _get
+from .metric_scores import aligned, final_scores, final_value, paired_result
+from .plan import Plan
+
+RETENTION = "eval/retention"
+"""The skill RL does not train, measured on held-out prompts: the frontier's second axis when runs log it."""
+MATCHED_FRACTIONS = (1 / 3, 2 / 3)
+"""Where in the common range (in log x for drift) the arms are compared: two interior points."""
+
+
+@dataclass(frozen=True)
+class Axis:
+    """What accuracy is matched on: a final metric per run, interpolated in log space (drift) or linearly."""
+
+    key: str
+    log: bool
+
+
+DRIFT_AXIS = Axis(KL_INIT, True)
+RETENTION_AXIS = Axis(RETENTION, False)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run on its arm's curve: its frontier value, its final x and its final accuracy."""
+
+    run: Run
+    value: float
+    x: float
+    y: float
+
+
+Curves = dict[str, dict[int, list[Point]]]
+"""arm -> seed -> its points, sorted by x."""
+
+
+def frontier_value(run: Run, key: str) -> Optional[float]:
+    """The run's value of ``key`` (its override, else its config), as a number."""
+    v = run.override(key)
+    v = _get(run.config, key) if v is None else v
+    try:
+        return float(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def planned_runs(runs: list[Run], plan: Plan) -> list[Run]:
+    """The completed runs the plan counts, of its arms and seeds."""
+    block = plan.block or {}
+    return [r for r in runs if r.problem is None and plan.counts(r) and plan.arm(r) in block.get("arms", [])
+            and r.seed in block.get("seeds", [])]
+
+
+def curves(runs: list[Run], plan: Plan, axis: Axis, metric: str) -> Curves:
+    """Every planned run with a final x (> 0 on a log axis) and a final ``metric``, by arm and seed."""
+    key = plan.block["frontier_key"]
+    out: Curves = {}
+    for r in planned_runs(runs, plan):
+        x, y, v = final_value(r, axis.key), final_value(r, metric), frontier_value(r, key)
+        if x is None or y is None or v is None or (axis.log and x <= 0):
+            continue
+        out.setdefault(plan.arm(r), {}).setdefault(r.seed, []).append(Point(r, v, x, y))
+    for by_seed in out.values():
+        for pts in by_seed.values():
+            pts.sort(key=lambda p: (p.x, p.value))
+    return out
+
+
+def weights(xs: list[float], x: float, log: bool) -> np.ndarray:
+    """Weights [n] over points at ``xs`` (sorted ascending) whose weighted sum is the piecewise-linear curve at
+    ``x`` (in log x when ``log``): two neighbours share the weight by distance, the rest get 0. ``x`` must lie
+    in [xs[0], xs[-1]]."""
+    t = np.log(np.asarray(xs, dtype=float)) if log else np.asarray(xs, dtype=float)
+    tx = math.log(x) if log else x
+    if not t[0] - 1e-12 <= tx <= t[-1] + 1e-12:
+        raise ValueError(f"{x} lies outside the curve's range [{xs[0]}, {xs[-1]}]")
+    w = np.zeros(len(xs))
+    j = int(np.clip(np.searchsorted(t, tx, side="right") - 1, 0, len(xs) - 1))
+    if j == len(xs) - 1 or t[j + 1] == t[j]:
+        w[j] = 1.0
+        return w
+    share = (tx - t[j]) / (t[j + 1] - t[j])
+    w[j], w[j + 1] = 1.0 - share, share
+    return w
+
+
+def common_range(a: dict[int, list[Point]], b: dict[int, list[Point]]) -> Optional[tuple[float, float, list[int]]]:
+    """(lo, hi, seeds): the x range every common seed's curve of both arms covers (each needs 2 points or
+    more); None when fewer than 2 seeds have both curves or the range is empty."""
+    seeds = sorted(s for s in a if s in b and len(a[s]) >= 2 and len(b[s]) >= 2)
+    if len(seeds) < 2:
+        return None
+    lo = max(min(p.x for p in c[s]) for c in (a, b) for s in seeds)
+    hi = min(max(p.x for p in c[s]) for c in (a, b) for s in seeds)
+    return (lo, hi, seeds) if lo < hi else None
+
+
+def matched_values(lo: float, hi: float, log: bool) -> list[float]:
+    """The x values compared: ``MATCHED_FRACTIONS`` of the way from lo to hi (geometrically on a log axis)."""
+    if log:
+        return [math.exp(math.log(lo) + f * (math.log(hi) - math.log(lo))) for f in MATCHED_FRACTIONS]
+    return [lo + f * (hi - lo) for f in MATCHED_FRACTIONS]
+
+
+def interpolated(pts: list[Point], x: float, log: bool, metric: str) -> tuple[float, Optional[np.ndarray], list]:
+    """(the curve's accuracy at x, the interpolated per-prompt scores over ``ids`` or None, ``ids``)."""
+    w = weights([p.x for p in pts], x, log)
+    value = float(np.dot(w, [p.y for p in pts]))
+    got = aligned([final_scores(p.run, metric) for p in pts])
+    if got is None:
+        return value, None, []
+    ids, scores = got
+    return value, np.sum([wi * s for wi, s in zip(w, scores)], axis=0), ids
+
+
+def _seed_pair(a: list[Point], b: list[Point], x: float, log: bool, metric: str):
+    """(arm's scores, baseline's scores, arm - baseline) at x over the prompts both curves' runs scored."""
+    va, sa, ia = interpolated(a, x, log, metric)
+    vb, sb, ib = interpolated(b, x, log, metric)
+    if sa is None or sb is None:
+        return None, None, va - vb
+    pos_b = {i: k for k, i in enumerate(ib)}
+    common = [(k, pos_b[i]) for k, i in enumerate(ia) if i in pos_b]
+    if not common:
+        return None, None, va - vb
+    sa, sb = sa[[k for k, _ in common]], sb[[k for _, k in common]]
+    return sa, sb, float(sa.mean() - sb.mean())
+
+
+@dataclass
+class MatchedRow:
+    """One arm against the baseline at one matched x."""
+
+    arm: str
+    x: Optional[float]
+    seeds: list[int]
+    label: str
+    result: object = None
+    no_claim: str = ""
+
+
+@dataclass
+class MatchedDrift:
+    """The matched table of one axis: its rows (with results), their Holm family's verdicts, and the text."""
+
+    axis: Axis
+    metric: str
+    baseline: str
+    rows: list[MatchedRow] = field(default_factory=list)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    text: str = ""
+
+
+def matched(runs: list[Run], plan: Plan, axis: Axis, metric: str) -> Optional[MatchedDrift]:
+    """Every arm against the baseline at ``MATCHED_FRACTIONS`` of their common x range; None when the plan
+    declares no frontier or no run has the axis."""
+    if not plan.block or not plan.block.get("frontier_key"):
+        return None
+    cs = curves(runs, plan, axis, metric)
+    if not cs:
+        return None
+    base = plan.baseline
+    out = MatchedDrift(axis, metric, base)
+    for arm in plan.block["arms"]:
+        if arm == base:
+            continue
+        if arm not in cs or base not in cs:
+            out.rows.append(MatchedRow(arm, None, [], arm, no_claim=f"no completed runs with {axis.key}"))
+            continue
+        rng = common_range(cs[arm], cs[base])
+        if rng is None:
+            out.rows.append(MatchedRow(arm, None, [], arm, no_claim=f"no {axis.key} range that both curves cover "
+                                                                    f"in 2 or more common seeds"))
+            continue
+        lo, hi, seeds = rng
+        for x in matched_values(lo, hi, axis.log):
+            per_seed = {s: _seed_pair(cs[arm][s], cs[base][s], x, axis.log, metric) for s in seeds}
+            label = f"{arm} at {axis.key} {x:.3g}"
+            out.rows.append(MatchedRow(arm, x, seeds, label, paired_result(per_seed)))
+    out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=plan.alpha,
+                                   margin=plan.margin)
+    out.text = _text(out, plan.alpha)
+    return out
+
+
+def _text(m: MatchedDrift, alpha: float) -> str:
+    n = len(m.verdicts)
+    head = (f"{m.metric} at matched {m.axis.key}, each arm against {m.baseline} at two values inside the range "
+            f"both cover in every common seed (each seed's curve across {m.axis.key} interpolated "
+            f"{'in log ' + m.axis.key if m.axis.log else 'linearly'}). Family: {n} comparison{'s' * (n != 1)}, "
+            f"Holm-adjusted, alpha {alpha:g}.")
+    parts = [head] + [m.verdicts[r.label].sentence(m.baseline) for r in m.rows if r.label in m.verdicts]
+    unclaimed = [f"{r.label} ({r.no_claim or 'fewer than 2 seeds'})" for r in m.rows if r.result is None]
+    if unclaimed:
+        parts.append("No claim: " + "; ".join(unclaimed) + ".")
+    return " ".join(parts)

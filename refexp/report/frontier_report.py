@@ -1,0 +1,122 @@
+"""The frontier and tuned-comparison sections of a report: what ``frontier``, ``frontier_plots`` and
+``selection`` computed, gathered once (``make``) and written as markdown, HTML and summary.json entries."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .frontier import DRIFT_AXIS, RETENTION_AXIS, MatchedDrift, curves, matched
+from .frontier_plots import plot_frontier_curves
+from .load import Run
+from .plan import Plan
+from .selection import Selection, choose
+
+HOW_TO_READ = (
+    "Each line is one arm across the frontier key's values (labelled at each point): the mean over seeds of the "
+    "final x and the final test metric, 95% intervals on both axes. Higher at equal x is better. The matched "
+    "table compares each arm with the baseline at two x values inside the range both arms' curves cover in "
+    "every common seed: per seed, each arm's curve is interpolated between its two runs nearest that x "
+    "(piecewise-linear in log kl/init; linear in retention), and the interpolated per-prompt scores are "
+    "bootstrapped, seeds then prompts, paired by seed and prompt, together with Student's t over the per-seed "
+    "differences (a difference counts only where both reject); Bonferroni intervals and Holm-adjusted verdicts "
+    "over the table's family.")
+
+
+@dataclass
+class FrontierReport:
+    """The matched tables (one per axis the runs have), the frontier plots and the tuned comparison."""
+
+    key: str
+    metric: str
+    matched: list[MatchedDrift] = field(default_factory=list)
+    plots: dict[str, Path] = field(default_factory=dict)
+    selection: Optional[Selection] = None
+
+
+def make(runs: list[Run], plan: Plan, plots_dir: Path) -> Optional[FrontierReport]:
+    """The sections the plan declares (``frontier_key``, ``select``); None when it declares neither."""
+    block = plan.block or {}
+    key, select = block.get("frontier_key") or "", (block.get("select") or {}).get("metric")
+    if not key and not select:
+        return None
+    metric = str(block.get("metric", "eval/accuracy"))
+    out = FrontierReport(key, metric, selection=choose(runs, plan))
+    if key:
+        for axis in (DRIFT_AXIS, RETENTION_AXIS):
+            m = matched(runs, plan, axis, metric)
+            if m is None:
+                continue
+            out.matched.append(m)
+            plots_dir.mkdir(parents=True, exist_ok=True)
+            name = "frontier_" + axis.key.replace("/", "_")
+            p = plot_frontier_curves(plots_dir / f"{name}.png", curves(runs, plan, axis, metric), axis, metric, key)
+            if p is not None:
+                out.plots[name] = p
+    return out
+
+
+def _rows(m: MatchedDrift) -> list[list[str]]:
+    rows = []
+    for r in m.rows:
+        v = m.verdicts.get(r.label)
+        if v is None:
+            rows.append([r.arm, "—" if r.x is None else f"{r.x:.3g}", "—", "—", "—", r.no_claim or "no claim"])
+        else:
+            rows.append([r.arm, f"{r.x:.3g}", f"{v.result.point:+.3f}", f"[{v.interval[0]:+.3f}, {v.interval[1]:+.3f}]",
+                         f"{v.p_holm:.3g}", v.word])
+    return rows
+
+
+def _header(m: MatchedDrift) -> list[str]:
+    return ["arm", f"matched {m.axis.key}", f"Δ {m.metric} vs {m.baseline}", "Bonferroni interval", "Holm p",
+            "verdict"]
+
+
+def markdown(fr: FrontierReport, sweep_dir: Path, md_table) -> list[str]:
+    """The sections as markdown lines (``md_table``: render's pipe-table writer)."""
+    out: list[str] = []
+    if fr.matched:
+        out += [f"## Frontier across {fr.key}", "", HOW_TO_READ, ""]
+        for m in fr.matched:
+            out += [f"**Matched {m.axis.key}.** {m.text}", ""] + md_table(_header(m), _rows(m)) + [""]
+        for name, path in fr.plots.items():
+            out += [f"![{fr.metric} vs {name}]({path.relative_to(sweep_dir).as_posix()})", ""]
+    if fr.selection is not None:
+        out += ["## Each arm at its best", "", fr.selection.text, ""]
+    return out
+
+
+def html_parts(fr: FrontierReport, table, data_uri) -> list[str]:
+    """The sections as HTML (``table``: render's table writer; ``data_uri``: its PNG embedder)."""
+    e = html.escape
+    parts: list[str] = []
+    if fr.matched:
+        parts += [f"<h2>Frontier across {e(fr.key)}</h2>", f"<p>{e(HOW_TO_READ)}</p>"]
+        for m in fr.matched:
+            parts += [f"<p><strong>Matched {e(m.axis.key)}.</strong> {e(m.text)}</p>", table(_header(m), _rows(m))]
+        parts += [f'<img alt="{e(name)}" src="{data_uri(p)}">' for name, p in fr.plots.items()]
+    if fr.selection is not None:
+        parts += ["<h2>Each arm at its best</h2>", f"<p>{e(fr.selection.text)}</p>"]
+    return parts
+
+
+def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
+    """The numbers for summary.json."""
+    sel = fr.selection
+    return {
+        "key": fr.key, "metric": fr.metric,
+        "matched": [{"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
+            {"arm": r.arm, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,
+             **({"difference": m.verdicts[r.label].result.point, "interval": list(m.verdicts[r.label].interval),
+                 "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word}
+                if r.label in m.verdicts else {})} for r in m.rows]} for m in fr.matched],
+        "plots": {k: p.relative_to(sweep_dir).as_posix() for k, p in fr.plots.items()},
+        "selection": None if sel is None else {
+            "rule": sel.rule, "budgets": sel.budgets, "notes": sel.notes, "text": sel.text,
+            "chosen": {a: (dict(c.chosen.settings) if c.chosen else None) for a, c in sel.choices.items()},
+            "verdicts": {k: {"difference": v.result.point, "interval": list(v.interval), "p_holm": v.p_holm,
+                             "verdict": v.word} for k, v in sel.verdicts.items()}},
+    }

@@ -1,0 +1,65 @@
+"""Any evaluation metric's final per-prompt scores, and the paired result of two runs' (or two interpolations')
+scores over seeds.
+
+``Run.outcomes`` holds the test accuracy's scores only; a comparison of another metric (``eval/retention``) reads
+its own lines of ``eval_outcomes.jsonl`` here, by the metric each line names. The result is the verdict table's:
+a paired hierarchical bootstrap (seeds, then prompts) that must agree with Student's t over the per-seed
+differences (``paired.BothLevelsResult``), or that t interval alone when a run has no per-prompt scores.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from refexp.record.outcomes import read_outcomes
+
+from .bootstrap import paired_hierarchical_bootstrap
+from .load import Run
+from .paired import N_BOOT, BothLevelsResult, SeedOnlyResult
+from .reduce import last
+
+
+def final_scores(run: Run, metric: str) -> Optional[dict[int, float]]:
+    """{prompt id: score} of the run's last evaluation of ``metric`` (``eval/accuracy``), when that evaluation is
+    the last value of ``metric`` the run logged; None without per-prompt scores for it."""
+    by_step: dict[int, dict[int, float]] = {}
+    for step, o in read_outcomes(run.path):
+        if o.metric == metric:
+            by_step[step] = dict(zip((int(i) for i in o.prompt_ids), (float(x) for x in o.scores)))
+    steps, _ = run.series(metric)
+    if not by_step or not len(steps) or max(by_step) != int(steps[-1]):
+        return None
+    return by_step[max(by_step)]
+
+
+def final_value(run: Run, metric: str) -> Optional[float]:
+    """The metric's last logged value (status.json's final value when metrics.jsonl lacks it)."""
+    return last(run, metric)
+
+
+def paired_result(per_seed: dict[int, tuple[Optional[np.ndarray], Optional[np.ndarray], float]]
+                  ) -> Optional[BothLevelsResult | SeedOnlyResult]:
+    """``per_seed``: seed -> (arm's scores [P] or None, baseline's scores [P] or None, arm - baseline of the
+    metric's values). With per-prompt scores for every seed, the bootstrap over seeds and prompts together with
+    the t test over the per-seed differences; else that t test alone; None with fewer than 2 seeds."""
+    if len(per_seed) < 2:
+        return None
+    seeds = sorted(per_seed)
+    diffs = SeedOnlyResult(tuple(float(per_seed[s][2]) for s in seeds))
+    if any(per_seed[s][0] is None or per_seed[s][1] is None for s in seeds):
+        return diffs
+    tree = {s: (per_seed[s][0], per_seed[s][1]) for s in seeds}
+    return BothLevelsResult(paired_hierarchical_bootstrap(tree, n_boot=N_BOOT), diffs)
+
+
+def aligned(scores: list[Optional[dict[int, float]]]) -> Optional[tuple[list[int], list[np.ndarray]]]:
+    """The prompt ids every one of ``scores`` has (in the first's order) and each one's scores over them [P];
+    None when one has no scores or they share no prompt."""
+    if any(s is None for s in scores):
+        return None
+    ids = [i for i in scores[0] if all(i in s for s in scores[1:])]
+    if not ids:
+        return None
+    return ids, [np.array([s[i] for i in ids], dtype=float) for s in scores]

@@ -1,0 +1,171 @@
+"""Each arm at its best: the hyper-parameters a validation rule picks per arm (``comparison.select``), then the
+chosen configurations compared on test with the verdict table's paired statistics.
+
+A setting is an arm's values of the swept keys other than ``arm_key`` and the seed (beta; a reset interval;
+EMA's alpha). Per arm, the setting with the best mean final validation metric over its seeds wins, among those
+whose validation floors hold; the test metric is read for the chosen settings alone. An arm tuned over more
+settings is favoured by the maximum it takes, so the number tried per arm is stated and unequal budgets flagged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from refexp.overrides import swept_settings
+
+from .inference import Verdict, family_verdicts
+from .load import Run
+from .metric_scores import aligned, final_scores, final_value, paired_result
+from .plan import Plan
+from .frontier import planned_runs
+
+Settings = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class Candidate:
+    """One setting of one arm: its runs and the validation numbers the rule reads."""
+
+    settings: Settings
+    runs: list[Run]
+    score: Optional[float]
+    """Mean final value of the rule's metric over the runs that logged it (None: none did)."""
+    floors: dict[str, Optional[float]]
+    """Floor metric -> its mean final value (None: no run logged it; that floor is not applied)."""
+    eligible: bool
+
+    @property
+    def shown(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.settings) or "(no swept setting)"
+
+
+@dataclass
+class Choice:
+    """An arm's candidates and the one chosen (None: no candidate was eligible and scored)."""
+
+    arm: str
+    candidates: list[Candidate]
+    chosen: Optional[Candidate]
+
+
+@dataclass
+class Selection:
+    """The rule, each arm's choice, the budgets, and the chosen configurations' test comparison."""
+
+    rule: str
+    choices: dict[str, Choice]
+    baseline: str
+    metric: str
+    notes: list[str] = field(default_factory=list)
+    results: dict[str, object] = field(default_factory=dict)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    text: str = ""
+
+    @property
+    def budgets(self) -> dict[str, int]:
+        """arm -> settings tried (with a completed run)."""
+        return {arm: len(c.candidates) for arm, c in self.choices.items()}
+
+
+def settings_of(run: Run, arm_key: str) -> Settings:
+    """The run's swept settings other than the arm, the seed and the algorithm/reference choices."""
+    return tuple(sorted(swept_settings(run.overrides, drop=("algo", "reference", arm_key)).items()))
+
+
+def _mean(runs: list[Run], metric: str) -> Optional[float]:
+    values = [v for v in (final_value(r, metric) for r in runs) if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def rule_text(select: dict) -> str:
+    """The rule in words, as the setup block states it."""
+    floor = select.get("floor") or {}
+    text = (f"per arm, the setting with the {'highest' if select.get('maximize', True) else 'lowest'} mean final "
+            f"{select['metric']} over its seeds")
+    if floor:
+        text += " among those with " + " and ".join(f"mean final {k} >= {v:g}" for k, v in floor.items())
+    return text + "; test read for the chosen settings only"
+
+
+def choose(runs: list[Run], plan: Plan) -> Optional[Selection]:
+    """Each declared arm's chosen setting under the block's ``select`` rule; None when the block declares none."""
+    block = plan.block or {}
+    select = block.get("select") or {}
+    if not select.get("metric"):
+        return None
+    metric, maximize, floor = select["metric"], bool(select.get("maximize", True)), dict(select.get("floor") or {})
+    sel = Selection(rule_text(select), {}, str(plan.baseline), str(block.get("metric", "eval/accuracy")))
+    by_arm: dict[str, dict[Settings, list[Run]]] = {}
+    for r in planned_runs(runs, plan):
+        by_arm.setdefault(plan.arm(r), {}).setdefault(settings_of(r, block["arm_key"]), []).append(r)
+    unlogged = set()
+    for arm in block["arms"]:
+        cands = []
+        for settings, rs in sorted(by_arm.get(arm, {}).items()):
+            floors = {k: _mean(rs, k) for k in floor}
+            unlogged |= {k for k, v in floors.items() if v is None}
+            ok = all(v is None or v >= floor[k] for k, v in floors.items())
+            cands.append(Candidate(settings, rs, _mean(rs, metric), floors, ok))
+        scored = [c for c in cands if c.eligible and c.score is not None]
+        best = (max if maximize else min)(scored, key=lambda c: c.score) if scored else None
+        sel.choices[arm] = Choice(arm, cands, best)
+    if unlogged:
+        sel.notes.append(f"floor on {', '.join(sorted(unlogged))} not applied where no run logged it")
+    budgets = set(sel.budgets.values())
+    if len(budgets) > 1:
+        sel.notes.append("unequal tuning budgets (" + ", ".join(f"{a} {n}" for a, n in sel.budgets.items())
+                         + " settings tried): an arm tuned over more settings is favoured by its selection")
+    for arm, c in sel.choices.items():
+        if c.chosen is None:
+            sel.notes.append(f"{arm}: no setting {'met the floor' if c.candidates else 'completed'}; not compared")
+    _compare(sel, plan)
+    return sel
+
+
+def _compare(sel: Selection, plan: Plan) -> None:
+    """Every chosen arm against the chosen baseline on the block's test metric, paired by seed and prompt."""
+    base = sel.choices.get(sel.baseline)
+    if base is None or base.chosen is None:
+        sel.text = f"No tuned comparison: the baseline {sel.baseline} has no chosen setting."
+        return
+    base_runs = {r.seed: r for r in base.chosen.runs}
+    for arm, c in sel.choices.items():
+        if arm == sel.baseline or c.chosen is None:
+            continue
+        per_seed = {}
+        for r in c.chosen.runs:
+            b = base_runs.get(r.seed)
+            va, vb = (final_value(r, sel.metric), final_value(b, sel.metric)) if b else (None, None)
+            if va is None or vb is None:
+                continue
+            got = aligned([final_scores(r, sel.metric), final_scores(b, sel.metric)])
+            if got is None:
+                per_seed[r.seed] = (None, None, va - vb)
+            else:
+                sa, sb = got[1]
+                per_seed[r.seed] = (sa, sb, float(sa.mean() - sb.mean()))
+        sel.results[f"{arm} ({c.chosen.shown})"] = paired_result(per_seed)
+    sel.verdicts = family_verdicts({k: v for k, v in sel.results.items() if v is not None}, alpha=plan.alpha,
+                                   margin=plan.margin)
+    label = f"{sel.baseline} ({base.chosen.shown})"
+    n = len(sel.verdicts)
+    parts = [f"Each arm at its best ({sel.rule}): final {sel.metric}, paired against {label}. Family: {n} "
+             f"comparison{'s' * (n != 1)}, Holm-adjusted, alpha {plan.alpha:g}."]
+    parts += [v.sentence(sel.baseline) for v in sel.verdicts.values()]
+    unclaimed = [k for k, v in sel.results.items() if v is None]
+    if unclaimed:
+        parts.append("No claim (fewer than 2 paired seeds): " + "; ".join(unclaimed) + ".")
+    sel.text = " ".join(parts)
+
+
+def setup_rows(sel: Selection) -> list[tuple[str, str]]:
+    """The setup block's rows: the rule, each arm's chosen setting and budget, and the notes."""
+    rows = [("selection rule", sel.rule)]
+    for arm, c in sel.choices.items():
+        chosen = (f"{c.chosen.shown} ({c.chosen.score:.3f})" if c.chosen and c.chosen.score is not None
+                  else "none chosen")
+        rows.append((f"chosen for {arm}", f"{chosen}; {len(c.candidates)} settings tried"))
+    return rows + [("selection note", n) for n in sel.notes]

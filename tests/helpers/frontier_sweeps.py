@@ -1,0 +1,61 @@
+"""Synthetic frontier sweeps for the report's tests: GRPO runs of several arms across ``algo.beta`` and seeds,
+each written with the run record's writers, whose final evaluation scores chosen prompts of a fixed set.
+
+Within a seed the prompts are ranked once (a random permutation): a run that solves k prompts solves the k
+first of that ranking, so runs of one seed are nested, as runs from one start tend to be on easy prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import yaml
+
+from refexp.record import layout
+from refexp.record.metrics import MetricsWriter
+from refexp.record.outcomes import EvalOutcomes, append_outcomes
+from refexp.record.resolved_config import write_resolved_config
+from refexp.record.status import write_status
+
+STEPS, PROMPTS = 10, 200
+BETAS = (0.01, 0.04, 0.2, 1.0)
+
+
+def block(arms: list[str], *, select: Optional[dict] = None, seeds=(0, 1, 2)) -> dict:
+    """A declared comparison over ``arms`` (baseline fixed) with ``algo.beta`` as the frontier key."""
+    return {"arm_key": "grpo_variant", "arms": list(arms), "baseline": "fixed", "seeds": list(seeds),
+            "metric": "eval/accuracy", "at_steps": [], "chosen_on_test": [], "frontier_key": "algo.beta",
+            "select": select or {"metric": "", "maximize": True, "floor": {}}}
+
+
+def ranking(seed: int) -> np.ndarray:
+    """The seed's order of prompts, easiest first [PROMPTS]."""
+    return np.random.default_rng(100 + seed).permutation(PROMPTS)
+
+
+def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: float, decl: dict,
+              val: Optional[float] = None, extra: Optional[dict] = None) -> Path:
+    """A completed run of ``arm`` at ``beta`` whose final test evaluation solves the ``solved`` easiest prompts
+    of its seed (``eval/accuracy`` = solved / PROMPTS), with final ``kl/init`` = ``kl``, ``val/accuracy`` =
+    ``val`` and any ``extra`` final metrics."""
+    run_dir = root / f"{arm}-{beta:g}-{seed}"
+    (run_dir / layout.HYDRA_DIR).mkdir(parents=True)
+    (run_dir / layout.HYDRA_DIR / "overrides.yaml").write_text(
+        yaml.safe_dump([f"grpo_variant={arm}", f"algo.beta={beta:g}", f"training.seed={seed}"]))
+    write_resolved_config(run_dir, {
+        "algo": {"name": "grpo", "beta": beta}, "reference": {"name": "fixed" if arm == "fixed" else "ema"},
+        "eval": {"num_prompts": PROMPTS}, "training": {"seed": seed, "steps": STEPS, "num_threads": 2},
+        "comparison": decl})
+    scores = np.zeros(PROMPTS)
+    scores[ranking(seed)[:solved]] = 1.0
+    final = {"eval/accuracy": float(scores.mean()), "kl/init": kl, **({"val/accuracy": val} if val is not None
+                                                                       else {}), **(extra or {})}
+    log = MetricsWriter(run_dir)
+    log.write({"step": 0, "eval/accuracy": 0.0, "kl/init": 0.0})
+    log.write({"step": STEPS, **final})
+    log.close()
+    append_outcomes(run_dir, STEPS, [EvalOutcomes("eval", "eval/accuracy", list(range(PROMPTS)), scores.tolist())])
+    write_status(run_dir, {"status": "completed", "algo": "grpo", "seed": seed, "steps": STEPS, "last_step": STEPS,
+                           "final": final, "provenances": [{"commit": "abc"}]})
+    return run_dir

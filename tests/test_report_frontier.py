@@ -1,0 +1,100 @@
+"""The frontier across beta and the matched-drift table on synthetic sweeps (tests/helpers/frontier_sweeps.py):
+the interpolation against hand-computed weights, the common range, an arm that dominates at matched drift, and
+one that is ahead at every beta only because it drifts more."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from refexp.report import build_report
+from refexp.report.frontier import Point, common_range, matched_values, weights
+from tests.helpers.frontier_sweeps import BETAS, PROMPTS, block, write_run
+
+# beta 1.0 -> kl/init 0.1, ..., beta 0.01 -> kl/init 100: accuracy 0.3 + 0.1 per decade of drift (+0.01 per seed)
+LEVEL = {beta: i for i, beta in enumerate(reversed(BETAS))}
+
+
+def test_weights_interpolate_piecewise_linearly_in_log_x():
+    xs = [0.01, 0.1, 1.0]
+    np.testing.assert_allclose(weights(xs, 10 ** -1.5, log=True), [0.5, 0.5, 0.0])
+    np.testing.assert_allclose(weights(xs, 0.2, log=True), [0.0, 1 - math.log10(2), math.log10(2)])
+    np.testing.assert_allclose(weights(xs, 0.01, log=True), [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(weights(xs, 1.0, log=True), [0.0, 0.0, 1.0])
+    np.testing.assert_allclose(weights([0.2, 0.6], 0.3, log=False), [0.75, 0.25])
+    with pytest.raises(ValueError, match="outside"):
+        weights(xs, 2.0, log=True)
+
+
+def _curve(*xs):
+    return [Point(None, 0.0, x, 0.0) for x in xs]
+
+
+def test_the_common_range_is_what_every_common_seed_of_both_arms_covers():
+    a = {0: _curve(0.01, 0.3, 1.0), 1: _curve(0.02, 0.8), 2: _curve(0.001, 5.0)}
+    b = {0: _curve(0.05, 2.0), 1: _curve(0.03, 0.1, 0.5)}  # seed 2 only in a: not a common seed
+    assert common_range(a, b) == (0.05, 0.5, [0, 1])
+    assert common_range(a, {0: _curve(2.0, 3.0), 1: _curve(2.0, 3.0)}) is None  # no overlap
+    assert common_range(a, {0: _curve(0.05, 2.0)}) is None  # one common seed
+    assert common_range(a, {0: _curve(0.05), 1: _curve(0.05)}) is None  # a single point is no curve
+    np.testing.assert_allclose(matched_values(0.05, 0.5, log=True), [0.05 * 10 ** (1 / 3), 0.05 * 10 ** (2 / 3)])
+    np.testing.assert_allclose(matched_values(0.2, 0.8, log=False), [0.4, 0.6])
+
+
+def frontier_sweep(root, select=None):
+    """fixed: kl/init 0.1..100 across beta. ema: the same drift, 20 prompts more at each beta (it dominates).
+    drifter: half a decade more drift at every beta and 10 prompts more, i.e. on fixed's own accuracy-vs-drift
+    line: ahead at every beta, level at every drift."""
+    decl = block(["fixed", "ema", "drifter"], select=select)
+    for seed in (0, 1, 2):
+        for beta in BETAS:
+            i = LEVEL[beta]
+            ret = lambda kl: {"eval/retention": 0.8 - 0.1 * math.log10(kl)}  # noqa: E731
+            for arm, shift, more in (("fixed", 0.0, 0), ("ema", 0.0, 20), ("drifter", 0.5, 10)):
+                kl = 10 ** (i - 1 + shift)
+                solved = 60 + 20 * i + 2 * seed + more
+                write_run(root, arm, beta, seed, solved=solved, kl=kl, decl=decl, val=solved / PROMPTS, extra=ret(kl))
+
+
+def test_matched_drift_separates_a_dominating_arm_and_not_one_that_only_drifts_more(tmp_path):
+    frontier_sweep(tmp_path, select={"metric": "val/accuracy", "maximize": True, "floor": {}})
+    report = build_report(tmp_path)
+    drift = next(m for m in report.frontier.matched if m.axis.key == "kl/init")
+    rows = {r.label: r for r in drift.rows}
+    # ema against fixed: their common range is [0.1, 100], compared at 10^0 and 10^1 (on measured points)
+    ema = [r for r in drift.rows if r.arm == "ema"]
+    np.testing.assert_allclose([r.x for r in ema], [1.0, 10.0])
+    for r in ema:
+        v = drift.verdicts[r.label]
+        assert v.result.seeds.diffs == pytest.approx((0.1, 0.1, 0.1))
+        assert v.result.point == pytest.approx(0.1) and v.word == "higher"
+    # drifter against fixed: common range [10^-0.5, 100], compared at 10^(1/3) and 10^(7/6); at 10^(1/3) fixed is
+    # 1/3 of the way from 80 to 100 prompts (seed 0), drifter 5/6 of the way from 70 to 90: both 86.67
+    drifter = [r for r in drift.rows if r.arm == "drifter"]
+    np.testing.assert_allclose([r.x for r in drifter], [10 ** (1 / 3), 10 ** (7 / 6)])
+    for r in drifter:
+        v = drift.verdicts[r.label]
+        assert v.result.point == pytest.approx(0.0, abs=1e-9)
+        assert v.interval[0] < 0 < v.interval[1] and v.word == "not separated"
+    assert len(rows) == 4 and all(v.family_size == 4 for v in drift.verdicts.values())
+    # at its best beta (the highest validation accuracy: beta 0.01 for every arm) the drifter is ahead on test
+    tuned = report.frontier.selection
+    assert tuned.verdicts["drifter (algo.beta=0.01)"].word == "higher"
+    # retention is a second axis; every number and plot reaches the files
+    assert {m.axis.key for m in report.frontier.matched} == {"kl/init", "eval/retention"}
+    assert set(report.frontier.plots) == {"frontier_kl_init", "frontier_eval_retention"}
+    md = report.markdown_path.read_text()
+    assert "## Frontier across algo.beta" in md and "| drifter | 2.15 |" in md
+    assert "report_plots/frontier_kl_init.png" in md and "## Each arm at its best" in md
+    assert "one per algo.beta: the arms are compared at matched drift" in report.tables["grpo"].verdict
+
+
+def test_no_frontier_section_without_a_frontier_key(tmp_path):
+    decl = {**block(["fixed", "ema"]), "frontier_key": ""}
+    for seed in (0, 1):
+        for arm in ("fixed", "ema"):
+            write_run(tmp_path, arm, 1.0, seed, solved=100, kl=0.1, decl=decl)
+    report = build_report(tmp_path)
+    assert report.frontier is None and "Frontier across" not in report.markdown_path.read_text()

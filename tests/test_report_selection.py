@@ -1,0 +1,94 @@
+"""Each arm at its best (comparison.select) on synthetic sweeps: the choice reads validation even where test
+would choose otherwise, respects the floors, counts each arm's budget, and reads test for the chosen runs only;
+and the rule's config checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from refexp.config import ComparisonConfig, ConfigError, SelectionConfig
+from refexp.report import build_report, selection
+from tests.helpers.frontier_sweeps import PROMPTS, block, write_run
+
+RULE = {"metric": "val/accuracy", "maximize": True, "floor": {}}
+# per beta: test accuracy (prompts solved) falls with beta, validation peaks at 0.2: they disagree
+TEST_SOLVED = {0.01: 150, 0.04: 120, 0.2: 100, 1.0: 80}
+VAL = {0.01: 0.5, 0.04: 0.6, 0.2: 0.7, 1.0: 0.4}
+
+
+def sweep(root, rule=RULE, *, ema_betas=tuple(TEST_SOLVED), retention=None):
+    decl = block(["fixed", "ema"], select=rule)
+    for seed in (0, 1, 2):
+        for arm, betas, more in (("fixed", tuple(TEST_SOLVED), 0), ("ema", ema_betas, 10)):
+            for beta in betas:
+                extra = {"val/retention": retention[beta]} if retention else None
+                write_run(root, arm, beta, seed, solved=TEST_SOLVED[beta] + more + seed, kl=0.1 / beta, decl=decl,
+                          val=VAL[beta] + 0.01 * seed, extra=extra)
+
+
+def chosen(report) -> dict:
+    return {arm: dict(c.chosen.settings) if c.chosen else None for arm, c in report.frontier.selection.choices.items()}
+
+
+def test_the_choice_reads_validation_where_test_would_choose_otherwise(tmp_path):
+    sweep(tmp_path)
+    report = build_report(tmp_path)
+    assert chosen(report) == {"fixed": {"algo.beta": "0.2"}, "ema": {"algo.beta": "0.2"}}  # test would pick 0.01
+    sel = report.frontier.selection
+    assert sel.budgets == {"fixed": 4, "ema": 4} and not sel.notes
+    v = sel.verdicts["ema (algo.beta=0.2)"]
+    assert v.result.point == pytest.approx(10 / PROMPTS) and v.word == "higher"
+    setup = dict(report.setup["grpo"])
+    assert setup["selection rule"].startswith("per arm, the setting with the highest mean final val/accuracy")
+    assert setup["chosen for fixed"] == "algo.beta=0.2 (0.710); 4 settings tried"
+    assert "| chosen for ema | algo.beta=0.2 (0.710); 4 settings tried |" in report.markdown_path.read_text()
+
+
+def test_a_floor_excludes_a_setting_and_an_unlogged_floor_is_said(tmp_path):
+    rule = {**RULE, "floor": {"val/retention": 0.8, "val/other": 0.5}}
+    sweep(tmp_path, rule, retention={0.01: 0.9, 0.04: 0.9, 0.2: 0.5, 1.0: 0.9})
+    report = build_report(tmp_path)
+    assert chosen(report) == {"fixed": {"algo.beta": "0.04"}, "ema": {"algo.beta": "0.04"}}
+    sel = report.frontier.selection
+    assert "floor on val/other not applied where no run logged it" in sel.notes
+    assert "among those with mean final val/retention >= 0.8 and mean final val/other >= 0.5" in sel.rule
+
+
+def test_unequal_budgets_are_counted_and_flagged(tmp_path):
+    sweep(tmp_path, ema_betas=(0.01, 0.04, 1.0))
+    sel = build_report(tmp_path).frontier.selection
+    assert sel.budgets == {"fixed": 4, "ema": 3}
+    assert any(n.startswith("unequal tuning budgets (fixed 4, ema 3 settings tried)") for n in sel.notes)
+    assert dict(sel.choices["ema"].chosen.settings) == {"algo.beta": "0.04"}
+
+
+def test_test_is_read_for_the_chosen_runs_only(tmp_path, monkeypatch):
+    sweep(tmp_path)
+    read = set()
+    value, scores = selection.final_value, selection.final_scores
+
+    def spy(real):
+        def wrapped(run, metric):
+            if metric == "eval/accuracy":
+                read.add(run.path.name)
+            return real(run, metric)
+        return wrapped
+
+    monkeypatch.setattr(selection, "final_value", spy(value))
+    monkeypatch.setattr(selection, "final_scores", spy(scores))
+    report = build_report(tmp_path)
+    runs = {r.path.name for c in report.frontier.selection.choices.values() for r in c.chosen.runs}
+    assert read == runs == {f"{arm}-0.2-{s}" for arm in ("fixed", "ema") for s in (0, 1, 2)}
+
+
+def test_the_rule_checks_its_fields():
+    with pytest.raises(ConfigError, match=r"comparison.select.metric='eval/accuracy' is invalid: expected a validation"):
+        SelectionConfig(metric="eval/accuracy")
+    with pytest.raises(ConfigError, match=r"comparison.select.floor='eval/retention' is invalid"):
+        SelectionConfig(metric="val/accuracy", floor={"eval/retention": 0.5})
+    with pytest.raises(ConfigError, match=r"comparison.select.floor.val/retention='high' is invalid: expected a number"):
+        SelectionConfig(metric="val/accuracy", floor={"val/retention": "high"})
+    with pytest.raises(ConfigError, match=r"comparison.frontier_key='grpo_variant' is invalid"):
+        ComparisonConfig(arm_key="grpo_variant", arms=["fixed", "ema"], baseline="fixed", seeds=[0, 1],
+                         frontier_key="grpo_variant")
+    assert not SelectionConfig().declared and SelectionConfig(metric="val/accuracy").declared
