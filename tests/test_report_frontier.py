@@ -98,3 +98,23 @@ def test_no_frontier_section_without_a_frontier_key(tmp_path):
             write_run(tmp_path, arm, 1.0, seed, solved=100, kl=0.1, decl=decl)
     report = build_report(tmp_path)
     assert report.frontier is None and "Frontier across" not in report.markdown_path.read_text()
+
+
+def test_a_setting_every_run_shares_is_no_curve_and_one_swept_within_an_arm_is_its_own(tmp_path):
+    """``debug=fast`` on every job tells nothing apart; ``reference.reset_every`` swept within one arm makes two
+    curves, each compared with the baseline."""
+    decl = block(["fixed", "periodic_reset"])
+    for seed in (0, 1):
+        for beta in BETAS:
+            i = LEVEL[beta]
+            write_run(tmp_path, "fixed", beta, seed, solved=60 + 20 * i, kl=10 ** (i - 1), decl=decl,
+                      overrides=("debug=fast",))
+            for every in (20, 100):
+                write_run(tmp_path, "periodic_reset", beta, seed, solved=60 + 20 * i + (every == 20) * 20,
+                          kl=10 ** (i - 1), decl=decl, overrides=("debug=fast", f"reference.reset_every={every}"))
+    drift = build_report(tmp_path).frontier.matched[0]
+    points = {r.label: r.result.point for r in drift.rows}
+    assert points == pytest.approx({"periodic_reset (reference.reset_every=100) at kl/init 1": 0.0,
+                                    "periodic_reset (reference.reset_every=100) at kl/init 10": 0.0,
+                                    "periodic_reset (reference.reset_every=20) at kl/init 1": 0.1,
+                                    "periodic_reset (reference.reset_every=20) at kl/init 10": 0.1})

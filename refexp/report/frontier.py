@@ -18,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from refexp.overrides import swept_settings
 from refexp.record.metric_names import KL_INIT
 
 from .inference import Verdict, family_verdicts
@@ -54,7 +55,29 @@ class Point:
 
 
 Curves = dict[str, dict[int, list[Point]]]
-"""arm -> seed -> its points, sorted by x."""
+"""curve label (the arm, and its other swept settings when it has any) -> seed -> its points, sorted by x."""
+Settings = tuple[tuple[str, str], ...]
+
+
+def settings_of(run: Run, arm_key: str, common: frozenset = frozenset()) -> Settings:
+    """The run's swept settings other than the arm, the seed, the algorithm/reference choices and the ``common``
+    ones (``key=value`` every run of the sweep was given, e.g. ``debug=fast``: they tell no setting apart)."""
+    got = swept_settings(run.overrides, drop=("algo", "reference", arm_key))
+    return tuple(sorted((k, v) for k, v in got.items() if f"{k}={v}" not in common))
+
+
+def common_settings(runs: list[Run]) -> frozenset:
+    """The ``key=value`` settings every one of ``runs`` has."""
+    each = [{f"{k}={v}" for k, v in swept_settings(r.overrides).items()} for r in runs]
+    return frozenset(set.intersection(*each)) if each else frozenset()
+
+
+def curve_label(run: Run, plan: Plan, common: frozenset) -> str:
+    """The arm, with the swept settings other than the frontier key and the ``common`` ones when it has any (two
+    reset intervals swept within one arm are two curves)."""
+    key = plan.block["frontier_key"]
+    other = [f"{k}={v}" for k, v in settings_of(run, plan.block["arm_key"], common) if k != key]
+    return plan.arm(run) + (f" ({', '.join(other)})" if other else "")
 
 
 def frontier_value(run: Run, key: str) -> Optional[float]:
@@ -78,11 +101,13 @@ def curves(runs: list[Run], plan: Plan, axis: Axis, metric: str) -> Curves:
     """Every planned run with a final x (> 0 on a log axis) and a final ``metric``, by arm and seed."""
     key = plan.block["frontier_key"]
     out: Curves = {}
-    for r in planned_runs(runs, plan):
+    planned = planned_runs(runs, plan)
+    common = common_settings(planned)
+    for r in planned:
         x, y, v = final_value(r, axis.key), final_value(r, metric), frontier_value(r, key)
         if x is None or y is None or v is None or (axis.log and x <= 0):
             continue
-        out.setdefault(plan.arm(r), {}).setdefault(r.seed, []).append(Point(r, v, x, y))
+        out.setdefault(curve_label(r, plan, common), {}).setdefault(r.seed, []).append(Point(r, v, x, y))
     for by_seed in out.values():
         for pts in by_seed.values():
             pts.sort(key=lambda p: (p.x, p.value))
@@ -182,24 +207,30 @@ def matched(runs: list[Run], plan: Plan, axis: Axis, metric: str) -> Optional[Ma
     cs = curves(runs, plan, axis, metric)
     if not cs:
         return None
-    base = plan.baseline
-    out = MatchedDrift(axis, metric, base)
-    for arm in plan.block["arms"]:
-        if arm == base:
+    out = MatchedDrift(axis, metric, plan.baseline)
+    arm_of = {label: plan.arm(next(iter(by_seed.values()))[0].run) for label, by_seed in cs.items()}
+    bases = [label for label, arm in arm_of.items() if arm == plan.baseline]
+    arms = list(plan.block["arms"])
+    for arm in arms:
+        if arm != plan.baseline and arm not in arm_of.values():
+            out.rows.append(MatchedRow(arm, None, [], arm, no_claim=f"no completed run with {axis.key}"))
+    for label in sorted(cs, key=lambda c: arms.index(arm_of[c])):
+        if label in bases:
             continue
-        if arm not in cs or base not in cs:
-            out.rows.append(MatchedRow(arm, None, [], arm, no_claim=f"no completed runs with {axis.key}"))
+        if len(bases) != 1:
+            why = "no baseline curve" if not bases else f"the baseline has {len(bases)} curves ({', '.join(bases)})"
+            out.rows.append(MatchedRow(label, None, [], label, no_claim=why))
             continue
-        rng = common_range(cs[arm], cs[base])
+        base = bases[0]
+        rng = common_range(cs[label], cs[base])
         if rng is None:
-            out.rows.append(MatchedRow(arm, None, [], arm, no_claim=f"no {axis.key} range that both curves cover "
-                                                                    f"in 2 or more common seeds"))
+            out.rows.append(MatchedRow(label, None, [], label, no_claim=f"no {axis.key} range that both curves "
+                                                                        f"cover in 2 or more common seeds"))
             continue
         lo, hi, seeds = rng
         for x in matched_values(lo, hi, axis.log):
-            per_seed = {s: _seed_pair(cs[arm][s], cs[base][s], x, axis.log, metric) for s in seeds}
-            label = f"{arm} at {axis.key} {x:.3g}"
-            out.rows.append(MatchedRow(arm, x, seeds, label, paired_result(per_seed)))
+            per_seed = {s: _seed_pair(cs[label][s], cs[base][s], x, axis.log, metric) for s in seeds}
+            out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", paired_result(per_seed)))
     out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=plan.alpha,
                                    margin=plan.margin)
     out.text = _text(out, plan.alpha)

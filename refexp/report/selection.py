@@ -14,15 +14,11 @@ from typing import Optional
 
 import numpy as np
 
-from refexp.overrides import swept_settings
-
 from .inference import Verdict, family_verdicts
 from .load import Run
 from .metric_scores import aligned, final_scores, final_value, paired_result
 from .plan import Plan
-from .frontier import planned_runs
-
-Settings = tuple[tuple[str, str], ...]
+from .frontier import Settings, common_settings, planned_runs, settings_of
 
 
 @dataclass
@@ -70,11 +66,6 @@ class Selection:
         return {arm: len(c.candidates) for arm, c in self.choices.items()}
 
 
-def settings_of(run: Run, arm_key: str) -> Settings:
-    """The run's swept settings other than the arm, the seed and the algorithm/reference choices."""
-    return tuple(sorted(swept_settings(run.overrides, drop=("algo", "reference", arm_key)).items()))
-
-
 def _mean(runs: list[Run], metric: str) -> Optional[float]:
     values = [v for v in (final_value(r, metric) for r in runs) if v is not None]
     return float(np.mean(values)) if values else None
@@ -99,8 +90,10 @@ def choose(runs: list[Run], plan: Plan) -> Optional[Selection]:
     metric, maximize, floor = select["metric"], bool(select.get("maximize", True)), dict(select.get("floor") or {})
     sel = Selection(rule_text(select), {}, str(plan.baseline), str(block.get("metric", "eval/accuracy")))
     by_arm: dict[str, dict[Settings, list[Run]]] = {}
-    for r in planned_runs(runs, plan):
-        by_arm.setdefault(plan.arm(r), {}).setdefault(settings_of(r, block["arm_key"]), []).append(r)
+    planned = planned_runs(runs, plan)
+    common = common_settings(planned)
+    for r in planned:
+        by_arm.setdefault(plan.arm(r), {}).setdefault(settings_of(r, block["arm_key"], common), []).append(r)
     unlogged = set()
     for arm in block["arms"]:
         cands = []
@@ -111,6 +104,9 @@ def choose(runs: list[Run], plan: Plan) -> Optional[Selection]:
             cands.append(Candidate(settings, rs, _mean(rs, metric), floors, ok))
         scored = [c for c in cands if c.eligible and c.score is not None]
         best = (max if maximize else min)(scored, key=lambda c: c.score) if scored else None
+        tied = [c.shown for c in scored if best is not None and c.score == best.score]
+        if len(tied) > 1:
+            sel.notes.append(f"{arm}: {', '.join(tied)} tie on {metric}; the first in setting order is chosen")
         sel.choices[arm] = Choice(arm, cands, best)
     if unlogged:
         sel.notes.append(f"floor on {', '.join(sorted(unlogged))} not applied where no run logged it")

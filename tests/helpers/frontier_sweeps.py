@@ -35,14 +35,14 @@ def ranking(seed: int) -> np.ndarray:
 
 
 def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: float, decl: dict,
-              val: Optional[float] = None, extra: Optional[dict] = None) -> Path:
+              val: Optional[float] = None, extra: Optional[dict] = None, overrides: tuple = ()) -> Path:
     """A completed run of ``arm`` at ``beta`` whose final test evaluation solves the ``solved`` easiest prompts
     of its seed (``eval/accuracy`` = solved / PROMPTS), with final ``kl/init`` = ``kl``, ``val/accuracy`` =
-    ``val`` and any ``extra`` final metrics."""
-    run_dir = root / f"{arm}-{beta:g}-{seed}"
+    ``val``, any ``extra`` final metrics and any further ``overrides``."""
+    run_dir = root / "-".join([arm, f"{beta:g}", str(seed), *overrides])
     (run_dir / layout.HYDRA_DIR).mkdir(parents=True)
     (run_dir / layout.HYDRA_DIR / "overrides.yaml").write_text(
-        yaml.safe_dump([f"grpo_variant={arm}", f"algo.beta={beta:g}", f"training.seed={seed}"]))
+        yaml.safe_dump([f"grpo_variant={arm}", f"algo.beta={beta:g}", f"training.seed={seed}", *overrides]))
     write_resolved_config(run_dir, {
         "algo": {"name": "grpo", "beta": beta}, "reference": {"name": "fixed" if arm == "fixed" else "ema"},
         "eval": {"num_prompts": PROMPTS}, "training": {"seed": seed, "steps": STEPS, "num_threads": 2},
