@@ -19,14 +19,14 @@ from typing import Optional
 import numpy as np
 
 from refexp.overrides import swept_settings
-from refexp.record.metric_names import KL_INIT
+from refexp.record.metric_names import EVAL_RETENTION, KL_INIT
 
 from .inference import Verdict, family_verdicts
 from .load import Run, _get
 from .metric_scores import aligned, final_scores, final_value, paired_result
 from .plan import Plan
 
-RETENTION = "eval/retention"
+RETENTION = EVAL_RETENTION
 """The skill RL does not train, measured on held-out prompts: the frontier's second axis when runs log it."""
 MATCHED_FRACTIONS = (1 / 3, 2 / 3)
 """Where in the common range (in log x for drift) the arms are compared: two interior points."""
