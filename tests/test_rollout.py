@@ -37,7 +37,8 @@ def test_token_weights_scale_each_tokens_policy_loss_exactly():
     assert loss.item() == pytest.approx(policy + m0["loss/kl"].item(), rel=1e-12)
 
 
-RUN = [*TINY_GRPO_OVERRIDES, "training.steps=2", "eval.every=2", "eval.log_samples=0"]
+# one skill and no pass@k: the counts below are those of accuracy's evaluations (retention and pass@k add their own)
+RUN = [*TINY_GRPO_OVERRIDES, "training.steps=2", "eval.every=2", "eval.log_samples=0", "task.ops=[+]", "eval.pass_k=0"]
 
 
 def _rows(tmp_path, *overrides):
