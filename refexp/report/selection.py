@@ -81,6 +81,12 @@ def rule_text(select: dict) -> str:
     return text + "; test read for the chosen settings only"
 
 
+def compared_metric(select_metric: str) -> str:
+    """The test twin of a validation metric (``val/gold`` -> ``eval/gold``): what an arm tuned on validation is
+    compared on, so the verdict measures on unseen prompts the quantity the tuning chose for."""
+    return "eval/" + select_metric[len("val/"):]
+
+
 def choose(runs: list[Run], plan: Plan) -> Optional[Selection]:
     """Each declared arm's chosen setting under the block's ``select`` rule; None when the block declares none."""
     block = plan.block or {}
@@ -88,7 +94,7 @@ def choose(runs: list[Run], plan: Plan) -> Optional[Selection]:
     if not select.get("metric"):
         return None
     metric, maximize, floor = select["metric"], bool(select.get("maximize", True)), dict(select.get("floor") or {})
-    sel = Selection(rule_text(select), {}, str(plan.baseline), str(block.get("metric", "eval/accuracy")))
+    sel = Selection(rule_text(select), {}, str(plan.baseline), compared_metric(metric))
     by_arm: dict[str, dict[Settings, list[Run]]] = {}
     planned = planned_runs(runs, plan)
     common = common_settings(planned)
