@@ -1,0 +1,70 @@
+"""What the memory plan (``refexp/memory_plan.py``) knows of a configured job before anything runs: the model's
+parameter counts and layer sizes from a meta-device build, and the job's parallel layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Shapes:
+    params: int
+    """P: every parameter of the model."""
+    block_params: int
+    """Parameters of one transformer block."""
+    head_params: int
+    """Parameters of torchtitan's last FSDP unit: the final norm and lm_head (with the embedding when tied)."""
+    dim: int
+    kv_dim: int
+    ffn: int
+    n_layers: int
+    vocab: int
+
+
+
+def model_shapes(model_cfg, parallelism) -> Shapes:
+    """Parameter counts and layer sizes of the configured model, from a meta-device build."""
+    import torch
+
+    from refexp import titan
+
+    spec = titan.build_model_spec(model_cfg, vocab_size=None, parallelism=parallelism)
+    with torch.device("meta"):
+        model = spec.model.build()
+    dec = titan.unwrap.decoder_of(model)
+    block = next(iter(dec.layers.values()))
+    attn = block.attention
+    dim = dec.tok_embeddings.weight.shape[1]
+    q_out = sum(p.shape[0] for n, p in attn.named_parameters() if n.split(".")[-2] in ("wq", "wqkv"))
+    kv_dim = _kv_dim(attn, dim, q_out)
+    ffn = next(p.shape[0] for n, p in block.named_parameters() if n.endswith("w1.weight"))
+    head = {id(p): p for m in (dec.norm, dec.lm_head) for p in m.parameters()}
+    if getattr(dec, "enable_weight_tying", False):
+        head.update({id(p): p for p in dec.tok_embeddings.parameters()})
+    return Shapes(params=sum(p.numel() for p in model.parameters()),
+                  block_params=sum(p.numel() for p in block.parameters()),
+                  head_params=sum(p.numel() for p in head.values()), dim=dim, kv_dim=kv_dim, ffn=ffn,
+                  n_layers=len(dec.layers), vocab=dec.tok_embeddings.weight.shape[0])
+
+
+def _kv_dim(attn, dim: int, q_out: int) -> int:
+    """Width of the keys (= values) of one block: wk's rows, or the k/v part of a fused wqkv."""
+    for n, p in attn.named_parameters():
+        if n.split(".")[-2] == "wk":
+            return p.shape[0]
+    n_kv, head_dim = getattr(attn, "n_kv_heads", None), getattr(attn, "head_dim", None)
+    if n_kv and head_dim:
+        return n_kv * head_dim
+    return (q_out - dim) // 2 if q_out > dim else dim
+
+
+def layout(cfg) -> tuple[int, int, int, int]:
+    """(world size, replicate, shard, TP degrees) of the planned job: torchrun's WORLD_SIZE when set (several
+    nodes), else one node's processes."""
+    from refexp.config.model import planned_world_size, resolve_shard_degree
+
+    world = planned_world_size(cfg.parallelism) or cfg.parallelism.nproc_per_node
+    if world == 1:
+        return 1, 1, 1, 1
+    p = cfg.parallelism
+    return world, p.data_parallel_replicate_degree, resolve_shard_degree(p, world), p.tensor_parallel_degree
