@@ -81,7 +81,7 @@ def test_test_is_read_for_the_chosen_runs_only(tmp_path, monkeypatch):
     assert read == runs == {f"{arm}-0.2-{s}" for arm in ("fixed", "ema") for s in (0, 1, 2)}
 
 
-def test_the_chosen_arms_are_compared_on_the_test_twin_of_the_tuning_metric():
+def test_the_test_twin_of_a_validation_metric_is_its_eval_metric():
     from refexp.report.selection import compared_metric
 
     assert compared_metric("val/gold") == "eval/gold" and compared_metric("val/accuracy") == "eval/accuracy"
