@@ -11,6 +11,7 @@ import pytest
 
 from refexp.report import build_report
 from refexp.report.frontier import Point, common_range, matched_values, weights
+from refexp.report.paired import START_LEVEL
 from tests.helpers.frontier_sweeps import BETAS, PROMPTS, block, write_run
 
 # beta 1.0 -> kl/init 0.1, ..., beta 0.01 -> kl/init 100: accuracy 0.3 + 0.1 per decade of drift (+0.01 per seed)
@@ -118,3 +119,28 @@ def test_a_setting_every_run_shares_is_no_curve_and_one_swept_within_an_arm_is_i
                                     "periodic_reset (reference.reset_every=100) at kl/init 10": 0.0,
                                     "periodic_reset (reference.reset_every=20) at kl/init 1": 0.1,
                                     "periodic_reset (reference.reset_every=20) at kl/init 10": 0.1})
+
+
+def test_two_sft_starts_pair_by_start_and_seed_in_the_matched_table_and_the_tuned_comparison(tmp_path):
+    """Seed s from two starts is two replicates, not one curve: start 1 drifts twice as far at every beta and ema's
+    lead over fixed is 20 prompts from start 0, 30 from start 1. Matched drift and the tuned comparison pair by
+    (start, seed), and their t is over the two per-start mean differences (0.10 and 0.15)."""
+    decl = block(["fixed", "ema"], select={"metric": "val/accuracy", "maximize": True, "floor": {}})
+    for start in (0, 1):
+        for seed in (0, 1, 2):
+            for beta in BETAS:
+                i = LEVEL[beta]
+                for arm, more in (("fixed", 0), ("ema", 20 + 10 * start)):
+                    solved = 60 + 20 * i + 2 * seed + more
+                    write_run(tmp_path, arm, beta, seed, solved=solved, kl=10 ** (i - 1) * (1 + start), decl=decl,
+                              val=solved / PROMPTS, overrides=(f"sft.seed={start}",))
+    report = build_report(tmp_path)
+    drift = next(m for m in report.frontier.matched if m.axis.key == "kl/init")
+    assert len(drift.rows) == 2
+    for r in drift.rows:
+        assert r.seeds == [(f"sft.seed={s}", seed) for s in (0, 1) for seed in (0, 1, 2)]
+        v = drift.verdicts[r.label]
+        assert v.result.seeds.unit == START_LEVEL and v.result.seeds.diffs == pytest.approx((0.10, 0.15))
+        assert v.result.levels == (START_LEVEL, "seed", "prompt")
+    tuned = report.frontier.selection.verdicts["ema (algo.beta=0.01)"]
+    assert tuned.result.seeds.diffs == pytest.approx((0.10, 0.15)) and tuned.result.point == pytest.approx(0.125)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import frontier_report, selection
+from . import frontier_report, own_change, selection
 from .group import group_runs
 from .load import Run, load_sweep
 from .plan import Plan, make_plan
@@ -62,6 +62,8 @@ class Report:
     """The comparison the verdicts read (declared or exploratory) and the runs it leaves out."""
     frontier: Optional[frontier_report.FrontierReport] = None
     """The frontier across ``comparison.frontier_key`` and the tuned comparison (``comparison.select``)."""
+    kept: dict[str, own_change.OwnChanges] = field(default_factory=dict)
+    """algo -> each group's change of ``eval/retention`` from its runs' starts (groups that measured it)."""
 
     @property
     def shown_dir(self) -> str:
@@ -145,6 +147,8 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
         for algo, groups in by_algo.items():  # the chosen settings go to the setup block of the arms' algorithm
             if algo in setup and any(plan.arm(r) is not None for g in groups for r in g.runs):
                 setup[algo] += selection.setup_rows(frontier.selection)
-    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan, frontier)
+    kept = {algo: oc for algo in tables
+            if (oc := own_change.own_changes(by_algo[algo], plan.counts, alpha=plan.alpha, margin=plan.margin))}
+    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan, frontier, kept)
     write_all(report)
     return report

@@ -2,12 +2,13 @@
 at matched drift.
 
 A weaker KL term buys accuracy with drift, so two strategies run at one beta differ in both; which one is better
-is a question at equal drift. Per seed, an arm's runs across the frontier key give points (x, accuracy), x its
-final drift (``kl/init``) or its final ``eval/retention``; the seed's curve joins them piecewise-linearly in
-log x (linearly for retention, a share), sorted by x. Against the baseline arm, at values of x inside the range
-both arms' curves cover in every common seed (``common_range``), each seed's interpolated accuracy is a weighted
-sum of two runs' per-prompt scores, so the paired bootstrap over seeds and prompts (``metric_scores``) resamples
-the interpolation itself, paired by seed and prompt. The comparisons of one axis form one Holm family.
+is a question at equal drift. Per replicate (SFT start and seed), an arm's runs across the frontier key give
+points (x, accuracy), x its final drift (``kl/init``) or its final ``eval/retention``; the replicate's curve joins
+them piecewise-linearly in log x (linearly for retention, a share), sorted by x. Against the baseline arm, at
+values of x inside the range both arms' curves cover in every common replicate (``common_range``), each
+replicate's interpolated accuracy is a weighted sum of two runs' per-prompt scores, so the paired bootstrap over
+starts, seeds and prompts (``metric_scores``) resamples the interpolation itself, paired by start, seed and prompt.
+The comparisons of one axis form one Holm family.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from refexp.record.metric_names import EVAL_RETENTION, KL_INIT
 from .inference import Verdict, family_verdicts
 from .load import Run, _get
 from .metric_scores import aligned, final_scores, final_value, paired_result
+from .paired import Unit
 from .plan import Plan
 
 RETENTION = EVAL_RETENTION
@@ -54,8 +56,9 @@ class Point:
     y: float
 
 
-Curves = dict[str, dict[int, list[Point]]]
-"""curve label (the arm, and its other swept settings when it has any) -> seed -> its points, sorted by x."""
+Curves = dict[str, dict[Unit, list[Point]]]
+"""curve label (the arm, and its other swept settings when it has any) -> (SFT start, seed) -> its points, sorted
+by x."""
 Settings = tuple[tuple[str, str], ...]
 
 
@@ -98,7 +101,7 @@ def planned_runs(runs: list[Run], plan: Plan) -> list[Run]:
 
 
 def curves(runs: list[Run], plan: Plan, axis: Axis, metric: str) -> Curves:
-    """Every planned run with a final x (> 0 on a log axis) and a final ``metric``, by arm and seed."""
+    """Every planned run with a final x (> 0 on a log axis) and a final ``metric``, by arm and (start, seed)."""
     key = plan.block["frontier_key"]
     out: Curves = {}
     planned = planned_runs(runs, plan)
@@ -107,7 +110,8 @@ def curves(runs: list[Run], plan: Plan, axis: Axis, metric: str) -> Curves:
         x, y, v = final_value(r, axis.key), final_value(r, metric), frontier_value(r, key)
         if x is None or y is None or v is None or (axis.log and x <= 0):
             continue
-        out.setdefault(curve_label(r, plan, common), {}).setdefault(r.seed, []).append(Point(r, v, x, y))
+        unit = (r.sft_start, r.seed)
+        out.setdefault(curve_label(r, plan, common), {}).setdefault(unit, []).append(Point(r, v, x, y))
     for by_seed in out.values():
         for pts in by_seed.values():
             pts.sort(key=lambda p: (p.x, p.value))
@@ -132,9 +136,10 @@ def weights(xs: list[float], x: float, log: bool) -> np.ndarray:
     return w
 
 
-def common_range(a: dict[int, list[Point]], b: dict[int, list[Point]]) -> Optional[tuple[float, float, list[int]]]:
-    """(lo, hi, seeds): the x range every common seed's curve of both arms covers (each needs 2 points or
-    more); None when fewer than 2 seeds have both curves or the range is empty."""
+def common_range(a: dict[Unit, list[Point]], b: dict[Unit, list[Point]]
+                 ) -> Optional[tuple[float, float, list[Unit]]]:
+    """(lo, hi, replicates): the x range every common replicate's curve of both arms covers (each needs 2 points
+    or more); None when fewer than 2 replicates have both curves or the range is empty."""
     seeds = sorted(s for s in a if s in b and len(a[s]) >= 2 and len(b[s]) >= 2)
     if len(seeds) < 2:
         return None
@@ -181,7 +186,8 @@ class MatchedRow:
 
     arm: str
     x: Optional[float]
-    seeds: list[int]
+    seeds: list[Unit]
+    """The (SFT start, seed) replicates compared."""
     label: str
     result: object = None
     no_claim: str = ""
@@ -225,7 +231,7 @@ def matched(runs: list[Run], plan: Plan, axis: Axis, metric: str) -> Optional[Ma
         rng = common_range(cs[label], cs[base])
         if rng is None:
             out.rows.append(MatchedRow(label, None, [], label, no_claim=f"no {axis.key} range that both curves "
-                                                                        f"cover in 2 or more common seeds"))
+                                                                        f"cover in 2 or more common replicates"))
             continue
         lo, hi, seeds = rng
         for x in matched_values(lo, hi, axis.log):
@@ -240,11 +246,11 @@ def matched(runs: list[Run], plan: Plan, axis: Axis, metric: str) -> Optional[Ma
 def _text(m: MatchedDrift, alpha: float) -> str:
     n = len(m.verdicts)
     head = (f"{m.metric} at matched {m.axis.key}, each arm against {m.baseline} at two values inside the range "
-            f"both cover in every common seed (each seed's curve across {m.axis.key} interpolated "
-            f"{'in log ' + m.axis.key if m.axis.log else 'linearly'}). Family: {n} comparison{'s' * (n != 1)}, "
+            f"both cover in every common replicate (SFT start and seed; each one's curve across {m.axis.key} "
+            f"interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'}). Family: {n} comparison{'s' * (n != 1)}, "
             f"Holm-adjusted, alpha {alpha:g}.")
     parts = [head] + [m.verdicts[r.label].sentence(m.baseline) for r in m.rows if r.label in m.verdicts]
-    unclaimed = [f"{r.label} ({r.no_claim or 'fewer than 2 seeds'})" for r in m.rows if r.result is None]
+    unclaimed = [f"{r.label} ({r.no_claim or 'fewer than 2 replicates'})" for r in m.rows if r.result is None]
     if unclaimed:
         parts.append("No claim: " + "; ".join(unclaimed) + ".")
     return " ".join(parts)

@@ -1,5 +1,6 @@
 """The frontier plot: each arm's final accuracy against its final x (``kl/init``, or ``eval/retention``) at each
-value of the frontier key, the mean over seeds with 95% intervals on both axes, joined in the key's order.
+value of the frontier key, the mean over its runs (SFT starts x seeds) with 95% intervals on both axes, joined
+in the key's order.
 
 Same conventions as ``plots.py`` (object API on Agg, one colour per strategy).
 """
@@ -27,7 +28,7 @@ def _colour(strategy: str, used: set) -> str:
 
 def plot_frontier_curves(path: Path, cs: Curves, axis: Axis, metric: str, key: str) -> Optional[Path]:
     """One line per arm through its (mean x, mean accuracy) at each value of ``key``; None when no arm has one."""
-    fig, ax = _figure(f"{metric} vs {axis.key} across {key} (mean, 95% CI across seeds)",
+    fig, ax = _figure(f"{metric} vs {axis.key} across {key} (mean, 95% CI across runs)",
                       f"{axis.key} (final)" + (", log scale" if axis.log else ""), f"{metric} (final)")
     used: set = set()
     drawn = False
@@ -47,7 +48,7 @@ def plot_frontier_curves(path: Path, cs: Curves, axis: Axis, metric: str, key: s
                         fontsize="x-small", color=colour)
             xs.append(x.mean)
             ys.append(y.mean)
-        ax.plot(xs, ys, color=colour, label=f"{arm} (n={len(by_seed)} seeds)")
+        ax.plot(xs, ys, color=colour, label=f"{arm} (n={len(by_seed)} runs)")
         drawn = True
     if axis.log and drawn:
         ax.set_xscale("log")

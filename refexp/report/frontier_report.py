@@ -15,14 +15,15 @@ from .plan import Plan
 from .selection import Selection, choose
 
 HOW_TO_READ = (
-    "Each line is one arm across the frontier key's values (labelled at each point): the mean over seeds of the "
-    "final x and the final test metric, 95% intervals on both axes. Higher at equal x is better. The matched "
+    "Each line is one arm across the frontier key's values (labelled at each point): the mean over its runs of "
+    "the final x and the final test metric, 95% intervals on both axes. Higher at equal x is better. The matched "
     "table compares each arm with the baseline at two x values inside the range both arms' curves cover in "
-    "every common seed: per seed, each arm's curve is interpolated between its two runs nearest that x "
-    "(piecewise-linear in log kl/init; linear in retention), and the interpolated per-prompt scores are "
-    "bootstrapped, seeds then prompts, paired by seed and prompt, together with Student's t over the per-seed "
-    "differences (a difference counts only where both reject); Bonferroni intervals and Holm-adjusted verdicts "
-    "over the table's family.")
+    "every common replicate (SFT start and seed): per replicate, each arm's curve is interpolated between its "
+    "two runs nearest that x (piecewise-linear in log kl/init; linear in retention), and the interpolated "
+    "per-prompt scores are bootstrapped (seeds, or SFT starts then seeds, then prompts), paired by start, seed "
+    "and prompt, together with Student's t over the per-seed (with several starts, per-start mean) differences "
+    "(a difference counts only where both reject); Bonferroni intervals and Holm-adjusted verdicts over the "
+    "table's family.")
 
 
 @dataclass

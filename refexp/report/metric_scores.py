@@ -3,8 +3,8 @@ scores over seeds.
 
 ``Run.outcomes`` holds the test accuracy's scores only; a comparison of another metric (``eval/retention``) reads
 its own lines of ``eval_outcomes.jsonl`` here, by the metric each line names. The result is the verdict table's:
-a paired hierarchical bootstrap (seeds, then prompts) that must agree with Student's t over the per-seed
-differences (``paired.BothLevelsResult``), or that t interval alone when a run has no per-prompt scores.
+a paired hierarchical bootstrap (seeds, or SFT starts then seeds, then prompts) that must agree with Student's t
+over the per-seed (per-start) differences (``paired.BothLevelsResult``), or that t alone without per-prompt scores.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import numpy as np
 
 from refexp.record.outcomes import read_outcomes
 
-from .bootstrap import paired_hierarchical_bootstrap
 from .load import Run
-from .paired import N_BOOT, BothLevelsResult, SeedOnlyResult
+from .paired import BothLevelsResult, SeedOnlyResult, Unit, unit_result
 from .reduce import last
 
 
@@ -39,19 +38,14 @@ def final_value(run: Run, metric: str) -> Optional[float]:
     return last(run, metric)
 
 
-def paired_result(per_seed: dict[int, tuple[Optional[np.ndarray], Optional[np.ndarray], float]]
+def paired_result(per_unit: dict[Unit, tuple[Optional[np.ndarray], Optional[np.ndarray], float]]
                   ) -> Optional[BothLevelsResult | SeedOnlyResult]:
-    """``per_seed``: seed -> (arm's scores [P] or None, baseline's scores [P] or None, arm - baseline of the
-    metric's values). With per-prompt scores for every seed, the bootstrap over seeds and prompts together with
-    the t test over the per-seed differences; else that t test alone; None with fewer than 2 seeds."""
-    if len(per_seed) < 2:
-        return None
-    seeds = sorted(per_seed)
-    diffs = SeedOnlyResult(tuple(float(per_seed[s][2]) for s in seeds))
-    if any(per_seed[s][0] is None or per_seed[s][1] is None for s in seeds):
-        return diffs
-    tree = {s: (per_seed[s][0], per_seed[s][1]) for s in seeds}
-    return BothLevelsResult(paired_hierarchical_bootstrap(tree, n_boot=N_BOOT), diffs)
+    """``per_unit``: (SFT start, seed) -> (arm's scores [P] or None, baseline's scores [P] or None, arm - baseline
+    of the metric's values). The verdict table's paired result over those units (``paired.unit_result``: seeds,
+    or starts then seeds, then prompts, with the Student-t companion); the t alone without every unit's scores;
+    None with one start of fewer than 2 seeds."""
+    units = {u: ((a, b) if a is not None and b is not None else None, float(d)) for u, (a, b, d) in per_unit.items()}
+    return unit_result(units)[0]
 
 
 def aligned(scores: list[Optional[dict[int, float]]]) -> Optional[tuple[list[int], list[np.ndarray]]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from .bootstrap import BootstrapResult, paired_hierarchical_bootstrap
 from .group import Group
@@ -214,50 +214,60 @@ class Comparison:
         return out
 
 
+Unit = tuple[str, int]
+"""(SFT start, seed): the replicate a pair of runs (or one run's two evaluations) shares."""
+Leaf = Optional[tuple[Sequence[float], Sequence[float]]]
+"""(arm's per-prompt scores, baseline's) over the prompts both scored; None without per-prompt outcomes."""
+
+
+def unit_result(units: dict[Unit, tuple[Leaf, float]]
+                ) -> tuple[Optional[BothLevelsResult | SeedOnlyResult], Optional[Estimate], str]:
+    """(result, the seed-only t estimate, why no result) of paired differences over ``units``: (start, seed) ->
+    (the prompt pair, arm - baseline). One start: seeds, then prompts within seed, and the t over the per-seed
+    differences; several: starts, then seeds within start, then prompts, and the t over the per-start mean
+    differences (module doc). Without every unit's prompt pair, the t alone."""
+    keys = sorted(units, key=lambda u: (natural_key(u[0]), u[1]))
+    by_start: dict[str, dict[int, tuple[Leaf, float]]] = {}
+    for start, seed in keys:
+        by_start.setdefault(start, {})[seed] = units[(start, seed)]
+    if not by_start:
+        return None, None, "no common seed"
+    if len(by_start) == 1:
+        (seeds,) = by_start.values()
+        diffs = [d for _, d in seeds.values()]
+        seed_t = mean_ci(diffs)
+        if len(diffs) < 2:  # the seed-to-seed spread is unknown: no test of a sweep's question
+            return None, seed_t, "one paired seed"
+        t_test, tree = SeedOnlyResult(tuple(diffs)), {seed: leaf for seed, (leaf, _) in seeds.items()}
+        levels, leaves = ("seed", "prompt"), list(tree.values())
+    else:
+        start_means = tuple(sum(d for _, d in seeds.values()) / len(seeds) for seeds in by_start.values())
+        seed_t, t_test = mean_ci(start_means), SeedOnlyResult(start_means, unit=START_LEVEL)
+        if all(len(seeds) == 1 for seeds in by_start.values()):  # a start is one run: starts, then prompts
+            tree = {s: next(iter(seeds.values()))[0] for s, seeds in by_start.items()}
+            levels, leaves = (START_LEVEL, "prompt"), list(tree.values())
+        else:
+            tree = {s: {seed: leaf for seed, (leaf, _) in seeds.items()} for s, seeds in by_start.items()}
+            levels, leaves = (START_LEVEL, "seed", "prompt"), [x for t in tree.values() for x in t.values()]
+    if all(leaf is not None for leaf in leaves):
+        boot = paired_hierarchical_bootstrap(tree, levels=levels, n_boot=N_BOOT)
+        return BothLevelsResult(boot, t_test), seed_t, ""
+    return t_test, seed_t, ""
+
+
 def compare(group: Group, base: Group, endpoint: Endpoint, counts: Callable[[Run], bool]) -> Comparison:
     """``group - base`` on ``endpoint`` over the (SFT start, seed) pairs both completed among the runs ``counts``
-    admits: one start, seeds then prompts; several, starts then seeds within start then prompts (module doc)."""
+    admits (``unit_result``)."""
     base_runs = {(r.sft_start, r.seed): r for r in base.completed if r.seed is not None and counts(r)}
     pairs = [(r, base_runs[(r.sft_start, r.seed)]) for r in group.completed
              if (r.sft_start, r.seed) in base_runs and counts(r)]
     pairs = [(a, b) for a, b in pairs if endpoint.per_run(a) is not None and endpoint.per_run(b) is not None]
     pairs.sort(key=lambda p: (natural_key(p[0].sft_start), p[0].seed))
     seeds, starts = [a.seed for a, _ in pairs], [a.sft_start for a, _ in pairs]
-    diffs = [endpoint.per_run(a) - endpoint.per_run(b) for a, b in pairs]
-    if not pairs:
-        return Comparison(group.label, seeds, None, None, "no common seed", starts)
-    by_start: dict[str, list[tuple[Run, Run, float]]] = {}
-    for (a, b), d in zip(pairs, diffs):
-        by_start.setdefault(a.sft_start, []).append((a, b, d))
-    if len(by_start) == 1:
-        return _one_start(group.label, pairs, diffs, endpoint, starts)
-    start_means = tuple(sum(d for *_, d in units) / len(units) for units in by_start.values())
-    seed_t = mean_ci(start_means)
-    t_test = SeedOnlyResult(start_means, unit=START_LEVEL)
-    if all(len(units) == 1 for units in by_start.values()):  # a start is one run: starts, then prompts
-        tree, levels = {s: prompt_pair(a, b, endpoint) for s, [(a, b, _)] in by_start.items()}, (START_LEVEL, "prompt")
-        leaves = list(tree.values())
-    else:
-        tree = {s: {a.seed: prompt_pair(a, b, endpoint) for a, b, _ in units} for s, units in by_start.items()}
-        levels, leaves = (START_LEVEL, "seed", "prompt"), [x for t in tree.values() for x in t.values()]
-    if all(leaf is not None for leaf in leaves):
-        boot = paired_hierarchical_bootstrap(tree, levels=levels, n_boot=N_BOOT)
-        return Comparison(group.label, seeds, BothLevelsResult(boot, t_test), seed_t, starts=starts)
-    return Comparison(group.label, seeds, t_test, seed_t, starts=starts)
-
-
-def _one_start(label: str, pairs: list[tuple[Run, Run]], diffs: list[float], endpoint: Endpoint,
-               starts: list[str]) -> Comparison:
-    """One SFT start: seeds, then prompts within seed, and the t over the per-seed differences."""
-    seeds = [a.seed for a, _ in pairs]
-    seed_t = mean_ci(diffs)
-    if len(diffs) < 2:  # the seed-to-seed spread is unknown: no test of a sweep's question
-        return Comparison(label, seeds, None, seed_t, "one paired seed", starts)
-    tree = {a.seed: prompt_pair(a, b, endpoint) for a, b in pairs}
-    if all(leaf is not None for leaf in tree.values()):
-        boot = paired_hierarchical_bootstrap(tree, n_boot=N_BOOT)
-        return Comparison(label, seeds, BothLevelsResult(boot, SeedOnlyResult(tuple(diffs))), seed_t, starts=starts)
-    return Comparison(label, seeds, SeedOnlyResult(tuple(diffs)), seed_t, starts=starts)
+    units = {(a.sft_start, a.seed): (prompt_pair(a, b, endpoint), endpoint.per_run(a) - endpoint.per_run(b))
+             for a, b in pairs}
+    result, seed_t, no_claim = unit_result(units)
+    return Comparison(group.label, seeds, result, seed_t, no_claim, starts)
 
 
 def design_text(c: Comparison) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from refexp.record.atomic import write_text_atomic
 
-from . import frontier_report
+from . import frontier_report, own_change
 from .reduce import COLUMNS, TAIL
 from .table import DEFAULT_TARGET_MARGIN, error_cell, header_and_cells
 
@@ -168,6 +168,10 @@ def render_markdown(report) -> str:
         for kind, path in report.plots.get(algo, {}).items():
             rel = path.relative_to(report.sweep_dir).as_posix()
             out += [f"![{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}]({rel})", ""]
+        kept = report.kept.get(algo)
+        if kept is not None:
+            out += [f"**What each group kept.** {kept.text}", ""]
+            out += _md_table(own_change.header(kept), own_change.rows(kept)) + [""]
     if report.frontier is not None:
         out += frontier_report.markdown(report.frontier, report.sweep_dir, _md_table)
     samples = _sample_rows(report)
@@ -224,6 +228,10 @@ def render_html(report) -> str:
         for kind, path in report.plots.get(algo, {}).items():
             alt = f"{algo.upper()}: {_PLOT_CAPTIONS.get(kind, kind)}"
             parts.append(f'<img alt="{e(alt)}" src="{_data_uri(path)}">')
+        kept = report.kept.get(algo)
+        if kept is not None:
+            parts += [f"<p><strong>What each group kept.</strong> {e(kept.text)}</p>",
+                      _html_table(own_change.header(kept), own_change.rows(kept))]
     if report.frontier is not None:
         parts += frontier_report.html_parts(report.frontier, _html_table, _data_uri)
     samples = _sample_rows(report)
@@ -277,7 +285,8 @@ def summary_dict(report) -> dict:
         algos[algo] = {"target": table.target, "target_note": table.target_note, "flags": table.flags,
                        "columns": [c.key for c in table.columns], "groups": groups,
                        "baseline": table.baseline, "headline": table.headline.key if table.headline else None,
-                       "verdict": table.verdict, "setup": dict(report.setup.get(algo, []))}
+                       "verdict": table.verdict, "setup": dict(report.setup.get(algo, [])),
+                       "kept": own_change.summary(report.kept[algo]) if algo in report.kept else None}
     return {
         "sweep_dir": report.shown_dir,
         "confidence": 0.95,

@@ -128,28 +128,30 @@ def choose(runs: list[Run], plan: Plan) -> Optional[Selection]:
 
 
 def _compare(sel: Selection, plan: Plan) -> None:
-    """Every chosen arm against the chosen baseline on the block's test metric, paired by seed and prompt."""
+    """Every chosen arm against the chosen baseline on the block's test metric, paired by SFT start, seed and
+    prompt."""
     base = sel.choices.get(sel.baseline)
     if base is None or base.chosen is None:
         sel.text = f"No tuned comparison: the baseline {sel.baseline} has no chosen setting."
         return
-    base_runs = {r.seed: r for r in base.chosen.runs}
+    base_runs = {(r.sft_start, r.seed): r for r in base.chosen.runs}
     for arm, c in sel.choices.items():
         if arm == sel.baseline or c.chosen is None:
             continue
-        per_seed = {}
+        per_unit = {}
         for r in c.chosen.runs:
-            b = base_runs.get(r.seed)
+            unit = (r.sft_start, r.seed)
+            b = base_runs.get(unit)
             va, vb = (final_value(r, sel.metric), final_value(b, sel.metric)) if b else (None, None)
             if va is None or vb is None:
                 continue
             got = aligned([final_scores(r, sel.metric), final_scores(b, sel.metric)])
             if got is None:
-                per_seed[r.seed] = (None, None, va - vb)
+                per_unit[unit] = (None, None, va - vb)
             else:
                 sa, sb = got[1]
-                per_seed[r.seed] = (sa, sb, float(sa.mean() - sb.mean()))
-        sel.results[f"{arm} ({c.chosen.shown})"] = paired_result(per_seed)
+                per_unit[unit] = (sa, sb, float(sa.mean() - sb.mean()))
+        sel.results[f"{arm} ({c.chosen.shown})"] = paired_result(per_unit)
     sel.verdicts = family_verdicts({k: v for k, v in sel.results.items() if v is not None}, alpha=plan.alpha,
                                    margin=plan.margin)
     label = f"{sel.baseline} ({base.chosen.shown})"
@@ -169,5 +171,6 @@ def setup_rows(sel: Selection) -> list[tuple[str, str]]:
     for arm, c in sel.choices.items():
         chosen = (f"{c.chosen.shown} ({c.chosen.score:.3f})" if c.chosen and c.chosen.score is not None
                   else "none chosen")
-        rows.append((f"chosen for {arm}", f"{chosen}; {len(c.candidates)} settings tried"))
+        n = len(c.candidates)
+        rows.append((f"chosen for {arm}", f"{chosen}; {n} setting{'s' * (n != 1)} tried"))
     return rows + [("selection note", n) for n in sel.notes]

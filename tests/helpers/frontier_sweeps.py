@@ -35,10 +35,12 @@ def ranking(seed: int) -> np.ndarray:
 
 
 def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: float, decl: dict,
-              val: Optional[float] = None, extra: Optional[dict] = None, overrides: tuple = ()) -> Path:
+              val: Optional[float] = None, extra: Optional[dict] = None, overrides: tuple = (),
+              retained: Optional[tuple[int, int]] = None) -> Path:
     """A completed run of ``arm`` at ``beta`` whose final test evaluation solves the ``solved`` easiest prompts
     of its seed (``eval/accuracy`` = solved / PROMPTS), with final ``kl/init`` = ``kl``, ``val/accuracy`` =
-    ``val``, any ``extra`` final metrics and any further ``overrides``."""
+    ``val``, any ``extra`` final metrics and any further ``overrides``. ``retained`` = (at step 0, at the end):
+    how many of the seed's easiest retention prompts its ``eval/retention`` evaluations solve."""
     run_dir = root / "-".join([arm, f"{beta:g}", str(seed), *overrides])
     (run_dir / layout.HYDRA_DIR).mkdir(parents=True)
     (run_dir / layout.HYDRA_DIR / "overrides.yaml").write_text(
@@ -51,11 +53,21 @@ def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: 
     scores[ranking(seed)[:solved]] = 1.0
     final = {"eval/accuracy": float(scores.mean()), "kl/init": kl, **({"val/accuracy": val} if val is not None
                                                                        else {}), **(extra or {})}
+    first = {"step": 0, "eval/accuracy": 0.0, "kl/init": 0.0}
+    kept = []
+    if retained is not None:
+        kept = [np.zeros(PROMPTS), np.zeros(PROMPTS)]
+        for k, n in zip(kept, retained):
+            k[ranking(seed + 50)[:n]] = 1.0
+        first["eval/retention"], final["eval/retention"] = float(kept[0].mean()), float(kept[1].mean())
     log = MetricsWriter(run_dir)
-    log.write({"step": 0, "eval/accuracy": 0.0, "kl/init": 0.0})
+    log.write(first)
     log.write({"step": STEPS, **final})
     log.close()
-    append_outcomes(run_dir, STEPS, [EvalOutcomes("eval", "eval/accuracy", list(range(PROMPTS)), scores.tolist())])
+    if kept:
+        append_outcomes(run_dir, 0, [EvalOutcomes("retain_eval", "eval/retention", list(range(PROMPTS)), kept[0].tolist())])
+    append_outcomes(run_dir, STEPS, [EvalOutcomes("eval", "eval/accuracy", list(range(PROMPTS)), scores.tolist())]
+                    + ([EvalOutcomes("retain_eval", "eval/retention", list(range(PROMPTS)), kept[1].tolist())] if kept else []))
     write_status(run_dir, {"status": "completed", "algo": "grpo", "seed": seed, "steps": STEPS, "last_step": STEPS,
                            "final": final, "provenances": [{"commit": "abc"}]})
     return run_dir
