@@ -68,13 +68,37 @@ def _schema_of(path: Path) -> tuple[str, dict]:
     return name, OmegaConf.to_container(node, resolve=False)
 
 
+REPLICATE_KEYS = ("training.seed", "sft.seed")
+"""Swept keys that change no check: one value of each is composed."""
+
+
+def _launcher_grids(experiment: str) -> list[dict[str, str]]:
+    """The per-arm grids ``launch/<experiment>.sh`` runs (its ``grid ARM key=a,b ...`` lines), as overrides with
+    the experiment's arm key; [] without such a script."""
+    path = CONF_DIR.parent / "launch" / f"{experiment}.sh"
+    if not path.exists():
+        return []
+    arm_key = _yaml(CONF_DIR / "experiment" / f"{experiment}.yaml")["comparison"]["arm_key"]
+    grids = []
+    for line in path.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["grid"] and len(words) > 1:
+            grids.append({arm_key: words[1], **dict(w.split("=", 1) for w in words[2:])})
+    return grids
+
+
 def _sweep_jobs(experiment: str) -> list[list[str]]:
-    """The overrides of every job of an experiment's sweep (``hydra.sweeper.params``, choice sweeps)."""
+    """The overrides of every job of an experiment's sweep (``hydra.sweeper.params``, choice sweeps; each grid of
+    its launcher script), one value of each replicate key."""
     params = (_yaml(CONF_DIR / "experiment" / f"{experiment}.yaml").get("hydra", {}).get("sweeper", {})
               .get("params", {}))
-    keys = list(params)
-    values = [str(params[k]).split(",") for k in keys]
-    return [[f"{k}={v}" for k, v in zip(keys, combo)] for combo in itertools.product(*values)] or [[]]
+    jobs = []
+    for grid in _launcher_grids(experiment) or [{}]:
+        swept = {**params, **grid}
+        keys = list(swept)
+        values = [str(swept[k]).split(",")[:1 if k in REPLICATE_KEYS else None] for k in keys]
+        jobs += [[f"{k}={v}" for k, v in zip(keys, combo)] for combo in itertools.product(*values)]
+    return jobs or [[]]
 
 
 OPTION_FILES = [(g, o) for g in GROUPS for o in conf_options(g)]
@@ -108,13 +132,14 @@ def test_every_experiment_job_composes_and_validates(experiment, job):
 def test_every_committed_comparison_has_its_baseline_and_the_headroom_task():
     """What a strategy adds over more SFT is its difference from continued SFT (GRPO) or NLL on the chosen
     side (DPO): every comparison sweeps that baseline, on the task where more SFT cannot reach the reward. A sweep
-    that optimises a learned reward asks another question (gold against proxy, each arm against none): it keeps
-    the headroom task but not the more-SFT arm."""
+    that optimises a learned reward asks another question (gold against proxy, each arm against none), and one
+    that compares the KL strategies at matched drift across beta (``comparison.frontier_key``) asks which
+    reference buys more at equal drift: they keep the headroom task but not the more-SFT arm."""
     for experiment in conf_options("experiment"):
         jobs = [to_object(compose_root(f"experiment={experiment}", *job)) for job in _sweep_jobs(experiment)]
         algos = {cfg.algo.name for cfg in jobs}
         assert all(cfg.task.demo_slip > 0.5 for cfg in jobs), experiment
-        if "grpo" in algos and not any(cfg.task.reward_model for cfg in jobs):
+        if "grpo" in algos and not any(cfg.task.reward_model or cfg.comparison.frontier_key for cfg in jobs):
             assert any(cfg.algo.objective == "sft" and cfg.reference.name == "none" for cfg in jobs), experiment
         if "dpo" in algos:
             assert any(cfg.algo.loss_type == "sft" for cfg in jobs), experiment
