@@ -36,7 +36,7 @@ def test_a_group_that_forgets_falls_and_one_that_keeps_is_not_separated(tmp_path
     assert fixed.interval[0] < 0 < fixed.interval[1] and ema.interval[1] < 0
     assert ema.family_size == 2 and rows["ema"].units == [("", 0), ("", 1), ("", 2)]
     md = report.markdown_path.read_text()
-    assert "**What each group kept.**" in md and "| ema | 3 | -0.205 |" in md and "| fell |" in md
+    assert "**What each group kept.**" in md and "| ema | 3 | -0.205 [" in md and "] fell |" in md
     summary = report.summary_path.read_text()
     assert '"kept"' in summary and '"verdict": "lower"' in summary
 
@@ -45,11 +45,18 @@ def test_several_sft_starts_are_the_units_of_the_change(tmp_path):
     """Two starts x three seeds: the t is over the two per-start mean changes, the bootstrap resamples starts,
     then seeds, then prompts."""
     _forgetting_sweep(tmp_path, starts=(0, 1))
-    ema = build_report(tmp_path).kept["grpo"].verdicts["ema"]
+    report = build_report(tmp_path)
+    kept = report.kept["grpo"]
+    ema = kept.verdicts["ema"]
     # start 0: -0.200, -0.205, -0.210 (mean -0.205); start 1: each 2 prompts (0.010) lower (mean -0.215)
     assert ema.result.seeds.unit == START_LEVEL
     assert ema.result.seeds.diffs == pytest.approx((-0.205, -0.215))
     assert ema.result.levels == (START_LEVEL, "seed", "prompt") and ema.result.point == pytest.approx(-0.21)
+    # within each start, conditional on it: its three seeds, then prompts
+    assert list(kept.within) == ["sft.seed=0", "sft.seed=1"]
+    inside = kept.within["sft.seed=1"].verdicts["ema"]
+    assert inside.result.seeds.unit == "seed" and inside.result.seeds.diffs == pytest.approx((-0.21, -0.215, -0.22))
+    assert "within SFT start sft.seed=1" in report.markdown_path.read_text()
 
 
 def test_no_table_without_retention_outcomes(tmp_path):

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .frontier import DRIFT_AXIS, RETENTION_AXIS, MatchedDrift, curves, matched
+from .frontier import DRIFT_AXIS, RETENTION_AXIS, MatchedDrift, curves, matched, planned_runs
 from .frontier_plots import plot_frontier_curves
-from .load import Run
+from .load import Run, natural_key
 from .plan import Plan
-from .selection import Selection, choose
+from .selection import Selection, choose, setup_rows
 
 HOW_TO_READ = (
     "Each line is one arm across the frontier key's values (labelled at each point): the mean over its runs of "
@@ -26,6 +26,13 @@ HOW_TO_READ = (
     "table's family.")
 
 
+WITHIN_START = (
+    "The same comparisons over this SFT start's runs alone: conditional on the start, its seeds then prompts are "
+    "the units (the sections above take the start as the unit, so with few starts they separate little). A "
+    "difference here holds for this start; whether it holds for SFT starts in general is the question the "
+    "sections above answer.")
+
+
 @dataclass
 class FrontierReport:
     """The matched tables (one per axis the runs have), the frontier plots and the tuned comparison."""
@@ -35,6 +42,9 @@ class FrontierReport:
     matched: list[MatchedDrift] = field(default_factory=list)
     plots: dict[str, Path] = field(default_factory=dict)
     selection: Optional[Selection] = None
+    within: dict[str, "FrontierReport"] = field(default_factory=dict)
+    """With several SFT starts, SFT start -> the same sections over that start's runs alone (conditional on it:
+    seeds, then prompts, are the units), without plots."""
 
 
 def make(runs: list[Run], plan: Plan, plots_dir: Path) -> Optional[FrontierReport]:
@@ -44,6 +54,15 @@ def make(runs: list[Run], plan: Plan, plots_dir: Path) -> Optional[FrontierRepor
     if not key and not select:
         return None
     metric = str(block.get("metric", "eval/accuracy"))
+    out = _sections(runs, plan, key, metric, plots_dir)
+    starts = sorted({r.sft_start for r in planned_runs(runs, plan)}, key=natural_key)
+    if len(starts) > 1:
+        out.within = {s: _sections([r for r in runs if r.sft_start == s], plan, key, metric, None) for s in starts}
+    return out
+
+
+def _sections(runs: list[Run], plan: Plan, key: str, metric: str, plots_dir: Optional[Path]) -> FrontierReport:
+    """The matched tables, the tuned comparison and (with a ``plots_dir``) the frontier plots of ``runs``."""
     out = FrontierReport(key, metric, selection=choose(runs, plan))
     if key:
         for axis in (DRIFT_AXIS, RETENTION_AXIS):
@@ -51,6 +70,8 @@ def make(runs: list[Run], plan: Plan, plots_dir: Path) -> Optional[FrontierRepor
             if m is None:
                 continue
             out.matched.append(m)
+            if plots_dir is None:
+                continue
             plots_dir.mkdir(parents=True, exist_ok=True)
             name = "frontier_" + axis.key.replace("/", "_")
             p = plot_frontier_curves(plots_dir / f"{name}.png", curves(runs, plan, axis, metric), axis, metric, key)
@@ -87,6 +108,13 @@ def markdown(fr: FrontierReport, sweep_dir: Path, md_table) -> list[str]:
             out += [f"![{fr.metric} vs {name}]({path.relative_to(sweep_dir).as_posix()})", ""]
     if fr.selection is not None:
         out += ["## Each arm at its best", "", fr.selection.text, ""]
+    for start, inside in fr.within.items():
+        out += [f"## Within SFT start {start}", "", WITHIN_START, ""]
+        for m in inside.matched:
+            out += [f"**Matched {m.axis.key}.** {m.text}", ""] + md_table(_header(m), _rows(m)) + [""]
+        if inside.selection is not None:
+            out += [f"**Each arm at its best.** {inside.selection.text}", ""]
+            out += md_table(["setup", ""], [list(r) for r in setup_rows(inside.selection)], numeric=False) + [""]
     return out
 
 
@@ -101,6 +129,13 @@ def html_parts(fr: FrontierReport, table, data_uri) -> list[str]:
         parts += [f'<img alt="{e(name)}" src="{data_uri(p)}">' for name, p in fr.plots.items()]
     if fr.selection is not None:
         parts += ["<h2>Each arm at its best</h2>", f"<p>{e(fr.selection.text)}</p>"]
+    for start, inside in fr.within.items():
+        parts += [f"<h2>Within SFT start {e(start)}</h2>", f"<p>{e(WITHIN_START)}</p>"]
+        for m in inside.matched:
+            parts += [f"<p><strong>Matched {e(m.axis.key)}.</strong> {e(m.text)}</p>", table(_header(m), _rows(m))]
+        if inside.selection is not None:
+            parts += [f"<p><strong>Each arm at its best.</strong> {e(inside.selection.text)}</p>",
+                      table(["setup", ""], [list(r) for r in setup_rows(inside.selection)])]
     return parts
 
 
@@ -108,6 +143,7 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
     """The numbers for summary.json."""
     sel = fr.selection
     return {
+        "within_sft_start": {s: summary(inside, sweep_dir) for s, inside in fr.within.items()},
         "key": fr.key, "metric": fr.metric,
         "matched": [{"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
             {"arm": r.arm, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,

@@ -7,6 +7,10 @@ within the run, and the runs of a group are replicates (SFT start, seed). The in
 agree with Student's t over the per-seed (per-start) changes. One algorithm's groups form one Holm family, so
 "the run without a reference forgot" and "the fixed reference at beta 1 kept it" are read off one table with
 simultaneous intervals.
+
+With several SFT starts the start is the unit of that interval (``paired``'s module doc): a change that every
+start shows but by different amounts stays unseparated with two starts. The same table within each start
+(conditional on that start: seeds, then prompts) says what happened on each start the sweep trained from.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from refexp.record.metric_names import EVAL_RETENTION
 
 from .group import Group
 from .inference import Verdict, family_verdicts
-from .load import Run
+from .load import Run, natural_key
 from .paired import Leaf, Unit, final_step, unit_result
 
 START = "its step-0 evaluation"
@@ -37,12 +41,15 @@ class OwnChange:
 
 @dataclass
 class OwnChanges:
-    """One algorithm's table: a row per group that logged the metric, their Holm family's verdicts, the text."""
+    """One algorithm's table: a row per group that logged the metric, their Holm family's verdicts, the text;
+    with several SFT starts, the same table within each start (``within``)."""
 
     metric: str
     rows: list[OwnChange] = field(default_factory=list)
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     text: str = ""
+    within: dict[str, "OwnChanges"] = field(default_factory=dict)
+    """SFT start -> the table of its runs alone: conditional on that start, seeds then prompts are the units."""
 
 
 def run_change(run: Run, metric: str) -> Optional[tuple[Leaf, float]]:
@@ -62,8 +69,22 @@ def run_change(run: Run, metric: str) -> Optional[tuple[Leaf, float]]:
 
 def own_changes(groups: list[Group], counts: Callable[[Run], bool], *, alpha: float, margin: Optional[float],
                 metric: str = EVAL_RETENTION) -> Optional[OwnChanges]:
-    """Every group's change of ``metric`` from its runs' starts, over the completed runs ``counts`` admits; None
-    when no run has a change to measure."""
+    """Every group's change of ``metric`` from its runs' starts, over the completed runs ``counts`` admits, and
+    with several SFT starts the same within each start; None when no run has a change to measure."""
+    out = _table(groups, counts, alpha, margin, metric)
+    if out is None:
+        return None
+    starts = sorted({r.sft_start for g in groups for r in g.completed if counts(r)}, key=natural_key)
+    if len(starts) > 1:
+        for start in starts:
+            inside = _table(groups, lambda r, s=start: counts(r) and r.sft_start == s, alpha, margin, metric)
+            if inside is not None:
+                out.within[start] = inside
+    return out
+
+
+def _table(groups: list[Group], counts: Callable[[Run], bool], alpha: float, margin: Optional[float],
+           metric: str) -> Optional[OwnChanges]:
     out = OwnChanges(metric)
     for g in groups:
         units: dict[Unit, tuple[Leaf, float]] = {}
@@ -90,27 +111,35 @@ def own_changes(groups: list[Group], counts: Callable[[Run], bool], *, alpha: fl
     return out
 
 
+def _cell(oc: OwnChanges, label: str) -> str:
+    """``-0.155 [-0.190, -0.120] fell`` for one group of one table ("—" when it has no row)."""
+    v = oc.verdicts.get(label)
+    if v is None:
+        row = next((r for r in oc.rows if r.label == label), None)
+        return "—" if row is None else (row.no_claim or "no claim")
+    word = {"lower": "fell", "higher": "rose"}.get(v.word, v.word)
+    return f"{v.result.point:+.3f} [{v.interval[0]:+.3f}, {v.interval[1]:+.3f}] {word}"
+
+
 def rows(oc: OwnChanges) -> list[list[str]]:
-    """The table's cells: group, replicates, change, Bonferroni interval, Holm p, verdict."""
+    """The table's cells: group, runs, change with its Bonferroni interval and verdict, Holm p, then the same
+    change within each SFT start."""
     cells = []
     for r in oc.rows:
         v = oc.verdicts.get(r.label)
-        if v is None:
-            cells.append([r.label, str(len(r.units)), "—", "—", "—", r.no_claim or "no claim"])
-        else:
-            word = {"lower": "fell", "higher": "rose"}.get(v.word, v.word)
-            cells.append([r.label, str(len(r.units)), f"{v.result.point:+.3f}",
-                          f"[{v.interval[0]:+.3f}, {v.interval[1]:+.3f}]", f"{v.p_holm:.3g}", word])
+        cells.append([r.label, str(len(r.units)), _cell(oc, r.label), "—" if v is None else f"{v.p_holm:.3g}",
+                      *(_cell(inside, r.label) for inside in oc.within.values())])
     return cells
 
 
 def header(oc: OwnChanges) -> list[str]:
-    return ["group", "runs", f"Δ {oc.metric} from step 0", "Bonferroni interval", "Holm p", "verdict"]
+    return (["group", "runs", f"Δ {oc.metric} from step 0 [Bonferroni interval]", "Holm p"]
+            + [f"within SFT start {start}" for start in oc.within])
 
 
 def summary(oc: OwnChanges) -> dict:
     """The numbers for summary.json."""
-    return {"metric": oc.metric, "text": oc.text, "rows": [
+    return {"metric": oc.metric, "text": oc.text, "within": {s: summary(t) for s, t in oc.within.items()}, "rows": [
         {"group": r.label, "replicates": [list(u) for u in r.units], "no_claim": r.no_claim or None,
          **({"change": oc.verdicts[r.label].result.point, "interval": list(oc.verdicts[r.label].interval),
              "p_holm": oc.verdicts[r.label].p_holm, "verdict": oc.verdicts[r.label].word}
