@@ -144,6 +144,14 @@ def test_a_difference_consistent_within_starts_but_reversed_across_them_is_not_s
     assert v.result.boot.p_value > 0.05  # the bootstrap alone does not separate it either
     assert v.interval[0] < 0 < v.interval[1] and v.word == "not separated"
 
+    # within each start, conditional on it, its four seeds are the units: +0.10 on A and B, -0.03 on C
+    within = report.within["grpo"]
+    assert list(within) == ["aaaa", "bbbb", "cccc"]
+    for start, net in nets.items():
+        w = within[start].verdicts["acc_final"]["ema"]
+        assert w.result.seeds.unit == "seed" and w.result.point == pytest.approx(net / PROMPTS)
+    assert "### GRPO within SFT start cccc" in report.markdown_path.read_text()
+
     text = report.tables["grpo"].verdict
     assert "Runs paired by SFT start and seed: 3 SFT starts × 4 seeds." in text
     assert "SFT starts, then seeds within SFT start, then prompts within seed" in text

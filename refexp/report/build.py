@@ -6,13 +6,13 @@ plot, write. Nothing here knows a metric's meaning; that lives in ``reduce.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
 from . import frontier_report, own_change, selection
-from .group import group_runs
-from .load import Run, load_sweep
+from .group import Group, group_runs
+from .load import Run, load_sweep, natural_key
 from .plan import Plan, make_plan
 from .plots import make_plots
 from .reduce import at_step_columns
@@ -64,6 +64,8 @@ class Report:
     """The frontier across ``comparison.frontier_key`` and the tuned comparison (``comparison.select``)."""
     kept: dict[str, own_change.OwnChanges] = field(default_factory=dict)
     """algo -> each group's change of ``eval/retention`` from its runs' starts (groups that measured it)."""
+    within: dict[str, dict[str, AlgoTable]] = field(default_factory=dict)
+    """algo -> SFT start -> the table and verdicts of that start's runs alone (with several starts only)."""
 
     @property
     def shown_dir(self) -> str:
@@ -85,6 +87,17 @@ class Report:
     @property
     def summary_path(self) -> Path:
         return self.sweep_dir / "summary.json"
+
+
+def _within_starts(algo: str, groups: list[Group], target: Optional[float], plan: Plan,
+                   extra: tuple) -> dict[str, AlgoTable]:
+    """SFT start -> the table of its runs alone, when the counted runs come from several starts: conditional on
+    a start, its seeds then prompts are the units of the verdict, where the main table's unit is the start."""
+    starts = sorted({r.sft_start for g in groups for r in g.completed if plan.counts(r)}, key=natural_key)
+    if len(starts) < 2:
+        return {}
+    return {s: summarize(algo, [replace(g, runs=[r for r in g.runs if r.sft_start == s]) for g in groups], target,
+                         plan, extra) for s in starts}
 
 
 def _clear_old_plots(plots_dir: Path) -> None:
@@ -149,6 +162,8 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
                 setup[algo] += selection.setup_rows(frontier.selection)
     kept = {algo: oc for algo in tables
             if (oc := own_change.own_changes(by_algo[algo], plan.counts, alpha=plan.alpha, margin=plan.margin))}
-    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan, frontier, kept)
+    within = {algo: _within_starts(algo, by_algo[algo], target, plan, extra) for algo in tables}
+    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan, frontier, kept,
+                    {algo: w for algo, w in within.items() if w})
     write_all(report)
     return report

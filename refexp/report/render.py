@@ -16,6 +16,7 @@ from pathlib import Path
 from refexp.record.atomic import write_text_atomic
 
 from . import frontier_report, own_change
+from .frontier_report import WITHIN_START
 from .reduce import COLUMNS, TAIL
 from .table import DEFAULT_TARGET_MARGIN, error_cell, header_and_cells
 
@@ -172,6 +173,12 @@ def render_markdown(report) -> str:
         if kept is not None:
             out += [f"**What each group kept.** {kept.text}", ""]
             out += _md_table(own_change.header(kept), own_change.rows(kept)) + [""]
+        for start, inside in report.within.get(algo, {}).items():
+            out += [f"### {algo.upper()} within SFT start {start}", "", WITHIN_START, ""]
+            for paragraph in inside.verdict.split("\n\n") if inside.verdict else []:
+                out += [paragraph, ""]
+            header_s, body_s = header_and_cells(inside)
+            out += _md_table(header_s, body_s) + [""]
     if report.frontier is not None:
         out += frontier_report.markdown(report.frontier, report.sweep_dir, _md_table)
     samples = _sample_rows(report)
@@ -232,6 +239,10 @@ def render_html(report) -> str:
         if kept is not None:
             parts += [f"<p><strong>What each group kept.</strong> {e(kept.text)}</p>",
                       _html_table(own_change.header(kept), own_change.rows(kept))]
+        for start, inside in report.within.get(algo, {}).items():
+            parts += [f"<h3>{e(algo.upper())} within SFT start {e(start)}</h3>", f"<p>{e(WITHIN_START)}</p>"]
+            parts += [f"<p>{e(p)}</p>" for p in (inside.verdict.split("\n\n") if inside.verdict else [])]
+            parts.append(_html_table(*header_and_cells(inside)))
     if report.frontier is not None:
         parts += frontier_report.html_parts(report.frontier, _html_table, _data_uri)
     samples = _sample_rows(report)
@@ -286,7 +297,11 @@ def summary_dict(report) -> dict:
                        "columns": [c.key for c in table.columns], "groups": groups,
                        "baseline": table.baseline, "headline": table.headline.key if table.headline else None,
                        "verdict": table.verdict, "setup": dict(report.setup.get(algo, [])),
-                       "kept": own_change.summary(report.kept[algo]) if algo in report.kept else None}
+                       "kept": own_change.summary(report.kept[algo]) if algo in report.kept else None,
+                       "within_sft_start": {start: {"verdict": inside.verdict, "paired_vs_baseline": {
+                           row.group.label: {key: _comparison_dict(c, inside.verdicts[key].get(row.group.label),
+                                                                   inside.baseline) for key, c in row.paired.items()}
+                           for row in inside.rows}} for start, inside in report.within.get(algo, {}).items()}}
     return {
         "sweep_dir": report.shown_dir,
         "confidence": 0.95,
