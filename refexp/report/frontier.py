@@ -247,8 +247,8 @@ def _text(m: MatchedDrift, alpha: float) -> str:
     n = len(m.verdicts)
     head = (f"{m.metric} at matched {m.axis.key}, each arm against {m.baseline} at two values inside the range "
             f"both cover in every common replicate (SFT start and seed; each one's curve across {m.axis.key} "
-            f"interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'}). Family: {n} comparison{'s' * (n != 1)}, "
-            f"Holm-adjusted, alpha {alpha:g}.")
+            f"interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'}). Family: {n} "
+            f"comparison{'s' * (n != 1)}, Holm-adjusted, alpha {alpha:g}.")
     parts = [head] + [m.verdicts[r.label].sentence(m.baseline) for r in m.rows if r.label in m.verdicts]
     unclaimed = [f"{r.label} ({r.no_claim or 'fewer than 2 replicates'})" for r in m.rows if r.result is None]
     if unclaimed:

@@ -64,10 +64,11 @@ def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: 
     log.write(first)
     log.write({"step": STEPS, **final})
     log.close()
-    if kept:
-        append_outcomes(run_dir, 0, [EvalOutcomes("retain_eval", "eval/retention", list(range(PROMPTS)), kept[0].tolist())])
-    append_outcomes(run_dir, STEPS, [EvalOutcomes("eval", "eval/accuracy", list(range(PROMPTS)), scores.tolist())]
-                    + ([EvalOutcomes("retain_eval", "eval/retention", list(range(PROMPTS)), kept[1].tolist())] if kept else []))
+    ids = list(range(PROMPTS))
+    retention = [EvalOutcomes("retain_eval", "eval/retention", ids, k.tolist()) for k in kept]
+    if retention:
+        append_outcomes(run_dir, 0, retention[:1])
+    append_outcomes(run_dir, STEPS, [EvalOutcomes("eval", "eval/accuracy", ids, scores.tolist()), *retention[1:]])
     write_status(run_dir, {"status": "completed", "algo": "grpo", "seed": seed, "steps": STEPS, "last_step": STEPS,
                            "final": final, "provenances": [{"commit": "abc"}]})
     return run_dir
