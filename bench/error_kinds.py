@@ -15,6 +15,12 @@ lower, mod 10, on a sum whose ones column carries, so ``0101`` -> ``0191``); a c
 undone where there is no carry to forget (the tens digit one higher, mod 10). ``--markdown OUT.md`` also writes
 the group table to a file to commit, naming the sweep and the start by their directory names only.
 
+``--retention`` completes the held-out prompts of the skills RL does not train instead (``task.ops`` minus
+``task.rl_ops``: the split ``eval/retention`` reads, ``Task.retain_eval``) and files them under
+``retention_kinds.KINDS`` (the RL skill's answer ``a+b``, a missed or added borrow, the ones digit off by one;
+``bench/retention_kinds.py`` defines them). With ``--prompts`` at the runs' ``eval.num_prompts`` a run's
+``correct`` share is its last ``eval/retention``.
+
     python bench/error_kinds.py /path/to/sweep/ --start ~/.cache/refexp/sft/<key>/model --markdown docs/x.md
 """
 
@@ -24,10 +30,14 @@ import argparse
 import collections
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from refexp.choices import ARITHMETIC_OPS
 from refexp.tasks.arithmetic import format_problem, ones_carry, slip_carry
+
+import retention_kinds  # bench/: this script's directory
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("correct", "missed ones-carry", "carry added without one", "other")
@@ -58,6 +68,27 @@ def classify(prompt: str, completion: str) -> str:
     return "other"
 
 
+@dataclass(frozen=True)
+class Skills:
+    """Which held-out prompts are completed and how their mistakes are filed."""
+
+    split: str  # the ``Task`` split: ``eval`` (the RL skills) or ``retain_eval`` (the skills RL does not train)
+    kinds: tuple[str, ...]
+    classify: Callable[[str, str], str]  # (prompt, completion) -> one of kinds
+    title: str  # the markdown file's heading, before the experiment names
+    prompts_named: str  # what the markdown file calls the prompts
+    script: str  # the command the markdown file names
+    kinds_described: str  # the markdown file's sentence on the kinds
+
+
+RL_SKILLS = Skills("eval", KINDS, classify, "Error kinds", "test prompts", "bench/error_kinds.py",
+                   "a missed ones-carry is the task's own slip, `slip_carry`; a carry added without one is that slip "
+                   "undone on a sum whose ones column does not carry")
+RETAINED_SKILLS = Skills("retain_eval", retention_kinds.KINDS, retention_kinds.classify, "Retained-skill error kinds",
+                         "held-out prompts of the skills RL does not train (`retain_eval`, what `eval/retention` "
+                         "reads)", "bench/error_kinds.py --retention", retention_kinds.DESCRIBED)
+
+
 def run_dirs(paths: list[Path]) -> list[Path]:
     """The run dirs (with a ``checkpoint/``) among ``paths``, a sweep dir standing for its jobs in job order."""
     def job_order(d: Path):
@@ -72,25 +103,27 @@ def run_dirs(paths: list[Path]) -> list[Path]:
     return found
 
 
-def markdown_table(totals: dict[str, collections.Counter], runs_per_group: dict[str, int]) -> str:
-    """One row per group: each kind's share of the group's completions (pooled over its runs), runs, completions."""
-    lines = [f"| group | {' | '.join(KINDS)} | runs | test completions |", "|---|" + "---:|" * (len(KINDS) + 2)]
+def markdown_table(totals: dict[str, collections.Counter], runs_per_group: dict[str, int],
+                   kinds: tuple[str, ...] = KINDS) -> str:
+    """One row per group: each of ``kinds``' share of the group's completions (pooled over its runs), runs,
+    completions."""
+    lines = [f"| group | {' | '.join(kinds)} | runs | test completions |", "|---|" + "---:|" * (len(kinds) + 2)]
     for group, counts in totals.items():
         n = sum(counts.values())
-        shares = " | ".join(f"{counts[k] / n:.3f}" if n else "-" for k in KINDS)
+        shares = " | ".join(f"{counts[k] / n:.3f}" if n else "-" for k in kinds)
         lines.append(f"| {group} | {shares} | {runs_per_group.get(group, 1)} | {n} |")
     return "\n".join(lines) + "\n"
 
 
-def markdown_file(table: str, experiments: list[str], start: Path | None, prompts: int) -> str:
+def markdown_file(table: str, experiments: list[str], start: Path | None, prompts: int,
+                  skills: Skills = RL_SKILLS) -> str:
     """The table with what produced it: the experiment(s) by name and the start by its SFT cache key (no machine
     paths)."""
     sweeps = ", ".join(f"`{e}`" for e in dict.fromkeys(experiments))
     start_line = (f" The SFT start is the model of SFT cache entry `{start.parent.name}`." if start else "")
-    return (f"# Error kinds of {sweeps}\n\n"
-            f"Greedy completions of the first {prompts} test prompts of each run's last checkpoint, classified by "
-            f"`bench/error_kinds.py` (a missed ones-carry is the task's own slip, `slip_carry`; a carry added "
-            f"without one is that slip undone on a sum whose ones column does not carry). Shares are pooled over "
+    return (f"# {skills.title} of {sweeps}\n\n"
+            f"Greedy completions of the first {prompts} {skills.prompts_named} of each run's last checkpoint, "
+            f"classified by `{skills.script}` ({skills.kinds_described}). Shares are pooled over "
             f"each group's runs (seeds), with no interval.{start_line}\n\n{table}")
 
 
@@ -115,18 +148,21 @@ def group_of(overrides: list[str]) -> str:
     return "run"
 
 
-def measure(cfg, weights: Path, prompts: int) -> collections.Counter:
+def measure(cfg, weights: Path, prompts: int, skills: Skills = RL_SKILLS) -> collections.Counter:
+    """How many of the greedy completions of the first ``prompts`` prompts of ``skills.split`` fall in each kind."""
     from refexp import titan
     from refexp.evaluation import greedy_accuracy
     from refexp.tasks import build_task
 
     task = build_task(cfg.task, str(Path(cfg.sft.cache_dir).expanduser()), algo=cfg.algo.name)
+    if getattr(task, skills.split) is None:
+        raise ValueError(f"the task has no {skills.split} split (task.rl_ops trains every skill of task.ops)")
     titan.prepare_torchtitan("cpu")
     model = titan.build_model(cfg.model, vocab_size=task.tokenizer.vocab_size, device="cpu", requires_grad=False)
     titan.load_weights(model, cfg.model, weights)
     samples: list = []
-    greedy_accuracy(model, task, prompts, samples=samples, num_samples=prompts)
-    return collections.Counter(classify(s["prompt"], s["completion"]) for s in samples)
+    greedy_accuracy(model, task, prompts, split=skills.split, samples=samples, num_samples=prompts)
+    return collections.Counter(skills.classify(s["prompt"], s["completion"]) for s in samples)
 
 
 def main(argv=None) -> None:
@@ -136,7 +172,10 @@ def main(argv=None) -> None:
     p.add_argument("--start", type=Path, default=None, help="also measure these start weights (an SFT model/ dir)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--markdown", type=Path, default=None, help="also write the group table to this markdown file")
+    p.add_argument("--retention", action="store_true",
+                   help="complete the held-out prompts of the skills RL does not train (eval/retention's) instead")
     args = p.parse_args(argv)
+    skills = RETAINED_SKILLS if args.retention else RL_SKILLS
     import torch
 
     torch.set_num_threads(args.threads)
@@ -146,21 +185,21 @@ def main(argv=None) -> None:
     experiments = []
     if args.start and runs:
         cfg, _ = compose_run_config(runs[0])
-        counts = measure(cfg, args.start, args.prompts)
+        counts = measure(cfg, args.start, args.prompts, skills)
         totals["SFT start"] = counts
         print(json.dumps({"run": "SFT start", **counts}), flush=True)
     for run in runs:
         cfg, overrides = compose_run_config(run)
         experiments.append(cfg.experiment_name)
         last = max((run / "checkpoint").glob("step-*"), key=lambda d: int(d.name.split("-")[1]))
-        counts = measure(cfg, last, args.prompts)
+        counts = measure(cfg, last, args.prompts, skills)
         totals[group_of(overrides)] += counts
         runs_per_group[group_of(overrides)] += 1
         print(json.dumps({"run": str(run), "group": group_of(overrides), "checkpoint": last.name, **counts}), flush=True)
-    table = markdown_table(totals, runs_per_group)
+    table = markdown_table(totals, runs_per_group, skills.kinds)
     print("\n" + table, end="")
     if args.markdown:
-        args.markdown.write_text(markdown_file(table, experiments, args.start, args.prompts))
+        args.markdown.write_text(markdown_file(table, experiments, args.start, args.prompts, skills))
         print(f"wrote {args.markdown}")
 
 
