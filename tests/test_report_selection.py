@@ -98,3 +98,19 @@ def test_the_rule_checks_its_fields():
         ComparisonConfig(arm_key="grpo_variant", arms=["fixed", "ema"], baseline="fixed", seeds=[0, 1],
                          frontier_key="grpo_variant")
     assert not SelectionConfig().declared and SelectionConfig(metric="val/accuracy").declared
+
+
+def test_a_tuned_sweep_without_a_frontier_says_its_arms_are_compared_each_at_its_best(tmp_path):
+    """The baseline arm has one group per setting it was tuned over: no group-by-group verdict, the tuned
+    comparison instead (and no frontier section)."""
+    decl = {**block(["fixed", "ema"], select=RULE), "frontier_key": ""}
+    for seed in (0, 1):
+        for arm, more in (("fixed", 0), ("ema", 10)):
+            for beta in (0.2, 1.0):
+                write_run(tmp_path, arm, beta, seed, solved=TEST_SOLVED[beta] + more, kl=0.1, decl=decl,
+                          val=VAL[beta])
+    report = build_report(tmp_path)
+    assert "one per setting it was tuned over: the arms are compared each at its best setting" in \
+        report.tables["grpo"].verdict
+    assert report.frontier.matched == []
+    assert report.frontier.selection.verdicts["ema (algo.beta=0.2)"].result.point == pytest.approx(10 / PROMPTS)

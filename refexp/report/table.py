@@ -178,6 +178,9 @@ def find_baseline(groups: list[Group], plan: Plan) -> tuple[Optional[Group], str
     if key and matches:
         return None, (f"the baseline arm {plan.baseline} has {len(matches)} groups, one per {key}: the arms are "
                       f"compared at matched drift and each at its best setting (below), not group by group")
+    if plan.declared and matches and ((plan.block or {}).get("select") or {}).get("metric"):
+        return None, (f"the baseline arm {plan.baseline} has {len(matches)} groups, one per setting it was tuned "
+                      f"over: the arms are compared each at its best setting (below), not group by group")
     if not matches:
         return None, f"no {plan.baseline!r} group to pair against (--baseline names a group label or a swept variant)"
     return None, (f"--baseline {plan.baseline} matches {len(matches)} groups ({', '.join(g.label for g in matches)}): "
