@@ -27,7 +27,7 @@ HOW_TO_READ = (
 
 
 WITHIN_START = (
-    "The same comparisons over this SFT start's runs alone: conditional on the start, its seeds then prompts are "
+    "These comparisons over this SFT start's runs alone: conditional on the start, its seeds then prompts are "
     "the units (the sections above take the start as the unit, so with few starts they separate little). A "
     "difference here holds for this start; whether it holds for SFT starts in general is the question the "
     "sections above answer.")

@@ -70,7 +70,7 @@ HOW_TO_READ = (
     "that t has one degree of freedom and separates little, so each algorithm's table and verdicts are repeated "
     "*within each SFT start*, conditional on it (its seeds, then prompts): a difference there holds for that "
     "start. *What each group kept* is each group's final `eval/retention` minus its own step-0 evaluation, "
-    "paired by prompt within each run, with the same intervals, Holm over the algorithm's groups. "
+    "paired by prompt within each run, with the verdict table's intervals, Holm over the algorithm's groups. "
     "Runs outside the comparison the "
     "experiment declared (other seeds or arms), or from another refexp commit or thread count than most "
     "runs, are listed in the setup block and left out of the verdict (`--allow-mixed` counts them). "
