@@ -7,11 +7,12 @@ import math
 
 import numpy as np
 import pytest
-from scipy.stats import norm
+from scipy.stats import norm, t
 
 from refexp.report.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
 from refexp.report.inference import (equivalence, family_verdicts, holm, minimum_detectable_difference,
                                      verdict_word)
+from refexp.report.paired import START_LEVEL, SeedOnlyResult
 from refexp.report.stats import mean_ci
 
 FORBIDDEN = ("stops", "the same", "equal", "does not order")
@@ -233,3 +234,13 @@ def test_sentences_state_family_adjustment_and_power_and_never_use_forbidden_wor
         assert "Bonferroni 98.75% interval" in text and "80% power at alpha 0.0125" in text
         assert "With 5 seeds and 200 prompts" in text
         assert not any(word in text.lower() for word in FORBIDDEN), text
+
+
+def test_the_detectable_difference_uses_students_t_when_a_t_test_must_reject():
+    """Two SFT starts: the t over two start means has 1 df, and the difference it detects is many times the
+    normal approximation's; a bootstrap alone keeps the normal one."""
+    assert minimum_detectable_difference(0.02, 0.05, df=2) == pytest.approx((t.ppf(0.975, 2) + t.ppf(0.8, 2)) * 0.02)
+    v = family_verdicts({"a": SeedOnlyResult((0.10, 0.12), unit=START_LEVEL)})["a"]
+    assert v.df == 1 and v.mdd == pytest.approx((t.ppf(0.975, 1) + t.ppf(0.8, 1)) * v.result.se)
+    assert v.mdd > 5 * minimum_detectable_difference(v.result.se, 0.05)
+    assert "(Student t, 1 df)" in v.sentence("fixed")

@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 from scipy.stats import norm
+from scipy.stats import t as student_t
 
 from .bootstrap import BootstrapResult
 
@@ -70,11 +71,23 @@ def equivalence(result: BootstrapResult, margin: float, alpha: float = 0.05) -> 
     return Equivalence(margin, alpha, interval, p, -margin < interval[0] and interval[1] < margin)
 
 
-def minimum_detectable_difference(se: float, alpha: float, power: float = 0.8) -> float:
-    """(z_{1-alpha/2} + z_{power}) * se: the true difference a two-sided test at ``alpha`` detects with
-    probability ``power``, in the normal approximation to the estimate's sampling distribution (se the
-    bootstrap standard error)."""
-    return float((norm.ppf(1.0 - alpha / 2.0) + norm.ppf(power)) * se)
+def minimum_detectable_difference(se: float, alpha: float, power: float = 0.8, df: Optional[int] = None) -> float:
+    """(q_{1-alpha/2} + q_{power}) * se: the true difference a two-sided test at ``alpha`` detects with
+    probability ``power``; q the normal quantile, or Student's t with ``df`` degrees of freedom when the test that
+    must reject is a t over few units (two SFT starts: 1 df, where the normal quantiles would claim a detectable
+    difference many times too small). The t form is the usual central-t approximation to the noncentral t power
+    (Cohen 1988, ch. 2)."""
+    if df is None:
+        return float((norm.ppf(1.0 - alpha / 2.0) + norm.ppf(power)) * se)
+    return float((student_t.ppf(1.0 - alpha / 2.0, df) + student_t.ppf(power, df)) * se)
+
+
+def students_t_df(result) -> Optional[int]:
+    """The degrees of freedom of the Student-t test a result must pass (a seed-only result's, or the t half of a
+    both-levels one); None for a bootstrap alone."""
+    t_test = getattr(result, "seeds", result)
+    df = getattr(t_test, "df", None)
+    return int(df) if isinstance(df, (int, float)) and df >= 1 else None
 
 
 def verdict_word(interval: tuple[float, float], p_adjusted: float, alpha: float,
@@ -105,9 +118,12 @@ class Verdict:
     family_size: int
     alpha: float
     mdd: float
-    """Smallest difference detected with probability ``power`` at level alpha/m (normal approximation)."""
+    """Smallest difference detected with probability ``power`` at level alpha/m (Student's t with ``df`` degrees of
+    freedom when the comparison must pass a t test, else the normal approximation)."""
     power: float
     equivalence: Optional[Equivalence]
+    df: Optional[int] = None
+    """The degrees of freedom ``mdd`` was computed with (None: normal approximation)."""
 
     def sentence(self, baseline: str) -> str:
         """E.g. "ema - fixed: +0.178, Bonferroni 98.75% interval [+0.012, +0.330], Holm-adjusted p 0.052
@@ -126,7 +142,8 @@ class Verdict:
                      f"{100 * (1 - 2 * e.alpha):.4g}% interval [{e.interval[0]:+.3f}, {e.interval[1]:+.3f}]"
                      f"{'' if e.equivalent else ' not inside the margin'}.")
         text += (f" With {_units_text(self.result)}, the smallest difference detected with {self.power:.0%} "
-                 f"power at alpha {self.alpha / self.family_size:.4g} is ±{self.mdd:.3f} (normal approximation).")
+                 f"power at alpha {self.alpha / self.family_size:.4g} is ±{self.mdd:.3f} "
+                 f"({'normal approximation' if self.df is None else f'Student t, {self.df} df'}).")
         if self.result.note:
             text += f" Note: {self.result.note}."
         return text
@@ -158,7 +175,8 @@ def family_verdicts(results: Mapping[str, BootstrapResult], *, alpha: float = 0.
     for (label, r), p_holm in zip(results.items(), adjusted.adjusted):
         interval = bonferroni_interval(r, alpha, m)
         tost = equivalence(r, margin, alpha / m) if margin is not None else None
+        df = students_t_df(r)
         out[label] = Verdict(label, verdict_word(interval, float(p_holm), alpha, tost), r, interval,
-                             float(p_holm), m, alpha, minimum_detectable_difference(r.se, alpha / m, power),
-                             power, tost)
+                             float(p_holm), m, alpha, minimum_detectable_difference(r.se, alpha / m, power, df),
+                             power, tost, df)
     return out
