@@ -65,4 +65,4 @@ def test_no_table_without_retention_outcomes(tmp_path):
         for arm in ("fixed", "ema"):
             write_run(tmp_path, arm, 1.0, seed, solved=100, kl=0.1, decl=decl)
     report = build_report(tmp_path)
-    assert report.kept == {} and "What each group kept" not in report.markdown_path.read_text()
+    assert report.kept == {} and "**What each group kept.**" not in report.markdown_path.read_text()
