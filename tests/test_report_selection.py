@@ -114,3 +114,30 @@ def test_a_tuned_sweep_without_a_frontier_says_its_arms_are_compared_each_at_its
         report.tables["grpo"].verdict
     assert report.frontier.matched == []
     assert report.frontier.selection.verdicts["ema (algo.beta=0.2)"].result.point == pytest.approx(10 / PROMPTS)
+
+
+def test_a_change_floor_holds_starts_at_different_levels_to_one_rule(tmp_path):
+    """Two SFT starts at validation retention 0.9 and 0.6: a floor of 0.8 on the mean final value is out of reach for
+    every setting, while a floor on each run's own change (-0.1) keeps the beta that lost 0.05 and drops the one that
+    lost 0.3, though validation accuracy prefers the latter."""
+    for name, rule in (("absolute", {**RULE, "floor": {"val/retention": 0.8}}),
+                       ("change", {**RULE, "floor_change": {"val/retention": -0.1}})):
+        decl = block(["fixed", "ema"], select=rule)
+        for start, level in ((0, 0.9), (1, 0.6)):
+            for seed in (0, 1):
+                for arm in ("fixed", "ema"):
+                    for beta, lost in ((0.2, 0.3), (1.0, 0.05)):
+                        write_run(tmp_path / name, arm, beta, seed, solved=TEST_SOLVED[beta], kl=0.1, decl=decl,
+                                  val=VAL[beta], extra={"val/retention": level - lost},
+                                  start_extra={"val/retention": level}, overrides=(f"sft.seed={start}",))
+    assert chosen(build_report(tmp_path / "absolute")) == {"fixed": None, "ema": None}
+    report = build_report(tmp_path / "change")
+    assert chosen(report) == {"fixed": {"algo.beta": "1"}, "ema": {"algo.beta": "1"}}
+    sel = report.frontier.selection
+    assert sel.choices["ema"].candidates[0].changes["val/retention"] == pytest.approx(-0.3)
+    assert "mean change of val/retention from step 0 >= -0.1" in sel.rule
+
+
+def test_a_change_floor_on_a_test_metric_is_refused():
+    with pytest.raises(ConfigError, match="comparison.select.floor_change"):
+        SelectionConfig(metric="val/accuracy", floor_change={"eval/retention": -0.1})

@@ -34,6 +34,11 @@ class SelectionConfig:
     floor: dict[str, float] = field(default_factory=dict)
     """Validation metric -> the least mean final value a setting must reach to be eligible (e.g.
     ``{val/retention: 0.8}``); a floor on a metric the runs do not log is not applied and the report says so."""
+    floor_change: dict[str, float] = field(default_factory=dict)
+    """Validation metric -> the least mean change of its final value from each run's step-0 value a setting must
+    reach (e.g. ``{val/retention: -0.1}``: lose at most 0.1 of what the start had). Read per run, so SFT starts
+    that begin at different levels are held to one rule, where an absolute ``floor`` averaged over them may be out of
+    reach; not applied to a metric the runs do not log at step 0 and at the end, and the report says so."""
 
     @property
     def declared(self) -> bool:
@@ -48,6 +53,11 @@ class SelectionConfig:
                   "validation metrics as keys (val/retention)")
             check(isinstance(value, (int, float)) and not isinstance(value, bool), f"comparison.select.floor.{key}",
                   value, "a number")
+        for key, value in self.floor_change.items():
+            check(isinstance(key, str) and key.startswith("val/"), "comparison.select.floor_change", key,
+                  "validation metrics as keys (val/retention)")
+            check(isinstance(value, (int, float)) and not isinstance(value, bool),
+                  f"comparison.select.floor_change.{key}", value, "a number (a change: -0.1 loses at most 0.1)")
 
 
 @dataclass

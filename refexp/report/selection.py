@@ -32,6 +32,8 @@ class Candidate:
     floors: dict[str, Optional[float]]
     """Floor metric -> its mean final value (None: no run logged it; that floor is not applied)."""
     eligible: bool
+    changes: dict[str, Optional[float]] = field(default_factory=dict)
+    """Change-floor metric -> the mean of each run's final minus step-0 value (None: not measurable)."""
 
     @property
     def shown(self) -> str:
@@ -71,13 +73,25 @@ def _mean(runs: list[Run], metric: str) -> Optional[float]:
     return float(np.mean(values)) if values else None
 
 
+def _mean_change(runs: list[Run], metric: str) -> Optional[float]:
+    """The mean over runs of the metric's last logged value minus its step-0 value (runs without both left out)."""
+    changes = []
+    for r in runs:
+        steps, values = r.series(metric)
+        if len(steps) >= 2 and int(steps[0]) == 0:
+            changes.append(float(values[-1] - values[0]))
+    return float(np.mean(changes)) if changes else None
+
+
 def rule_text(select: dict) -> str:
     """The rule in words, as the setup block states it."""
     floor = select.get("floor") or {}
     text = (f"per arm, the setting with the {'highest' if select.get('maximize', True) else 'lowest'} mean final "
             f"{select['metric']} over its seeds")
-    if floor:
-        text += " among those with " + " and ".join(f"mean final {k} >= {v:g}" for k, v in floor.items())
+    conditions = [f"mean final {k} >= {v:g}" for k, v in floor.items()]
+    conditions += [f"mean change of {k} from step 0 >= {v:+g}" for k, v in (select.get("floor_change") or {}).items()]
+    if conditions:
+        text += " among those with " + " and ".join(conditions)
     return text + "; test read for the chosen settings only"
 
 
@@ -94,6 +108,7 @@ def choose(runs: list[Run], plan: Plan) -> Optional[Selection]:
     if not select.get("metric"):
         return None
     metric, maximize, floor = select["metric"], bool(select.get("maximize", True)), dict(select.get("floor") or {})
+    floor_change = dict(select.get("floor_change") or {})
     sel = Selection(rule_text(select), {}, str(plan.baseline), compared_metric(metric))
     by_arm: dict[str, dict[Settings, list[Run]]] = {}
     planned = planned_runs(runs, plan)
@@ -105,9 +120,11 @@ def choose(runs: list[Run], plan: Plan) -> Optional[Selection]:
         cands = []
         for settings, rs in sorted(by_arm.get(arm, {}).items()):
             floors = {k: _mean(rs, k) for k in floor}
-            unlogged |= {k for k, v in floors.items() if v is None}
-            ok = all(v is None or v >= floor[k] for k, v in floors.items())
-            cands.append(Candidate(settings, rs, _mean(rs, metric), floors, ok))
+            changes = {k: _mean_change(rs, k) for k in floor_change}
+            unlogged |= {k for k, v in (*floors.items(), *changes.items()) if v is None}
+            ok = (all(v is None or v >= floor[k] for k, v in floors.items())
+                  and all(v is None or v >= floor_change[k] for k, v in changes.items()))
+            cands.append(Candidate(settings, rs, _mean(rs, metric), floors, ok, changes))
         scored = [c for c in cands if c.eligible and c.score is not None]
         best = (max if maximize else min)(scored, key=lambda c: c.score) if scored else None
         tied = [c.shown for c in scored if best is not None and c.score == best.score]

@@ -36,11 +36,12 @@ def ranking(seed: int) -> np.ndarray:
 
 def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: float, decl: dict,
               val: Optional[float] = None, extra: Optional[dict] = None, overrides: tuple = (),
-              retained: Optional[tuple[int, int]] = None) -> Path:
+              retained: Optional[tuple[int, int]] = None, start_extra: Optional[dict] = None) -> Path:
     """A completed run of ``arm`` at ``beta`` whose final test evaluation solves the ``solved`` easiest prompts
     of its seed (``eval/accuracy`` = solved / PROMPTS), with final ``kl/init`` = ``kl``, ``val/accuracy`` =
     ``val``, any ``extra`` final metrics and any further ``overrides``. ``retained`` = (at step 0, at the end):
-    how many of the seed's easiest retention prompts its ``eval/retention`` evaluations solve."""
+    how many of the seed's easiest retention prompts its ``eval/retention`` evaluations solve; ``start_extra``:
+    metrics logged at step 0 too."""
     run_dir = root / "-".join([arm, f"{beta:g}", str(seed), *overrides])
     (run_dir / layout.HYDRA_DIR).mkdir(parents=True)
     (run_dir / layout.HYDRA_DIR / "overrides.yaml").write_text(
@@ -53,7 +54,7 @@ def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: 
     scores[ranking(seed)[:solved]] = 1.0
     final = {"eval/accuracy": float(scores.mean()), "kl/init": kl, **({"val/accuracy": val} if val is not None
                                                                        else {}), **(extra or {})}
-    first = {"step": 0, "eval/accuracy": 0.0, "kl/init": 0.0}
+    first = {"step": 0, "eval/accuracy": 0.0, "kl/init": 0.0, **(start_extra or {})}
     kept = []
     if retained is not None:
         kept = [np.zeros(PROMPTS), np.zeros(PROMPTS)]
