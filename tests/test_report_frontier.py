@@ -147,6 +147,7 @@ def test_two_sft_starts_pair_by_start_and_seed_in_the_matched_table_and_the_tune
     # within each start, conditional on it: its seeds are the units
     inside = report.frontier.within["sft.seed=1"]
     m = next(m for m in inside.matched if m.axis.key == "kl/init")
+    assert len(m.verdicts) == 2
     assert all(v.result.seeds.unit == "seed" and v.result.point == pytest.approx(0.15) for v in m.verdicts.values())
     assert inside.selection.verdicts["ema (algo.beta=0.01)"].result.point == pytest.approx(0.15)
     assert "## Within SFT start sft.seed=0" in report.markdown_path.read_text()

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from . import frontier_report, own_change, selection
 from .group import Group, group_runs
-from .load import Run, load_sweep, natural_key
+from .load import Run, load_sweep, sft_start_keys
 from .plan import Plan, make_plan
 from .plots import make_plots
 from .reduce import at_step_columns
@@ -93,7 +93,7 @@ def _within_starts(algo: str, groups: list[Group], target: Optional[float], plan
                    extra: tuple) -> dict[str, AlgoTable]:
     """SFT start -> the table of its runs alone, when the counted runs come from several starts: conditional on
     a start, its seeds then prompts are the units of the verdict, where the main table's unit is the start."""
-    starts = sorted({r.sft_start for g in groups for r in g.completed if plan.counts(r)}, key=natural_key)
+    starts = sft_start_keys(r for g in groups for r in g.completed if plan.counts(r))
     if len(starts) < 2:
         return {}
     return {s: summarize(algo, [replace(g, runs=[r for r in g.runs if r.sft_start == s]) for g in groups], target,

@@ -10,7 +10,7 @@ from typing import Optional
 
 from .frontier import DRIFT_AXIS, RETENTION_AXIS, MatchedDrift, curves, matched, planned_runs
 from .frontier_plots import plot_frontier_curves
-from .load import Run, natural_key
+from .load import Run, sft_start_keys
 from .plan import Plan
 from .selection import Selection, choose, setup_rows
 
@@ -55,7 +55,7 @@ def make(runs: list[Run], plan: Plan, plots_dir: Path) -> Optional[FrontierRepor
         return None
     metric = str(block.get("metric", "eval/accuracy"))
     out = _sections(runs, plan, key, metric, plots_dir)
-    starts = sorted({r.sft_start for r in planned_runs(runs, plan)}, key=natural_key)
+    starts = sft_start_keys(planned_runs(runs, plan))
     if len(starts) > 1:
         out.within = {s: _sections([r for r in runs if r.sft_start == s], plan, key, metric, None) for s in starts}
     return out

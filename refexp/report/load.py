@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 import yaml
@@ -61,6 +61,11 @@ def find_run_dirs(sweep_dir: Path) -> list[Path]:
 def natural_key(text: str) -> list:
     """Sort key that orders embedded integers numerically ("2" < "10", "a=5" < "a=20")."""
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t]
+
+
+def sft_start_keys(runs: Iterable["Run"]) -> list[str]:
+    """The SFT starts ``runs`` trained from (``Run.sft_start``), each once, in natural order."""
+    return sorted({r.sft_start for r in runs}, key=natural_key)
 
 
 def _read_yaml(path: Path) -> Any:

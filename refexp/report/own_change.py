@@ -22,7 +22,7 @@ from refexp.record.metric_names import EVAL_RETENTION
 
 from .group import Group
 from .inference import Verdict, family_verdicts
-from .load import Run, natural_key
+from .load import Run, sft_start_keys
 from .paired import Leaf, Unit, final_step, unit_result
 
 START = "its step-0 evaluation"
@@ -74,7 +74,7 @@ def own_changes(groups: list[Group], counts: Callable[[Run], bool], *, alpha: fl
     out = _table(groups, counts, alpha, margin, metric)
     if out is None:
         return None
-    starts = sorted({r.sft_start for g in groups for r in g.completed if counts(r)}, key=natural_key)
+    starts = sft_start_keys(r for g in groups for r in g.completed if counts(r))
     if len(starts) > 1:
         for start in starts:
             inside = _table(groups, lambda r, s=start: counts(r) and r.sft_start == s, alpha, margin, metric)

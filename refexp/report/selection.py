@@ -18,6 +18,7 @@ from .inference import Verdict, family_verdicts
 from .load import Run
 from .metric_scores import aligned, final_scores, final_value, paired_result
 from .plan import Plan
+from .reduce import change_from_start
 from .frontier import Settings, common_settings, planned_runs, settings_of
 
 
@@ -74,13 +75,15 @@ def _mean(runs: list[Run], metric: str) -> Optional[float]:
 
 
 def _mean_change(runs: list[Run], metric: str) -> Optional[float]:
-    """The mean over runs of the metric's last logged value minus its step-0 value (runs without both left out)."""
-    changes = []
-    for r in runs:
-        steps, values = r.series(metric)
-        if len(steps) >= 2 and int(steps[0]) == 0:
-            changes.append(float(values[-1] - values[0]))
+    """The mean over runs of the metric's last logged value minus its step-0 value (``reduce.change_from_start``),
+    over the runs that logged it at step 0 and later."""
+    changes = [change_from_start(r, metric) for r in runs if _logged_from_step_0(r, metric)]
     return float(np.mean(changes)) if changes else None
+
+
+def _logged_from_step_0(run: Run, metric: str) -> bool:
+    steps, _ = run.series(metric)
+    return len(steps) >= 2 and int(steps[0]) == 0
 
 
 def rule_text(select: dict) -> str:
