@@ -211,7 +211,7 @@ def shape_from_args(args) -> Shape:
 
 def save_init_checkpoint(model: torch.nn.Module, out_dir: Path) -> Path:
     """The weights as a refexp SFT-style output dir (``model/`` DCP + ``sft.json``), which
-    ``refexp.models.build_frozen``/``build_policy`` load and ``refcache.cache_key`` stamps."""
+    ``refexp.components.models.build_frozen``/``build_policy`` load and ``refcache.cache_key`` stamps."""
     from refexp.titan import save_model_weights
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -225,9 +225,9 @@ def save_init_checkpoint(model: torch.nn.Module, out_dir: Path) -> Path:
 def make_context(cfg, task, run_dir: Path, device: torch.device):
     """A RunContext as ``refexp.run.run_worker`` builds it (1-rank process group, or torchrun's),
     without a logger."""
-    from refexp import distributed as rdist
+    from refexp.runtime import distributed as rdist
     from refexp import titan
-    from refexp.context import RunContext
+    from refexp.components.context import RunContext
 
     titan.prepare_torchtitan(device.type)
     info = rdist.init_distributed(device, backend="auto")

@@ -87,8 +87,8 @@ def main(argv=None) -> None:
     C.quiet_warnings()
     import torch
 
-    from refexp import sampler, titan
-
+    from refexp import titan
+    from refexp.components import sampler
     shape = C.shape_from_args(args)
     model = titan.build_model(shape.model_config(args.prompt_len + args.new_tokens + 1), vocab_size=None,
                               device="cpu", requires_grad=False)

@@ -151,7 +151,7 @@ def build(args, algo: str, reference: str, precompute: bool):
         key = f"init-{shape.dim}-{shape.layers}-{shape.heads}-{shape.kv_heads}-{shape.ffn}-{shape.vocab}-s{args.seed}"
         init_dir = workdir / key
         if not (init_dir / "sft.json").is_file():
-            from refexp.models import build_run_model
+            from refexp.components.models import build_run_model
 
             model = build_run_model(ctx, trainable=False)
             C.save_init_checkpoint(model, init_dir)
@@ -159,7 +159,7 @@ def build(args, algo: str, reference: str, precompute: bool):
     policy = build_policy(ctx, init_dir)
     if args.what_if_fused_adamw:
         policy.optimizers, policy.lr_schedulers = fused_adamw(policy.model, cfg.training)
-    meta = {"optimizer_impl": "fused (what-if)" if args.what_if_fused_adamw else "refexp.optim (foreach on CPU)"}
+    meta = {"optimizer_impl": "fused (what-if)" if args.what_if_fused_adamw else "refexp.components.optim (foreach on CPU)"}
     if algo == "grpo":
         from refexp.algos.grpo import GRPOStep
 
@@ -206,7 +206,7 @@ class Bench:
         self.clock = C.PhaseClock(self.policy.model, self.policy.optimizers)
 
     def step(self, step: int) -> dict:
-        from refexp.optim import reset_optimizer_state
+        from refexp.components.optim import reset_optimizer_state
 
         probe = C.matmul_peak(sizes=(1024,), seconds=0.0, warmup=1)["gflops"] if self.args.probe_peak else None
         self.clock.take()
@@ -228,7 +228,7 @@ class Bench:
     def flops(self, timed: list[dict]) -> dict:
         """Tokens and model FLOPs of one step on this rank."""
         a, shape = self.args, self.shape
-        from refexp.distributed import dp_rank_and_degree
+        from refexp.runtime.distributed import dp_rank_and_degree
 
         world = dp_rank_and_degree(self.ctx.parallel_dims)[1]
         if self.algo == "grpo":
@@ -318,7 +318,7 @@ class Bench:
 
 
 def fused_adamw(model, t):
-    """What-if (``--what-if-fused-adamw``): ``refexp.optim.build_optimizer`` with torch's fused AdamW kernel,
+    """What-if (``--what-if-fused-adamw``): ``refexp.components.optim.build_optimizer`` with torch's fused AdamW kernel,
     which exists on CPU since torch 2.4 (refexp uses foreach there). Same containers, hyper-parameters and
     schedule; numerically equal up to float rounding."""
     from refexp.titan.components import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig

@@ -151,7 +151,7 @@ def group_of(overrides: list[str]) -> str:
 def measure(cfg, weights: Path, prompts: int, skills: Skills = RL_SKILLS) -> collections.Counter:
     """How many of the greedy completions of the first ``prompts`` prompts of ``skills.split`` fall in each kind."""
     from refexp import titan
-    from refexp.evaluation import greedy_accuracy
+    from refexp.components.evaluation import greedy_accuracy
     from refexp.tasks import build_task
 
     task = build_task(cfg.task, str(Path(cfg.sft.cache_dir).expanduser()), algo=cfg.algo.name)

@@ -1,7 +1,7 @@
 """What bench/gpu_check.py's probes read from refexp, in one place, so that each can follow refexp's interfaces
 as they change (a memory plan with a line per phase, a compile counter of the static decode step).
 
-- ``plan_lines(overrides)``: ``refexp.dry_run.plan_lines`` of a config composed as ``refexp dry_run=true ...`` composes
+- ``plan_lines(overrides)``: ``refexp.cli.dry_run.plan_lines`` of a config composed as ``refexp dry_run=true ...`` composes
   it, as ``{line: bytes}``;
 - ``planned_training_peak(lines)``: the plan's peak of a policy-training step (the phase line when the plan has
   one, else the whole plan's peak);
@@ -26,8 +26,8 @@ def plan_lines(overrides: list[str]) -> dict[str, float]:
     from hydra.core.global_hydra import GlobalHydra
 
     from refexp.config import register_configs, to_object
-    from refexp.dry_run import fill_data_paths
-    from refexp.dry_run import plan_lines as printed_lines
+    from refexp.cli.dry_run import fill_data_paths
+    from refexp.cli.dry_run import plan_lines as printed_lines
 
     register_configs()
     GlobalHydra.instance().clear()

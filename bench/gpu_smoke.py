@@ -11,7 +11,7 @@ whether refexp's torchtitan layer imports). Then one line per figure, in this or
     A Qwen3-0.6B-shaped model with random weights (``ModelConfig(name="qwen3", flavor="0.6B")``, built by
     ``refexp.titan.build_model`` exactly as a run builds its policy: float32 master weights, bfloat16
     compute on CUDA through FSDP's mixed precision), trained on random tokens: ``titan.token_logprobs``,
-    a mean log-likelihood loss, backward, ``refexp.optim.clip_and_step`` (AdamW). Tokens per second of
+    a mean log-likelihood loss, backward, ``refexp.components.optim.clip_and_step`` (AdamW). Tokens per second of
     whole steps (forward + backward + optimizer) after warm-up steps.
 ``train_mfu``
     Model FLOPs of those steps / time / peak: 3 × (2 × matmul parameters × tokens + causal attention,
@@ -30,7 +30,7 @@ whether refexp's torchtitan layer imports). Then one line per figure, in this or
     ``token_logprobs`` under ``inference_mode`` on the training batch; the policy runs forward + backward on
     the same batch. Value: frozen forward seconds / policy forward+backward seconds (about 1/3 in FLOPs).
 ``gen_tokens_per_s_16``, ``gen_tokens_per_s_128``
-    ``refexp.sampler.generate`` (the KV-cache decode GRPO samples with) from the policy: 16 and 128 rows of
+    ``refexp.components.sampler.generate`` (the KV-cache decode GRPO samples with) from the policy: 16 and 128 rows of
     distinct random prompts, temperature 1. EOS is outside the model's vocabulary, so every row decodes
     exactly ``new_tokens`` tokens. Generated tokens per second of the whole call (prefill included).
 ``gen_tokens_per_s_16_static``, ``gen_tokens_per_s_128_static``
@@ -200,7 +200,7 @@ def _round(x, nd=4):
 def now(device: torch.device) -> float:
     """refexp's device-synchronised clock; its two lines again when refexp does not import."""
     try:
-        from refexp.timing import now as refexp_now
+        from refexp.components.timing import now as refexp_now
     except Exception:  # noqa: BLE001 - any import failure: fall back to the same logic
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -364,7 +364,7 @@ class Bench:
 
     def build_trainable(self, ac_mode: str = "none"):
         """(model, optimizers, schedulers) after ``warmup`` steps (AdamW moments allocated, kernels chosen)."""
-        from refexp.optim import build_optimizer
+        from refexp.components.optim import build_optimizer
 
         model = self.build(trainable=True, ac_mode=ac_mode)
         opt, sched = build_optimizer(model, optimizer="AdamW", lr=1e-5, total_steps=1000)
@@ -400,7 +400,7 @@ class Bench:
         AdamW. The loss is a plain mean log-likelihood: the forward/backward it drives is GRPO's, and the
         loss arithmetic itself is negligible next to it."""
         from refexp import titan
-        from refexp.optim import clip_and_step
+        from refexp.components.optim import clip_and_step
 
         model, opt, sched = trained
         loss = -titan.token_logprobs(model, self.tokens()).mean()
@@ -513,7 +513,7 @@ class Bench:
                 (-titan.token_logprobs(model, tokens).mean()).backward()
 
             def ref_fwd():
-                with torch.inference_mode():  # how refexp/reference.py runs a frozen reference
+                with torch.inference_mode():  # how refexp/reference/strategies.py runs a frozen reference
                     titan.token_logprobs(frozen, tokens)
 
             ref_fwd()  # warm-up of the frozen copy's kernels
@@ -533,7 +533,7 @@ class Bench:
         return (now(self.device) - t0) / reps
 
     def fig_gen(self, rows: int, static: bool = False) -> dict:
-        from refexp.sampler import generate
+        from refexp.components.sampler import generate
 
         s = self.sizes
         model, tok = self.policy()[0], self.tokenizer()

@@ -88,7 +88,8 @@ def main(argv=None) -> None:
     C.quiet_warnings()
     import torch
 
-    from refexp import sampler, titan
+    from refexp import titan
+    from refexp.components import sampler
     from refexp.config import CompileConfig
 
     shape = C.shape_from_args(args)

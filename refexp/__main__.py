@@ -22,9 +22,9 @@ def _app(cfg: DictConfig) -> float | None:
 
     try:
         # The one place a dry run is dispatched, a sweep's jobs included: the memory plan from meta-device
-        # models, no data, no accelerator, no run dir (refexp/dry_run.py).
+        # models, no data, no accelerator, no run dir (refexp/cli/dry_run.py).
         if cfg.get("dry_run"):
-            from refexp.dry_run import dry_run
+            from refexp.cli.dry_run import dry_run
 
             dry_run(cfg)
             return None
@@ -42,11 +42,11 @@ def _app(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    from refexp.cli_errors import precheck
+    from refexp.cli.errors import precheck
 
     precheck(sys.argv[1:], CONF_DIR)  # a bad command line: one line, exit 2, before torch is imported
     _app()
-    from refexp.sweep import NOT_COMPLETED
+    from refexp.cli.sweep import NOT_COMPLETED
 
     if NOT_COMPLETED:  # a -m sweep: every job ran, the callbacks were called; now say that some failed
         sys.exit(f"[refexp] {len(NOT_COMPLETED)} job(s) of the sweep did not complete: {', '.join(NOT_COMPLETED)}")

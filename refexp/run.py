@@ -25,15 +25,15 @@ from typing import Iterator
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from refexp import distributed as rdist
+from refexp.runtime import distributed as rdist
 from refexp import titan
 from refexp.config import ConfigError, RootConfig, to_object
 from refexp.config.root import generation_budget
 from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
-from refexp.context import RunContext
-from refexp.metric_logger import MetricLogger
-from refexp.process_settings import apply_process_settings
-from refexp.provenance import provenance
+from refexp.components.context import RunContext
+from refexp.components.metric_logger import MetricLogger
+from refexp.runtime.process_settings import apply_process_settings
+from refexp.record.provenance import provenance
 from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
                                         KL_REF, VAL_ACCURACY)
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
@@ -42,9 +42,7 @@ from refexp.record.lock import FileLock, LockHeld
 from refexp.record.status import run_dir_busy
 from refexp.record.status import (RunStatus, close_run_status, open_status, read_status, record_early_failure,
                                   record_launch_failure)
-from refexp import stop_signals
-
-
+from refexp.runtime import stop_signals
 def run_from_hydra(cfg: DictConfig) -> float | None:
     """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return a sweep objective."""
     from hydra.core.hydra_config import HydraConfig
@@ -61,7 +59,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         return objective(final)
     # In a sweep, one failing job must not stop the others (Hydra would re-raise the first failure
     # after the batch and skip the report): the failure is in the job's status.json and log, the
-    # report lists it, and refexp.sweep.ReportCallback makes the sweep exit non-zero at the end.
+    # report lists it, and refexp.cli.sweep.ReportCallback makes the sweep exit non-zero at the end.
     try:
         _use_own_gpu(cfg)
         _use_own_core(cfg)
@@ -100,7 +98,7 @@ def summary_line(final: dict, wall_s: float, run_dir) -> str:
 
 def _use_own_gpu(cfg: DictConfig) -> None:
     """Under ``hydra/launcher=local_gpus`` (jobs side by side) a single-process job on ``auto``/``cuda``
-    gets a GPU of its own as ``training.device=cuda:N`` (refexp/launcher.py, ``claim_gpu``)."""
+    gets a GPU of its own as ``training.device=cuda:N`` (refexp/runtime/launcher.py, ``claim_gpu``)."""
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()
@@ -109,7 +107,7 @@ def _use_own_gpu(cfg: DictConfig) -> None:
         return
     if not torch.cuda.is_available():
         return
-    from refexp.launcher import claim_gpu
+    from refexp.runtime.launcher import claim_gpu
 
     gpu = claim_gpu(Path(hc.sweep.dir) / ".gpus", torch.cuda.device_count(), first=hc.job.num)
     cfg.training.device = f"cuda:{gpu}"
@@ -121,7 +119,7 @@ CPU_CORES_LAUNCHER = "cpu_cores"
 
 def _use_own_core(cfg: DictConfig) -> None:
     """Under ``hydra/launcher=cpu_cores`` a single-process job on the CPU takes a core no other job of the sweep
-    holds (refexp/launcher.py, ``claim_core``), pins its process to it and runs one torch thread
+    holds (refexp/runtime/launcher.py, ``claim_core``), pins its process to it and runs one torch thread
     (``training.num_threads`` 0 -> 1): jobs side by side that neither share a core nor migrate between them, as
     the committed re-runs were run by hand. A job on a GPU (``_use_own_gpu``) or of several processes is left as
     it is."""
@@ -137,7 +135,7 @@ def _use_own_core(cfg: DictConfig) -> None:
         raise ConfigError(f"training.num_threads={cfg.training.num_threads} is invalid with "
                           f"hydra/launcher={CPU_CORES_LAUNCHER}: expected 0 or 1 (one single-thread job per core; "
                           f"hydra/launcher=local runs the jobs one after another with any thread count)")
-    from refexp.launcher import claim_core, pin_process, usable_cores
+    from refexp.runtime.launcher import claim_core, pin_process, usable_cores
 
     core = claim_core(Path(hc.sweep.dir) / ".cpus", usable_cores(), first=hc.job.num)
     pin_process({core})
@@ -204,12 +202,12 @@ class RunDirBusy(ConfigError):
 
 def run(dcfg: DictConfig) -> dict:
     """Validate, then train (spawning ``parallelism.nproc_per_node`` workers when started as one process).
-    ``dry_run=true`` never reaches here: ``refexp/__main__.py`` plans it (refexp/dry_run.py).
+    ``dry_run=true`` never reaches here: ``refexp/__main__.py`` plans it (refexp/cli/dry_run.py).
 
     The config layer's checks come first (a bad value leaves no run dir); then the run dir's lock (one writer at
     a time) is taken, by this process when it launches the job
     (before spawning workers) or is rank 0 of a torchrun/SLURM job, and held until the job ends; stop
-    signals raise from then on (``refexp/stop_signals.py``), so every phase ends with a true status."""
+    signals raise from then on (``refexp/runtime/stop_signals.py``), so every phase ends with a true status."""
     with stop_signals.installed():
         cfg = to_object(dcfg)  # the config layer's checks first: a bad value makes no run dir
         with _run_dir_lock(dcfg.get("run_dir")):
@@ -220,7 +218,7 @@ def _validated_run(dcfg: DictConfig, cfg: RootConfig) -> dict:
     """``run`` once the run dir is locked: the checks that read it, then the workers or this process's run."""
     cfg = validate(dcfg, cfg)
     if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
-        from refexp.launcher import spawn_workers
+        from refexp.runtime.launcher import spawn_workers
 
         return spawn_workers(_spawned_worker, dcfg, cfg.parallelism.nproc_per_node,
                              on_failure=lambda error: record_launch_failure(cfg.run_dir, error))
@@ -248,7 +246,7 @@ def _run_dir_lock(run_dir: str | None) -> Iterator[None]:
 
 
 def _spawned_worker(dcfg: DictConfig) -> dict:
-    """``run_worker`` in a process started by ``refexp.launcher`` (a fresh interpreter: Hydra's
+    """``run_worker`` in a process started by ``refexp.runtime.launcher`` (a fresh interpreter: Hydra's
     ConfigStore is empty there)."""
     from refexp.config import register_configs
 
@@ -391,7 +389,7 @@ def sft_start_record(sft_dir: Path, summary: dict) -> dict:
 
 
 def wandb_run_info(cfg: RootConfig, dcfg: DictConfig) -> dict:
-    """W&B group / job_type / name / tags / sweep id (``refexp/wandb_conventions.py``)."""
-    from refexp.wandb_conventions import hydra_run_info
+    """W&B group / job_type / name / tags / sweep id (``refexp/components/wandb_conventions.py``)."""
+    from refexp.components.wandb_conventions import hydra_run_info
 
     return hydra_run_info(cfg)

@@ -1,4 +1,4 @@
-"""Checkpoints are verified before they are trusted (refexp/record/checkpoints.py, refexp/checkpoint.py).
+"""Checkpoints are verified before they are trusted (refexp/record/checkpoints.py, refexp/components/checkpoint.py).
 
 A corrupted newest checkpoint (a truncated data file or ``.metadata``, bytes overwritten in place) is
 skipped with a warning naming it, and the run resumes from the one before with the numbers of an

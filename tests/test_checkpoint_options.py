@@ -1,5 +1,5 @@
 """Checkpoint disk options: ``checkpoint.save_reference`` and ``checkpoint.last_save_model_only``
-(refexp/checkpoint.py). Leaving state out must never make a resume silently inexact: it resumes from
+(refexp/components/checkpoint.py). Leaving state out must never make a resume silently inexact: it resumes from
 what is complete, or is refused."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from refexp.checkpoint import is_model_only
+from refexp.components.checkpoint import is_model_only
 from refexp.config import ConfigError
 from refexp.record.metrics import read_metrics
 from refexp.run import run

@@ -95,7 +95,7 @@ def test_missing_checkpoint_directory_is_named_by_the_config_layer_but_not_in_a_
 def test_every_table_keyed_by_strategy_names_exactly_the_reference_strategies():
     from refexp.choices import MOVING_STRATEGIES, REFERENCE_STRATEGIES
     from refexp.config import REFERENCE_SCHEMAS
-    from refexp.reference import REGISTRY
+    from refexp.reference.strategies import REGISTRY
     from refexp.report.group import DPO_REFERENCE_NAMES
     from refexp.report.plots import STRATEGY_COLOURS
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from refexp import titan
-from refexp.data_order import batch_ids
+from refexp.components.data_order import batch_ids
 from refexp.record.metrics import read_metrics
 from refexp.run import run
 from refexp.tasks.batching import pack_sequences

@@ -1,6 +1,6 @@
 """``hydra/launcher=cpu_cores``: the jobs of a sweep side by side on a CPU machine, one single-thread job per core,
 each pinned to a core no other job holds (conf/hydra/launcher/cpu_cores.yaml, ``refexp.run._use_own_core``,
-``refexp.launcher.claim_core``), as the committed experiments run by default."""
+``refexp.runtime.launcher.claim_core``), as the committed experiments run by default."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import refexp.launcher as launcher
+import refexp.runtime.launcher as launcher
 from refexp.config import ConfigError
-from refexp.launcher import claim_core
+from refexp.runtime.launcher import claim_core
 from tests.helpers.configs import (TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_config, compose_tiny_run,
                                    conf_options)
 

@@ -1,4 +1,4 @@
-"""The data order across epoch boundaries (``refexp.data_order``): each epoch a fresh seeded permutation of
+"""The data order across epoch boundaries (``refexp.components.data_order``): each epoch a fresh seeded permutation of
 every row, the steps reading consecutive slices of the concatenated epochs. The reference order here is
 built from that documented rule alone, not from ``batch_ids``."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refexp.data_order import batch_ids
+from refexp.components.data_order import batch_ids
 from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers.engine_recording import record_training_rollouts

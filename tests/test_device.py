@@ -61,8 +61,7 @@ def test_config_accepts_cuda_n():
 
 def test_process_group_uses_the_resolved_device(gpus, monkeypatch):
     """init_distributed pins the resolved device, not LOCAL_RANK (one GPU per task, LOCAL_RANK=3)."""
-    from refexp import distributed as rdist
-
+    from refexp.runtime import distributed as rdist
     chosen = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.append(d))
     monkeypatch.setattr(rdist.dist, "is_initialized", lambda: True)

@@ -30,7 +30,7 @@ import sys
 
 import pytest
 
-from refexp import distributed as rdist
+from refexp.runtime import distributed as rdist
 from refexp.config import ConfigError
 from refexp.run import run, validate
 from tests.helpers.configs import SMALL_DPO_OVERRIDES, SMALL_GRPO_OVERRIDES, SMALL_RUN_OVERRIDES, compose_small_run
@@ -218,7 +218,7 @@ def test_process_group_is_destroyed_before_interpreter_finalisation():
 
     atexit runs handlers last-in first-out: one registered before ``init_distributed`` runs after refexp's.
     """
-    code = ("import atexit, torch, torch.distributed as dist; from refexp import distributed as d; "
+    code = ("import atexit, torch, torch.distributed as dist; from refexp.runtime import distributed as d; "
             "atexit.register(lambda: print('initialized at exit:', dist.is_initialized())); "
             "d.init_distributed(torch.device('cpu')); print('initialized:', dist.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -234,7 +234,7 @@ def test_two_srun_tasks_form_a_process_group_and_exit_cleanly():
     The script does not destroy the group itself: refexp's exit teardown must. Without it about one pair
     in six ended with a rank aborted by gloo during interpreter finalisation (exit 134), so several pairs run.
     """
-    code = ("import torch; from refexp import distributed as d; i = d.init_distributed(torch.device('cpu')); "
+    code = ("import torch; from refexp.runtime import distributed as d; i = d.init_distributed(torch.device('cpu')); "
             "t = torch.tensor([i.rank + 1.0]); torch.distributed.all_reduce(t); print(i.rank, i.world_size, i.local_rank, t.item())")
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT")}

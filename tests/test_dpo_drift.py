@@ -14,9 +14,9 @@ import torch
 from refexp import titan
 from refexp.config import ModelConfig
 from refexp.config.reference import FixedReferenceConfig
-from refexp.evaluation import InitAnchor, reference_logprobs
+from refexp.components.evaluation import InitAnchor, reference_logprobs
 from refexp.record.metrics import read_metrics
-from refexp.reference import build_reference
+from refexp.reference.strategies import build_reference
 from refexp.run import run
 from tests.helpers.configs import compose_tiny_run
 

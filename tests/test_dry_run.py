@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from refexp.dry_run import PEAK, dry_run
+from refexp.cli.dry_run import PEAK, dry_run
 from tests.helpers.configs import CONF_DIR, compose_root, conf_options
 
 DRY_RUN_PAGE = CONF_DIR.parent / "docs" / "gpus.md"
@@ -179,7 +179,7 @@ def test_the_plan_counts_the_shared_prompt_attention_the_run_builds(extra):
 
     from refexp.algos.shared_prompt import share_groups
     from refexp.config import to_object
-    from refexp.dry_run import fill_data_paths
+    from refexp.cli.dry_run import fill_data_paths
 
     cfg = to_object(fill_data_paths(compose_root(*LLAMA_8X, *extra)))
     G, p, c = cfg.algo.group_size, cfg.task.max_prompt_len, cfg.algo.max_new_tokens or cfg.task.max_new_tokens

@@ -61,8 +61,7 @@ def test_rank0s_own_failure_is_written_as_is(tmp_path):
 def _timeout_worker(rank: int, port: int, out: str) -> None:
     import torch
 
-    from refexp import distributed as rdist
-
+    from refexp.runtime import distributed as rdist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)

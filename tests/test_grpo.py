@@ -87,10 +87,10 @@ def test_fixed_reference_kl_ref_equals_kl_init_on_the_same_prompts(tmp_path):
     the fixed initial model: the same samples give the same number."""
     import torch
 
-    from refexp import sampler
+    from refexp.components import sampler
     from refexp.algos.loop import build_policy, build_strategy
-    from refexp.evaluation import KL_INIT_KEY, kl_to_anchor
-    from refexp.kl import mean_token_kl
+    from refexp.components.evaluation import KL_INIT_KEY, kl_to_anchor
+    from refexp.losses.kl import mean_token_kl
     import refexp.algos.grpo as grpo_mod
 
     captured = {}
@@ -206,7 +206,7 @@ def test_several_updates_per_batch_run_to_the_end_on_a_schedule_of_every_update(
     its 6 updates and each step logs the LR its last update used under a 6-update warm-up schedule."""
     import torch
 
-    from refexp.optim import build_optimizer, current_lr
+    from refexp.components.optim import build_optimizer, current_lr
 
     steps, updates, warmup = 3, 2, 5
     run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, f"training.steps={steps}", f"algo.updates_per_batch={updates}",

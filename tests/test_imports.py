@@ -1,7 +1,7 @@
 """The modules of refexp respect the layer table of docs/architecture.md and import each other as a tree.
 
 Layers: the table lists every module and package of ``refexp/`` (and ``bench/``, ``launch/`` as the top
-layer), top layer first; a module imports only modules of its own layer and of the layers below, counting
+layer), top layer first, one row per folder of ``refexp/`` (the folders are the layers); a module imports only modules of its own layer and of the layers below, counting
 imports inside functions too. A module missing from the table fails, so a new module gets a layer when it
 is added. ``layer_violations(root)`` takes a tree's root, so a test plants an upward import in a copy.
 
@@ -112,6 +112,15 @@ def layer_violations(root: Path = ROOT) -> list[str]:
     layer, a top-layer directory missing or not on top, an import of a module from a layer above."""
     table = layer_table(root / ARCHITECTURE)
     problems = [f"{d} is not in the top layer (the first row)" for d in TOP_LAYER_DIRS if d not in table[0][1]]
+    folders = {f"refexp/{p.parent.name}/" for p in (root / "refexp").glob("*/__init__.py")}
+    for layer, entries in table:
+        named = [e for e in entries if e.startswith("refexp/") and e.endswith("/")]
+        if len(named) > 1:
+            problems.append(f"the {layer} row names {len(named)} folders of refexp/: one row per folder")
+        if any(e.startswith("refexp/") and e.count("/") > 1 and not e.endswith("/") for e in entries):
+            problems.append(f"the {layer} row names a module inside a folder: a folder is its layer")
+    listed = {e for _, entries in table for e in entries}
+    problems += [f"{f} has no row of its own in {ARCHITECTURE}" for f in sorted(folders - listed)]
     graph = import_graph(root)
     rank: dict[str, int] = {}
     for module in graph:
@@ -158,9 +167,19 @@ def _scratch_copy(tmp_path: Path) -> Path:
 
 def test_an_upward_import_planted_in_a_scratch_copy_fails(tmp_path):
     root = _scratch_copy(tmp_path)
-    kl = root / "refexp" / "kl.py"
+    kl = root / "refexp" / "losses" / "kl.py"
     kl.write_text(kl.read_text() + "\n\ndef _planted():\n    import refexp.run  # noqa: F401\n")
-    assert layer_violations(root) == ["refexp.kl (foundations) imports refexp.run from the layer above it (run)"]
+    assert layer_violations(root) == ["refexp.losses.kl (losses) imports refexp.run from the layer above it (run)"]
+
+
+def test_a_folder_sharing_a_row_fails(tmp_path):
+    root = _scratch_copy(tmp_path)
+    doc = root / ARCHITECTURE
+    lines = doc.read_text().splitlines(keepends=True)
+    tasks_row = next(line for line in lines if line.startswith("| tasks | `refexp/tasks/` |"))
+    text = "".join(line for line in lines if line is not tasks_row)
+    doc.write_text(text.replace("| titan | `refexp/titan/` |", "| titan | `refexp/titan/`, `refexp/tasks/` |", 1))
+    assert layer_violations(root) == ["the titan row names 2 folders of refexp/: one row per folder"]
 
 
 def test_a_module_missing_from_the_table_fails(tmp_path):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from refexp.kl import (
+from refexp.losses.kl import (
     AdaptiveKLController,
     FixedKLController,
     kl_estimate,

@@ -1,5 +1,5 @@
 """``hydra/launcher=local_gpus``: single-GPU jobs of a sweep side by side, one GPU each
-(conf/hydra/launcher/local_gpus.yaml, ``refexp.launcher.claim_gpu``). The GPU choice is tested with fake
+(conf/hydra/launcher/local_gpus.yaml, ``refexp.runtime.launcher.claim_gpu``). The GPU choice is tested with fake
 device counts; the sweep itself runs on CPU."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import refexp.launcher as launcher
-from refexp.launcher import claim_gpu
+import refexp.runtime.launcher as launcher
+from refexp.runtime.launcher import claim_gpu
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_config, compose_tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from refexp.config import LoggerConfig
-from refexp.metric_logger import MetricLogger
+from refexp.components.metric_logger import MetricLogger
 from refexp.record.atomic import write_json_atomic
 from refexp.record.metrics import read_metrics
 from refexp.record.outcomes import EvalOutcomes, read_outcomes

@@ -180,8 +180,8 @@ def test_offloaded_anchor_is_built_once_and_lent_to_the_device_per_measurement(m
     """The kl/init anchor offloads as the reference does (its moves per step: tests/test_offload.py): built once,
     parked on the host, lent to the device for each measurement (the meta device here: a move there is real,
     a copy back from it impossible) and back on its host tensors after it."""
-    import refexp.evaluation as eval_mod
-    import refexp.offload as offload
+    import refexp.components.evaluation as eval_mod
+    import refexp.reference.offload as offload
 
     meta = torch.device("meta")
     moved: list[torch.device] = []

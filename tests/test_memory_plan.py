@@ -11,10 +11,11 @@ import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from refexp import memory_plan, titan
+from refexp import titan
+from refexp.cli import memory_plan
 from refexp.config import to_object
-from refexp.dry_run import fill_data_paths
-from refexp.sampler import DROP_FINISHED_SHARE, _Sampling
+from refexp.cli.dry_run import fill_data_paths
+from refexp.components.sampler import DROP_FINISHED_SHARE, _Sampling
 from tests.helpers.configs import compose_root
 
 TOY = ["algo=grpo", "model=tiny", "model.dim=128", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",

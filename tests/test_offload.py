@@ -1,16 +1,16 @@
 """``reference.offload`` moves weights: checked with the meta device standing in for the accelerator (a move
 there is real, a copy back from it is impossible), so what crosses per step is counted for a fixed and an EMA
-reference (refexp/offload.py)."""
+reference (refexp/reference/offload.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import refexp.offload as offload
+import refexp.reference.offload as offload
 from refexp import titan
 from refexp.config import EMAReferenceConfig, FixedReferenceConfig, ModelConfig
-from refexp.reference import build_reference
+from refexp.reference.strategies import build_reference
 
 MODEL = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
 DEVICE = torch.device("meta")

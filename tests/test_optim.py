@@ -1,6 +1,6 @@
 """The logged ``optim/lr`` is the learning rate the optimizer applied at that step, for every optimizer.
 
-The schedule is torchtitan's linear warm-up then constant (refexp/optim.py): update s (1-based)
+The schedule is torchtitan's linear warm-up then constant (refexp/components/optim.py): update s (1-based)
 uses ``lr * s / W`` for s <= W warm-up steps, then ``lr``. The expected values below are that
 formula, worked out here rather than read back from the scheduler.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refexp.optim import NonFiniteError, build_optimizer, clip_and_step
+from refexp.components.optim import NonFiniteError, build_optimizer, clip_and_step
 from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run

@@ -103,7 +103,8 @@ def test_export_of_the_embedded_task_loads_with_its_character_tokenizer(tmp_path
 
 
 def test_every_stop_id_ends_generation():
-    from refexp import sampler, titan
+    from refexp import titan
+    from refexp.components import sampler
     from refexp.config import ModelConfig
     from refexp.tasks.tokenizer import build_char_tokenizer
 

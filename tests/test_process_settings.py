@@ -1,4 +1,4 @@
-"""A process's torch settings from ``training`` (``refexp/process_settings.py``) and the stand-ins for an older
+"""A process's torch settings from ``training`` (``refexp/runtime/process_settings.py``) and the stand-ins for an older
 torch (``refexp/titan/torch_compat.py``); no GPU and no older torch needed.
 
 ``training.deterministic`` turns on torch's deterministic algorithms, cuDNN's deterministic kernels and a
@@ -18,7 +18,7 @@ from torch.distributed.tensor import Shard
 
 from refexp import titan
 from refexp.config import TrainingConfig
-from refexp.process_settings import CUBLAS_WORKSPACE_CONFIG, apply_process_settings
+from refexp.runtime.process_settings import CUBLAS_WORKSPACE_CONFIG, apply_process_settings
 from refexp.run import run_worker
 from refexp.titan import torch_compat
 from tests.helpers.configs import compose_tiny_run

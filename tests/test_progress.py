@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from refexp.progress import LogLines, progress_bar
+from refexp.components.progress import LogLines, progress_bar
 
 
 class FakeClock:

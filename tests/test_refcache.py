@@ -10,7 +10,8 @@ import datasets
 import pytest
 import torch
 
-from refexp import refcache, titan
+from refexp import titan
+from refexp.reference import refcache
 from refexp.algos.dpo_data import pack_pairs, pairs_fingerprint
 from refexp.config import (
     EMAReferenceConfig,
@@ -19,7 +20,7 @@ from refexp.config import (
     NoReferenceConfig,
     PeriodicResetReferenceConfig,
 )
-from refexp.reference import build_reference
+from refexp.reference.strategies import build_reference
 from refexp.tasks.tokenizer import build_char_tokenizer
 
 TOK = build_char_tokenizer()

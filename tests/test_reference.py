@@ -13,7 +13,7 @@ from refexp.config import (
     NoReferenceConfig,
     PeriodicResetReferenceConfig,
 )
-from refexp.reference import REGISTRY, build_reference
+from refexp.reference.strategies import REGISTRY, build_reference
 
 MODEL = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
 

@@ -1,4 +1,4 @@
-"""A moving reference stored in bf16: an EMA accumulates in an fp32 master (refexp/reference.py), so small
+"""A moving reference stored in bf16: an EMA accumulates in an fp32 master (refexp/reference/strategies.py), so small
 policy changes are not lost to bf16's 8-bit significand."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from refexp import titan
 from refexp.config import EMAReferenceConfig, ModelConfig, PeriodicResetReferenceConfig
-from refexp.reference import build_reference
+from refexp.reference.strategies import build_reference
 
 MODEL = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
 ALPHA, UPDATES, DRIFT = 0.05, 200, 5e-5

@@ -646,7 +646,7 @@ def test_dpo_groups_are_named_by_variant(tmp_path):
 
 
 def test_the_setup_block_names_the_commit_and_versions_a_run_recorded(tmp_path):
-    from refexp.provenance import provenance
+    from refexp.record.provenance import provenance
 
     run = tmp_path / "0"
     _write_run(run, algo="grpo", strategy="fixed", seed=0, overrides=["algo=grpo"], rows=_grpo_rows("fixed", 0, None))

@@ -23,7 +23,7 @@ from refexp.report.paired import N_BOOT, START_LEVEL, Endpoint, SeedOnlyResult, 
 from refexp.report.stats import mean_ci
 from refexp.report.table import endpoints, header_and_cells
 from refexp.report.reduce import COLUMNS
-from refexp.wandb_conventions import run_info
+from refexp.components.wandb_conventions import run_info
 
 STEPS, PROMPTS = 10, 200
 

@@ -27,13 +27,13 @@ def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monk
     run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2"))
     status = (tmp_path / "status.json").read_text()
 
-    import refexp.models
+    import refexp.components.models
 
     def no_build(*a, **k):
         raise AssertionError("a model was built for a refused rerun")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(refexp.models, "build_run_model", no_build)
+        mp.setattr(refexp.components.models, "build_run_model", no_build)
         with pytest.raises(ConfigError, match=r"Changed: task\.num_eval: 64 -> 32; training\.lr: 0\.001 -> 0\.002\."):
             run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=5", "training.lr=2e-3",
                                  "task.num_eval=32"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from refexp.config import ConfigError, TaskConfig, to_object
-from refexp.evaluation import pass_at_k
+from refexp.components.evaluation import pass_at_k
 from refexp.tasks import build_task, task_fingerprint
 from tests.helpers.configs import compose_root
 

@@ -184,7 +184,7 @@ def test_bad_reward_model_dirs_are_named_before_any_model_is_built(hf_dir, chat_
 
 
 def test_the_dry_run_plan_counts_the_reward_model(chat_rm):
-    from refexp.dry_run import dry_run
+    from refexp.cli.dry_run import dry_run
     from refexp.tasks.reward_model import reward_model_parameters
 
     n = reward_model_parameters(str(chat_rm))
@@ -227,7 +227,7 @@ def test_gsm8k_from_a_pretrained_checkpoint_optimises_a_chat_reward_model(hf_dir
 
 
 def test_the_dry_run_counts_the_stage_model_at_the_policys_shape():
-    from refexp.dry_run import dry_run
+    from refexp.cli.dry_run import dry_run
 
     plan = dry_run(compose_root("algo=grpo", "task.reward_model=rm", "dry_run=true"))
     assert plan["reward models"] == plan["parameters"]  # float32 both, one process: P x 4 bytes

@@ -69,8 +69,7 @@ def test_bf16_compute_reports_its_mismatch(tmp_path):
 @pytest.mark.slow
 def test_grpo_evaluation_and_dpo_pairs_all_generate_through_the_configured_engine(tmp_path, monkeypatch):
     """The rollout-engine seam: every generation of a run goes through rollout.name's engine."""
-    from refexp import rollout
-
+    from refexp.components import rollout
     calls = []
 
     class Recording(rollout.BuiltinEngine):

@@ -22,7 +22,7 @@ from refexp.record import status as rstatus
 from refexp.record.status import RunStatus, close_run_status, open_status, read_status, stale_reason
 from refexp.report.load import load_run
 from refexp.run import run
-from refexp.stop_signals import Preempted, installed
+from refexp.runtime.stop_signals import Preempted, installed
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 
@@ -88,12 +88,12 @@ def test_status_write_on_a_full_disk_goes_into_the_reserved_bytes(tmp_path, monk
 
 
 def test_full_disk_at_a_save_reports_the_save_and_ends_the_status(tmp_path, dense_reward, monkeypatch, capsys):
-    import refexp.checkpoint
+    import refexp.components.checkpoint
 
     def full(self, step, **kw):
         raise OSError(errno.ENOSPC, "No space left on device", f"checkpoint/step-{step}")
 
-    monkeypatch.setattr(refexp.checkpoint.Checkpointer, "save", full)
+    monkeypatch.setattr(refexp.components.checkpoint.Checkpointer, "save", full)
     _disk_full_after_start(monkeypatch)
     with pytest.raises(OSError, match=r"checkpoint/step-1"):  # the save's error, not the status write's
         run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "checkpoint.interval=1"))
@@ -106,13 +106,13 @@ def test_rerun_with_fewer_steps_is_refused_and_a_failed_rerun_changes_nothing(tm
     run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=4"))
     before = (tmp_path / "status.json").read_bytes()
     metrics = (tmp_path / "metrics.jsonl").read_bytes()
-    import refexp.models
+    import refexp.components.models
 
     def no_build(*a, **k):
         raise AssertionError("a model was built for a refused rerun")
 
     with monkeypatch.context() as mp:
-        mp.setattr(refexp.models, "build_run_model", no_build)
+        mp.setattr(refexp.components.models, "build_run_model", no_build)
         with pytest.raises(ConfigError, match=r"completed 4 steps.*training\.steps=2 is fewer.*training\.steps >= 4"):
             run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2"))
     assert (tmp_path / "status.json").read_bytes() == before

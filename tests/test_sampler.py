@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refexp import sampler, titan
+from refexp import titan
+from refexp.components import sampler
 from refexp.config import ModelConfig
 from refexp.tasks.tokenizer import build_char_tokenizer
 from tests.helpers.compile_count import CountingBackend

@@ -12,7 +12,7 @@ from refexp import titan
 from refexp.algos.dpo_data import pack_pairs
 from refexp.algos.shared_prompt import pair_logprobs, share_prompts
 from refexp.config import ConfigError, ModelConfig
-from refexp.kl import masked_sum
+from refexp.losses.kl import masked_sum
 from refexp.losses import dpo_loss
 from refexp.tasks.tokenizer import build_char_tokenizer
 from tests.helpers.configs import compose_tiny_run
@@ -86,7 +86,7 @@ def test_shared_logprobs_equal_the_two_row_pass(attention):
 
 def test_reference_strategy_takes_the_shared_layout():
     from refexp.config import FixedReferenceConfig
-    from refexp.reference import build_reference
+    from refexp.reference.strategies import build_reference
 
     model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=1, requires_grad=False)
     strategy = build_reference(FixedReferenceConfig(), lambda: model)
@@ -164,7 +164,7 @@ def test_share_prompt_needs_sdpa(tmp_path):
 def test_grpo_groups_share_their_prompt(attention):
     """Rollouts of 3 prompts x 4 samples (ragged completions, one right-padded batch, as the sampler
     lays them out): log-probs and entropies of the shared rows equal the usual ones, either way of attending."""
-    from refexp import sampler
+    from refexp.components import sampler
     from refexp.algos.shared_prompt import row_logprobs, share_groups
 
     model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=2)

@@ -1,6 +1,6 @@
 """rollout.static_decode in a run: the fixed-shape step compiles once per bucket (rows padded to a power of two,
 the run's fixed cache capacity), not once per batch; and a first compile on one rank that outlasts the
-collective timeout does not kill the others (refexp/distributed.py, setup_timeout)."""
+collective timeout does not kill the others (refexp/runtime/distributed.py, setup_timeout)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from refexp import sampler, titan
+from refexp import titan
+from refexp.components import sampler
 from refexp.run import run
 from refexp.titan import static_decode
 from tests.helpers.compile_count import CountingBackend
@@ -55,7 +56,7 @@ def test_a_grpo_run_with_evaluations_compiles_the_decode_step_once_per_bucket(tm
 
 WORKER = textwrap.dedent("""
     import os, sys, time, torch, torch.distributed as dist
-    from refexp import distributed as d
+    from refexp.runtime import distributed as d
     info = d.init_distributed(torch.device("cpu"), timeout_s=60)
     d.set_collective_timeout(2)  # training's timeout: 2 s
     guarded = sys.argv[1] == "guarded"

@@ -17,7 +17,7 @@ def test_sweep_with_a_failing_job_still_reports(tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "refexp", "-m", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=2",
            "algo.group_size=1,4",  # group_size=1 is invalid (advantages need a group): that job fails
-           f"hydra.sweep.dir={sweep}", "+hydra.callbacks.report._target_=refexp.sweep.ReportCallback"]
+           f"hydra.sweep.dir={sweep}", "+hydra.callbacks.report._target_=refexp.cli.sweep.ReportCallback"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert p.returncode != 0, p.stdout + p.stderr  # the sweep says that a job failed
     statuses = {d.name: read_status(d) for d in sweep.iterdir() if read_status(d) is not None}

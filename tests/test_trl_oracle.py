@@ -15,7 +15,7 @@ How the two runs see the same thing:
 - tokens: a word-level ``tokenizers`` vocabulary (``<pad>``, ``<eos>``, ``w2`` ...) without BOS, saved in the HF
   dir; TRL tokenises ``prompt + chosen + eos`` whole and refexp ``prompt`` and ``chosen`` separately + EOS: with
   completions that start with a space both give the same ids (checked below on every pair);
-- data order: refexp draws step k's pairs with its seeded permutation (``refexp.data_order.batch_ids``); TRL
+- data order: refexp draws step k's pairs with its seeded permutation (``refexp.components.data_order.batch_ids``); TRL
   gets the pairs already in that order, read sequentially (``train_sampling_strategy="sequential"``), one
   batch per step;
 - settings: AdamW (0.9, 0.95, eps 1e-8, no weight decay), constant LR without warm-up, clip 1.0, sigmoid loss,
@@ -108,7 +108,7 @@ def workload(tmp_path_factory):
 
 def _step_order(n: int) -> list[list[int]]:
     """refexp's global pair ids per step (DPOStep's data order)."""
-    from refexp.data_order import batch_ids
+    from refexp.components.data_order import batch_ids
 
     return [batch_ids(n, PAIRS_PER_STEP, SEED, step) for step in range(1, STEPS + 1)]
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import datasets
 import torch
 
-from refexp import distributed as rdist
-from refexp import refcache, titan
+from refexp.runtime import distributed as rdist
+from refexp import titan
+from refexp.reference import refcache
 from refexp.algos.dpo_data import PairBatch, load_pairs
 from refexp.algos.dpo_eval import DPOEval
 from refexp.algos.dpo_reference import build_ref_source, pack, reference_sums
@@ -23,13 +24,13 @@ from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_st
 from refexp.algos.microbatch import combine_metrics, row_chunks
 from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompts
 from refexp.config import DPOConfig
-from refexp.context import RunContext
-from refexp.data_order import batch_ids
-from refexp.kl import masked_sum, mean_token_kl
+from refexp.components.context import RunContext
+from refexp.components.data_order import batch_ids
+from refexp.losses.kl import masked_sum, mean_token_kl
 from refexp.losses import preference_loss, sft_loss
-from refexp.refcache import RefLogps
-from refexp.reference import ReferenceStrategy
-from refexp.timing import now
+from refexp.reference.refcache import RefLogps
+from refexp.reference.strategies import ReferenceStrategy
+from refexp.components.timing import now
 
 
 class DPOStep:

@@ -11,18 +11,18 @@ from functools import partial
 import datasets
 import torch
 
-from refexp import distributed as rdist
+from refexp.runtime import distributed as rdist
 from refexp import titan
 from refexp.algos.dpo_reference import pack, reference_sums
 from refexp.algos.loop import Policy
 from refexp.algos.shared_prompt import pair_logprobs
 from refexp.config import DPOConfig
-from refexp.context import RunContext
-from refexp.evaluation import InitAnchor, evaluate, reference_logprobs
-from refexp.kl import masked_sum
+from refexp.components.context import RunContext
+from refexp.components.evaluation import InitAnchor, evaluate, reference_logprobs
+from refexp.losses.kl import masked_sum
 from refexp.losses import preference_loss, sft_loss
-from refexp.refcache import RefLogps
-from refexp.reference import ReferenceStrategy
+from refexp.reference.refcache import RefLogps
+from refexp.reference.strategies import ReferenceStrategy
 
 
 @torch.inference_mode()

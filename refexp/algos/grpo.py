@@ -10,21 +10,21 @@ from pathlib import Path
 
 import torch
 
-from refexp import distributed as rdist
+from refexp.runtime import distributed as rdist
 from refexp import titan
 from refexp.algos.grpo_metrics import GRPOStepMetrics, GRPOStepResult, RowCounts, StepRollouts
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, run_loop
 from refexp.algos.microbatch import combine_metrics, row_chunks
 from refexp.algos.shared_prompt import SharedPrompt, row_logprobs, share_groups
 from refexp.config import GRPOConfig
-from refexp.context import RunContext
-from refexp.data_order import batch_ids
-from refexp.kl import AdaptiveKLController, FixedKLController, sequence_kl
+from refexp.components.context import RunContext
+from refexp.components.data_order import batch_ids
+from refexp.losses.kl import AdaptiveKLController, FixedKLController, sequence_kl
 from refexp.losses import group_advantages, grpo_loss, sft_loss
-from refexp.reference import ReferenceStrategy
-from refexp.rollout import build_engine, decode_capacity
+from refexp.reference.strategies import ReferenceStrategy
+from refexp.components.rollout import build_engine, decode_capacity
 from refexp.tasks.batching import pack_sequences
-from refexp.timing import now
+from refexp.components.timing import now
 
 
 def _cat_rows(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -111,7 +111,7 @@ class GRPOStep:
         shaped = rewards
         if a.kl_in_reward and ref_logp is not None and beta > 0:
             # k1 whatever algo.kl_estimator says: as a (detached) reward only k1 = log(pi/ref) gives, through the
-            # policy gradient, the score-function gradient of KL(pi||ref) (refexp/kl.py; TRL's RLOO does the same)
+            # policy gradient, the score-function gradient of KL(pi||ref) (refexp/losses/kl.py; TRL's RLOO does the same)
             shaped = rewards - beta * sequence_kl(rollouts.behaviour_logp_NT, ref_logp, rollouts.mask_NT, "k1")
         # "batch" scaling divides by the std of the global batch (over data-parallel ranks)
         adv = group_advantages(shaped, a.group_size, scale=a.advantage_scale,

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from refexp import distributed as rdist
-from refexp.context import RunContext
-from refexp.kl import mean_token_kl
+from refexp.runtime import distributed as rdist
+from refexp.components.context import RunContext
+from refexp.losses.kl import mean_token_kl
 from refexp.record.metric_names import REWARD_GOLD
-from refexp.sampler import Rollout
-from refexp.timing import now
+from refexp.components.sampler import Rollout
+from refexp.components.timing import now
 
 
 @dataclass

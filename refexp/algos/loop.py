@@ -9,7 +9,7 @@ does not change, so for GRPO the order does not change a number.
 
 Around it: resume from the run dir's latest checkpoint, the step-0 measurement on a fresh start, a
 SIGTERM handler that saves at the end of the step before exiting (SLURM preemption; outside the loop
-``refexp/stop_signals.py`` stops the run at once), a non-finite guard that stops the run
+``refexp/runtime/stop_signals.py`` stops the run at once), a non-finite guard that stops the run
 and names the newest verified checkpoint, and a final checkpoint at the end of every run.
 """
 
@@ -22,19 +22,19 @@ from typing import Callable
 
 import torch
 
-from refexp import distributed as rdist
+from refexp.runtime import distributed as rdist
 from refexp import titan
-from refexp.checkpoint import Checkpointer, TrainState
-from refexp.context import RunContext
-from refexp.evaluation import InitAnchor, evaluate
-from refexp.metric_logger import peak_rss_mb
-from refexp.models import build_frozen, build_run_model
-from refexp.optim import NonFiniteError, build_optimizer, clip_and_step, reset_optimizer_state
-from refexp.progress import progress_bar
-from refexp.timing import now
-from refexp.reference import ReferenceStrategy, build_reference
+from refexp.components.checkpoint import Checkpointer, TrainState
+from refexp.components.context import RunContext
+from refexp.components.evaluation import InitAnchor, evaluate
+from refexp.components.metric_logger import peak_rss_mb
+from refexp.components.models import build_frozen, build_run_model
+from refexp.components.optim import NonFiniteError, build_optimizer, clip_and_step, reset_optimizer_state
+from refexp.components.progress import progress_bar
+from refexp.components.timing import now
+from refexp.reference.strategies import ReferenceStrategy, build_reference
 from refexp.record.status import beat
-from refexp.stop_signals import PREEMPT_SIGNALS, Preempted, foreign
+from refexp.runtime.stop_signals import PREEMPT_SIGNALS, Preempted, foreign
 
 
 
@@ -82,7 +82,7 @@ def reference_path(ctx: RunContext, init_path: Path) -> Path:
 
 def optimizer_step(ctx: RunContext, policy: Policy, loss: torch.Tensor, step: int, ckpt: Checkpointer
                    ) -> tuple[float, float]:
-    """After the caller's backward: clip, non-finite guard, step (``refexp.optim.clip_and_step``).
+    """After the caller's backward: clip, non-finite guard, step (``refexp.components.optim.clip_and_step``).
     Returns ``(grad_norm, lr)``, ``lr`` being the learning rate this update used."""
     try:
         return clip_and_step(policy.model, policy.optimizers, policy.lr_schedulers,

@@ -13,24 +13,24 @@ from pathlib import Path
 
 import torch
 
-from refexp import distributed as rdist
+from refexp.runtime import distributed as rdist
 from refexp import titan
 from refexp.titan import save_model_weights
-from refexp.cache_dirs import marker_check
-from refexp.context import RunContext
-from refexp.evaluation import greedy_accuracy, logp_correct
-from refexp.data_order import batch_ids
-from refexp.hashing import stable_hash
+from refexp.record.cache_dirs import marker_check
+from refexp.components.context import RunContext
+from refexp.components.evaluation import greedy_accuracy, logp_correct
+from refexp.components.data_order import batch_ids
+from refexp.record.hashing import stable_hash
 from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
 from refexp.record.lock import FileLock
 from refexp.record.metric_names import EVAL_ACCURACY, EVAL_RETENTION
-from refexp.metric_logger import MetricLogger
+from refexp.components.metric_logger import MetricLogger
 from refexp.losses import sft_loss
-from refexp.models import build_run_model
-from refexp.optim import build_optimizer, clip_and_step
-from refexp.progress import progress_bar
-from refexp.rollout import build_engine, decode_capacity
-from refexp.timing import now
+from refexp.components.models import build_run_model
+from refexp.components.optim import build_optimizer, clip_and_step
+from refexp.components.progress import progress_bar
+from refexp.components.rollout import build_engine, decode_capacity
+from refexp.components.timing import now
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
 
@@ -93,7 +93,7 @@ def read_sft_summary(sft_dir: Path) -> dict:
 
 
 def sft_batch(ctx: RunContext, step: int) -> list[int]:
-    """This rank's rows of the global SFT batch of ``step`` (``refexp.data_order``, keyed by ``sft.seed``)."""
+    """This rank's rows of the global SFT batch of ``step`` (``refexp.components.data_order``, keyed by ``sft.seed``)."""
     b = ctx.cfg.sft.batch_size
     return batch_ids(len(ctx.task.demonstrations), b, ctx.cfg.sft.seed, step)[rdist.local_slice(ctx.parallel_dims, b)]
 
@@ -184,7 +184,7 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
             log.log(pending, step=step)
         step += 1
         loss, n_local, n_global, grad_norm = _sft_update(ctx, model, optimizers, schedulers, step)
-        if step == 1:  # set-up is over (refexp/distributed.py, set_collective_timeout)
+        if step == 1:  # set-up is over (refexp/runtime/distributed.py, set_collective_timeout)
             rdist.set_collective_timeout(cfg.comm.train_timeout_seconds, ctx.parallel_dims)
         bar.update(1)
         # the global batch's token mean, not this rank's

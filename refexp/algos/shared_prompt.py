@@ -23,7 +23,7 @@ N x T x (T + this) < U x S^2, i.e. when the pairs it saves pay for its gathers. 
 def attention_way(rows_N: int, length_T: int, shared_U: int, shared_S: int) -> str:
     """How ``attention="auto"`` attends for N usual rows of T tokens shared as U rows of S: "rows"
     (``titan.CausalRows``) when its N x T x (T + ``GATHER_COST_PAIRS``) pairs are fewer than the dense
-    mask's U x S^2, else "mask". The memory plan (``refexp/dry_run.py``) asks the same question."""
+    mask's U x S^2, else "mask". The memory plan (``refexp/cli/dry_run.py``) asks the same question."""
     rows_cost = rows_N * length_T * (length_T + GATHER_COST_PAIRS)
     return "rows" if rows_cost < shared_U * shared_S * shared_S else "mask"
 

@@ -44,7 +44,7 @@ class GRPOConfig(AlgoConfig):
     on the embedded task: with a small beta every reference strategy drifted alike."""
     kl_estimator: str = "k3"
     """k3 | k2: the per-token estimator in the loss's KL term (Schulman, 'Approximating KL divergence', 2020).
-    k3's expected gradient is that of KL(ref||policy), k2's that of KL(policy||ref) (refexp/kl.py); k1 is refused
+    k3's expected gradient is that of KL(ref||policy), k2's that of KL(policy||ref) (refexp/losses/kl.py); k1 is refused
     (zero expected gradient as a loss term). The reward penalty of ``kl_in_reward`` always uses k1."""
     loss_agg: str = "grpo"
     """A ``GRPOLossAgg`` (refexp/choices.py): how token losses are averaged."""

@@ -1,6 +1,6 @@
 """The root's ``comparison`` block: the comparison an experiment was planned for, declared before it runs.
 
-A sweep's report (``refexp-report``, and the sweep callback ``refexp/sweep.py``) reads it from the runs'
+A sweep's report (``refexp-report``, and the sweep callback ``refexp/cli/sweep.py``) reads it from the runs'
 ``resolved_config.yaml``: the verdict pairs these arms against this baseline over these seeds only; runs
 outside it are listed and left out. An empty block (no ``arms``) declares nothing: the report is then
 exploratory and needs ``refexp-report --baseline``.

@@ -12,10 +12,10 @@ ROLLOUT_ENGINES = ("builtin",)
 
 @dataclass
 class RolloutConfig:
-    """Which ``refexp.rollout.RolloutEngine`` generates; docs/rollout-engines.md shows how another plugs in."""
+    """Which ``refexp.components.rollout.RolloutEngine`` generates; docs/rollout-engines.md shows how another plugs in."""
 
     name: str = "builtin"
-    """builtin: refexp's KV-cache decoder over the trainer's own model (refexp/sampler.py)."""
+    """builtin: refexp's KV-cache decoder over the trainer's own model (refexp/components/sampler.py)."""
     stop_check_every: Optional[int] = None
     """Decode steps between checks that every row has stopped (each check waits for the device and, with
     several ranks, is a collective). Rows that stopped keep emitting padding, which is masked, so the

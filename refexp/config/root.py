@@ -69,7 +69,7 @@ class RootConfig:
     """Names the comparison (W&B group prefix, report title)."""
     dry_run: bool = False
     """Print the per-rank memory plan of the configured run (models on the meta device: no checkpoint,
-    no data) and exit (refexp/dry_run.py)."""
+    no data) and exit (refexp/cli/dry_run.py)."""
     run_dir: Optional[str] = None
     """Where this run's files go (metrics.jsonl, status.json, checkpoint/); None = Hydra's output dir
     (set it with hydra.run.dir=DIR)."""
@@ -274,7 +274,7 @@ def check_sequence_fits(cfg: RootConfig) -> None:
 
 def check_start_weights(cfg: RootConfig) -> None:
     """The weights a run starts from are named and on disk. Not for a dry run, which plans from shapes
-    alone (refexp/dry_run.py) and whose paths may be another machine's."""
+    alone (refexp/cli/dry_run.py) and whose paths may be another machine's."""
     if not cfg.sft.enable and not cfg.model.hf_assets_path:
         raise ConfigError("sft.enable=false needs model.hf_assets_path: a pretrained HF checkpoint dir for "
                           "the policy, the reference and the kl/init anchor to start from (or sft.enable=true)")

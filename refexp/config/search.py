@@ -1,5 +1,5 @@
 """A hyper-parameter search selects on validation, never on test: the check that a search's task has a
-validation split, made on the composed command line before the first trial (``refexp.cli_errors``)."""
+validation split, made on the composed command line before the first trial (``refexp.cli.errors``)."""
 
 from __future__ import annotations
 

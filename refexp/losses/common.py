@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from refexp.kl import _compute_dtype, masked_mean
+from refexp.losses.kl import _compute_dtype, masked_mean
 
 Metrics = dict[str, torch.Tensor]
 

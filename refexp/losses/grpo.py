@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from refexp.choices import ADVANTAGE_SCALES, GRPO_LOSS_AGGS
-from refexp.kl import _compute_dtype, _where_mask, kl_estimate, masked_mean, masked_sum
+from refexp.losses.kl import _compute_dtype, _where_mask, kl_estimate, masked_mean, masked_sum
 from refexp.losses.common import Metrics, check_shape, metric
 
 
@@ -30,7 +30,7 @@ def group_advantages(
     * ``"group"``: the std of r's group,
     * ``"batch"``: the std of all rewards of the batch (Liu et al. 2025's "batch" scaling; the mean is
       still the group's). When the batch is spread over data-parallel ranks, ``batch_sum`` sums a
-      tensor over them (``refexp.distributed.dp_sum``), so the std is the global batch's; groups
+      tensor over them (``refexp.runtime.distributed.dp_sum``), so the std is the global batch's; groups
       never cross ranks, so the means stay local,
     * ``"none"``: no division at all (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783).
 
@@ -117,7 +117,7 @@ def grpo_loss(
 
     ``kl`` is ``kl_estimate(logp, ref_logp, kl_estimator)`` (k3 by default, as GRPO/TRL); there is
     no KL term when ``ref_logp`` is None or ``beta == 0``. Its expected gradient is that of
-    KL(ref || policy) for k3, KL(policy || ref) for k2 and zero for k1 (refexp/kl.py). ``eps_high > eps_low`` is DAPO's
+    KL(ref || policy) for k3, KL(policy || ref) for k2 and zero for k1 (refexp/losses/kl.py). ``eps_high > eps_low`` is DAPO's
     clip-higher (Yu et al. 2025, arXiv:2503.14476). The scalar loss aggregates ``l`` over the mask:
 
     * ``"grpo"``: mean over sequences of each sequence's token mean (the paper's 1/G sum 1/|o_i|),

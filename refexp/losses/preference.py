@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from refexp.choices import DPO_LOSS_TYPES
-from refexp.kl import _compute_dtype
+from refexp.losses.kl import _compute_dtype
 from refexp.losses.common import Metrics, check_shape, metric
 
 

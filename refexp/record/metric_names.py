@@ -1,7 +1,7 @@
 """Every metric name a run logs, stated once: what it means, when it is logged, TRL's name for it.
 
 ``MetricLogger`` refuses a name that is not here (a typo would otherwise start a new dashboard series), the
-W&B metric definitions (``refexp/wandb_conventions.py``) and the report take their names from here, and
+W&B metric definitions (``refexp/components/wandb_conventions.py``) and the report take their names from here, and
 ``docs/metrics.md`` is generated from it: ``python -m refexp.record.metric_names`` rewrites the page.
 """
 

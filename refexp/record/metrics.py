@@ -1,5 +1,5 @@
 """``metrics.jsonl``: one JSON object per logged step, with ``step`` (the contract with the report; W&B
-receives the same rows). ``MetricsWriter`` is its one writer (``refexp/metric_logger.py`` drives it),
+receives the same rows). ``MetricsWriter`` is its one writer (``refexp/components/metric_logger.py`` drives it),
 ``read_metrics`` its one reader.
 """
 

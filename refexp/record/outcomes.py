@@ -4,7 +4,7 @@ strategies on one task) can be compared prompt by prompt, not only by their mean
 One line per evaluation and metric: ``{step, split, metric, prompt_ids, scores}``; ``prompt_ids[i]`` is the
 row of the split (the ``Task`` attribute: ``eval``, ``val``, ``retain_eval``, ``retain_val``) that scored
 ``scores[i]``, and the mean of ``scores`` is the logged metric (``eval/accuracy``, ``val/accuracy``,
-``eval/retention``, ``val/retention``, ``eval/pass_at_k``: refexp/evaluation.py). Written by rank 0, never sent
+``eval/retention``, ``val/retention``, ``eval/pass_at_k``: refexp/components/evaluation.py). Written by rank 0, never sent
 to W&B.
 """
 

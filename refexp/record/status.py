@@ -1,7 +1,7 @@
 """``status.json``: what became of a run (running / completed / failed / preempted, with the error).
 
 Rank 0 writes it at the start and at the end (``RunStatus``, ``open_status``, ``close_run_status``). A
-failure on another rank must reach it too, and first: the launcher (torchrun, ``refexp/launcher.py``) stops
+failure on another rank must reach it too, and first: the launcher (torchrun, ``refexp/runtime/launcher.py``) stops
 the surviving ranks when one process fails, and rank 0 may be killed inside a collective before it writes
 anything, or fail itself with nothing more telling than gloo's "Connection closed by peer". So a failing
 rank k > 0 writes its own error into ``status.json`` before its process exits (``record_rank_failure``), and
@@ -55,7 +55,7 @@ class RunStatus:
     """The final metrics (numbers only) of a completed run."""
     started: float = field(default_factory=time.time)
     provenance: Optional[dict] = None
-    """The code that ran this invocation (``refexp/provenance.py``)."""
+    """The code that ran this invocation (``refexp/record/provenance.py``)."""
     traceback: Optional[str] = None
     ended: Optional[float] = None
     wall_s: Optional[float] = None
@@ -232,7 +232,7 @@ def close_status(run_dir: str | Path, status: dict) -> dict:
 
 
 def record_launch_failure(run_dir: str | Path, error: str) -> None:
-    """The launching process's account of a job whose workers failed (``refexp/launcher.py``): written
+    """The launching process's account of a job whose workers failed (``refexp/runtime/launcher.py``): written
     only when no rank left a failure (a worker killed by a signal or out of memory writes nothing)."""
     current = read_status(run_dir) or {}
     if current.get("status") in ENDED:

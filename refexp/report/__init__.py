@@ -7,7 +7,7 @@
 or ``refexp-report SWEEP_DIR [--baseline fixed] [--alpha 0.05] [--equivalence-margin M] [--allow-mixed] [--quiet]``.
 
 This package reads files only and imports from refexp only two foundations, ``refexp.record`` (the run
-record's readers, the metric names, atomic writes) and ``refexp.overrides`` (the swept settings W&B groups
+record's readers, the metric names, atomic writes) and ``refexp.record.overrides`` (the swept settings W&B groups
 by too). The files it reads, per run dir
 (found at any depth below SWEEP_DIR by having ``.hydra/``, ``metrics.jsonl`` or ``status.json``):
 

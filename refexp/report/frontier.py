@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from refexp.overrides import swept_settings
+from refexp.record.overrides import swept_settings
 from refexp.record.metric_names import EVAL_RETENTION, KL_INIT
 
 from .inference import Verdict, family_verdicts

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from refexp.choices import REFERENCE_STRATEGIES
-from refexp.overrides import swept_settings
+from refexp.record.overrides import swept_settings
 
 from .load import Run, natural_key
 

@@ -1,7 +1,7 @@
 """``refexp-report SWEEP --wandb-workspace``: a saved W&B workspace that compares a sweep's strategies.
 
 Built with ``wandb-workspaces`` (W&B's own library for saved views): the sweep's runs only (tag
-``sweep:<dir>``, ``refexp/wandb_conventions.py``), grouped by W&B ``group`` — one line per compared
+``sweep:<dir>``, ``refexp/components/wandb_conventions.py``), grouped by W&B ``group`` — one line per compared
 setting, its seeds averaged with a min-max band — and four sections:
 - accuracy and drift: ``eval/accuracy`` (or ``eval/pref_accuracy``) and ``kl/init`` against ``step``, and
   each run's best accuracy against its last drift (the runs table's summaries);

@@ -38,9 +38,9 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from refexp.cache_dirs import marker_check
+from refexp.record.cache_dirs import marker_check
 from refexp.config import ConfigError, TaskConfig
-from refexp.hashing import stable_hash
+from refexp.record.hashing import stable_hash
 from refexp.record.atomic import atomic_dir
 
 FORMAT_VERSION = 2

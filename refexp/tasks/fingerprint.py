@@ -13,7 +13,7 @@ import os
 from typing import Optional
 
 from refexp.config import TaskConfig
-from refexp.hashing import stable_hash
+from refexp.record.hashing import stable_hash
 from refexp.tasks.arithmetic import arithmetic_fingerprint
 
 

@@ -18,7 +18,7 @@ from torchtitan.distributed import utils as tt_dist_utils
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.distributed.compile import apply_compile
 
-from refexp import distributed as rdist
+from refexp.runtime import distributed as rdist
 from refexp.config import (
     ActivationCheckpointConfig,
     CompileConfig,
@@ -160,7 +160,7 @@ _SINGLE_RANK_DIMS: dict[tuple[str, str], ParallelDims] = {}
 
 def single_rank_dims(parallelism: ParallelismConfig, device: torch.device) -> ParallelDims:
     """A 1-rank ParallelDims for FSDP's mixed precision in one process; initialises a single-process
-    process group (gloo on CPU, NCCL on CUDA; destroyed at exit, refexp/distributed.py) when none exists.
+    process group (gloo on CPU, NCCL on CUDA; destroyed at exit, refexp/runtime/distributed.py) when none exists.
     One per device type and SPMD backend: its meshes are built once and shared by every model."""
     key = (device.type, parallelism.spmd_backend)
     if key not in _SINGLE_RANK_DIMS:

@@ -2,7 +2,7 @@
 ``CheckpointManager`` (pruning deferred, see below).
 
 Re-exported here so that every torchtitan import in refexp goes through ``refexp.titan``
-(``refexp/optim.py`` builds the containers, ``refexp/checkpoint.py`` the manager).
+(``refexp/components/optim.py`` builds the containers, ``refexp/components/checkpoint.py`` the manager).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ __all__ = ["CheckpointManager", "LRSchedulersContainer", "OptimizersContainer", 
 class CheckpointManager(_TitanCheckpointManager):
     """torchtitan's manager, except that a save does not prune older checkpoints by itself: refexp
     prunes (``purge_stale_checkpoints``) only once the new checkpoint's manifest is written
-    (``refexp.checkpoint.Checkpointer.save``), so that ``keep_latest_k`` never deletes a verified
+    (``refexp.components.checkpoint.Checkpointer.save``), so that ``keep_latest_k`` never deletes a verified
     checkpoint for one that a crash left without its manifest."""
 
     def _purge_stale_checkpoints(self) -> None:  # called by torchtitan's _save, before the manifest

@@ -68,7 +68,7 @@ def check_weights_kind(workdir: Path):
 def check_rank0_error(workdir: Path):
     """Rank 0's answer is an error: every rank raises it (none waits for a broadcast that never comes)."""
     from refexp.config import ConfigError
-    from refexp.distributed import decided_by_rank0
+    from refexp.runtime.distributed import decided_by_rank0
 
     def decide():
         if rank() == 0:

@@ -10,9 +10,7 @@ from typing import Callable
 
 import torch
 
-from refexp import sampler
-
-
+from refexp.components import sampler
 @dataclass
 class TrainingRollout:
     step: int
@@ -25,8 +23,7 @@ def record_training_rollouts(monkeypatch, change: Callable[[sampler.Rollout], sa
                              ) -> list[TrainingRollout]:
     """Installs the engine for ``rollout=builtin`` for the rest of the test; the returned list fills with
     each training rollout in order. ``change`` maps the engine's rollout to the one the step gets."""
-    from refexp import rollout
-
+    from refexp.components import rollout
     seen: list[TrainingRollout] = []
 
     class Recording(rollout.BuiltinEngine):

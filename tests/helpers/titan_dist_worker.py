@@ -155,7 +155,7 @@ def check_generate(cfg, par, dims) -> float:
     single-process tokens exactly (else inf); returns the largest behaviour log-prob difference. Without TP
     also with rollout.static_decode (FSDP's unsharded weights; each generation's first step of a bucket in
     ``setup_timeout``)."""
-    from refexp import sampler
+    from refexp.components import sampler
     from refexp.tasks.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()

@@ -2,7 +2,7 @@
 
 The models are built on the meta device (shapes only: no checkpoint, no data, no accelerator), so the plan
 of an 8-GPU 8B run prints in seconds on a laptop. Data paths, which only a real run reads, may stay unset.
-What is counted in each phase (rollout, policy training, reference forward) and why: refexp/memory_plan.py.
+What is counted in each phase (rollout, policy training, reference forward) and why: refexp/cli/memory_plan.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import copy
 from omegaconf import DictConfig, OmegaConf
 
 from refexp.config.task import ignored_fields
-from refexp.memory_plan import GIB, Plan, layout, plan
+from refexp.cli.memory_plan import GIB, Plan, layout, plan
 
 UNSET = "<unset in a dry run>"
 PEAK = "per-rank peak estimate"

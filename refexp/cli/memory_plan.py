@@ -64,7 +64,7 @@ import math
 from dataclasses import dataclass, field
 
 from refexp.choices import MOVING_STRATEGIES
-from refexp.memory_shapes import Shapes, layout, model_shapes
+from refexp.cli.memory_shapes import Shapes, layout, model_shapes
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
@@ -149,11 +149,11 @@ class Generation:
 
 
 def generations(cfg, dp: int) -> list[Generation]:
-    """The batches a rank decodes: the GRPO step's, and the evaluation's (``refexp/evaluation.py``: each rank
+    """The batches a rank decodes: the GRPO step's, and the evaluation's (``refexp/components/evaluation.py``: each rank
     its ``ceil(n / dp)`` prompts, in batches of at most the functions' default ``batch_size``)."""
     import inspect
 
-    from refexp.evaluation import greedy_accuracy, kl_to_anchor
+    from refexp.components.evaluation import greedy_accuracy, kl_to_anchor
 
     a, task = cfg.algo, cfg.task
     out = []
@@ -234,7 +234,7 @@ def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: i
                       f"w1|w3 of {s.n_layers} layers concatenated per generation (titan/decode_step_plain.py)" if fused
                       else ("rollout.static_decode reads w1 and w3 as they are" if static else "TP: decoded by the "
                             "sub-modules")))
-    from refexp.sampler import DROP_FINISHED_SHARE
+    from refexp.components.sampler import DROP_FINISHED_SHARE
 
     per_slot = s.n_layers * 2 * s.kv_dim * compute / tp
 
@@ -267,7 +267,7 @@ def _static_buckets(cfg, s: Shapes, compute: int, dp: int) -> Item:
     """``rollout.static_decode``'s kept K/V buffers (``titan/static_decode.py``): one per row bucket the run's
     generations use, each [bucket rows, n_kv, ``rollout.decode_capacity``, head_dim] per layer, held between
     generations."""
-    from refexp.rollout import decode_capacity
+    from refexp.components.rollout import decode_capacity
     from refexp.titan.static_decode import bucket_rows
 
     buckets = sorted({bucket_rows(g.rows) for g in generations(cfg, dp)})

@@ -3,7 +3,7 @@
 The host copy is made once (``park_on_host``), pinned where there is an accelerator, so each move to the
 device is a non-blocking copy that can overlap the host's work. After a use the module's parameters and
 buffers point at the kept host tensors again: nothing is copied back, because a forward does not change
-the weights, and a moving reference is updated on its host copy itself (``refexp/reference.py``), so its
+the weights, and a moving reference is updated on its host copy itself (``refexp/reference/strategies.py``), so its
 host copy is always the current one. Per use that is one host-to-device copy of the model, and none back.
 
 FSDP2 re-pads a sharded parameter whose rows do not divide evenly over the ranks each time its tensor is

@@ -6,9 +6,9 @@ alpha=1 and alpha<1 (TR-DPO, Gorbatovski et al. 2024, eq. 6-7). Each strategy ow
 (``version``, ``last_update_step``), reports it as ``ref/version`` / ``ref/last_update_step``, and
 checkpoints it together with its weights when they can differ from the start checkpoint.
 
-``reference.offload``: the frozen model lives in host memory (``refexp/offload.py``) and is lent to the
+``reference.offload``: the frozen model lives in host memory (``refexp/reference/offload.py``) and is lent to the
 compute device for its forwards, never copied back; an update blends the policy's shards into the host copy
-itself. The kl/init anchor (refexp/evaluation.py) is offloaded likewise.
+itself. The kl/init anchor (refexp/components/evaluation.py) is offloaded likewise.
 
 Precision: an EMA reference stored in bf16 (``reference.dtype`` or ``training.dtype=bfloat16``) keeps a float32
 master copy (``titan.fp32_master``) that the updates accumulate in, the bf16 model cast from it after each
@@ -38,7 +38,7 @@ from refexp.config import (
     PeriodicResetReferenceConfig,
     ReferenceConfig,
 )
-from refexp.offload import model_device, on_device, park_on_host
+from refexp.reference.offload import model_device, on_device, park_on_host
 
 
 class ReferenceStrategy:

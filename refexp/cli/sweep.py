@@ -35,7 +35,7 @@ def not_completed(sweep_dir: str | Path) -> list[str]:
 
 class JobsCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from refexp.distributed import is_rank0
+        from refexp.runtime.distributed import is_rank0
 
         if is_rank0():
             NOT_COMPLETED[:] = not_completed(config.hydra.sweep.dir)
@@ -46,7 +46,7 @@ class ReportCallback(Callback):
         self.target, self.at_steps = target, tuple(at_steps or ())
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from refexp.distributed import is_rank0
+        from refexp.runtime.distributed import is_rank0
         from refexp.report import build_report, format_table
 
         if not is_rank0():

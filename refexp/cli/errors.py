@@ -63,7 +63,7 @@ def precheck(argv: list[str], config_dir: str) -> None:
             cfg = compose("config", overrides=overrides)
         check_run_dirs(argv, config_dir, cfg.get("run_dir"))
         if cfg.get("dry_run"):
-            return  # a plan needs no data paths (refexp/dry_run.py validates what it needs)
+            return  # a plan needs no data paths (refexp/cli/dry_run.py validates what it needs)
         obj = to_object(cfg)
         world = planned_world_size(obj.parallelism)
         if world is not None and world > 1:

@@ -29,9 +29,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from refexp import distributed as rdist
+from refexp.runtime import distributed as rdist
 from refexp.titan import latest_checkpoint_step
-from refexp.hashing import stable_hash
+from refexp.record.hashing import stable_hash
 from refexp.record.atomic import torch_save_atomic
 
 CACHE_FORMAT = 1

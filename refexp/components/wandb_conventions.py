@@ -2,7 +2,7 @@
 
 W&B groups runs by ``group`` and draws one mean line (with a band) per group. So:
 - ``group`` = ``<experiment>/<sweep>/<setting>`` where the setting is the strategy (DPO: strategy and
-  loss) plus every override the sweep varies across its jobs but the seed (``refexp/overrides.py``, the
+  loss) plus every override the sweep varies across its jobs but the seed (``refexp/record/overrides.py``, the
   report's grouping; an override every job shares is no setting): the seeds of one setting average into
   one line, and settings never collapse into one;
 - ``job_type`` = the strategy; for DPO ``<strategy>:<loss_type>`` (TR-DPO ``periodic_reset:sigmoid``,
@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Collection, Optional
 
-from refexp.overrides import only_swept, swept_keys, swept_settings
+from refexp.record.overrides import only_swept, swept_keys, swept_settings
 from refexp.record.metric_names import summaries
 
 SUMMARIES = summaries()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from refexp import titan
-from refexp.distributed import any_rank, setup_timeout
+from refexp.runtime.distributed import any_rank, setup_timeout
 
 
 def row_seed(*key: int) -> int:
@@ -206,7 +206,7 @@ def _decode(model, tokenizer, logits_AV: torch.Tensor, cache, sampling: _Samplin
             if t == 0 and static_decode and any_rank(titan.compiles_next_step(cache), device):
                 # A bucket's first step compiles (minutes for a large model, not alike on every rank): the
                 # rank done first must not wait for the others in the next collective under
-                # comm.train_timeout_seconds (refexp/distributed.py, setup_timeout).
+                # comm.train_timeout_seconds (refexp/runtime/distributed.py, setup_timeout).
                 with setup_timeout():
                     logits_AV, cache = titan.decode_step(model, tok, cache)
                 continue

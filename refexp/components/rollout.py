@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from refexp import sampler
+from refexp.components import sampler
 from refexp.config import RolloutConfig, RootConfig
 from refexp.config.root import generation_budget
 
@@ -33,7 +33,7 @@ class RolloutEngine(Protocol):
 
 
 class BuiltinEngine:
-    """refexp's KV-cache decoder (``refexp/sampler.py``) over the trainer's own module: no weight copy."""
+    """refexp's KV-cache decoder (``refexp/components/sampler.py``) over the trainer's own module: no weight copy."""
 
     name = "builtin"
 

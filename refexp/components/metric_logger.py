@@ -3,7 +3,7 @@
 The local file and W&B receive the same dict, so the report (which reads the file) and the
 dashboards agree; the files are written through the run record (``refexp/record/``), and every name
 must be in its registry (``refexp/record/metric_names.py``). W&B conventions
-(``refexp/wandb_conventions.py``): one ``group`` per compared setting, ``job_type`` = reference strategy
+(``refexp/components/wandb_conventions.py``): one ``group`` per compared setting, ``job_type`` = reference strategy
 (DPO: and loss), tags, the full resolved config, every registered metric declared against ``step``
 (best accuracy and last drift as the runs table's summaries), final numbers in ``summary``. A resumed run
 continues its W&B run (the id is kept in the run dir) and does not send W&B the steps it replays: the
@@ -29,7 +29,7 @@ from refexp.record.metric_names import METRICS, unregistered
 from refexp.record.metrics import MetricsWriter, read_metrics
 from refexp.record.outcomes import EvalOutcomes, append_outcomes
 from refexp.record.samples import append_samples
-from refexp.wandb_conventions import SUMMARIES
+from refexp.components.wandb_conventions import SUMMARIES
 
 SAMPLES_PREFIX = "samples/"
 """Metrics keys of sample completions (``samples/eval``, ``samples/rollout``): lists of dicts, not numbers."""

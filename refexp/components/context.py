@@ -1,6 +1,6 @@
 """What every stage of a run shares: the validated config, the run dir, the device and process
-group, the task, the logger. Plain data: models are built from it by ``refexp.models``, the
-data-parallel layout comes from ``refexp.distributed`` (``dp_sum(ctx.parallel_dims, t)``, ...)."""
+group, the task, the logger. Plain data: models are built from it by ``refexp.components.models``, the
+data-parallel layout comes from ``refexp.runtime.distributed`` (``dp_sum(ctx.parallel_dims, t)``, ...)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from refexp.config import RootConfig
-from refexp.distributed import DistInfo
-from refexp.metric_logger import MetricLogger
+from refexp.runtime.distributed import DistInfo
+from refexp.components.metric_logger import MetricLogger
 
 
 @dataclass

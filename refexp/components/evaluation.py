@@ -19,7 +19,7 @@
   ``eval/accuracy`` / ``val/accuracy`` (docs/reward-models.md).
 - ``kl/init``: KL(policy || frozen initial model) on the first ``eval.kl_prompts`` held-out prompts,
   with one completion per prompt sampled from the policy; the per-token k3 estimator averaged over
-  completion tokens (the same estimator and averaging as ``kl/ref``, refexp.kl.mean_token_kl).
+  completion tokens (the same estimator and averaging as ``kl/ref``, refexp.losses.kl.mean_token_kl).
   The sampling uniforms are keyed to the prompt only (common random numbers), so successive evals
   differ by the policy, not by sampling noise. Completions are sampled, and every model's log-probs
   are taken, at the run's sampling temperature (GRPO's ``algo.temperature``; 1 for DPO), so a model
@@ -50,15 +50,15 @@ from typing import Callable, Mapping
 import torch
 
 from refexp import titan
-from refexp.context import RunContext
-from refexp.distributed import dp_sum, padded_share
-from refexp.kl import masked_sum, sequence_kl
-from refexp.offload import model_device, on_device, park_on_host
+from refexp.components.context import RunContext
+from refexp.runtime.distributed import dp_sum, padded_share
+from refexp.losses.kl import masked_sum, sequence_kl
+from refexp.reference.offload import model_device, on_device, park_on_host
 from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_GOLD, EVAL_PASS_AT_K, EVAL_RETENTION, VAL_ACCURACY,
                                         VAL_GOLD, VAL_RETENTION)
 from refexp.record.outcomes import EvalOutcomes
-from refexp.reference import ReferenceStrategy
-from refexp.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
+from refexp.reference.strategies import ReferenceStrategy
+from refexp.components.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.tasks.batching import pack_sequences
 
 EVAL_SAMPLES = "samples/eval"
@@ -262,7 +262,7 @@ class InitAnchor:
     With ``reference=fixed`` on the start checkpoint it *is* the reference (``shared``, no second
     copy). Otherwise ``build_frozen()`` makes it at the first measurement and it is kept for the run,
     never rebuilt from disk; with ``offload`` (``reference.offload``) it waits in host memory between
-    measurements and is lent to the compute device for each (``refexp/offload.py``).
+    measurements and is lent to the compute device for each (``refexp/reference/offload.py``).
     """
 
     def __init__(self, build_frozen: Callable[[], torch.nn.Module], shared=None, *, offload: bool = False):

@@ -1,4 +1,4 @@
-"""What the memory plan (``refexp/memory_plan.py``) knows of a configured job before anything runs: the model's
+"""What the memory plan (``refexp/cli/memory_plan.py``) knows of a configured job before anything runs: the model's
 parameter counts and layer sizes from a meta-device build, and the job's parallel layout."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from refexp import titan
-from refexp.context import RunContext
+from refexp.components.context import RunContext
 
 
 def build_run_model(ctx: RunContext, *, trainable: bool, seed: int | None = None, dtype: str | None = None,

@@ -2,7 +2,7 @@
 and which keys a sweep varies across its jobs.
 
 The report groups runs by these settings (``refexp/report/group.py``) and W&B groups them the same way
-(``refexp/wandb_conventions.py``), so a dashboard's line and a report's row are the same runs.
+(``refexp/components/wandb_conventions.py``), so a dashboard's line and a report's row are the same runs.
 """
 
 from __future__ import annotations

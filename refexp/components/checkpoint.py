@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from refexp import distributed as rdist
+from refexp.runtime import distributed as rdist
 from refexp.record.checkpoints import checked_steps, complete_steps, write_manifest
 from refexp.config import CheckpointConfig, ConfigError
 from refexp.titan.components import CheckpointManager

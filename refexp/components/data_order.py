@@ -4,7 +4,7 @@ Every stage walks its data in epochs, each a fresh permutation keyed by (seed, e
 takes the next consecutive slice of that stream, wrapping into the next epoch's permutation. The
 order depends on (n, batch size, seed, step) only, so the global batch of a step is the same at any
 world size and after a resume; data-parallel ranks then take their slice of it
-(``refexp.distributed.local_slice``).
+(``refexp.runtime.distributed.local_slice``).
 """
 
 from __future__ import annotations
