@@ -14,7 +14,8 @@ import torch
 from refexp import titan
 from refexp.config import ModelConfig
 from refexp.config.reference import FixedReferenceConfig
-from refexp.components.evaluation import InitAnchor, reference_logprobs
+from refexp.components.evaluation import reference_logprobs
+from refexp.reference.anchor import InitAnchor
 from refexp.record.metrics import read_metrics
 from refexp.reference.strategies import build_reference
 from refexp.run import run

@@ -6,13 +6,12 @@ import pytest
 import torch
 
 from refexp.losses.kl import (
-    AdaptiveKLController,
-    FixedKLController,
     kl_estimate,
     masked_mean,
     mean_token_kl,
     sequence_kl,
 )
+from refexp.reference.kl_control import AdaptiveKLController, FixedKLController
 
 
 def t(x):

@@ -18,7 +18,8 @@ from refexp.algos.loop import Policy
 from refexp.algos.shared_prompt import pair_logprobs
 from refexp.config import DPOConfig
 from refexp.components.context import RunContext
-from refexp.components.evaluation import InitAnchor, evaluate, reference_logprobs
+from refexp.components.evaluation import evaluate, reference_logprobs
+from refexp.reference.anchor import InitAnchor
 from refexp.losses.kl import masked_sum
 from refexp.losses import preference_loss, sft_loss
 from refexp.reference.refcache import RefLogps

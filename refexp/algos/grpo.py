@@ -19,8 +19,9 @@ from refexp.algos.shared_prompt import SharedPrompt, row_logprobs, share_groups
 from refexp.config import GRPOConfig
 from refexp.components.context import RunContext
 from refexp.components.data_order import batch_ids
-from refexp.losses.kl import AdaptiveKLController, FixedKLController, sequence_kl
+from refexp.losses.kl import sequence_kl
 from refexp.losses import group_advantages, grpo_loss, sft_loss
+from refexp.reference.kl_control import AdaptiveKLController, FixedKLController
 from refexp.reference.strategies import ReferenceStrategy
 from refexp.components.rollout import build_engine, decode_capacity
 from refexp.tasks.batching import pack_sequences

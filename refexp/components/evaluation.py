@@ -37,8 +37,8 @@ dropped), and each number is an exact sum over ranks (rewards, tokens, token-wei
 ``dp_sum``) divided by a global count, so it does not depend on the world size. A sampled completion
 is keyed by its prompt's index, so it is the same whichever rank draws it.
 
-``evaluate`` makes them for the RL loop; ``InitAnchor`` is the initial model ``kl/init`` is measured
-against.
+``evaluate`` makes them for the RL loop; ``InitAnchor`` (``refexp/reference/anchor.py``) is the initial model
+``kl/init`` is measured against.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ from refexp import titan
 from refexp.components.context import RunContext
 from refexp.runtime.distributed import dp_sum, padded_share
 from refexp.losses.kl import masked_sum, sequence_kl
-from refexp.reference.offload import model_device, on_device, park_on_host
+from refexp.reference.anchor import InitAnchor
+from refexp.reference.offload import model_device
 from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_GOLD, EVAL_PASS_AT_K, EVAL_RETENTION, VAL_ACCURACY,
                                         VAL_GOLD, VAL_RETENTION)
 from refexp.record.outcomes import EvalOutcomes
@@ -254,45 +255,6 @@ def logp_correct(policy, task, num_prompts: int, *, batch_size: int = 256, paral
         tokens_total += int(mask[keep].sum())
     total, tokens_total = _global_sums(parallel_dims, device, total, tokens_total)
     return total / max(1, tokens_total if per_token else n)
-
-
-class InitAnchor:
-    """The frozen initial (SFT) model that ``kl/init`` is measured against.
-
-    With ``reference=fixed`` on the start checkpoint it *is* the reference (``shared``, no second
-    copy). Otherwise ``build_frozen()`` makes it at the first measurement and it is kept for the run,
-    never rebuilt from disk; with ``offload`` (``reference.offload``) it waits in host memory between
-    measurements and is lent to the compute device for each (``refexp/reference/offload.py``).
-    """
-
-    def __init__(self, build_frozen: Callable[[], torch.nn.Module], shared=None, *, offload: bool = False):
-        self.build_frozen, self.shared, self.offload = build_frozen, shared, offload
-        self.model: torch.nn.Module | None = None
-        self._device: torch.device | None = None  # where an offloaded anchor computes
-
-    def _ensure_model(self) -> torch.nn.Module:
-        if self.model is None:
-            self.model = self.build_frozen()
-            if self.offload:
-                self._device = model_device(self.model)
-                park_on_host(self.model)
-        return self.model
-
-    @contextmanager
-    def logprobs(self):
-        """``with anchor.logprobs() as fn:`` ``fn(tokens_BT, **kwargs) -> [B, T-1]`` log-probs under the
-        initial model (kwargs: ``titan.token_logprobs``'s ``temperature``, positions, attention mask)."""
-        if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
-            yield self.shared.logprobs
-            return
-        model = self._ensure_model()
-
-        def fn(tokens_BT, **kwargs):
-            with torch.inference_mode():
-                return titan.token_logprobs(model, tokens_BT, **kwargs).clone()
-
-        with on_device(model, self._device):
-            yield fn
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from refexp.losses.kl import _compute_dtype, masked_mean
+from refexp.losses.kl import compute_dtype, masked_mean
 
 Metrics = dict[str, torch.Tensor]
 
@@ -35,5 +35,5 @@ def sft_loss(logp_BT: torch.Tensor, mask_BT: torch.Tensor) -> tuple[torch.Tensor
 
     Metrics: ``loss/sft``, ``loss/total`` (the same value).
     """
-    loss = -masked_mean(_compute_dtype(logp_BT), mask_BT)
+    loss = -masked_mean(compute_dtype(logp_BT), mask_BT)
     return loss, {"loss/sft": metric(loss), "loss/total": metric(loss)}

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from refexp.choices import ADVANTAGE_SCALES, GRPO_LOSS_AGGS
-from refexp.losses.kl import _compute_dtype, _where_mask, kl_estimate, masked_mean, masked_sum
+from refexp.losses.kl import compute_dtype, where_mask, kl_estimate, masked_mean, masked_sum
 from refexp.losses.common import Metrics, check_shape, metric
 
 
@@ -53,7 +53,7 @@ def group_advantages(
         raise ValueError(f"group_size={group_size!r} is invalid: expected a positive divisor of N={rewards_N.numel()}")
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"scale={scale!r} is invalid: expected one of {', '.join(ADVANTAGE_SCALES)}")
-    r = _compute_dtype(rewards_N.detach())
+    r = compute_dtype(rewards_N.detach())
     grouped = r.reshape(-1, group_size)
     adv = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
     if scale == "none":
@@ -165,21 +165,21 @@ def grpo_loss(
                        loss_agg=loss_agg, max_completion_length=max_completion_length,
                        num_active_tokens=num_active_tokens, token_weight=token_weight)
     m = mask.ne(0)
-    logp = _where_mask(_compute_dtype(logp), m)
-    old = logp.detach() if old_logp is None else _where_mask(_compute_dtype(old_logp.detach()), m)
-    adv = _compute_dtype(advantages.detach()).unsqueeze(1)
+    logp = where_mask(compute_dtype(logp), m)
+    old = logp.detach() if old_logp is None else where_mask(compute_dtype(old_logp.detach()), m)
+    adv = compute_dtype(advantages.detach()).unsqueeze(1)
 
     ratio = torch.exp(logp - old)
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     policy_BT = -torch.min(ratio * adv, clipped * adv)
     if token_weight is not None:
-        policy_BT = policy_BT * _compute_dtype(token_weight.detach())
+        policy_BT = policy_BT * compute_dtype(token_weight.detach())
     policy = _aggregate(policy_BT, m, loss_agg, max_completion_length, num_active_tokens)
 
     metrics: Metrics = {}
     kl_part = torch.zeros((), dtype=policy.dtype, device=policy.device)
     if ref_logp is not None:
-        ref = _where_mask(_compute_dtype(ref_logp.detach()), m)
+        ref = where_mask(compute_dtype(ref_logp.detach()), m)
         if beta != 0.0:
             kl_BT = kl_estimate(logp, ref, kl_estimator)
             kl_part = _aggregate(beta * kl_BT, m, loss_agg, max_completion_length, num_active_tokens)

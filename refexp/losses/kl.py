@@ -1,4 +1,4 @@
-"""KL estimators and KL-coefficient controllers.
+"""KL estimators, and the masked tensor helpers they and the losses share.
 
 Every KL in refexp is ``KL(policy || other)`` estimated from tokens *sampled from the policy*
 (completions in GRPO), with the per-token estimators of Schulman, "Approximating KL Divergence"
@@ -33,6 +33,8 @@ depend on the estimator a run puts in its loss, so runs that differ in ``kl_esti
 comparable numbers. ``sequence_kl`` (sum over a sequence's tokens) is the per-sequence KL used to
 penalise rewards (``kl_in_reward``).
 
+The KL-coefficient controllers (a fixed or adaptive beta) are in ``refexp/reference/kl_control.py``.
+
 Shapes: ``_BT`` is [batch, completion tokens], ``_B`` is [batch]. Masks are bool or {0, 1}; masked
 positions may hold any finite value (they are replaced by 0 before any arithmetic, so neither their
 value nor their gradient reaches the result).
@@ -40,15 +42,12 @@ value nor their gradient reaches the result).
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.Tensor:
+def compute_dtype(x: torch.Tensor) -> torch.Tensor:
     """Promote half precision to float32 (exp of log-ratios in bf16 loses the small differences we measure)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
@@ -68,7 +67,7 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
     """
     if logp.shape != ref_logp.shape:
         raise ValueError(f"logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} must have the same shape")
-    delta = _compute_dtype(ref_logp) - _compute_dtype(logp)
+    delta = compute_dtype(ref_logp) - compute_dtype(logp)
     if estimator == "k1":
         return -delta
     if estimator == "k2":
@@ -78,7 +77,7 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
     raise ValueError(f"estimator={estimator!r} is invalid: expected one of {', '.join(KL_ESTIMATORS)}")
 
 
-def _bool_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def bool_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if mask.shape != like.shape:
         raise ValueError(f"mask {tuple(mask.shape)} must have the shape of its values {tuple(like.shape)}")
     return mask if mask.dtype == torch.bool else mask != 0
@@ -90,7 +89,7 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> t
     Masked positions are replaced by 0 with ``torch.where`` (not multiplied by 0), so an inf/NaN
     there cannot turn the sum into NaN.
     """
-    m = _bool_mask(mask, x)
+    m = bool_mask(mask, x)
     kept = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
     return kept.sum() if dim is None else kept.sum(dim)
 
@@ -107,14 +106,14 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     Returns:
         The mean; 0 where nothing is masked in (the count is clamped to >= 1, as TRL does).
     """
-    m = _bool_mask(mask, x)
+    m = bool_mask(mask, x)
     count = m.sum() if dim is None else m.sum(dim)
     return masked_sum(x, m, dim) / count.clamp(min=1).to(x.dtype)
 
 
-def _where_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def where_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Zero the masked-out inputs *before* arithmetic, so their gradient is exactly 0, never NaN."""
-    m = _bool_mask(mask, x)
+    m = bool_mask(mask, x)
     return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
@@ -130,7 +129,7 @@ def sequence_kl(
     Returns:
         kl_B: [B].
     """
-    kl_BT = kl_estimate(_where_mask(logp_BT, mask_BT), _where_mask(ref_logp_BT, mask_BT), estimator)
+    kl_BT = kl_estimate(where_mask(logp_BT, mask_BT), where_mask(ref_logp_BT, mask_BT), estimator)
     return masked_sum(kl_BT, mask_BT, dim=-1)
 
 
@@ -147,75 +146,5 @@ def mean_token_kl(
     Returns:
         0-dim tensor (differentiable; detach it for logging).
     """
-    kl_BT = kl_estimate(_where_mask(logp_BT, mask_BT), _where_mask(ref_logp_BT, mask_BT), estimator)
+    kl_BT = kl_estimate(where_mask(logp_BT, mask_BT), where_mask(ref_logp_BT, mask_BT), estimator)
     return masked_mean(kl_BT, mask_BT)
-
-
-def _as_float(x: Any, name: str) -> float:
-    value = float(x.detach().item()) if isinstance(x, torch.Tensor) else float(x)
-    if not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} is invalid: expected a finite number")
-    return value
-
-
-class FixedKLController:
-    """A constant KL coefficient, with the interface of ``AdaptiveKLController``."""
-
-    def __init__(self, beta: float) -> None:
-        if beta < 0:
-            raise ValueError(f"beta={beta!r} is invalid: expected a number >= 0")
-        self.beta = float(beta)
-
-    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float:
-        """Does nothing; returns the (unchanged) coefficient."""
-        return self.beta
-
-    def state_dict(self) -> dict[str, float]:
-        return {"beta": self.beta}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.beta = float(state["beta"])
-
-
-class AdaptiveKLController:
-    """Proportional controller of the KL coefficient (Ziegler et al. 2019, arXiv:1909.08593).
-
-    After a batch whose KL was ``current_kl``::
-
-        e = clip(current_kl / target - 1, -0.2, 0.2)
-        beta <- beta * (1 + e * n_steps / horizon)
-
-    so beta grows while the KL is above ``target`` and shrinks while it is below, by at most 20% of
-    ``n_steps / horizon`` per update. Same rule and constants as TRL's ``AdaptiveKLController``:
-    ``n_steps`` counts samples (the rows of the global batch the KL was measured on), so with the
-    default horizon of 10,000 samples beta can move by up to 20% per 10,000 samples. ``current_kl``
-    should be the logged KL (``kl/ref``, see the module docstring).
-    """
-
-    def __init__(self, init_beta: float, target: float, horizon: float) -> None:
-        if init_beta < 0:
-            raise ValueError(f"init_beta={init_beta!r} is invalid: expected a number >= 0")
-        if not target > 0:
-            raise ValueError(f"target={target!r} is invalid: expected a number > 0")
-        if not horizon > 0:
-            raise ValueError(f"horizon={horizon!r} is invalid: expected a number > 0")
-        self.beta = float(init_beta)
-        self.target = float(target)
-        self.horizon = float(horizon)
-
-    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float:
-        """Move beta towards the value that holds the KL at ``target``; returns the new beta.
-
-        Raises ValueError on a non-finite ``current_kl`` (one NaN would poison beta for good).
-        """
-        kl = _as_float(current_kl, "current_kl")
-        proportional_error = min(max(kl / self.target - 1.0, -0.2), 0.2)
-        self.beta *= 1.0 + proportional_error * n_steps / self.horizon
-        return self.beta
-
-    def state_dict(self) -> dict[str, float]:
-        """Only beta is state; target and horizon come from the config on resume."""
-        return {"beta": self.beta}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.beta = float(state["beta"])

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from refexp.choices import DPO_LOSS_TYPES
-from refexp.losses.kl import _compute_dtype
+from refexp.losses.kl import compute_dtype
 from refexp.losses.common import Metrics, check_shape, metric
 
 
@@ -101,8 +101,8 @@ def dpo_loss(
     """
     _check_dpo_inputs(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta=beta,
                       loss_type=loss_type, label_smoothing=label_smoothing)
-    pc, pr = _compute_dtype(policy_chosen_logps), _compute_dtype(policy_rejected_logps)
-    rc, rr = _compute_dtype(ref_chosen_logps.detach()), _compute_dtype(ref_rejected_logps.detach())
+    pc, pr = compute_dtype(policy_chosen_logps), compute_dtype(policy_rejected_logps)
+    rc, rr = compute_dtype(ref_chosen_logps.detach()), compute_dtype(ref_rejected_logps.detach())
     if loss_type == "ipo" and (chosen_lengths is not None or rejected_lengths is not None):
         lc = _lengths("chosen_lengths", chosen_lengths, pc)
         lr = _lengths("rejected_lengths", rejected_lengths, pr)
@@ -190,7 +190,7 @@ def simpo_loss(
         raise ValueError(f"beta={beta!r} is invalid: expected a number > 0")
     if not 0.0 <= label_smoothing <= 0.5:
         raise ValueError(f"label_smoothing={label_smoothing!r} is invalid: expected a number in [0, 0.5]")
-    pc, pr = _compute_dtype(policy_chosen_logps), _compute_dtype(policy_rejected_logps)
+    pc, pr = compute_dtype(policy_chosen_logps), compute_dtype(policy_rejected_logps)
     a = pc / _lengths("chosen_lengths", chosen_lengths, pc)
     b = pr / _lengths("rejected_lengths", rejected_lengths, pr)
 
@@ -252,13 +252,13 @@ def orpo_loss(
         raise ValueError(f"chosen_nll has shape {tuple(chosen_nll.shape)}, expected [] or [B]")
     if lam < 0:
         raise ValueError(f"lam={lam!r} is invalid: expected a number >= 0")
-    pc, pr = _compute_dtype(policy_chosen_logps), _compute_dtype(policy_rejected_logps)
+    pc, pr = compute_dtype(policy_chosen_logps), compute_dtype(policy_rejected_logps)
     a = pc / _lengths("chosen_lengths", chosen_lengths, pc)
     b = pr / _lengths("rejected_lengths", rejected_lengths, pr)
 
     log_odds = (a - b) - (_log1mexp(a) - _log1mexp(b))
     log_sig = F.logsigmoid(log_odds)
-    nll = _compute_dtype(chosen_nll).mean()
+    nll = compute_dtype(chosen_nll).mean()
     or_loss = -lam * log_sig.mean()
     loss = nll + or_loss
 
@@ -289,8 +289,8 @@ def nll_only_loss(
     completion the policy finds more likely; ``logps/*``.
     """
     check_shape("policy_rejected_logps", policy_rejected_logps, tuple(policy_chosen_logps.shape))
-    loss = _compute_dtype(chosen_nll).mean()
-    pc, pr = _compute_dtype(policy_chosen_logps).detach(), _compute_dtype(policy_rejected_logps).detach()
+    loss = compute_dtype(chosen_nll).mean()
+    pc, pr = compute_dtype(policy_chosen_logps).detach(), compute_dtype(policy_rejected_logps).detach()
     m = _preference_metrics(pc, pr, pc, pr)
     m["loss/nll"] = metric(loss)
     m["loss/total"] = metric(loss)
@@ -303,6 +303,6 @@ def add_nll_term(loss: torch.Tensor, metrics: Metrics, chosen_nll: torch.Tensor,
     ``weight`` times the token-mean NLL of the chosen completions; TRL 1.16 writes it
     ``loss_type=["sigmoid", "sft"], loss_weights=[1, weight]``. Metrics gain ``loss/nll``; ``loss/total``
     becomes the sum. ``chosen_nll``: 0-dim, or [B] per-pair parts whose mean is the token-mean NLL."""
-    nll = _compute_dtype(chosen_nll).mean()
+    nll = compute_dtype(chosen_nll).mean()
     total = loss + weight * nll
     return total, {**metrics, "loss/nll": metric(nll), "loss/total": metric(total)}
