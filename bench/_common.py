@@ -225,9 +225,9 @@ def save_init_checkpoint(model: torch.nn.Module, out_dir: Path) -> Path:
 def make_context(cfg, task, run_dir: Path, device: torch.device):
     """A RunContext as ``refexp.run.run_worker`` builds it (1-rank process group, or torchrun's),
     without a logger."""
-    from refexp.runtime import distributed as rdist
     from refexp import titan
     from refexp.components.context import RunContext
+    from refexp.runtime import distributed as rdist
 
     titan.prepare_torchtitan(device.type)
     info = rdist.init_distributed(device, backend="auto")

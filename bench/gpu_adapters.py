@@ -25,9 +25,9 @@ def plan_lines(overrides: list[str]) -> dict[str, float]:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from refexp.config import register_configs, to_object
     from refexp.cli.dry_run import fill_data_paths
     from refexp.cli.dry_run import plan_lines as printed_lines
+    from refexp.config import register_configs, to_object
 
     register_configs()
     GlobalHydra.instance().clear()

@@ -25,24 +25,24 @@ from typing import Iterator
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from refexp.runtime import distributed as rdist
 from refexp import titan
-from refexp.config import ConfigError, RootConfig, to_object
-from refexp.config.root import generation_budget
-from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.components.context import RunContext
 from refexp.components.metric_logger import MetricLogger
-from refexp.runtime.process_settings import apply_process_settings
-from refexp.record.provenance import provenance
-from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
-                                        KL_REF, VAL_ACCURACY)
-from refexp.record.resolved_config import read_resolved_config, write_resolved_config
+from refexp.config import ConfigError, RootConfig, to_object
+from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
+from refexp.config.root import generation_budget
 from refexp.record import layout
 from refexp.record.lock import FileLock, LockHeld
+from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
+                                        KL_REF, VAL_ACCURACY)
+from refexp.record.provenance import provenance
+from refexp.record.resolved_config import read_resolved_config, write_resolved_config
 from refexp.record.status import run_dir_busy
 from refexp.record.status import (RunStatus, close_run_status, open_status, read_status, record_early_failure,
                                   record_launch_failure)
+from refexp.runtime import distributed as rdist
 from refexp.runtime import stop_signals
+from refexp.runtime.process_settings import apply_process_settings
 def run_from_hydra(cfg: DictConfig) -> float | None:
     """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return a sweep objective."""
     from hydra.core.hydra_config import HydraConfig

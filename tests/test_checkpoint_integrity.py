@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from refexp.record.checkpoints import MANIFEST
 from refexp.config import ConfigError
+from refexp.record.checkpoints import MANIFEST
 from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run

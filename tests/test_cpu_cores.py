@@ -14,8 +14,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import refexp.runtime.launcher as launcher
 from refexp.config import ConfigError
+import refexp.runtime.launcher as launcher
 from refexp.runtime.launcher import claim_core
 from tests.helpers.configs import (TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_config, compose_tiny_run,
                                    conf_options)

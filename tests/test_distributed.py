@@ -30,9 +30,9 @@ import sys
 
 import pytest
 
-from refexp.runtime import distributed as rdist
 from refexp.config import ConfigError
 from refexp.run import run, validate
+from refexp.runtime import distributed as rdist
 from tests.helpers.configs import SMALL_DPO_OVERRIDES, SMALL_GRPO_OVERRIDES, SMALL_RUN_OVERRIDES, compose_small_run
 from tests.helpers.runs import (
     LAUNCH_TIMEOUT_S,

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from refexp import titan
+from refexp.components.evaluation import reference_logprobs
 from refexp.config import ModelConfig
 from refexp.config.reference import FixedReferenceConfig
-from refexp.components.evaluation import reference_logprobs
-from refexp.reference.anchor import InitAnchor
 from refexp.record.metrics import read_metrics
+from refexp.reference.anchor import InitAnchor
 from refexp.reference.strategies import build_reference
 from refexp.run import run
 from tests.helpers.configs import compose_tiny_run

@@ -178,8 +178,8 @@ def test_the_plan_counts_the_shared_prompt_attention_the_run_builds(extra):
     import torch
 
     from refexp.algos.shared_prompt import share_groups
-    from refexp.config import to_object
     from refexp.cli.dry_run import fill_data_paths
+    from refexp.config import to_object
 
     cfg = to_object(fill_data_paths(compose_root(*LLAMA_8X, *extra)))
     G, p, c = cfg.algo.group_size, cfg.task.max_prompt_len, cfg.algo.max_new_tokens or cfg.task.max_new_tokens

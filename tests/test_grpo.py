@@ -87,11 +87,11 @@ def test_fixed_reference_kl_ref_equals_kl_init_on_the_same_prompts(tmp_path):
     the fixed initial model: the same samples give the same number."""
     import torch
 
-    from refexp.components import sampler
+    import refexp.algos.grpo as grpo_mod
     from refexp.algos.loop import build_policy, build_strategy
+    from refexp.components import sampler
     from refexp.components.evaluation import KL_INIT_KEY, kl_to_anchor
     from refexp.losses.kl import mean_token_kl
-    import refexp.algos.grpo as grpo_mod
 
     captured = {}
 

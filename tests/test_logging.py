@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from refexp.config import LoggerConfig
 from refexp.components.metric_logger import MetricLogger
+from refexp.config import LoggerConfig
 from refexp.record.atomic import write_json_atomic
 from refexp.record.metrics import read_metrics
 from refexp.record.outcomes import EvalOutcomes, read_outcomes

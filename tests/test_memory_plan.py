@@ -13,9 +13,9 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from refexp import titan
 from refexp.cli import memory_plan
-from refexp.config import to_object
 from refexp.cli.dry_run import fill_data_paths
 from refexp.components.sampler import DROP_FINISHED_SHARE, _Sampling
+from refexp.config import to_object
 from tests.helpers.configs import compose_root
 
 TOY = ["algo=grpo", "model=tiny", "model.dim=128", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",

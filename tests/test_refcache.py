@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from refexp import titan
-from refexp.reference import refcache
 from refexp.algos.dpo_data import pack_pairs, pairs_fingerprint
 from refexp.config import (
     EMAReferenceConfig,
@@ -20,6 +19,7 @@ from refexp.config import (
     NoReferenceConfig,
     PeriodicResetReferenceConfig,
 )
+from refexp.reference import refcache
 from refexp.reference.strategies import build_reference
 from refexp.tasks.tokenizer import build_char_tokenizer
 

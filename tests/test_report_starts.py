@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from refexp.components.wandb_conventions import run_info
 from refexp.record import layout
 from refexp.record.metrics import MetricsWriter
 from refexp.record.outcomes import EvalOutcomes, append_outcomes
@@ -20,10 +21,9 @@ from refexp.report.bootstrap import paired_hierarchical_bootstrap
 from refexp.report.group import group_runs
 from refexp.report.load import load_sweep
 from refexp.report.paired import N_BOOT, START_LEVEL, Endpoint, SeedOnlyResult, compare
+from refexp.report.reduce import COLUMNS
 from refexp.report.stats import mean_ci
 from refexp.report.table import endpoints, header_and_cells
-from refexp.report.reduce import COLUMNS
-from refexp.components.wandb_conventions import run_info
 
 STEPS, PROMPTS = 10, 200
 

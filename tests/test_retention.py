@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from refexp.config import ConfigError, TaskConfig, to_object
 from refexp.components.evaluation import pass_at_k
+from refexp.config import ConfigError, TaskConfig, to_object
 from refexp.tasks import build_task, task_fingerprint
 from tests.helpers.configs import compose_root
 

@@ -12,8 +12,8 @@ from refexp import titan
 from refexp.algos.dpo_data import pack_pairs
 from refexp.algos.shared_prompt import pair_logprobs, share_prompts
 from refexp.config import ConfigError, ModelConfig
-from refexp.losses.kl import masked_sum
 from refexp.losses import dpo_loss
+from refexp.losses.kl import masked_sum
 from refexp.tasks.tokenizer import build_char_tokenizer
 from tests.helpers.configs import compose_tiny_run
 
@@ -164,8 +164,8 @@ def test_share_prompt_needs_sdpa(tmp_path):
 def test_grpo_groups_share_their_prompt(attention):
     """Rollouts of 3 prompts x 4 samples (ragged completions, one right-padded batch, as the sampler
     lays them out): log-probs and entropies of the shared rows equal the usual ones, either way of attending."""
-    from refexp.components import sampler
     from refexp.algos.shared_prompt import row_logprobs, share_groups
+    from refexp.components import sampler
 
     model = titan.build_model(MODEL, vocab_size=TOK.vocab_size, device="cpu", seed=2)
     prompts = [p for p in ("12+34=", "5+6=", "789+1=") for _ in range(4)]

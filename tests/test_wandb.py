@@ -12,11 +12,11 @@ from collections import defaultdict
 
 import pytest
 
-from refexp.config import LoggerConfig
 from refexp.components.metric_logger import MetricLogger
+from refexp.components.wandb_conventions import run_info
+from refexp.config import LoggerConfig
 from refexp.record.overrides import swept_keys
 from refexp.record.status import read_status
-from refexp.components.wandb_conventions import run_info
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
 from tests.helpers.wandb_records import read_offline_run
 
@@ -37,8 +37,8 @@ def test_run_info_groups_by_setting_not_by_seed():
 # own Hydra runtime (multirun.yaml, the job's overrides), no training.
 PRINT_RUN_INFO = """
 import json, sys, types
-from refexp.config import to_object
 from refexp.components.wandb_conventions import hydra_run_info
+from refexp.config import to_object
 fake_run = types.ModuleType("refexp.run")
 fake_run.run_from_hydra = lambda cfg: print("RUN_INFO", json.dumps(hydra_run_info(to_object(cfg))))
 sys.modules["refexp.run"] = fake_run

@@ -14,23 +14,23 @@ from pathlib import Path
 import datasets
 import torch
 
-from refexp.runtime import distributed as rdist
 from refexp import titan
-from refexp.reference import refcache
 from refexp.algos.dpo_data import PairBatch, load_pairs
 from refexp.algos.dpo_eval import DPOEval
 from refexp.algos.dpo_reference import build_ref_source, pack, reference_sums
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, reference_path, run_loop
 from refexp.algos.microbatch import combine_metrics, row_chunks
 from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompts
-from refexp.config import DPOConfig
 from refexp.components.context import RunContext
 from refexp.components.data_order import batch_ids
-from refexp.losses.kl import masked_sum, mean_token_kl
+from refexp.components.timing import now
+from refexp.config import DPOConfig
 from refexp.losses import preference_loss, sft_loss
+from refexp.losses.kl import masked_sum, mean_token_kl
+from refexp.reference import refcache
 from refexp.reference.refcache import RefLogps
 from refexp.reference.strategies import ReferenceStrategy
-from refexp.components.timing import now
+from refexp.runtime import distributed as rdist
 
 
 class DPOStep:

@@ -13,14 +13,14 @@ from pathlib import Path
 import datasets
 import torch
 
-from refexp.runtime import distributed as rdist
-from refexp.record.cache_dirs import marker_check
 from refexp.components.context import RunContext
-from refexp.record.hashing import digest, stable_hash
-from refexp.record.atomic import atomic_dir
 from refexp.components.models import build_frozen
-from refexp.reference.refcache import checkpoint_stamp
 from refexp.components.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
+from refexp.record.atomic import atomic_dir
+from refexp.record.cache_dirs import marker_check
+from refexp.record.hashing import digest, stable_hash
+from refexp.reference.refcache import checkpoint_stamp
+from refexp.runtime import distributed as rdist
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
 

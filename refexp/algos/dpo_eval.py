@@ -11,19 +11,19 @@ from functools import partial
 import datasets
 import torch
 
-from refexp.runtime import distributed as rdist
 from refexp import titan
 from refexp.algos.dpo_reference import pack, reference_sums
 from refexp.algos.loop import Policy
 from refexp.algos.shared_prompt import pair_logprobs
-from refexp.config import DPOConfig
 from refexp.components.context import RunContext
 from refexp.components.evaluation import evaluate, reference_logprobs
-from refexp.reference.anchor import InitAnchor
-from refexp.losses.kl import masked_sum
+from refexp.config import DPOConfig
 from refexp.losses import preference_loss, sft_loss
+from refexp.losses.kl import masked_sum
+from refexp.reference.anchor import InitAnchor
 from refexp.reference.refcache import RefLogps
 from refexp.reference.strategies import ReferenceStrategy
+from refexp.runtime import distributed as rdist
 
 
 @torch.inference_mode()

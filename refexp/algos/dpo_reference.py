@@ -11,14 +11,14 @@ from pathlib import Path
 
 import datasets
 
-from refexp.runtime import distributed as rdist
-from refexp.reference import refcache
 from refexp.algos.dpo_data import PairBatch, pack_pairs, pairs_fingerprint
 from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompts
 from refexp.components.context import RunContext
+from refexp.components.timing import now
+from refexp.reference import refcache
 from refexp.reference.refcache import RefLogps
 from refexp.reference.strategies import ReferenceStrategy
-from refexp.components.timing import now
+from refexp.runtime import distributed as rdist
 
 
 def pack(ctx: RunContext, pairs: datasets.Dataset, ids: list[int]) -> tuple[PairBatch, SharedPrompt | None]:

@@ -10,22 +10,22 @@ from pathlib import Path
 
 import torch
 
-from refexp.runtime import distributed as rdist
 from refexp import titan
 from refexp.algos.grpo_metrics import GRPOStepMetrics, GRPOStepResult, RowCounts, StepRollouts
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, run_loop
 from refexp.algos.microbatch import combine_metrics, row_chunks
 from refexp.algos.shared_prompt import SharedPrompt, row_logprobs, share_groups
-from refexp.config import GRPOConfig
 from refexp.components.context import RunContext
 from refexp.components.data_order import batch_ids
-from refexp.losses.kl import sequence_kl
+from refexp.components.rollout import build_engine, decode_capacity
+from refexp.components.timing import now
+from refexp.config import GRPOConfig
 from refexp.losses import group_advantages, grpo_loss, sft_loss
+from refexp.losses.kl import sequence_kl
 from refexp.reference.kl_control import AdaptiveKLController, FixedKLController
 from refexp.reference.strategies import ReferenceStrategy
-from refexp.components.rollout import build_engine, decode_capacity
+from refexp.runtime import distributed as rdist
 from refexp.tasks.batching import pack_sequences
-from refexp.components.timing import now
 
 
 def _cat_rows(parts: list[torch.Tensor | None]) -> torch.Tensor | None:

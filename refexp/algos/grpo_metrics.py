@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from refexp.runtime import distributed as rdist
 from refexp.components.context import RunContext
-from refexp.losses.kl import mean_token_kl
-from refexp.record.metric_names import REWARD_GOLD
 from refexp.components.sampler import Rollout
 from refexp.components.timing import now
+from refexp.losses.kl import mean_token_kl
+from refexp.record.metric_names import REWARD_GOLD
+from refexp.runtime import distributed as rdist
 
 
 @dataclass

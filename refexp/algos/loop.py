@@ -22,19 +22,19 @@ from typing import Callable
 
 import torch
 
-from refexp.runtime import distributed as rdist
 from refexp import titan
 from refexp.components.checkpoint import Checkpointer, TrainState
 from refexp.components.context import RunContext
 from refexp.components.evaluation import evaluate
-from refexp.reference.anchor import InitAnchor
 from refexp.components.metric_logger import peak_rss_mb
 from refexp.components.models import build_frozen, build_run_model
 from refexp.components.optim import NonFiniteError, build_optimizer, clip_and_step, reset_optimizer_state
 from refexp.components.progress import progress_bar
 from refexp.components.timing import now
-from refexp.reference.strategies import ReferenceStrategy, build_reference
 from refexp.record.status import beat
+from refexp.reference.anchor import InitAnchor
+from refexp.reference.strategies import ReferenceStrategy, build_reference
+from refexp.runtime import distributed as rdist
 from refexp.runtime.stop_signals import PREEMPT_SIGNALS, Preempted, foreign
 
 

@@ -27,20 +27,20 @@ import torch
 import torch.nn.functional as F
 
 from refexp.algos.sft import read_sft_summary
-from refexp.record.cache_dirs import marker_check
-from refexp.config import ConfigError
 from refexp.components.context import RunContext
-from refexp.record.hashing import stable_hash
 from refexp.components.metric_logger import MetricLogger
 from refexp.components.models import build_frozen
+from refexp.components.rollout import build_engine
+from refexp.components.timing import now
+from refexp.config import ConfigError
 from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
+from refexp.record.cache_dirs import marker_check
+from refexp.record.hashing import stable_hash
 from refexp.record.lock import FileLock
 from refexp.record.metrics import read_metrics
-from refexp.components.rollout import build_engine
 from refexp.tasks import task_fingerprint
 from refexp.tasks.reward_model import (load_sequence_classifier, quiet_transformers, reward_model_inputs,
                                        reward_model_texts)
-from refexp.components.timing import now
 
 RM_KEY = 9_191
 """The sampling-key namespace of the labelled samples (distinct from training rollouts and ``kl/init``'s)."""

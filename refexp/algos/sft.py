@@ -13,26 +13,26 @@ from pathlib import Path
 
 import torch
 
-from refexp.runtime import distributed as rdist
 from refexp import titan
-from refexp.titan import save_model_weights
-from refexp.record.cache_dirs import marker_check
 from refexp.components.context import RunContext
-from refexp.components.evaluation import greedy_accuracy, logp_correct
 from refexp.components.data_order import batch_ids
-from refexp.record.hashing import stable_hash
-from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
-from refexp.record.lock import FileLock
-from refexp.record.metric_names import EVAL_ACCURACY, EVAL_RETENTION
+from refexp.components.evaluation import greedy_accuracy, logp_correct
 from refexp.components.metric_logger import MetricLogger
-from refexp.losses import sft_loss
 from refexp.components.models import build_run_model
 from refexp.components.optim import build_optimizer, clip_and_step
 from refexp.components.progress import progress_bar
 from refexp.components.rollout import build_engine, decode_capacity
 from refexp.components.timing import now
+from refexp.losses import sft_loss
+from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
+from refexp.record.cache_dirs import marker_check
+from refexp.record.hashing import stable_hash
+from refexp.record.lock import FileLock
+from refexp.record.metric_names import EVAL_ACCURACY, EVAL_RETENTION
+from refexp.runtime import distributed as rdist
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
+from refexp.titan import save_model_weights
 
 
 def sft_fingerprint(ctx: RunContext) -> str:

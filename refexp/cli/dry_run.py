@@ -11,8 +11,8 @@ import copy
 
 from omegaconf import DictConfig, OmegaConf
 
-from refexp.config.task import ignored_fields
 from refexp.cli.memory_plan import GIB, Plan, layout, plan
+from refexp.config.task import ignored_fields
 
 UNSET = "<unset in a dry run>"
 PEAK = "per-rank peak estimate"

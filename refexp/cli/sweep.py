@@ -46,8 +46,8 @@ class ReportCallback(Callback):
         self.target, self.at_steps = target, tuple(at_steps or ())
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from refexp.runtime.distributed import is_rank0
         from refexp.report import build_report, format_table
+        from refexp.runtime.distributed import is_rank0
 
         if not is_rank0():
             return

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from refexp.runtime import distributed as rdist
-from refexp.record.checkpoints import checked_steps, complete_steps, write_manifest
 from refexp.config import CheckpointConfig, ConfigError
+from refexp.record.checkpoints import checked_steps, complete_steps, write_manifest
+from refexp.runtime import distributed as rdist
 from refexp.titan.components import CheckpointManager
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from refexp.components.metric_logger import MetricLogger
 from refexp.config import RootConfig
 from refexp.runtime.distributed import DistInfo
-from refexp.components.metric_logger import MetricLogger
 
 
 @dataclass

@@ -51,15 +51,15 @@ import torch
 
 from refexp import titan
 from refexp.components.context import RunContext
-from refexp.runtime.distributed import dp_sum, padded_share
+from refexp.components.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.losses.kl import masked_sum, sequence_kl
-from refexp.reference.anchor import InitAnchor
-from refexp.reference.offload import model_device
 from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_GOLD, EVAL_PASS_AT_K, EVAL_RETENTION, VAL_ACCURACY,
                                         VAL_GOLD, VAL_RETENTION)
 from refexp.record.outcomes import EvalOutcomes
+from refexp.reference.anchor import InitAnchor
+from refexp.reference.offload import model_device
 from refexp.reference.strategies import ReferenceStrategy
-from refexp.components.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
+from refexp.runtime.distributed import dp_sum, padded_share
 from refexp.tasks.batching import pack_sequences
 
 EVAL_SAMPLES = "samples/eval"

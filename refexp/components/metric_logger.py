@@ -23,13 +23,13 @@ from typing import Any, Mapping
 
 import torch
 
+from refexp.components.wandb_conventions import SUMMARIES
 from refexp.record import layout
 from refexp.record.jsonl import keep_until
 from refexp.record.metric_names import METRICS, unregistered
 from refexp.record.metrics import MetricsWriter, read_metrics
 from refexp.record.outcomes import EvalOutcomes, append_outcomes
 from refexp.record.samples import append_samples
-from refexp.components.wandb_conventions import SUMMARIES
 
 SAMPLES_PREFIX = "samples/"
 """Metrics keys of sample completions (``samples/eval``, ``samples/rollout``): lists of dicts, not numbers."""

@@ -19,8 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Collection, Optional
 
-from refexp.record.overrides import only_swept, swept_keys, swept_settings
 from refexp.record.metric_names import summaries
+from refexp.record.overrides import only_swept, swept_keys, swept_settings
 
 SUMMARIES = summaries()
 """The runs table's summary of a metric: the best held-out accuracy, the last drift (W&B's default is

@@ -10,8 +10,8 @@ from typing import Callable
 import torch
 
 from refexp.choices import ADVANTAGE_SCALES, GRPO_LOSS_AGGS
-from refexp.losses.kl import compute_dtype, where_mask, kl_estimate, masked_mean, masked_sum
 from refexp.losses.common import Metrics, check_shape, metric
+from refexp.losses.kl import compute_dtype, where_mask, kl_estimate, masked_mean, masked_sum
 
 
 def group_advantages(

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from refexp.choices import DPO_LOSS_TYPES
-from refexp.losses.kl import compute_dtype
 from refexp.losses.common import Metrics, check_shape, metric
+from refexp.losses.kl import compute_dtype
 
 
 def _preference_metrics(

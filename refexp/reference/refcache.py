@@ -29,10 +29,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from refexp.record.atomic import torch_save_atomic
+from refexp.record.hashing import stable_hash
 from refexp.runtime import distributed as rdist
 from refexp.titan import latest_checkpoint_step
-from refexp.record.hashing import stable_hash
-from refexp.record.atomic import torch_save_atomic
 
 CACHE_FORMAT = 1
 """Bump when what is stored changes, so files of the old layout are not read."""

@@ -19,8 +19,8 @@ from typing import Optional
 
 import numpy as np
 
-from refexp.record.overrides import swept_settings
 from refexp.record.metric_names import EVAL_RETENTION, KL_INIT
+from refexp.record.overrides import swept_settings
 
 from .inference import Verdict, family_verdicts
 from .load import Run, _get

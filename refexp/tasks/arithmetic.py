@@ -38,10 +38,10 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from refexp.record.cache_dirs import marker_check
 from refexp.config import ConfigError, TaskConfig
-from refexp.record.hashing import stable_hash
 from refexp.record.atomic import atomic_dir
+from refexp.record.cache_dirs import marker_check
+from refexp.record.hashing import stable_hash
 
 FORMAT_VERSION = 2
 """Bump when the generated text changes, so cached datasets of the old format are not reused."""

@@ -18,7 +18,6 @@ from torchtitan.distributed import utils as tt_dist_utils
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.distributed.compile import apply_compile
 
-from refexp.runtime import distributed as rdist
 from refexp.config import (
     ActivationCheckpointConfig,
     CompileConfig,
@@ -28,6 +27,7 @@ from refexp.config import (
     TrainingConfig,
 )
 from refexp.config.model import resolve_shard_degree
+from refexp.runtime import distributed as rdist
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
 from refexp.titan.spec import build_model_spec
 from refexp.titan.unwrap import decoder_of

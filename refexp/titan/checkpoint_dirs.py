@@ -11,8 +11,8 @@ from pathlib import Path
 import torch.nn as nn
 
 from refexp.config import ConfigError, ModelConfig
-from refexp.runtime.distributed import decided_by_rank0
 from refexp.record.checkpoints import complete_steps, newest_verified_step
+from refexp.runtime.distributed import decided_by_rank0
 from refexp.titan.hf_weights import load_hf_weights_
 
 
