@@ -96,8 +96,8 @@ def test_every_table_keyed_by_strategy_names_exactly_the_reference_strategies():
     from refexp.choices import MOVING_STRATEGIES, REFERENCE_STRATEGIES
     from refexp.config import REFERENCE_SCHEMAS
     from refexp.reference.strategies import REGISTRY
-    from refexp.report.group import DPO_REFERENCE_NAMES
-    from refexp.report.plots import STRATEGY_COLOURS
+    from refexp.report.reading.group import DPO_REFERENCE_NAMES
+    from refexp.report.writing.plots import STRATEGY_COLOURS
 
     assert tuple(REFERENCE_SCHEMAS) == REFERENCE_STRATEGIES == tuple(REGISTRY)
     assert set(DPO_REFERENCE_NAMES) == set(STRATEGY_COLOURS) == set(REFERENCE_STRATEGIES)

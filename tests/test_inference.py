@@ -1,5 +1,5 @@
 """The paired hierarchical bootstrap, Holm's adjustment, equivalence tests and the verdict words
-(refexp/report/bootstrap.py, refexp/report/inference.py), on synthetic per-prompt outcomes."""
+(refexp/report/statistics/bootstrap.py, refexp/report/statistics/inference.py), on synthetic per-prompt outcomes."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from scipy.stats import norm, t
 
-from refexp.report.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
-from refexp.report.inference import (equivalence, family_verdicts, holm, minimum_detectable_difference,
+from refexp.report.statistics.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
+from refexp.report.statistics.inference import (equivalence, family_verdicts, holm, minimum_detectable_difference,
                                      verdict_word)
-from refexp.report.paired import START_LEVEL, SeedOnlyResult
-from refexp.report.stats import mean_ci
+from refexp.report.statistics.paired import START_LEVEL, SeedOnlyResult
+from refexp.report.statistics.stats import mean_ci
 
 FORBIDDEN = ("stops", "the same", "equal", "does not order")
 

@@ -1,4 +1,4 @@
-"""refexp.report on a synthetic sweep written here with known numbers.
+"""refexp.report on a synthetic sweep with known numbers (written by tests/helpers/report_sweep.py).
 
 The sweep (module-scoped, built once; the report is rebuilt where a test needs its own copy):
 GRPO  fixed ×3 seeds, periodic_reset reset_every=20 ×3, periodic_reset reset_every=50 ×1,
@@ -22,121 +22,13 @@ import yaml
 from refexp.record.status import read_status
 from refexp.report import build_report, format_table, t_quantile
 from refexp.report.__main__ import main
-from refexp.report.group import group_runs
-from refexp.report.stats import mean_ci, t_cdf
-from refexp.report.table import header_and_cells, summarize
+from refexp.report.reading.group import group_runs
+from refexp.report.statistics.stats import mean_ci, t_cdf
+from refexp.report.statistics.summary import summarize
+from refexp.report.writing.table import header_and_cells
+from tests.helpers.report_sweep import FAILED_DIR, KILLED_DIR, STEPS, dpo_rows, grpo_rows, make_sweep, write_run
 
-STEPS = 40
-EVAL_EVERY = 10
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-# ---------------------------------------------------------------- synthetic sweep
-def _grpo_rows(strategy: str, seed: int, reset_every: int | None, stop_at: int | None = None) -> list[dict]:
-    """Metrics with a strategy-specific level and a seed-specific wobble; deterministic."""
-    rng = np.random.default_rng(1000 * seed + len(strategy) + (reset_every or 0))
-    level = {"fixed": 0.50, "periodic_reset": 0.55, "ema": 0.60, "kl_triggered": 0.45}[strategy]
-    rows = []
-    last_reset = 0
-    for step in range(0, (stop_at if stop_at is not None else STEPS) + 1):
-        if reset_every and step and step % reset_every == 0:
-            last_reset = step
-        row = {
-            "step": step,
-            "reward/mean": level * step / STEPS + 0.05 * rng.random(),
-            "reward/std": 0.1,
-            "kl/ref": 0.001 * (step - last_reset) + 0.0005 * rng.random(),
-            "loss/total": -0.1 * rng.random(),
-            "perf/step_s": 1.0 + 0.2 * rng.random(),
-            "perf/gen_s": 0.5,
-            "perf/ref_fwd_s": 0.1 + 0.05 * rng.random() + (0.05 if strategy == "ema" else 0.0),
-            "mem/peak_rss_mb": 1000 + 10 * step + 50 * rng.random(),
-            "ref/version": step // reset_every if reset_every else 0,
-        }
-        if step % EVAL_EVERY == 0:
-            # Every run starts from the same SFT model: accuracy 0.30 at step 0.
-            row["eval/accuracy"] = 0.30 if step == 0 else 0.30 + level * step / STEPS * 0.6 + 0.03 * rng.random()
-            row["kl/init"] = 0.002 * step + 0.001 * rng.random()
-        rows.append(row)
-    return rows
-
-
-def _dpo_rows(strategy: str, seed: int) -> list[dict]:
-    rng = np.random.default_rng(77 + seed + len(strategy))
-    rows = []
-    for step in range(0, 21):
-        row = {"step": step, "loss/total": 0.69 - 0.01 * step,
-               "rewards/accuracies": 0.5 + 0.02 * step + 0.02 * rng.random(),
-               "rewards/margins": 0.05 * step + 0.01 * rng.random(),
-               "rewards/chosen": 0.1, "rewards/rejected": -0.1,
-               "perf/step_s": 0.5, "mem/peak_rss_mb": 800.0 + step}
-        if strategy != "none":
-            row["perf/ref_fwd_s"] = 0.1
-            row["kl/ref"] = 0.01 * step
-        if step % 10 == 0:
-            row["eval/accuracy"] = 0.4 + 0.01 * step + 0.01 * rng.random()
-            row["kl/init"] = 0.003 * step
-        rows.append(row)
-    return rows
-
-
-def _write_run(run_dir, *, algo, strategy, seed, overrides, rows, status="completed", error=None,
-               write_status=True, tail="", extra_config=None):
-    (run_dir / ".hydra").mkdir(parents=True)
-    config = {"algo": {"name": algo}, "reference": {"name": strategy},
-              "training": {"seed": seed, "steps": STEPS},
-              "hydra_dir": "${hydra:runtime.output_dir}",  # unresolvable outside Hydra: must not break
-              **(extra_config or {})}
-    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
-    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    with open(run_dir / "metrics.jsonl", "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-        f.write(tail)
-    if write_status:
-        (run_dir / "status.json").write_text(json.dumps({
-            "status": status, "error": error, "algo": algo, "reference": strategy, "seed": seed,
-            "steps": STEPS, "last_step": rows[-1]["step"] if rows else 0,
-            "final": {"reward/mean": rows[-1].get("reward/mean")} if rows else {}}))
-
-
-TRACEBACK = ("Traceback (most recent call last):\n  File \"refexp/run.py\", line 10, in run\n"
-             "RuntimeError: reference forward produced NaN log-probs")
-FAILED_DIR, KILLED_DIR = "12", "13"
-
-
-def make_sweep(root):
-    """Write the sweep; return {(algo, label): [rows of each completed seed]}."""
-    expected: dict[tuple[str, str], list[list[dict]]] = {}
-    job = 0
-    grpo = [("fixed", None, [0, 1, 2]), ("periodic_reset", 20, [0, 1, 2]), ("periodic_reset", 50, [0]),
-            ("ema", None, [0, 1, 2, 3, 4])]
-    for strategy, reset_every, seeds in grpo:
-        label = strategy + (f" (reference.reset_every={reset_every})" if reset_every else "")
-        for seed in seeds:
-            overrides = ["algo=grpo", f"reference={strategy}", f"training.seed={seed}",
-                         "hydra.launcher.n_jobs=2"]
-            if reset_every:
-                overrides.insert(2, f"reference.reset_every={reset_every}")
-            rows = _grpo_rows(strategy, seed, reset_every)
-            _write_run(root / str(job), algo="grpo", strategy=strategy, seed=seed, overrides=overrides,
-                       rows=rows)
-            expected.setdefault(("grpo", label), []).append(rows)
-            job += 1
-    assert job == 12
-    _write_run(root / FAILED_DIR, algo="grpo", strategy="kl_triggered", seed=0,
-               overrides=["algo=grpo", "reference=kl_triggered", "training.seed=0"],
-               rows=_grpo_rows("kl_triggered", 0, None, stop_at=7), status="failed", error=TRACEBACK)
-    _write_run(root / KILLED_DIR, algo="grpo", strategy="kl_triggered", seed=1,
-               overrides=["algo=grpo", "reference=kl_triggered", "training.seed=1"],
-               rows=_grpo_rows("kl_triggered", 1, None, stop_at=5), write_status=False,
-               tail='{"step": 6, "reward/me')
-    for i, (strategy, seed) in enumerate([("fixed", 0), ("fixed", 1), ("none", 0), ("none", 1)]):
-        rows = _dpo_rows(strategy, seed)
-        _write_run(root / "dpo" / str(i), algo="dpo", strategy=strategy, seed=seed,
-                   overrides=["algo=dpo", f"reference={strategy}", f"training.seed={seed}"], rows=rows)
-        expected.setdefault(("dpo", strategy), []).append(rows)
-    return expected
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +111,7 @@ def test_accuracy_intervals_carry_the_evaluations_binomial_noise(tmp_path):
         for seed, acc in enumerate(accs):
             rows = [{"step": 0, "eval/accuracy": 0.4, "reward/mean": 0.1}, {"step": 10, "eval/accuracy": acc,
                                                                            "reward/mean": 0.2}]
-            _write_run(tmp_path / str(job), algo="grpo", strategy=strategy, seed=seed, rows=rows,
+            write_run(tmp_path / str(job), algo="grpo", strategy=strategy, seed=seed, rows=rows,
                        overrides=["algo=grpo", f"reference={strategy}", f"training.seed={seed}"],
                        extra_config={"eval": {"num_prompts": 400}, "task": {"num_eval": 200, "eval_path": None}})
             job += 1
@@ -287,11 +179,11 @@ def test_at_steps_columns_give_the_accuracy_at_a_step_and_the_gain_after_it(tmp_
     for strategy, runs in curves.items():
         for seed, accs in enumerate(runs):
             rows = [{"step": s, "eval/accuracy": a, "reward/mean": 0.1} for s, a in zip((0, 400, 800, 1000), accs)]
-            _write_run(tmp_path / str(job), algo="grpo", strategy=strategy, seed=seed, rows=rows,
+            write_run(tmp_path / str(job), algo="grpo", strategy=strategy, seed=seed, rows=rows,
                        overrides=["algo=grpo", f"reference={strategy}", f"training.seed={seed}"])
             job += 1
     short = [{"step": s, "eval/accuracy": 0.5, "reward/mean": 0.1} for s in (0, 400)]
-    _write_run(tmp_path / str(job), algo="grpo", strategy="none", seed=2, rows=short,
+    write_run(tmp_path / str(job), algo="grpo", strategy="none", seed=2, rows=short,
                overrides=["algo=grpo", "reference=none", "training.seed=2"])
     report = build_report(tmp_path, at_steps=[500])
     none = _row(report, "grpo", "none").cells
@@ -313,7 +205,7 @@ def test_best_is_chosen_on_validation_and_reported_on_test(tmp_path):
 
     def write(name, test):
         rows = [{"step": s, "eval/accuracy": test[s], "val/accuracy": v, "reward/mean": 0.1} for s, v in val.items()]
-        _write_run(tmp_path / name / "0", algo="grpo", strategy="fixed", seed=0, rows=rows,
+        write_run(tmp_path / name / "0", algo="grpo", strategy="fixed", seed=0, rows=rows,
                    overrides=["algo=grpo", "reference=fixed", "training.seed=0"])
         return _row(build_report(tmp_path / name), "grpo", "fixed").cells["acc_best"].mean
 
@@ -324,7 +216,7 @@ def test_best_is_chosen_on_validation_and_reported_on_test(tmp_path):
 def test_a_running_run_reports_the_last_step_it_logged(tmp_path):
     """status.json's last_step is written when a run starts (0) and ends; the rows since say more."""
     rows = [{"step": s, "reward/mean": 0.1} for s in range(10)]
-    _write_run(tmp_path / "0", algo="grpo", strategy="fixed", seed=0, rows=rows, status="running",
+    write_run(tmp_path / "0", algo="grpo", strategy="fixed", seed=0, rows=rows, status="running",
                overrides=["algo=grpo", "reference=fixed"])
     status = read_status(tmp_path / "0")
     (tmp_path / "0" / "status.json").write_text(json.dumps({**status, "last_step": 0}))
@@ -377,14 +269,14 @@ def test_dpo_runs_logged_under_the_old_names_read_like_new_ones(tmp_path):
     for naming in ("old", "new"):
         root = tmp_path / naming
         for seed in (0, 1):
-            rows = _dpo_rows("fixed", seed)
+            rows = dpo_rows("fixed", seed)
             if naming == "old":
                 rows = [{old_names.get(k, k): v for k, v in r.items()} for r in rows]
-            _write_run(root / str(seed), algo="dpo", strategy="fixed", seed=seed, overrides=[f"training.seed={seed}"],
+            write_run(root / str(seed), algo="dpo", strategy="fixed", seed=seed, overrides=[f"training.seed={seed}"],
                        rows=rows)
         row = _row(build_report(root), "dpo", "fixed")
         cells[naming] = {k: (row.cells[k].mean, row.cells[k].half_width) for k in ("pref_acc", "margin")}
-    direct = [np.mean([r["rewards/accuracies"] for r in _dpo_rows("fixed", seed)][-5:]) for seed in (0, 1)]
+    direct = [np.mean([r["rewards/accuracies"] for r in dpo_rows("fixed", seed)][-5:]) for seed in (0, 1)]
     assert cells["new"]["pref_acc"][0] == pytest.approx(np.mean(direct))
     assert cells["old"] == cells["new"]
 
@@ -427,7 +319,7 @@ def test_rerun_and_partial_sweep(sweep, tmp_path):
 
     # The killed run is resumed and finishes: the next report counts it.
     killed = copy / KILLED_DIR
-    rows = _grpo_rows("kl_triggered", 1, None)
+    rows = grpo_rows("kl_triggered", 1, None)
     killed.joinpath("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     killed.joinpath("status.json").write_text(json.dumps({"status": "completed", "error": None, "algo": "grpo",
                                                           "reference": "kl_triggered", "seed": 1}))
@@ -480,7 +372,7 @@ def test_wandb_failure_never_breaks_the_report(sweep, monkeypatch):
     import sys
     import types
 
-    from refexp.report.wandb_table import _rows, log_to_wandb
+    from refexp.report.writing.wandb_table import _rows, log_to_wandb
 
     _, _, report = sweep
 
@@ -503,7 +395,7 @@ def test_wandb_failure_never_breaks_the_report(sweep, monkeypatch):
 
 def _preference_rows(strategy: str, seed: int) -> list[dict]:
     """A ``task=preference`` DPO run: held-out pair metrics on the eval schedule, no ``eval/accuracy``."""
-    rows = _dpo_rows(strategy, seed)
+    rows = dpo_rows(strategy, seed)
     for row in rows:
         if row.pop("eval/accuracy", None) is not None:
             row["eval/pref_accuracy"] = 0.5 + 0.02 * row["step"] + 0.01 * seed
@@ -515,7 +407,7 @@ def test_runs_without_task_accuracy_show_heldout_pair_columns(tmp_path, capsys):
     expected = {}
     for i, (strategy, seed) in enumerate([("fixed", 0), ("fixed", 1), ("none", 0)]):
         rows = _preference_rows(strategy, seed)
-        _write_run(tmp_path / str(i), algo="dpo", strategy=strategy, seed=seed, rows=rows,
+        write_run(tmp_path / str(i), algo="dpo", strategy=strategy, seed=seed, rows=rows,
                    overrides=["algo=dpo", "task=preference", f"reference={strategy}", f"training.seed={seed}"])
         expected.setdefault(strategy, []).append(rows)
     report = build_report(tmp_path)
@@ -574,7 +466,7 @@ def test_paired_difference_against_the_baseline_equals_the_per_seed_differences(
 
 
 def test_the_verdict_claims_only_what_the_intervals_support():
-    from refexp.report.paired import Comparison, Endpoint, SeedOnlyResult, judge, verdict_text
+    from refexp.report.statistics.paired import Comparison, Endpoint, SeedOnlyResult, judge, verdict_text
 
     def comparison(label, diffs):
         return Comparison(label, list(range(len(diffs))), SeedOnlyResult(tuple(diffs)) if len(diffs) > 1 else None,
@@ -630,9 +522,9 @@ def test_dpo_groups_are_named_by_variant(tmp_path):
     for variant, strategy, loss, nll_weight in variants:
         for seed in (0, 1):
             run = tmp_path / str(job)
-            _write_run(run, algo="dpo", strategy=strategy, seed=seed,
+            write_run(run, algo="dpo", strategy=strategy, seed=seed,
                        overrides=["algo=dpo", f"+dpo_variant={variant}", f"training.seed={seed}"],
-                       rows=_dpo_rows(strategy, seed))
+                       rows=dpo_rows(strategy, seed))
             cfg = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
             cfg["algo"].update(loss_type=loss, nll_weight=nll_weight)
             (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -649,7 +541,7 @@ def test_the_setup_block_names_the_commit_and_versions_a_run_recorded(tmp_path):
     from refexp.record.provenance import provenance
 
     run = tmp_path / "0"
-    _write_run(run, algo="grpo", strategy="fixed", seed=0, overrides=["algo=grpo"], rows=_grpo_rows("fixed", 0, None))
+    write_run(run, algo="grpo", strategy="fixed", seed=0, overrides=["algo=grpo"], rows=grpo_rows("fixed", 0, None))
     status = read_status(run)
     status.update(provenance=provenance(), started=100.0, ended=160.0)
     (run / "status.json").write_text(json.dumps(status))
@@ -662,8 +554,8 @@ def test_the_setup_block_names_the_commit_and_versions_a_run_recorded(tmp_path):
 def test_the_report_shows_what_each_group_wrote(tmp_path):
     for job, strategy in enumerate(("fixed", "ema")):
         run = tmp_path / str(job)
-        _write_run(run, algo="grpo", strategy=strategy, seed=0, overrides=["algo=grpo", f"reference={strategy}"],
-                   rows=_grpo_rows(strategy, 0, None))
+        write_run(run, algo="grpo", strategy=strategy, seed=0, overrides=["algo=grpo", f"reference={strategy}"],
+                   rows=grpo_rows(strategy, 0, None))
         with open(run / "samples.jsonl", "w") as f:
             for step in (0, 40):
                 for i in range(4):
@@ -682,11 +574,11 @@ def test_a_falling_chosen_log_prob_is_flagged_as_likelihood_displacement(tmp_pat
     runs = [("fixed", -3.0), ("fixed", -2.8), ("fixed", -3.2), ("none", 0.4), ("none", 0.6), ("none", 0.5),
             ("ema", -2.0), ("ema", 1.0), ("ema", -0.5)]  # ema: below 0 on average, the interval includes 0
     for job, (strategy, drift) in enumerate(runs):
-        rows = _dpo_rows(strategy, job)
+        rows = dpo_rows(strategy, job)
         for r in rows:
             if "eval/accuracy" in r:
                 r["logps/chosen_delta"] = drift * r["step"] / 20
-        _write_run(tmp_path / str(job), algo="dpo", strategy=strategy, seed=job % 3,
+        write_run(tmp_path / str(job), algo="dpo", strategy=strategy, seed=job % 3,
                    overrides=["algo=dpo", f"reference={strategy}", f"training.seed={job % 3}"], rows=rows)
     table = build_report(tmp_path).tables["dpo"]
     (flag,) = table.flags
@@ -696,19 +588,19 @@ def test_a_falling_chosen_log_prob_is_flagged_as_likelihood_displacement(tmp_pat
 
 
 def test_best_accuracy_is_selected_on_validation_and_read_on_the_test_prompts(tmp_path):
-    from refexp.report.reduce import best_on_validation
+    from refexp.report.reading.reduce import best_on_validation
 
-    rows = _grpo_rows("fixed", 0, None)
+    rows = grpo_rows("fixed", 0, None)
     evals = [r for r in rows if "eval/accuracy" in r]
     for r, val in zip(evals, [0.1, 0.5, 0.9, 0.7, 0.2]):
         r["val/accuracy"] = val
-    _write_run(tmp_path / "0", algo="grpo", strategy="fixed", seed=0, overrides=["algo=grpo"], rows=rows)
+    write_run(tmp_path / "0", algo="grpo", strategy="fixed", seed=0, overrides=["algo=grpo"], rows=rows)
     run = build_report(tmp_path).runs[0]
     assert best_on_validation(run) == evals[2]["eval/accuracy"]  # step 20: the best validation accuracy
     assert best_on_validation(run) != max(r["eval/accuracy"] for r in evals)  # not the test maximum
     for r in rows:
         r.pop("val/accuracy", None)
-    _write_run(tmp_path / "1", algo="grpo", strategy="fixed", seed=1, overrides=["algo=grpo"], rows=rows)
+    write_run(tmp_path / "1", algo="grpo", strategy="fixed", seed=1, overrides=["algo=grpo"], rows=rows)
     no_val = [r for r in build_report(tmp_path).runs if r.name == "1"][0]
     assert best_on_validation(no_val) == max(r["eval/accuracy"] for r in evals)
 
@@ -716,9 +608,9 @@ def test_best_accuracy_is_selected_on_validation_and_read_on_the_test_prompts(tm
 def test_the_continued_sft_baseline_is_named_and_paired_like_a_strategy(tmp_path):
     for job, (strategy, objective) in enumerate([("fixed", "grpo"), ("none", "sft")]):
         run = tmp_path / str(job)
-        _write_run(run, algo="grpo", strategy=strategy, seed=0,
+        write_run(run, algo="grpo", strategy=strategy, seed=0,
                    overrides=["algo=grpo", f"reference={strategy}", f"algo.objective={objective}"],
-                   rows=_grpo_rows("fixed", 0, None))
+                   rows=grpo_rows("fixed", 0, None))
         cfg = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
         cfg["algo"]["objective"] = objective
         (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -730,15 +622,15 @@ def test_the_continued_sft_baseline_is_named_and_paired_like_a_strategy(tmp_path
 def test_gold_and_proxy_are_drawn_against_kl_init_when_runs_log_a_gold_reward(tmp_path):
     """Runs of a learned reward log eval/gold: the report adds the gold/proxy-vs-kl/init plot, whose points are the
     seed means at the evaluations every seed logged (hand-computed here); runs without it get no such plot."""
-    from refexp.report.load import load_sweep
-    from refexp.report.plots import gold_proxy_curve
+    from refexp.report.reading.load import load_sweep
+    from refexp.report.writing.plots import gold_proxy_curve
 
     gold = {0: [0.3, 0.5, 0.4], 1: [0.3, 0.6, 0.2]}  # per seed, at steps 0, 10, 20
     for seed in (0, 1):
         rows = [{"step": s, "reward/mean": 0.1 * s, "reward/gold": gold[seed][i], "eval/accuracy": 1.0 + s + seed,
                  "eval/gold": gold[seed][i], "kl/init": 0.01 * s * (seed + 1)} for i, s in enumerate((0, 10, 20))]
         rows.append({"step": 25, "eval/gold": 9.0})  # a step without kl/init and proxy: not a point
-        _write_run(tmp_path / str(seed), algo="grpo", strategy="none", seed=seed,
+        write_run(tmp_path / str(seed), algo="grpo", strategy="none", seed=seed,
                    overrides=["algo=grpo", "reference=none", f"training.seed={seed}"], rows=rows)
     kl, g, proxy = gold_proxy_curve(load_sweep(tmp_path))
     np.testing.assert_allclose(kl, [0.0, 0.15, 0.30])

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from refexp.report import build_report
-from refexp.report.frontier import Point, common_range, matched_values, weights
-from refexp.report.paired import START_LEVEL
+from refexp.report.statistics.frontier import Point, common_range, matched_values, weights
+from refexp.report.statistics.paired import START_LEVEL
 from tests.helpers.frontier_sweeps import BETAS, PROMPTS, block, write_run
 
 # beta 1.0 -> kl/init 0.1, ..., beta 0.01 -> kl/init 100: accuracy 0.3 + 0.1 per decade of drift (+0.01 per seed)

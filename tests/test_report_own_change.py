@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from refexp.report import build_report
-from refexp.report.paired import START_LEVEL
+from refexp.report.statistics.paired import START_LEVEL
 from tests.helpers.frontier_sweeps import block, write_run
 
 

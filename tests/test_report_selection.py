@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from refexp.config import ComparisonConfig, ConfigError, SelectionConfig
-from refexp.report import build_report, selection
+from refexp.report import build_report
+from refexp.report.statistics import selection
 from tests.helpers.frontier_sweeps import PROMPTS, block, write_run
 
 RULE = {"metric": "val/accuracy", "maximize": True, "floor": {}}
@@ -82,7 +83,7 @@ def test_test_is_read_for_the_chosen_runs_only(tmp_path, monkeypatch):
 
 
 def test_the_test_twin_of_a_validation_metric_is_its_eval_metric():
-    from refexp.report.selection import compared_metric
+    from refexp.report.statistics.selection import compared_metric
 
     assert compared_metric("val/gold") == "eval/gold" and compared_metric("val/accuracy") == "eval/accuracy"
 

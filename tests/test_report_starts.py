@@ -17,13 +17,14 @@ from refexp.record.outcomes import EvalOutcomes, append_outcomes
 from refexp.record.resolved_config import write_resolved_config
 from refexp.record.status import write_status
 from refexp.report import build_report
-from refexp.report.bootstrap import paired_hierarchical_bootstrap
-from refexp.report.group import group_runs
-from refexp.report.load import load_sweep
-from refexp.report.paired import N_BOOT, START_LEVEL, Endpoint, SeedOnlyResult, compare
-from refexp.report.reduce import COLUMNS
-from refexp.report.stats import mean_ci
-from refexp.report.table import endpoints, header_and_cells
+from refexp.report.reading.group import group_runs
+from refexp.report.reading.load import load_sweep
+from refexp.report.reading.reduce import COLUMNS
+from refexp.report.statistics.bootstrap import paired_hierarchical_bootstrap
+from refexp.report.statistics.paired import N_BOOT, START_LEVEL, Endpoint, SeedOnlyResult, compare
+from refexp.report.statistics.stats import mean_ci
+from refexp.report.statistics.summary import endpoints
+from refexp.report.writing.table import header_and_cells
 
 STEPS, PROMPTS = 10, 200
 

@@ -20,7 +20,7 @@ import pytest
 from refexp.config import ConfigError
 from refexp.record import status as rstatus
 from refexp.record.status import RunStatus, close_run_status, open_status, read_status, stale_reason
-from refexp.report.load import load_run
+from refexp.report.reading.load import load_run
 from refexp.run import run
 from refexp.runtime.stop_signals import Preempted, installed
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
@@ -161,7 +161,7 @@ def test_status_heartbeat_names_this_host():
 def test_status_names_the_sft_start_and_the_report_setup_block_shows_it(tmp_path):
     """``status.json`` records which SFT cache entry the run started from (its key, never a machine path) and the
     validation accuracy the SFT stage measured; the report's setup block reads it from there."""
-    from refexp.report.setup import sft_start
+    from refexp.report.reading.setup import sft_start
 
     cfg = compose_tiny_run(tmp_path / "run", *TINY_GRPO_OVERRIDES, "training.steps=1")
     run(cfg)

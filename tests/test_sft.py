@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from refexp import titan
-from refexp.record.metrics import read_metrics
-from refexp.titan import load_model_weights, save_model_weights
 from refexp.config import ModelConfig
+from refexp.record.metrics import read_metrics
 from refexp.run import run
+from refexp.titan import load_model_weights, save_model_weights
 from tests.helpers.configs import TINY_RUN_OVERRIDES, compose_tiny_run
 
 
@@ -46,7 +46,7 @@ def test_two_sft_seeds_train_two_independent_starts_that_runs_record(tmp_path):
     """``sft.seed`` is a factor of a sweep: each value is its own cache entry (another init and batch order, so
     other weights), and a run's ``status.json`` names the entry it started from (what the report groups by)."""
     from refexp.record.status import read_status
-    from refexp.report.load import load_run
+    from refexp.report.reading.load import load_run
 
     dirs = []
     for seed in (0, 1):

@@ -136,7 +136,7 @@ def test_the_sweep_workspace_is_built_offline_with_its_sections_and_grouping(tmp
 
     from refexp.report import build_report
     from refexp.report.__main__ import main
-    from tests.test_report import make_sweep
+    from tests.helpers.report_sweep import make_sweep
 
     make_sweep(tmp_path)
     assert main([str(tmp_path), "--quiet", "--wandb-workspace", "--baseline", "fixed"]) == 0  # no API key: the spec is written

@@ -23,7 +23,7 @@ NOT_COMPLETED: list[str] = []
 def not_completed(sweep_dir: str | Path) -> list[str]:
     """The run dirs under ``sweep_dir`` whose ``status.json`` is not ``completed`` (a dry run writes none)."""
     from refexp.record.status import read_status
-    from refexp.report.load import find_run_dirs
+    from refexp.report.reading.load import find_run_dirs
 
     out = []
     for d in find_run_dirs(Path(sweep_dir)):

@@ -1,7 +1,7 @@
 """What a job of a sweep set: its Hydra overrides as ``{key: value}``, without the seed and Hydra's own keys;
 and which keys a sweep varies across its jobs.
 
-The report groups runs by these settings (``refexp/report/group.py``) and W&B groups them the same way
+The report groups runs by these settings (``refexp/report/reading/group.py``) and W&B groups them the same way
 (``refexp/components/wandb_conventions.py``), so a dashboard's line and a report's row are the same runs.
 """
 
@@ -11,7 +11,7 @@ from typing import Iterable
 
 SEED_KEYS = {"training.seed", "seed", "sft.seed"}
 """What a group averages over: never part of a group. ``sft.seed`` makes another SFT start, a replicate the report
-nests the seeds in (``refexp/report/paired.py``), not another arm."""
+nests the seeds in (``refexp/report/statistics/paired.py``), not another arm."""
 
 
 def _key(override_key: str) -> str:

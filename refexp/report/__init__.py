@@ -19,17 +19,22 @@ by too). The files it reads, per run dir
   group. ``resolved_config.yaml`` (else ``.hydra/config.yaml``) supplies algo.name, reference.name
   and training.seed when status.json lacks them.
 
-Modules: load (read runs) → group (seeds together, variant names) → reduce (one number per run) →
-stats (mean, t-interval, seed bands) → plan (the declared comparison, the runs it leaves out) → paired
-(bootstrap differences against the baseline over seeds and prompts, ``bootstrap``; Holm and the verdict, ``inference``)
-→ table (rows and their strings) → setup (what the runs were) → plots / render (files) → build (the order).
-A block with ``frontier_key`` or ``select`` adds frontier (accuracy against drift across that key, arms at
-matched drift) and selection (each arm at its setting chosen on validation, compared on test), gathered by
-frontier_report.
+Three rooms, in the order a report is made (``build`` runs them):
+
+- ``reading/``: load (read runs) → group (seeds together, variant names) → reduce (one number per run) →
+  plan (the declared comparison, the runs it leaves out) → setup (what the runs were).
+- ``statistics/``: stats (mean, t-interval, seed bands), paired (bootstrap differences against the baseline
+  over seeds and prompts, ``bootstrap``; Holm and the verdict, ``inference``), summary (a table's numbers and
+  verdicts), own_change, metric_scores; with ``frontier_key`` or ``select``, frontier (accuracy against drift
+  across that key, arms at matched drift) and selection (each arm at its setting chosen on validation,
+  compared on test).
+- ``writing/``: cells and table (the strings every output prints), plots, render (report.md, report.html,
+  summary.json), frontier_plots and frontier_report (the frontier and selection sections), wandb_table and
+  wandb_workspace.
 """
 
-from .build import Report, build_report
-from .stats import t_quantile
-from .table import format_table
+from refexp.report.build import Report, build_report
+from refexp.report.statistics.stats import t_quantile
+from refexp.report.writing.table import format_table
 
 __all__ = ["Report", "build_report", "format_table", "t_quantile"]

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .build import NoBaselineError, NoRunsError, build_report
-from .table import format_table
+from refexp.report.build import NoBaselineError, NoRunsError, build_report
+from refexp.report.writing.table import format_table
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,11 +85,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(format_table(report), end="")
     print(f"report: {report.markdown_path}  (html: {report.html_path.name}, numbers: {report.summary_path.name})")
     if args.wandb:
-        from .wandb_table import log_to_wandb
+        from refexp.report.writing.wandb_table import log_to_wandb
 
         log_to_wandb(report, start_run=True)
     if args.wandb_workspace:
-        from .wandb_workspace import save_workspace
+        from refexp.report.writing.wandb_workspace import save_workspace
 
         try:
             print(f"W&B workspace: {save_workspace(report)}")

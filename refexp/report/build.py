@@ -10,15 +10,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import frontier_report, own_change, selection
-from .group import Group, group_runs
-from .load import Run, load_sweep, sft_start_keys
-from .plan import Plan, make_plan
-from .plots import make_plots
-from .reduce import at_step_columns
-from .render import write_all
-from .setup import setup_rows
-from .table import AlgoTable, summarize
+from refexp.report.reading.group import Group, group_runs
+from refexp.report.reading.load import Run, load_sweep, sft_start_keys
+from refexp.report.reading.plan import ComparisonPlan, make_plan
+from refexp.report.reading.reduce import at_step_columns
+from refexp.report.reading.setup import setup_rows
+from refexp.report.statistics import own_change
+from refexp.report.statistics import selection
+from refexp.report.statistics.summary import AlgoTable, summarize
+from refexp.report.writing import frontier_report
+from refexp.report.writing.plots import make_plots
+from refexp.report.writing.render import write_all
 
 PLOTS_DIR = "report_plots"
 """Sub-directory of the sweep dir that holds the PNGs (the report owns it and rewrites it)."""
@@ -58,7 +60,7 @@ class Report:
     """algo -> the setup block's (label, value) rows."""
     extra_columns: tuple = ()
     """Columns asked for beyond ``reduce.COLUMNS`` (``--at-steps``: ``acc@S``, ``gain after S``)."""
-    plan: Plan = field(default_factory=lambda: Plan(None, None))
+    plan: ComparisonPlan = field(default_factory=lambda: ComparisonPlan(None, None))
     """The comparison the verdicts read (declared or exploratory) and the runs it leaves out."""
     frontier: Optional[frontier_report.FrontierReport] = None
     """The frontier across ``comparison.frontier_key`` and the tuned comparison (``comparison.select``)."""
@@ -89,7 +91,7 @@ class Report:
         return self.sweep_dir / "summary.json"
 
 
-def _within_starts(algo: str, groups: list[Group], target: Optional[float], plan: Plan,
+def _within_starts(algo: str, groups: list[Group], target: Optional[float], plan: ComparisonPlan,
                    extra: tuple) -> dict[str, AlgoTable]:
     """SFT start -> the table of its runs alone, when the counted runs come from several starts: conditional on
     a start, its seeds then prompts are the units of the verdict, where the main table's unit is the start."""
@@ -113,7 +115,7 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
                  require_baseline: bool = False) -> Report:
     """Read a Hydra multirun dir (or one run dir) and write report.md, report.html, summary.json and
     the plots into it. ``target`` is the held-out accuracy for "steps to target" (None: a default
-    per algorithm, see ``table.default_target``); the verdicts pair every group with the baseline the
+    per algorithm, see ``summary.default_target``); the verdicts pair every group with the baseline the
     sweep's comparison block declares (``comparison``, else the runs' ``resolved_config.yaml``), or with
     ``baseline`` (a group label or a swept variant; the report is then exploratory), Holm-adjusted at
     ``alpha`` over the family, with a claim of equivalence only within ``margin``; ``allow_mixed`` counts

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .frontier import DRIFT_AXIS, RETENTION_AXIS, MatchedDrift, curves, matched, planned_runs
-from .frontier_plots import plot_frontier_curves
-from .load import Run, sft_start_keys
-from .plan import Plan
-from .selection import Selection, choose, setup_rows
+from refexp.report.reading.load import Run, sft_start_keys
+from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.statistics.frontier import DRIFT_AXIS, RETENTION_AXIS, MatchedDrift, curves, matched, planned_runs
+from refexp.report.statistics.selection import Selection, choose, setup_rows
+from refexp.report.writing.frontier_plots import plot_frontier_curves
 
 HOW_TO_READ = (
     "Each line is one arm across the frontier key's values (labelled at each point): the mean over its runs of "
@@ -47,7 +47,7 @@ class FrontierReport:
     seeds, then prompts, are the units), without plots."""
 
 
-def make(runs: list[Run], plan: Plan, plots_dir: Path) -> Optional[FrontierReport]:
+def make(runs: list[Run], plan: ComparisonPlan, plots_dir: Path) -> Optional[FrontierReport]:
     """The sections the plan declares (``frontier_key``, ``select``); None when it declares neither."""
     block = plan.block or {}
     key, select = block.get("frontier_key") or "", (block.get("select") or {}).get("metric")
@@ -61,7 +61,7 @@ def make(runs: list[Run], plan: Plan, plots_dir: Path) -> Optional[FrontierRepor
     return out
 
 
-def _sections(runs: list[Run], plan: Plan, key: str, metric: str, plots_dir: Optional[Path]) -> FrontierReport:
+def _sections(runs: list[Run], plan: ComparisonPlan, key: str, metric: str, plots_dir: Optional[Path]) -> FrontierReport:
     """The matched tables, the tuned comparison and (with a ``plots_dir``) the frontier plots of ``runs``."""
     out = FrontierReport(key, metric, selection=choose(runs, plan))
     if key:

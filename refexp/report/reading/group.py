@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from refexp.choices import REFERENCE_STRATEGIES
 from refexp.record.overrides import swept_settings
 
-from .load import Run, natural_key
+from refexp.report.reading.load import Run, natural_key
 
 ALGO_ORDER = ("grpo", "dpo", "sft")
 

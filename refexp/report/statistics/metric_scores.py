@@ -15,9 +15,9 @@ import numpy as np
 
 from refexp.record.outcomes import read_outcomes
 
-from .load import Run
-from .paired import BothLevelsResult, SeedOnlyResult, Unit, unit_result
-from .reduce import last
+from refexp.report.reading.load import Run
+from refexp.report.reading.reduce import last
+from refexp.report.statistics.paired import BothLevelsResult, SeedOnlyResult, Unit, unit_result
 
 
 def final_scores(run: Run, metric: str) -> Optional[dict[int, float]]:

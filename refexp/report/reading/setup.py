@@ -14,9 +14,9 @@ from refexp.record.status import provenances, wall_seconds
 
 from refexp.record.metric_names import EVAL_ACCURACY, VAL_ACCURACY
 
-from .group import Group
-from .load import Run, _get, natural_key
-from .plan import Plan, threads
+from refexp.report.reading.group import Group
+from refexp.report.reading.load import Run, _get, natural_key
+from refexp.report.reading.plan import ComparisonPlan, threads
 
 FIELDS: tuple[tuple[str, str], ...] = (
     ("model", "model.name"), ("flavor", "model.flavor"), ("hf checkpoint", "model.hf_assets_path"),
@@ -111,7 +111,7 @@ def sft_starts(runs: list[Run]) -> list[tuple[str, str]]:
     return out
 
 
-def comparison_rows(plan: Plan, runs: list[Run]) -> list[tuple[str, str]]:
+def comparison_rows(plan: ComparisonPlan, runs: list[Run]) -> list[tuple[str, str]]:
     """The comparison the verdict reads, the runs it leaves out and why, and the hyper-parameters chosen on test."""
     rows = [("comparison", plan.kind)]
     if plan.block is not None:
@@ -133,7 +133,7 @@ def comparison_rows(plan: Plan, runs: list[Run]) -> list[tuple[str, str]]:
     return rows
 
 
-def setup_rows(groups: list[Group], plan: Plan | None = None) -> list[tuple[str, str]]:
+def setup_rows(groups: list[Group], plan: ComparisonPlan | None = None) -> list[tuple[str, str]]:
     """``(label, value)`` rows describing every run of one algorithm's groups (failed ones too)."""
     runs = [r for g in groups for r in g.runs]
     rows = []

@@ -22,11 +22,11 @@ import numpy as np
 from refexp.record.metric_names import EVAL_RETENTION, KL_INIT
 from refexp.record.overrides import swept_settings
 
-from .inference import Verdict, family_verdicts
-from .load import Run, _get
-from .metric_scores import aligned, final_scores, final_value, paired_result
-from .paired import Unit
-from .plan import Plan
+from refexp.report.reading.load import Run, _get
+from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.statistics.inference import Verdict, family_verdicts
+from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
+from refexp.report.statistics.paired import Unit
 
 RETENTION = EVAL_RETENTION
 """The skill RL does not train, measured on held-out prompts: the frontier's second axis when runs log it."""
@@ -75,7 +75,7 @@ def common_settings(runs: list[Run]) -> frozenset:
     return frozenset(set.intersection(*each)) if each else frozenset()
 
 
-def curve_label(run: Run, plan: Plan, common: frozenset) -> str:
+def curve_label(run: Run, plan: ComparisonPlan, common: frozenset) -> str:
     """The arm, with the swept settings other than the frontier key and the ``common`` ones when it has any (two
     reset intervals swept within one arm are two curves)."""
     key = plan.block["frontier_key"]
@@ -93,14 +93,14 @@ def frontier_value(run: Run, key: str) -> Optional[float]:
         return None
 
 
-def planned_runs(runs: list[Run], plan: Plan) -> list[Run]:
+def planned_runs(runs: list[Run], plan: ComparisonPlan) -> list[Run]:
     """The completed runs the plan counts, of its arms and seeds."""
     block = plan.block or {}
     return [r for r in runs if r.problem is None and plan.counts(r) and plan.arm(r) in block.get("arms", [])
             and r.seed in block.get("seeds", [])]
 
 
-def curves(runs: list[Run], plan: Plan, axis: Axis, metric: str) -> Curves:
+def curves(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> Curves:
     """Every planned run with a final x (> 0 on a log axis) and a final ``metric``, by arm and (start, seed)."""
     key = plan.block["frontier_key"]
     out: Curves = {}
@@ -205,7 +205,7 @@ class MatchedDrift:
     text: str = ""
 
 
-def matched(runs: list[Run], plan: Plan, axis: Axis, metric: str) -> Optional[MatchedDrift]:
+def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> Optional[MatchedDrift]:
     """Every arm against the baseline at ``MATCHED_FRACTIONS`` of their common x range; None when the plan
     declares no frontier or no run has the axis."""
     if not plan.block or not plan.block.get("frontier_key"):

@@ -20,10 +20,10 @@ from typing import Callable, Optional
 
 from refexp.record.metric_names import EVAL_RETENTION
 
-from .group import Group
-from .inference import Verdict, family_verdicts
-from .load import Run, sft_start_keys
-from .paired import Leaf, Unit, final_step, unit_result
+from refexp.report.reading.group import Group
+from refexp.report.reading.load import Run, sft_start_keys
+from refexp.report.statistics.inference import Verdict, family_verdicts
+from refexp.report.statistics.paired import Leaf, Unit, final_step, unit_result
 
 START = "its step-0 evaluation"
 """What a change is measured from, as the verdict sentences name it."""

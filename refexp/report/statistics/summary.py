@@ -1,22 +1,23 @@
-"""The comparison table of one algorithm: numbers per group, then the strings every output shows.
+"""The comparison table of one algorithm in numbers: a row per group, the target, the paired comparisons
+against the baseline and their verdicts (``AlgoTable``, what summary.json holds).
 
-Numbers (``AlgoTable``) feed summary.json; ``header_and_cells`` turns them into the strings that
-report.md, report.html and the console table all print, so the three can never disagree.
+``refexp/report/writing/table.py`` turns these numbers into the strings every output prints.
 """
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .group import Group
-from .inference import Verdict
-from .paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
-from .plan import Plan
-from .reduce import COLUMNS, GOLD, RETENTION, Column, column_estimate, start_accuracy, steps_to_target
-from .stats import Estimate, mean_ci
+from refexp.report.reading.group import Group
+from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.reading.reduce import COLUMNS, GOLD, RETENTION, Column, start_accuracy, steps_to_target
+from refexp.report.statistics.inference import Verdict
+from refexp.report.statistics.paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
+from refexp.report.statistics.stats import Estimate, mean_ci, with_evaluation_noise
+from refexp.report.writing.cells import cell_text
+
 
 HEADLINE_KEYS = ("acc_final", "heldout_pref_final")
 """The number a verdict is about: final held-out task accuracy, else (``task=preference``) final
@@ -24,6 +25,15 @@ held-out preference accuracy."""
 
 DEFAULT_TARGET_MARGIN = 0.05
 """The default target when no group gained: the best group's mean start (SFT) accuracy + this, capped at 1."""
+
+
+def column_estimate(column: Column, runs: list[Run]) -> Optional[Estimate]:
+    """Mean ± 95% CI of ``column`` over ``runs``; an accuracy column's interval also carries the binomial
+    noise of the held-out prompts every run was measured on (when they all say how many)."""
+    est = mean_ci(column.per_run(r) for r in runs)
+    prompts = {r.eval_prompts for r in runs} - {None}
+    return with_evaluation_noise(est, next(iter(prompts))) if column.binomial and len(prompts) == 1 else est
+
 
 
 @dataclass
@@ -80,7 +90,7 @@ def default_target(groups: list[Group]) -> tuple[Optional[float], str]:
     best gain first". A fixed margin above the start is often reached at the first evaluation by every
     group, which then reads "one eval interval ± 0" everywhere and separates nothing.
     """
-    from .reduce import ACC, last
+    from refexp.report.reading.reduce import ACC, last
 
     starts, finals = [], []
     for g in groups:
@@ -101,7 +111,7 @@ def default_target(groups: list[Group]) -> tuple[Optional[float], str]:
     return target, f"default: no group gained; start accuracy {start:.3f} + {DEFAULT_TARGET_MARGIN}"
 
 
-def summarize(algo: str, groups: list[Group], target: Optional[float] = None, plan: Optional[Plan] = None,
+def summarize(algo: str, groups: list[Group], target: Optional[float] = None, plan: Optional[ComparisonPlan] = None,
               extra_columns: tuple[Column, ...] = ()) -> AlgoTable:
     """Mean ± 95% CI across the completed seeds of every group, for every column with data, and the
     paired differences against the ``plan``'s baseline group with their verdicts (none without a plan)."""
@@ -121,7 +131,7 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None, pl
         rows.append(Row(g, cells, to_target))
     columns = [c for c in (*COLUMNS, *extra_columns) if any(row.cells[c.key] is not None for row in rows)]
     table = AlgoTable(algo, target, note, columns, rows)
-    _pair_against_baseline(table, groups, plan or Plan(None, None), extra_columns)
+    _pair_against_baseline(table, groups, plan or ComparisonPlan(None, None), extra_columns)
     table.flags = displacement_flags(rows)
     return table
 
@@ -164,7 +174,7 @@ def endpoints(headline: Column, extra_columns: tuple[Column, ...], columns: tupl
     return out
 
 
-def find_baseline(groups: list[Group], plan: Plan) -> tuple[Optional[Group], str]:
+def find_baseline(groups: list[Group], plan: ComparisonPlan) -> tuple[Optional[Group], str]:
     """The one group the plan names as baseline, else None and why (none named, none found, several match:
     the reader names one; nothing is picked for them)."""
     if plan.baseline is None:
@@ -187,13 +197,13 @@ def find_baseline(groups: list[Group], plan: Plan) -> tuple[Optional[Group], str
                   f"name one by its label")
 
 
-def in_comparison(group: Group, plan: Plan) -> bool:
+def in_comparison(group: Group, plan: ComparisonPlan) -> bool:
     """Whether a group takes part in the verdict: any group of an exploratory report; with a declared block,
     a declared arm (or any, with ``--allow-mixed``)."""
     return not plan.declared or plan.allow_mixed or any(plan.arm(r) in plan.block["arms"] for r in group.runs)
 
 
-def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: Plan,
+def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: ComparisonPlan,
                            extra_columns: tuple[Column, ...]) -> None:
     """Fill each row's ``paired``, the table's ``verdicts`` and its ``verdict`` paragraph per endpoint."""
     table.headline = next((c for c in table.columns if c.key in HEADLINE_KEYS), None)
@@ -215,144 +225,3 @@ def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: Plan,
         paragraphs.append(verdict_text(table.algo, ep, base.label, plan.kind, comparisons,
                                        table.verdicts[ep.key], plan.alpha))
     table.verdict = "\n\n".join(paragraphs)
-
-
-# ---------------------------------------------------------------- strings
-def _decimals(mean: float, half: Optional[float], kind: str) -> int:
-    """Decimals that show the interval to two significant digits (0.0812 ± 0.0031) and never fewer
-    than the kind asks for (int: 0, pct: 1, num: by the mean's magnitude, 0.612 / 12.3 / 1423); at most 6."""
-    if kind == "int":
-        d = 0
-    elif kind == "pct":
-        d = 1
-    else:
-        scale = abs(mean) if math.isfinite(mean) else 1.0
-        d = 0 if scale >= 100 else 1 if scale >= 10 else 2 if scale >= 1 else 3
-    if half is not None and math.isfinite(half) and half > 0:
-        d = max(d, 1 - math.floor(math.log10(half)))
-    return min(d, 6)
-
-
-def cell_text(est: Optional[Estimate], kind: str = "num") -> str:
-    """"0.612 ± 0.034", "0.612 (n=1)", or "—" when no completed run logged the metric."""
-    if est is None:
-        return "—"
-    m, h = est.mean, est.half_width
-    unit = ""
-    if kind == "pct":
-        m, h, unit = 100 * m, (100 * h if h is not None else None), "%"
-    if kind == "num" and math.isfinite(m) and 0 < max(abs(m), h or 0.0) < 1e-3:
-        fmt = "{:.2e}"  # a KL of 3e-05 is not "0.000"
-    else:
-        fmt = "{:.%df}" % _decimals(m, h, kind)
-    text = fmt.format(m) + unit
-    if h is None:
-        return text + " (n=1)"
-    return text + " ± " + fmt.format(h) + unit + (" (n=1)" if est.n == 1 else "")
-
-
-def error_cell(text: str, limit: int = 300) -> str:
-    """An error as one table cell: the last non-empty line of a traceback says what went wrong."""
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    line = lines[-1] if lines else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def seed_t_text(c: Optional[Comparison]) -> str:
-    """The seed-only Student-t 95% interval (over the per-start means with several SFT starts): "+0.065 ± 0.041"
-    (signed), "+0.020 (n=1)", or "—"."""
-    if c is None or c.seed_t is None:
-        return "—"
-    text = cell_text(c.seed_t)
-    return text if text.startswith("-") else "+" + text
-
-
-def paired_cells(c: Optional[Comparison], v: Optional[Verdict]) -> list[str]:
-    """Δ with its family-adjusted interval (marked "seed-only" without per-prompt outcomes), Holm p, verdict."""
-    if c is None:
-        return ["—", "", "outside the comparison"]
-    if v is None:
-        return [c.no_claim, "", "no claim"]
-    lo, hi = v.interval
-    delta = f"{v.result.point:+.3f} [{lo:+.3f}, {hi:+.3f}]" + (" seed-only" if c.seed_only else "")
-    return [delta, f"{v.p_holm:.3g}", v.word]
-
-
-def _family_level(table: AlgoTable, key: str) -> str:
-    """"Bonferroni 98.75%": the level of the endpoint's family intervals (1 - alpha/m)."""
-    v = next(iter(table.verdicts.get(key, {}).values()), None)
-    return f"Bonferroni {100 * (1 - v.alpha / v.family_size):.4g}%" if v else "no interval"
-
-
-def target_text(t: Optional[ToTarget]) -> str:
-    """Steps to target: "never", "120 ± 30", or "140 (n=1)"; "(2/3 seeds)" when not all reached."""
-    if t is None:
-        return "—"
-    if t.reached == 0:
-        return "never"
-    text = cell_text(t.estimate, "int")
-    return text if t.reached == t.n else f"{text} ({t.reached}/{t.n} seeds)"
-
-
-def seeds_text(row: Row) -> str:
-    """Completed seeds; "2 of 3" when a run of the group failed or is unfinished."""
-    total = len(row.group.runs)
-    return str(row.n_completed) if row.n_completed == total else f"{row.n_completed} of {total}"
-
-
-def header_and_cells(table: AlgoTable) -> tuple[list[str], list[list[str]]]:
-    """The table as strings: group label, every column with data, steps to target, seeds."""
-    header = ["group"] + [c.header for c in table.columns]
-    for ep in table.endpoints:
-        header += [f"Δ {ep.header} vs {table.baseline} (paired, {_family_level(table, ep.key)})",
-                   f"Holm p ({ep.header})", f"verdict ({ep.header})"]
-    if table.endpoints:
-        several = any(len(row.paired[table.endpoints[0].key].seeds_per_start) > 1 for row in table.rows
-                      if table.endpoints[0].key in row.paired)
-        header.append(f"Δ {table.headline.header} {'SFT-start-mean' if several else 'seed-only'} t 95%")
-    if table.target is not None:
-        header.append(f"steps to acc≥{table.target:.3g}")
-    header.append("seeds")
-    body = []
-    for row in table.rows:
-        cells = [row.group.label] + [cell_text(row.cells[c.key], c.kind) for c in table.columns]
-        base = row.group.label == table.baseline
-        for ep in table.endpoints:
-            c = row.paired.get(ep.key)
-            cells += ["baseline", "", ""] if base else paired_cells(c, table.verdicts[ep.key].get(row.group.label))
-        if table.endpoints:
-            cells.append("baseline" if base else seed_t_text(row.paired.get(table.endpoints[0].key)))
-        if table.target is not None:
-            cells.append(target_text(row.to_target))
-        cells.append(seeds_text(row))
-        body.append(cells)
-    return header, body
-
-
-def format_table(report) -> str:
-    """The report's tables (and the runs left out) as text for a terminal, via rich."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text  # Text, not str: a "[...]" in a label or error is not rich markup
-
-    # Natural width, never squeezed to the terminal: a truncated group label or a number broken over
-    # two lines misleads more than a long line does.
-    console = Console(file=io.StringIO(), width=1000, color_system=None, force_terminal=False)
-    for algo, table in report.tables.items():
-        header, body = header_and_cells(table)
-        title = f"{algo.upper()}: mean ± 95% CI across seeds"
-        if table.target is not None:
-            title += f" (target acc {table.target:.3g}, {table.target_note})"
-        console.print(Text(title))  # above, not as the table's title: rich would wrap it to the table's width
-        t = Table(box=box.SIMPLE)
-        for h in header:
-            t.add_column(Text(h))
-        for cells in body:
-            t.add_row(*map(Text, cells))
-        console.print(t)
-    if report.problems:
-        console.print(f"Not counted ({len(report.problems)} runs):")
-        for p in report.problems:
-            console.print(f"  {p.name} [{p.algo} {p.label}] {p.state}: {error_cell(p.error)}", markup=False)
-    return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines()) + "\n"

@@ -14,12 +14,12 @@ from typing import Optional
 
 import numpy as np
 
-from .inference import Verdict, family_verdicts
-from .load import Run
-from .metric_scores import aligned, final_scores, final_value, paired_result
-from .plan import Plan
-from .reduce import change_from_start
-from .frontier import Settings, common_settings, planned_runs, settings_of
+from refexp.report.reading.load import Run
+from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.reading.reduce import change_from_start
+from refexp.report.statistics.frontier import Settings, common_settings, planned_runs, settings_of
+from refexp.report.statistics.inference import Verdict, family_verdicts
+from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
 
 
 @dataclass
@@ -104,7 +104,7 @@ def compared_metric(select_metric: str) -> str:
     return "eval/" + select_metric[len("val/"):]
 
 
-def choose(runs: list[Run], plan: Plan) -> Optional[Selection]:
+def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
     """Each declared arm's chosen setting under the block's ``select`` rule; None when the block declares none."""
     block = plan.block or {}
     select = block.get("select") or {}
@@ -147,7 +147,7 @@ def choose(runs: list[Run], plan: Plan) -> Optional[Selection]:
     return sel
 
 
-def _compare(sel: Selection, plan: Plan) -> None:
+def _compare(sel: Selection, plan: ComparisonPlan) -> None:
     """Every chosen arm against the chosen baseline on the block's test metric, paired by SFT start, seed and
     prompt."""
     base = sel.choices.get(sel.baseline)

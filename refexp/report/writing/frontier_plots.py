@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .frontier import Axis, Curves
-from .plots import STRATEGY_COLOURS, _figure, _save
-from .stats import mean_ci
+from refexp.report.statistics.frontier import Axis, Curves
+from refexp.report.statistics.stats import mean_ci
+from refexp.report.writing.plots import STRATEGY_COLOURS, _figure, _save
 
 _SPARE = ("C4", "C5", "C6", "C8", "C9")
 

@@ -15,10 +15,12 @@ from pathlib import Path
 
 from refexp.record.atomic import write_text_atomic
 
-from . import frontier_report, own_change
-from .frontier_report import WITHIN_START
-from .reduce import COLUMNS, TAIL
-from .table import DEFAULT_TARGET_MARGIN, error_cell, header_and_cells
+from refexp.report.reading.reduce import COLUMNS, TAIL
+from refexp.report.statistics import own_change
+from refexp.report.statistics.summary import DEFAULT_TARGET_MARGIN
+from refexp.report.writing import frontier_report
+from refexp.report.writing.frontier_report import WITHIN_START
+from refexp.report.writing.table import error_cell, header_and_cells
 
 HOW_TO_READ = (
     "Each row is one group of runs that differ only by seed; each cell is the mean across the group's "

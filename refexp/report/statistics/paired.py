@@ -23,12 +23,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from .bootstrap import BootstrapResult, paired_hierarchical_bootstrap
-from .group import Group
-from .inference import Verdict, family_verdicts
-from .load import Run, natural_key
-from .reduce import ACC
-from .stats import Estimate, mean_ci, t_cdf, t_quantile
+from refexp.report.reading.group import Group
+from refexp.report.reading.load import Run, natural_key
+from refexp.report.reading.reduce import ACC
+from refexp.report.statistics.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
+from refexp.report.statistics.inference import Verdict, family_verdicts
+from refexp.report.statistics.stats import Estimate, mean_ci, t_cdf, t_quantile
 
 N_BOOT = 10000
 """Bootstrap replicates per comparison (seeded: a report is reproducible)."""

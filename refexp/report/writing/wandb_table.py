@@ -40,7 +40,7 @@ def log_to_wandb(report, *, start_run: bool = False) -> bool:
         print("refexp-report: wandb is not importable; nothing logged to W&B", file=sys.stderr)
         return False
     try:
-        from .wandb_workspace import _project_and_entity
+        from refexp.report.writing.wandb_workspace import _project_and_entity
 
         run, started = wandb.run, False
         if run is None:

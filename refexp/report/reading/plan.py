@@ -2,7 +2,7 @@
 runs' ``resolved_config.yaml``), or an exploratory one against an explicit ``--baseline``.
 
 Runs outside the declared seeds or arms, and runs from another refexp commit or thread count than the majority
-of the sweep's completed runs, are listed (``Plan.excluded``) and left out of the verdict unless
+of the sweep's completed runs, are listed (``ComparisonPlan.excluded``) and left out of the verdict unless
 ``--allow-mixed``. No baseline is ever picked for the reader: a declared block names it, else ``--baseline``.
 """
 
@@ -14,14 +14,14 @@ from typing import Optional
 
 from refexp.record.status import provenances
 
-from .load import Run, _get
+from refexp.report.reading.load import Run, _get
 
 VARIANT_KEYS = ("grpo_variant", "dpo_variant", "reference")
 """Swept keys whose value an exploratory ``--baseline`` may name (``--baseline fixed`` for ``dpo_variant=fixed``)."""
 
 
 @dataclass
-class Plan:
+class ComparisonPlan:
     """The comparison of one report and the runs it reads."""
 
     block: Optional[dict]
@@ -103,7 +103,7 @@ def _majority(values: list) -> object:
 
 
 def make_plan(runs: list[Run], *, baseline: Optional[str] = None, block: Optional[dict] = None,
-              alpha: float = 0.05, margin: Optional[float] = None, allow_mixed: bool = False) -> Plan:
+              alpha: float = 0.05, margin: Optional[float] = None, allow_mixed: bool = False) -> ComparisonPlan:
     """The plan of a report on ``runs``: ``block`` (the sweep callback's) else the runs' declared block; a
     ``baseline`` other than the block's makes the report exploratory."""
     notes: list[str] = []
@@ -112,7 +112,7 @@ def make_plan(runs: list[Run], *, baseline: Optional[str] = None, block: Optiona
     if block is not None and baseline is not None and baseline != block.get("baseline"):
         notes.append(f"--baseline {baseline} is not the declared baseline {block.get('baseline')}: exploratory")
         block = None
-    plan = Plan(block, baseline if block is None else str(block["baseline"]), alpha, margin, allow_mixed,
+    plan = ComparisonPlan(block, baseline if block is None else str(block["baseline"]), alpha, margin, allow_mixed,
                 notes=notes)
     done = [r for r in runs if r.problem is None]
     common_commits, common_threads = _majority([commits(r) for r in done]), _majority([threads(r) for r in done])

@@ -29,8 +29,7 @@ from refexp.record.metric_names import (
     PERF_REF_FWD_S, PERF_STEP_S, REWARDS_ACCURACIES, REWARDS_MARGINS, REWARD_MEAN, VAL_ACCURACY, EVAL_RETENTION,
     EVAL_GOLD, EVAL_PASS_AT_K)
 
-from .load import Run
-from .stats import Estimate, mean_ci, with_evaluation_noise
+from refexp.report.reading.load import Run
 
 TAIL = 5
 """How many last logged values a per-step training metric's "final" averages."""
@@ -141,14 +140,6 @@ class Column:
     binomial: bool = False
     """An accuracy on the run's ``eval.num_prompts`` held-out prompts: its interval includes that
     evaluation's binomial noise (``stats.with_evaluation_noise``)."""
-
-
-def column_estimate(column: Column, runs: list[Run]) -> Optional[Estimate]:
-    """Mean ± 95% CI of ``column`` over ``runs``; an accuracy column's interval also carries the binomial
-    noise of the held-out prompts every run was measured on (when they all say how many)."""
-    est = mean_ci(column.per_run(r) for r in runs)
-    prompts = {r.eval_prompts for r in runs} - {None}
-    return with_evaluation_noise(est, next(iter(prompts))) if column.binomial and len(prompts) == 1 else est
 
 
 def at_step_columns(steps: tuple[int, ...]) -> tuple[Column, ...]:

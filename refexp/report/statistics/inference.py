@@ -15,7 +15,7 @@ import numpy as np
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
-from .bootstrap import BootstrapResult
+from refexp.report.statistics.bootstrap import BootstrapResult
 
 
 @dataclass(frozen=True)

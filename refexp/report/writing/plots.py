@@ -13,9 +13,9 @@ from typing import Optional
 import numpy as np
 from matplotlib.figure import Figure
 
-from .group import Group
-from .reduce import ACC, PREF_ACC, ref_cost
-from .stats import mean_ci, seed_band
+from refexp.report.reading.group import Group
+from refexp.report.reading.reduce import ACC, PREF_ACC, ref_cost
+from refexp.report.statistics.stats import mean_ci, seed_band
 
 STRATEGY_COLOURS = {"fixed": "C0", "periodic_reset": "C1", "ema": "C2", "kl_triggered": "C3", "none": "C7"}
 """One colour per ``REFERENCE_STRATEGIES`` entry (tests/test_config_checks.py checks the keys); none is grey."""
@@ -89,7 +89,8 @@ def plot_vs_step(path: Path, algo: str, groups: list[Group], key: str, ylabel: s
 
 def _final_point(group: Group, acc_key: str):
     """(kl/init Estimate, accuracy Estimate) of the group's final evaluation across its completed seeds."""
-    from .reduce import Column, column_estimate, last
+    from refexp.report.reading.reduce import Column, last
+    from refexp.report.statistics.summary import column_estimate
 
     # the table's interval: seeds and, for the task accuracy, the evaluation's binomial noise
     column = Column(acc_key, acc_key, lambda r: last(r, acc_key), binomial=acc_key == ACC)
