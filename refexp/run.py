@@ -285,7 +285,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     if info.is_rank0:
         write_resolved_config(run_dir, resolved)
     logger = MetricLogger(run_dir, enabled=info.is_rank0, wandb_cfg=cfg.logger, resolved_config=resolved,
-                          run_info=wandb_run_info(cfg, dcfg))
+                          run_info=wandb_run_info(cfg))
     ctx = RunContext(cfg=cfg, run_dir=run_dir, cache_dir=cache_dir, device=device, dist=info,
                      parallel_dims=parallel_dims, task=task, logger=logger)
     status = RunStatus(algo=cfg.algo.name, reference=cfg.reference.name, seed=cfg.training.seed,
@@ -388,7 +388,7 @@ def sft_start_record(sft_dir: Path, summary: dict) -> dict:
             "eval_accuracy": summary.get("eval_accuracy")}
 
 
-def wandb_run_info(cfg: RootConfig, dcfg: DictConfig) -> dict:
+def wandb_run_info(cfg: RootConfig) -> dict:
     """W&B group / job_type / name / tags / sweep id (``refexp/components/wandb_conventions.py``)."""
     from refexp.components.wandb_conventions import hydra_run_info
 

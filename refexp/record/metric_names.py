@@ -187,10 +187,6 @@ METRICS: tuple[Metric, ...] = (
 BY_NAME: Mapping[str, Metric] = {m.name: m for m in METRICS}
 
 
-def is_registered(name: str) -> bool:
-    return name in BY_NAME
-
-
 def unregistered(names) -> list[str]:
     """The names of ``names`` (``step`` aside) that are not in the registry, sorted."""
     return sorted(n for n in set(names) - {"step"} if n not in BY_NAME)
