@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -34,6 +33,7 @@ from refexp.config import ConfigError
 from refexp.run import run, validate
 from refexp.runtime import distributed as rdist
 from tests.helpers.configs import SMALL_DPO_OVERRIDES, SMALL_GRPO_OVERRIDES, SMALL_RUN_OVERRIDES, compose_small_run
+from tests.helpers.processes import free_slurm_job_id
 from tests.helpers.runs import (
     LAUNCH_TIMEOUT_S,
     SAME_METRICS_TOL,
@@ -196,23 +196,6 @@ def test_first_host_of_a_slurm_node_list(nodelist, first):
     assert rdist.first_host(nodelist) == first
 
 
-def _free_slurm_job_id() -> str:
-    """A SLURM job id whose derived MASTER_PORT (20000 + id % 20000) is free now.
-
-    Kept below the kernel's ephemeral range (32768+), where other tests' gloo connections could hold it.
-    """
-    import random
-
-    while True:
-        job = random.randint(1, 12767)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", 20000 + job))
-                return str(job)
-            except OSError:
-                continue
-
-
 def test_process_group_is_destroyed_before_interpreter_finalisation():
     """refexp's exit teardown destroys the group while exit handlers still run (gloo aborts if left to finalisation).
 
@@ -239,7 +222,7 @@ def test_two_srun_tasks_form_a_process_group_and_exit_cleanly():
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT")}
     for attempt in range(12):
-        job = _free_slurm_job_id()
+        job = free_slurm_job_id()
         procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, env=dict(base, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
                                                       SLURM_JOB_ID=job, SLURM_JOB_NODELIST="localhost",

@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from tests.helpers.configs import (
     SMALL_RUN_OVERRIDES,
     compose_small_run,
 )
+from tests.helpers.processes import wait_for
 from tests.helpers.runs import metrics_by_step
 
 pytestmark = pytest.mark.slow
@@ -132,17 +132,6 @@ def _log_tail(run_dir: Path) -> str:
     return run_dir.with_suffix(".log").read_text()[-3000:]
 
 
-def _wait_for(pred, proc: subprocess.Popen, timeout: float, poll: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(poll)
-    return False
-
-
 def _logged_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_metrics(run_dir)]
 
@@ -159,7 +148,7 @@ def test_sigterm_saves_and_sigkill_resumes(tmp_path, uninterrupted):
     term = _start(term_dir, steps=100)
     kill = _start(kill_dir, steps=N)
     try:
-        assert _wait_for(lambda: 1 in _logged_steps(term_dir), term, 90, 0.01), _log_tail(term_dir)
+        assert wait_for(lambda: 1 in _logged_steps(term_dir), term, 90, 0.01), _log_tail(term_dir)
         term.send_signal(signal.SIGTERM)
         # the second process: catch a save in flight (checkpoint.interval=1: one per step; a save's
         # files take milliseconds to write), at the latest once step 3 is logged
@@ -170,7 +159,7 @@ def test_sigterm_saves_and_sigkill_resumes(tmp_path, uninterrupted):
             caught["polls"] += 1
             return caught["saving"] or (caught["polls"] % 20 == 0 and 3 in _logged_steps(kill_dir))
 
-        assert _wait_for(ready, kill, 90, 0.001), _log_tail(kill_dir)
+        assert wait_for(ready, kill, 90, 0.001), _log_tail(kill_dir)
         kill.send_signal(signal.SIGKILL)
         term_rc, kill_rc = term.wait(60), kill.wait(60)
     finally:

@@ -21,7 +21,7 @@ from refexp.record.metrics import read_metrics
 from refexp.record.samples import read_samples
 from refexp.record.status import read_status
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
-from tests.test_resume import _wait_for
+from tests.helpers.processes import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,7 +118,7 @@ def test_second_launch_into_a_running_run_dir_fails_at_once(tmp_path):
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        assert _wait_for(lambda: any(r["step"] == 1 for r in read_metrics(run_dir)), first, 180, 0.01), \
+        assert wait_for(lambda: any(r["step"] == 1 for r in read_metrics(run_dir)), first, 180, 0.01), \
             (tmp_path / "first.log").read_text()[-3000:]
         second = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert first.poll() is None, "the first run ended before the second launch was refused: make it longer"

@@ -78,11 +78,11 @@ def test_a_slow_first_compile_on_one_rank_does_not_time_out_the_other(guarded):
     """Two gloo ranks under a 2 s collective timeout; rank 1 works 5 s before the next collective. Inside
     ``setup_timeout`` (the set-up timeout, 60 s, then a barrier) both finish; without it rank 0's
     collective times out: the test sees the failure it guards against."""
-    from tests.test_distributed import _free_slurm_job_id
+    from tests.helpers.processes import free_slurm_job_id
 
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT")}
-    job = _free_slurm_job_id()
+    job = free_slurm_job_id()
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, "guarded" if guarded else "bare"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
                               env=dict(base, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
