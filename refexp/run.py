@@ -6,8 +6,9 @@ Order (cheap checks first, so bad input fails before any model is built):
  2. spawn workers when the job asks for N processes but was started as one (``parallelism.nproc_per_node``);
  3. device, process group, threads;
  4. task (data + tokenizer + reward), logger (rank 0: W&B + metrics.jsonl), ``status.json``;
- 5. the algorithm: ``sft`` (just the stage) | ``rm`` (a reward model on the stage's samples) | ``grpo`` | ``dpo``
-    (which build policy, reference strategy, optimizer and checkpointer themselves).
+ 5. the SFT model every algorithm starts from, then the algorithm's entry (``refexp/algos/entries.py``): ``sft``
+    (just the stage) | ``rm`` (a reward model on the stage's samples) | ``grpo`` | ``dpo`` (which build policy,
+    reference strategy, optimizer and checkpointer themselves).
 ``status.json`` in the run dir records running / completed / failed (with the error) so a sweep's
 report lists failed runs instead of dropping them.
 """
@@ -335,44 +336,17 @@ def _agree_on_run_dir(cfg: RootConfig, info) -> Path:
 
 
 def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
+    """The SFT model every algorithm starts from (made or found), then the algorithm's entry (``refexp/algos/entries.py``)."""
+    from refexp.algos.entries import ALGORITHMS
     from refexp.algos.sft import ensure_sft, read_sft_summary
 
     algo = ctx.cfg.algo.name
+    if algo not in ALGORITHMS:
+        raise ConfigError(f"algo={algo!r} is invalid: expected {', '.join(ALGORITHMS)}")
     sft_dir = ensure_sft(ctx)
     summary = rdist.decided_by_rank0(lambda: read_sft_summary(sft_dir))
     status.sft_start = sft_start_record(sft_dir, summary)
-    if algo == "sft":
-        from refexp.record.metrics import read_metrics
-
-        for row in read_metrics(sft_dir):  # the stage's curve, also when it was cached
-            ctx.logger.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-        final = {EVAL_ACCURACY: summary["eval_accuracy"], "step": summary["steps"], "sft/wall_s": summary["wall_s"],
-                 "sft/dir": str(sft_dir)}
-        if summary.get("val_accuracy") is not None:
-            final["sft/val_accuracy"] = summary["val_accuracy"]
-        if ctx.dist.is_rank0:
-            print(f"[refexp] SFT model: {sft_dir} (test accuracy {summary['eval_accuracy']:.3f} after "
-                  f"{summary['steps']} steps, stopped by {summary.get('stopped_by', 'cap')})")
-        return final
-    if algo == "rm":
-        from refexp.algos.rm import run_rm
-
-        return run_rm(ctx, sft_dir)
-    if algo == "grpo":
-        from refexp.algos.grpo import train_grpo
-        from refexp.tasks.reward_sum import attach_rewards, names_stage_model
-
-        if ctx.cfg.task.learned_rewards():  # task.reward_model & co.; =rm: the reward-model stage's, cached or made now
-            from refexp.algos.rm import ensure_rm
-
-            rm_dir = ensure_rm(ctx, sft_dir) / "hf" if names_stage_model(ctx.cfg.task) else None
-            attach_rewards(ctx.task, ctx.cfg.task, device=ctx.device, stage_model=rm_dir)
-        return train_grpo(ctx, sft_dir)
-    if algo == "dpo":
-        from refexp.algos.dpo import train_dpo
-
-        return train_dpo(ctx, sft_dir)
-    raise ConfigError(f"algo={algo!r} is invalid: expected sft, grpo, dpo or rm")
+    return ALGORITHMS[algo](ctx, sft_dir, summary)
 
 
 def cpu_record() -> dict:

@@ -15,7 +15,7 @@ from refexp.config.root import to_object
 from refexp.record.metrics import read_metrics
 from refexp.record.samples import read_samples
 from refexp.run import run
-from refexp.tasks.reward_sum import attach_rewards
+from refexp.tasks.reward_sum import with_rewards
 from refexp.tasks.rewards import exact_match_reward
 from tests.helpers.configs import SMALL_GRPO_OVERRIDES, compose_root, compose_small_run, compose_tiny_run
 from tests.helpers.runs import assert_same_metrics
@@ -106,7 +106,7 @@ def test_without_a_learned_reward_the_task_scores_with_its_verifier(tmp_path):
 
     cfg = TaskConfig(num_train=50, num_eval=10)
     task = build_task(cfg, str(tmp_path), algo="grpo")
-    attach_rewards(task, cfg)
+    task = with_rewards(task, cfg)
     assert task.optimised is None and task.gold is None
     texts, answers = ["0359", "12"], ["359", "12"]
     assert task.score(texts, answers, ["a", "b"]) == task.verify(texts, answers, ["a", "b"]) == [1.0, 1.0]
@@ -119,7 +119,7 @@ def test_reward_funcs_are_summed_with_their_weights(tmp_path):
     cfg = TaskConfig(num_train=50, num_eval=10, reward_funcs=["verifier", "tests.helpers.rewards:by_length"],
                      reward_weights=[2.0, 0.5])
     task = build_task(cfg, str(tmp_path), algo="grpo")
-    attach_rewards(task, cfg)
+    task = with_rewards(task, cfg)
     texts, answers = ["0359", "12345", ""], ["359", "7", "1"]
     assert task.score(texts, answers, ["p"] * 3) == [2.0 + 0.5 * 4, 0.5 * 5, 0.0]
     assert task.gold_score(texts, answers, ["p"] * 3) == [1.0, 0.0, 0.0]  # the verifier alone

@@ -78,7 +78,7 @@ class Task:
 
     optimised: Optional[BatchReward] = None
     """The reward GRPO optimises when it is more than ``reward`` (``task.reward_model``, ``task.reward_funcs``;
-    set by ``refexp.tasks.reward_sum.attach_rewards``); None: ``reward``."""
+    a copy of the built task made by ``refexp.tasks.reward_sum.with_rewards``); None: ``reward``."""
     gold: Optional[BatchReward] = None
     """The gold reward logged beside an ``optimised`` one (``task.gold_reward_model``, else ``reward``); None when
     the verifier is what is optimised."""
@@ -117,7 +117,7 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
     (``algo.name``) decides whether the reference answers must fit ``task.max_new_tokens``
     (``refexp.tasks.splits.TARGET_ALGOS``); ``max_seq_len`` (``model.max_seq_len``) and ``new_tokens``
     (``refexp.config.root.generation_budget``) whether the longest prompt + generation fits the model. Learned rewards
-    (``task.reward_model`` & co.) are attached by GRPO, ``refexp.tasks.reward_sum.attach_rewards``."""
+    (``task.reward_model`` & co.) are GRPO's: its entry scores with a copy, ``refexp.tasks.reward_sum.with_rewards``."""
     tokenizer = _tokenizer(task_cfg)
     configure_chat(tokenizer, task_cfg)
     hf_cache = os.path.join(cache_dir, "hf-datasets")

@@ -8,7 +8,7 @@ sum_i w_i * r_i over the components (each computed on the whole batch), every we
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from refexp.config import TaskConfig
 from refexp.tasks.reward_model import STAGE_MODEL, RewardModel, is_reward_model_entry
@@ -58,9 +58,11 @@ def names_stage_model(task_cfg: TaskConfig) -> bool:
     return STAGE_MODEL in (task_cfg.reward_model, task_cfg.gold_reward_model, *task_cfg.reward_funcs)
 
 
-def attach_rewards(task, task_cfg: TaskConfig, *, device="cpu", stage_model=None) -> None:
-    """Set ``task.optimised`` and ``task.gold`` from ``build_rewards`` (GRPO, before its first step)."""
-    task.optimised, task.gold = build_rewards(task_cfg, task.verify_batch, device=device, stage_model=stage_model)
+def with_rewards(task, task_cfg: TaskConfig, *, device="cpu", stage_model=None):
+    """A copy of ``task`` whose ``optimised`` and ``gold`` are ``build_rewards``'s (GRPO's entry, before its first
+    step); ``task`` itself is left as it was built."""
+    optimised, gold = build_rewards(task_cfg, task.verify_batch, device=device, stage_model=stage_model)
+    return replace(task, optimised=optimised, gold=gold)
 
 
 def build_rewards(task_cfg: TaskConfig, verifier: BatchReward, *, device="cpu", stage_model=None
