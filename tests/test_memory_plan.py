@@ -113,3 +113,37 @@ def test_the_policy_training_phase_holds_what_the_plan_counts(toy, rows, length)
     start, above = _tracked((policy, reference, opt), train_chunk)
     opt.zero_grad()
     assert above == pytest.approx(_on_top(plan, "policy training"), rel=TOLERANCE)
+
+
+def _named(items, name: str):
+    return next(i for i in items if i.what == name)
+
+
+def test_the_plan_asks_the_trainers_own_decisions(monkeypatch):
+    """Whether the reference is live, whether the kl/init anchor is the reference, and the evaluation's batch are
+    the functions the trainer asks (refexp/reference/, refexp/components/evaluation.py): change one, the plan
+    follows."""
+    from refexp.components import evaluation
+    from refexp.reference import anchor, strategies
+
+    cfg = to_object(fill_data_paths(compose_root(*TOY, "reference=fixed")))
+    plan = memory_plan.plan(cfg)
+    assert _named(plan.resident, "reference").bytes > 0
+    assert _named(plan.resident, "kl/init anchor").how == "the fixed reference itself"
+    assert _named(plan.phases["reference forward"], "reference logits").bytes > 0
+
+    with monkeypatch.context() as mp:
+        mp.setattr(strategies, "reference_source", lambda cfg: "none")
+        plan = memory_plan.plan(cfg)
+    assert _named(plan.resident, "reference").bytes == 0
+    assert _named(plan.phases["reference forward"], "reference logits").bytes == 0
+    assert _named(plan.resident, "kl/init anchor").how == "frozen copy"  # no reference to share
+
+    with monkeypatch.context() as mp:
+        mp.setattr(anchor, "anchor_is_reference", lambda cfg, ref_path, init_path: False)
+        plan = memory_plan.plan(cfg)
+    assert _named(plan.resident, "reference").bytes > 0 and _named(plan.resident, "kl/init anchor").how == "frozen copy"
+
+    assert {g.rows for g in memory_plan.generations(cfg, 1) if g.what != "the GRPO step's"} == {4}
+    monkeypatch.setattr(evaluation, "EVAL_BATCH_SIZE", 3)
+    assert {g.rows for g in memory_plan.generations(cfg, 1) if g.what != "the GRPO step's"} == {3}

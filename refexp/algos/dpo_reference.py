@@ -17,7 +17,7 @@ from refexp.components.context import RunContext
 from refexp.components.timing import now
 from refexp.reference import refcache
 from refexp.reference.refcache import RefLogps
-from refexp.reference.strategies import ReferenceStrategy
+from refexp.reference.strategies import ReferenceStrategy, reference_source
 from refexp.runtime import distributed as rdist
 
 
@@ -46,14 +46,14 @@ def build_ref_source(ctx: RunContext, strategy: ReferenceStrategy, pairs: datase
 
     Builds the strategy's deferred model unless a fixed reference's log-probs are all on disk.
     """
-    a = ctx.cfg.algo
-    if not strategy.holds_model:
+    source = reference_source(ctx.cfg)
+    if source == "none":
         return None, {}
     compute = partial(reference_rows, ctx, strategy, pairs)
-    if not a.precompute_ref:
+    if source == "live":
         strategy.ensure_model()
         return refcache.UncachedRefLogps(compute), {}
-    if strategy.moves:
+    if source == "versioned":
         strategy.ensure_model()
         return refcache.VersionedRefLogps(compute, lambda: strategy.version,
                                           partial(rdist.any_rank, device=ctx.device)), {}

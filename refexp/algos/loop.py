@@ -32,7 +32,7 @@ from refexp.components.optim import NonFiniteError, build_optimizer, clip_and_st
 from refexp.components.progress import progress_bar
 from refexp.components.timing import now
 from refexp.record.status import beat
-from refexp.reference.anchor import InitAnchor
+from refexp.reference.anchor import InitAnchor, anchor_is_reference, reference_start
 from refexp.reference.strategies import ReferenceStrategy, build_reference
 from refexp.runtime import distributed as rdist
 from refexp.runtime.stop_signals import PREEMPT_SIGNALS, Preempted, foreign
@@ -71,14 +71,13 @@ def build_strategy(ctx: RunContext, init_path: Path, *, defer_build: bool = Fals
     strategy = build_reference(
         rcfg, lambda: build_frozen(ctx, ref_path, dtype=rcfg.dtype, compile_enable=rcfg.compile),
         defer_build=defer_build)
-    same_weights = ref_path == init_path and rcfg.dtype in (None, ctx.cfg.training.dtype)
-    shared = strategy if strategy.name == "fixed" and same_weights else None
+    shared = strategy if anchor_is_reference(ctx.cfg, ref_path, init_path) else None
     return strategy, InitAnchor(lambda: build_frozen(ctx, init_path), shared, offload=rcfg.offload)
 
 
 def reference_path(ctx: RunContext, init_path: Path) -> Path:
     """The checkpoint the reference starts from: ``reference.checkpoint``, else the policy's start."""
-    return Path(ctx.cfg.reference.checkpoint) if ctx.cfg.reference.checkpoint else init_path
+    return reference_start(ctx.cfg, init_path)
 
 
 def optimizer_step(ctx: RunContext, policy: Policy, loss: torch.Tensor, step: int, ckpt: Checkpointer

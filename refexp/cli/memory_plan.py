@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from refexp.choices import MOVING_STRATEGIES
 from refexp.cli.memory_shapes import Shapes, layout, model_shapes
@@ -150,10 +151,8 @@ class Generation:
 
 def generations(cfg, dp: int) -> list[Generation]:
     """The batches a rank decodes: the GRPO step's, and the evaluation's (``refexp/components/evaluation.py``: each rank
-    its ``ceil(n / dp)`` prompts, in batches of at most the functions' default ``batch_size``)."""
-    import inspect
-
-    from refexp.components.evaluation import greedy_accuracy, kl_to_anchor
+    its ``ceil(n / dp)`` prompts, in batches of at most ``EVAL_BATCH_SIZE``)."""
+    from refexp.components import evaluation
 
     a, task = cfg.algo, cfg.task
     out = []
@@ -163,13 +162,13 @@ def generations(cfg, dp: int) -> list[Generation]:
         out.append(Generation("the GRPO step's", rows, task.max_prompt_len + (a.max_new_tokens or task.max_new_tokens),
                               max(1, rows // a.group_size)))
 
-    def per_rank(fn, n: int) -> int:
-        return min(inspect.signature(fn).parameters["batch_size"].default, -(-n // dp))
+    def per_rank(n: int) -> int:
+        return min(evaluation.EVAL_BATCH_SIZE, -(-n // dp))
 
     if task.name != "preference":  # no reward: no eval/accuracy
-        n = per_rank(greedy_accuracy, cfg.eval.num_prompts)
+        n = per_rank(cfg.eval.num_prompts)
         out.append(Generation("eval/accuracy's", n, full, n))
-    n = per_rank(kl_to_anchor, cfg.eval.kl_prompts)
+    n = per_rank(cfg.eval.kl_prompts)
     out.append(Generation("kl/init's", n, full, n))
     return out
 
@@ -278,6 +277,8 @@ def _static_buckets(cfg, s: Shapes, compute: int, dp: int) -> Item:
 
 def plan(cfg) -> Plan:
     """The per-rank memory plan of a validated RootConfig."""
+    from refexp.reference import anchor, strategies
+
     world, rep, shard, tp = layout(cfg)
     dp = rep * shard
     device_type, device_how = planned_device(cfg)
@@ -290,11 +291,13 @@ def plan(cfg) -> Plan:
     ref_bytes = BYTES[ref_cfg.dtype or cfg.training.dtype]
     wrapped = world > 1 or compute_name != cfg.training.dtype
 
-    has_ref = a.name != "sft" and ref_cfg.name != "none"
-    if has_ref and a.name == "dpo" and getattr(a, "precompute_ref", False) and ref_cfg.name == "fixed":
-        has_ref = False  # its log-probs are read from the precomputed table
+    # the trainer's own decisions (refexp/reference/): where reference log-probs come from, whether the kl/init
+    # anchor is the reference itself
+    source = strategies.reference_source(cfg)
+    has_ref = source in ("live", "versioned")  # precomputed: its log-probs are read from the table, the model freed
     ref_shards = s.params * ref_bytes / split
-    anchor_shared = ref_cfg.name == "fixed" and not ref_cfg.checkpoint and ref_cfg.dtype in (None, cfg.training.dtype)
+    start = Path("<the policy's start>")  # a dry run has no checkpoint: a reference.checkpoint is another one
+    anchor_shared = anchor.anchor_is_reference(cfg, anchor.reference_start(cfg, start), start)
     has_anchor = a.name != "sft" and not (anchor_shared and has_ref)
     ref_master = s.params * ref_cfg.fp32_master_bytes(cfg.training.dtype) / split  # a bf16 EMA's fp32 master
     resident = [
@@ -335,7 +338,7 @@ def plan(cfg) -> Plan:
              f"{tokens} tokens x {s.vocab} vocab, and their gradient"),
         Item("shared-prompt attention", shared, shared_how),
     ]
-    live_ref = has_ref and not (a.name == "dpo" and getattr(a, "precompute_ref", False))
+    live_ref = source == "live"
     out.phases["reference forward"] = [
         Item("reference moved to the device", ref_shards if (live_ref and ref_cfg.offload) else 0,
              "reference.offload: its shards, for the forward" if live_ref and ref_cfg.offload else "stays put"),

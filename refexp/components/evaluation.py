@@ -80,6 +80,10 @@ GREEDY_METRICS = ((EVAL_ACCURACY, "eval"), (VAL_ACCURACY, "val"), (EVAL_RETENTIO
                   (VAL_RETENTION, "retain_val"))
 """The greedy exact-match metrics of ``evaluate`` and the ``Task`` split each reads (its outcomes' ``split``)."""
 
+EVAL_BATCH_SIZE = 256
+"""Rows an evaluation decodes or scores at once on a rank (its ``ceil(n / dp)`` prompts in batches of at most this):
+the functions' default, and what the memory plan counts (``refexp/cli/memory_plan.py``)."""
+
 LogprobFn = Callable[..., torch.Tensor]
 """``fn(tokens_BT, **kwargs) -> [B, T-1]`` float32 log-probs; kwargs go to ``titan.token_logprobs``
 (``temperature``, ``positions_BT``, ``allowed_BTT``)."""
@@ -111,7 +115,7 @@ def _all_scores(parallel_dims, device: torch.device, ids: list[int], mine: list[
 
 
 @torch.no_grad()
-def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None,
+def greedy_accuracy(model, task, num_prompts: int, *, batch_size: int = EVAL_BATCH_SIZE, parallel_dims=None,
                     split: str = "eval", samples: list | None = None, num_samples: int = 0,
                     engine: RolloutEngine | None = None, scores: list | None = None,
                     gold_scores: list | None = None, verifier: bool = False) -> float:
@@ -175,7 +179,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @torch.no_grad()
 def sampled_pass_at_k(model, task, num_prompts: int, *, k: int, n: int, seed: int, temperature: float = 1.0,
-                      top_p: float = 1.0, batch_size: int = 256, parallel_dims=None,
+                      top_p: float = 1.0, batch_size: int = EVAL_BATCH_SIZE, parallel_dims=None,
                       engine: RolloutEngine | None = None, scores: list | None = None) -> float:
     """Mean ``pass_at_k(n, c, k)`` over the first ``num_prompts`` held-out prompts, n completions each sampled by
     ``engine`` (None: the built-in one on ``model``) with keys ``(seed, PASS_K_KEY, prompt index * n + sample)``, c the
@@ -209,7 +213,7 @@ def sampled_pass_at_k(model, task, num_prompts: int, *, k: int, n: int, seed: in
 
 @torch.no_grad()
 def kl_to_anchor(policy, anchors: Mapping[str, LogprobFn], task, num_prompts: int, *,
-                 seed: int, temperature: float = 1.0, batch_size: int = 256, parallel_dims=None,
+                 seed: int, temperature: float = 1.0, batch_size: int = EVAL_BATCH_SIZE, parallel_dims=None,
                  engine: RolloutEngine | None = None) -> dict[str, float]:
     """Mean per-token k3 KL(policy || anchor) for every ``name -> fn`` of ``anchors``, over one set of
     completions sampled from the policy (by ``engine``, None: the built-in one on ``policy``): ``{name: kl}``.
@@ -234,7 +238,7 @@ def kl_to_anchor(policy, anchors: Mapping[str, LogprobFn], task, num_prompts: in
 
 
 @torch.inference_mode()
-def logp_correct(policy, task, num_prompts: int, *, batch_size: int = 256, parallel_dims=None,
+def logp_correct(policy, task, num_prompts: int, *, batch_size: int = EVAL_BATCH_SIZE, parallel_dims=None,
                  split: str = "eval", per_token: bool = False) -> float:
     """Mean over the first ``num_prompts`` rows of ``task.<split>`` of the policy's summed log-prob of the
     row's reference ``completion`` + EOS (packed as SFT's targets, refexp/algos/sft.py); ``per_token``: the

@@ -5,6 +5,7 @@ measures; this holds the model).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -50,3 +51,16 @@ class InitAnchor:
 
         with on_device(model, self._device):
             yield fn
+
+
+def reference_start(cfg, init_path: Path) -> Path:
+    """The checkpoint the reference starts from: ``reference.checkpoint``, else the policy's start (``init_path``)."""
+    return Path(cfg.reference.checkpoint) if cfg.reference.checkpoint else init_path
+
+
+def anchor_is_reference(cfg, ref_path: Path, init_path: Path) -> bool:
+    """Whether the kl/init anchor is the reference itself (``InitAnchor.shared``, no second copy): a fixed
+    reference that starts from the policy's start (``ref_path == init_path``) in the training dtype. The trainer
+    (``refexp/algos/loop.py``) and the memory plan (``refexp/cli/memory_plan.py``) both ask this."""
+    r = cfg.reference
+    return r.name == "fixed" and ref_path == init_path and r.dtype in (None, cfg.training.dtype)

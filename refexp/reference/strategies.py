@@ -228,3 +228,20 @@ def build_reference(cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Mo
         raise ConfigError(f"reference.name={cfg.name!r} needs a {schema.__name__ if schema else 'known strategy'} "
                           f"config (got {type(cfg).__name__}): expected one of {', '.join(REFERENCE_SCHEMAS)}")
     return REGISTRY[cfg.name](cfg, build_frozen, defer_build=defer_build)
+
+
+REFERENCE_SOURCES = ("none", "live", "versioned", "precomputed")
+
+
+def reference_source(cfg) -> str:
+    """Where a run's reference log-probs come from, from its config (a ``RootConfig``) alone: the trainer builds
+    by it (``refexp/algos/dpo_reference.py``) and the memory plan counts by it (``refexp/cli/memory_plan.py``).
+
+    ``none``: no reference model (``algo=sft``, or a strategy that holds none); ``live``: a forward each step;
+    ``versioned``: DPO's ``algo.precompute_ref`` with a moving reference (a forward once per version);
+    ``precomputed``: with a fixed one (read from the table on disk, the model released)."""
+    if cfg.algo.name == "sft" or not REGISTRY[cfg.reference.name].holds_model:
+        return "none"
+    if cfg.algo.name != "dpo" or not cfg.algo.precompute_ref:
+        return "live"
+    return "versioned" if cfg.reference.name in MOVING_STRATEGIES else "precomputed"
