@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from refexp import titan
+from refexp.algos.continued_sft import ContinuedSFTStep
 from refexp.algos.grpo_metrics import GRPOStepMetrics, GRPOStepResult, RowCounts, StepRollouts
 from refexp.algos.loop import Policy, build_policy, build_strategy, optimizer_step, run_loop
 from refexp.algos.microbatch import combine_metrics, row_chunks
@@ -20,12 +21,11 @@ from refexp.components.data_order import batch_ids
 from refexp.components.rollout import build_engine, decode_capacity
 from refexp.components.timing import now
 from refexp.config import GRPOConfig
-from refexp.losses import group_advantages, grpo_loss, sft_loss
+from refexp.losses import group_advantages, grpo_loss
 from refexp.losses.kl import sequence_kl
 from refexp.reference.kl_control import AdaptiveKLController, FixedKLController
 from refexp.reference.strategies import ReferenceStrategy
 from refexp.runtime import distributed as rdist
-from refexp.tasks.batching import pack_sequences
 
 
 def _cat_rows(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -50,8 +50,6 @@ class GRPOStep:
         self.metrics = GRPOStepMetrics(ctx)
 
     def __call__(self, step: int, ckpt) -> dict:
-        if self.a.objective == "sft":
-            return self._continued_sft_step(step, ckpt)
         started = now(self.ctx.device)
         rollouts = self._sample(step)
         # training.micro_batch_size: chunks of whole prompt groups (refexp/algos/microbatch.py); the G
@@ -138,32 +136,6 @@ class GRPOStep:
             agg["optim/grad_norm"], agg["optim/lr"] = gn, lr
         return agg, ent_sum, trainer_logp
 
-    def _continued_sft_step(self, step: int, ckpt) -> dict:
-        """``algo.objective=sft``: the step's prompts (the ones GRPO would sample from) trained on their
-        demonstrations with the SFT stage's token-mean NLL, in ``training.micro_batch_size`` chunks; each rank's
-        share weighted by its target tokens, so the update is the single-process one."""
-        ctx, a, task, pd = self.ctx, self.a, self.ctx.task, self.ctx.parallel_dims
-        ids = batch_ids(len(task.train), a.prompts_per_step, ctx.cfg.training.seed, step)
-        rows = task.train.select(ids[rdist.local_slice(pd, a.prompts_per_step)])
-        t0 = now(ctx.device)
-        tokens, mask = pack_sequences(task.tokenizer, rows["prompt"], rows["completion"], add_eos=True)
-        tokens, target = tokens.to(ctx.device), mask[:, 1:].to(ctx.device)  # logp[:, t] scores token t+1
-        n_local = target.sum().to(torch.float32)
-        n_global = rdist.dp_sum(pd, n_local)
-        model = self.policy.model
-        model.train()
-        nll_sum = torch.zeros((), device=ctx.device)
-        for sl in row_chunks(tokens.shape[0], ctx.cfg.training.micro_batch_size):
-            logp = titan.token_logprobs(model, tokens[sl])
-            loss, _ = sft_loss(logp, target[sl])
-            n_chunk = target[sl].sum().to(torch.float32)
-            (loss * n_chunk / n_global).backward()
-            nll_sum = nll_sum + loss.detach() * n_chunk
-        loss = rdist.dp_sum(pd, nll_sum) / n_global.clamp(min=1)  # the global batch's token mean
-        gn, lr = optimizer_step(ctx, self.policy, loss, step, ckpt)
-        return {"loss/total": float(loss), "loss/sft": float(loss), "optim/grad_norm": gn, "optim/lr": lr,
-                "perf/tokens_per_s": float(tokens.numel()) / max(now(ctx.device) - t0, 1e-9)}
-
     def _chunks(self, tokens: torch.Tensor, mask: torch.Tensor) -> list[tuple[slice, SharedPrompt | None]]:
         """This step's row chunks (``training.micro_batch_size`` completions, whole groups) and each
         chunk's shared-prompt layout (None without ``algo.share_prompt``)."""
@@ -237,5 +209,7 @@ def ratio_against_trainer(a: GRPOConfig, compute_dtype: str) -> bool:
 def train_grpo(ctx: RunContext, sft_dir: Path) -> dict:
     policy = build_policy(ctx, sft_dir)
     strategy, anchor = build_strategy(ctx, sft_dir)
+    if ctx.cfg.algo.objective == "sft":  # the continued-SFT baseline: same prompts, no rollouts, no KL controller
+        return run_loop(ctx, policy, strategy, anchor, ContinuedSFTStep(ctx, policy), desc="grpo")
     step_fn = GRPOStep(ctx, policy, strategy)
     return run_loop(ctx, policy, strategy, anchor, step_fn, extra_states={"grpo": step_fn}, desc="grpo")
