@@ -180,14 +180,14 @@ def test_offloaded_anchor_is_built_once_and_lent_to_the_device_per_measurement(m
     """The kl/init anchor offloads as the reference does (its moves per step: tests/test_offload.py): built once,
     parked on the host, lent to the device for each measurement (the meta device here: a move there is real,
     a copy back from it impossible) and back on its host tensors after it."""
-    import refexp.reference.anchor as anchor_mod
     import refexp.reference.offload as offload
+    from refexp.reference.anchor import InitAnchor
 
     meta = torch.device("meta")
     moved: list[torch.device] = []
     real = offload.copy_to_device
     monkeypatch.setattr(offload, "copy_to_device", lambda t, device: moved.append(device) or real(t, device))
-    monkeypatch.setattr(anchor_mod, "model_device", lambda model: meta)
+    monkeypatch.setattr(offload, "model_device", lambda model: meta)
     built: list[torch.nn.Module] = []
 
     def build():
@@ -195,7 +195,7 @@ def test_offloaded_anchor_is_built_once_and_lent_to_the_device_per_measurement(m
         built.append(titan.build_model(tiny_model_config(), vocab_size=17, device="cpu", requires_grad=False))
         return built[-1]
 
-    anchor = anchor_mod.InitAnchor(build, offload=True)
+    anchor = InitAnchor(build, offload=True)
     for _ in range(3):
         with anchor.logprobs():
             assert all(t.device == meta for t in [*built[0].parameters(), *built[0].buffers()])

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from refexp import titan
-from refexp.reference.offload import model_device, on_device, park_on_host
+from refexp.reference.offload import build_kept, on_device
 
 
 class InitAnchor:
@@ -30,10 +30,7 @@ class InitAnchor:
 
     def _ensure_model(self) -> torch.nn.Module:
         if self.model is None:
-            self.model = self.build_frozen()
-            if self.offload:
-                self._device = model_device(self.model)
-                park_on_host(self.model)
+            self.model, self._device = build_kept(self.build_frozen, offload=self.offload)
         return self.model
 
     @contextmanager

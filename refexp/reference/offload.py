@@ -14,6 +14,7 @@ later moves are synchronous (same values, slower).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -56,6 +57,19 @@ def park_on_host(model: torch.nn.Module) -> None:
     """
     pin = pin_host_memory()
     model._apply(lambda t: host_copy(t, pin))
+
+
+def build_kept(build: Callable[[], torch.nn.Module], *, offload: bool
+               ) -> tuple[torch.nn.Module, torch.device | None]:
+    """A frozen model from ``build()`` and, with ``offload``, the device it computes on, the model parked in host
+    memory until ``on_device`` lends it there (None without: the model stays where it was built). The reference
+    strategies and the kl/init anchor keep their frozen models so."""
+    model = build()
+    if not offload:
+        return model, None
+    device = model_device(model)
+    park_on_host(model)
+    return model, device
 
 
 @contextmanager
