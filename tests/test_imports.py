@@ -198,3 +198,15 @@ def test_report_rooms_import_only_the_rooms_before_them():
               if d in room and REPORT_ROOMS.index(room[d]) > REPORT_ROOMS.index(room[m])
               and (m, d) not in REPORT_EXCEPTIONS]
     assert set(room.values()) == set(REPORT_ROOMS) and not upward, "\n".join(upward)
+
+
+def test_the_record_and_the_report_import_without_torch():
+    """record/ (provenance, overrides, hashing and cache dirs included) and report/ read runs without torch."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, sys; import refexp.record as r, refexp.report as p; "
+            "[importlib.import_module(m.name) for pkg in (r, p) for m in pkgutil.walk_packages(pkg.__path__, "
+            "pkg.__name__ + '.')]; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False", out.stderr
