@@ -29,10 +29,10 @@ def demonstrations_nll(model, task, ids: list[int]) -> torch.Tensor:
 def test_each_step_follows_the_gradient_of_its_demonstrations_nll(tmp_path, monkeypatch):
     """Two steps of 4 prompts in micro-batches of 3 (3 + 1 rows): at each optimizer step, the loss and the
     accumulated gradients equal the demonstrations' NLL and its gradient under the not-yet-updated policy."""
-    import refexp.algos.grpo as grpo_mod
+    import refexp.algos.continued_sft as step_mod
 
     seen = []
-    original = grpo_mod.optimizer_step
+    original = step_mod.optimizer_step
 
     def check(ctx, policy, loss, step, ckpt):
         model, task, a = policy.model, ctx.task, ctx.cfg.algo
@@ -47,7 +47,7 @@ def test_each_step_follows_the_gradient_of_its_demonstrations_nll(tmp_path, monk
         seen.append((step, float(loss), float(want_loss), largest_difference(got, want) / largest(want)))
         return original(ctx, policy, loss, step, ckpt)
 
-    monkeypatch.setattr(grpo_mod, "optimizer_step", check)
+    monkeypatch.setattr(step_mod, "optimizer_step", check)
     run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.objective=sft", "reference=none", "training.steps=2",
                     "training.micro_batch_size=3", "eval.every=2", "eval.log_samples=0"))
     assert [s[0] for s in seen] == [1, 2]
