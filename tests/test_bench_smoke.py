@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -149,6 +150,7 @@ def test_flop_count_matches_a_hand_count():
     assert s.forward_flops([2]) == 2 * (720 - 80) * 2 + 2 * 80 * 2 + 4 * 8 * 1 * (2 * 3 / 2)
 
 
+@pytest.mark.slow
 def test_gpu_smoke_toy_runs_every_figure_on_cpu(tmp_path):
     """``gpu_smoke.py --toy`` as the GPU machine runs it (a subprocess: its own budget, watchdog and exit code):
     the environment line first, then one line per figure, each with a finite value; on CPU at toy size every

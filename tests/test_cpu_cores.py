@@ -111,6 +111,7 @@ def test_every_experiment_runs_on_cpu_cores_and_the_command_line_wins():
     assert cfg.hydra.launcher._target_.endswith("BasicLauncher")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or torch.cuda.is_available(),
                     reason="two jobs on distinct cores need a CPU machine with two usable cores")
 def test_a_two_job_sweep_runs_each_job_on_its_own_core_with_one_thread(tmp_path):

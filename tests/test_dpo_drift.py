@@ -55,6 +55,7 @@ def eval_steps(name: str) -> tuple[int, ...]:
     return (0, 3, 4) if name == "kl_triggered" else EVAL_STEPS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_drift_measures_on_the_eval_schedule(runs, name):
     rows, evals = runs[name], eval_steps(name)
@@ -74,6 +75,7 @@ def test_drift_measures_on_the_eval_schedule(runs, name):
         assert rows[0]["kl/ref"] == pytest.approx(0.0, abs=1e-7)  # every reference starts at the policy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fixed", "fixed_precomputed"])
 def test_fixed_reference_kl_ref_is_kl_init(runs, name):
     rows = runs[name]
@@ -83,6 +85,7 @@ def test_fixed_reference_kl_ref_is_kl_init(runs, name):
     assert all(r["mem/ref_params"] == 0.0 for r in rows[1:]) == (name == "fixed_precomputed")
 
 
+@pytest.mark.slow
 def test_released_reference_is_built_for_the_measurement(runs):
     """A bfloat16 copy of the start checkpoint: kl/ref close to kl/init, no reference model resident."""
     rows = runs["fixed_precomputed_bf16"]
@@ -91,6 +94,7 @@ def test_released_reference_is_built_for_the_measurement(runs):
     assert all(r["mem/ref_params"] == 0.0 for r in rows[1:])
 
 
+@pytest.mark.slow
 def test_eval_measures_the_reference_of_its_step(runs):
     """Step 2's eval runs before the reset of step 2: the reference is still the initial model."""
     rows = runs["periodic_reset"]
@@ -99,6 +103,7 @@ def test_eval_measures_the_reference_of_its_step(runs):
     assert rows[3]["kl/ref_chosen_tokens"] == pytest.approx(0.0, abs=1e-6)  # step 3's batch: policy == reference
 
 
+@pytest.mark.slow
 def test_kl_triggered_resets_only_when_kl_ref_is_measured(runs):
     rows = runs["kl_triggered"]
     assert rows[2]["kl/ref_chosen_tokens"] > 1e-9  # above the threshold, but not the measured kl/ref

@@ -34,6 +34,7 @@ def test_debug_fast_shortens_everything_and_turns_off_outputs():
     assert cfg.logger.name == "none" and not cfg.checkpoint.enable
 
 
+@pytest.mark.slow
 def test_a_single_run_ends_with_a_summary_line_and_leaves_no_empty_log_file(tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "refexp", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=1",

@@ -92,6 +92,7 @@ def test_bad_pass_k_settings_name_the_field(override, field):
         to_object(compose_root("algo=grpo", override))
 
 
+@pytest.mark.slow
 def test_debug_fast_logs_retention_and_pass_at_k_with_per_prompt_outcomes(tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "refexp", "algo=grpo", "debug=fast", "training.num_threads=1",

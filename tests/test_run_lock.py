@@ -108,6 +108,7 @@ def test_hydra_run_dir_that_cannot_be_made_is_one_line():
     assert p.returncode == 2 and p.stderr.startswith("refexp: error: cannot use the run dir /proc/refexp-no"), p.stderr
 
 
+@pytest.mark.slow
 def test_second_launch_into_a_running_run_dir_fails_at_once(tmp_path):
     """A real run writes its run dir; a second launch into it fails in one line naming the first's pid,
     writes nothing there, and the first completes with every step logged once."""

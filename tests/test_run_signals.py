@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from refexp.record import layout
 from refexp.record.metrics import read_metrics
 from refexp.record.status import read_status
@@ -38,6 +40,7 @@ def _terminate_when(pred, proc: subprocess.Popen, tmp_path: Path) -> int:
             proc.kill()
 
 
+@pytest.mark.slow
 def test_sigterm_in_the_sft_stage_is_preempted(tmp_path):
     run_dir = tmp_path / "run"
     sft = tmp_path / "cache" / "sft"
@@ -51,6 +54,7 @@ def test_sigterm_in_the_sft_stage_is_preempted(tmp_path):
     assert not list(sft.glob(".tmp-*")) and not list(sft.glob("*.lock"))  # no half-made model, no held lock
 
 
+@pytest.mark.slow
 def test_sigterm_in_the_training_loop_is_preempted(tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(tmp_path, run_dir, "training.steps=100000", "eval.every=100000")

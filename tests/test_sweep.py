@@ -29,6 +29,7 @@ def test_sweep_with_a_failing_job_still_reports(tmp_path):
     assert "report:" in p.stdout
 
 
+@pytest.mark.slow
 def test_plain_sweep_with_a_failing_job_exits_non_zero_after_the_others_ran(tmp_path):
     """No report callback (``refexp -m`` without an experiment): the exit status still says a job failed."""
     sweep = tmp_path / "sweep"
