@@ -45,6 +45,8 @@ from tests.helpers.runs import (
     torchrun,
 )
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 slow = pytest.mark.slow
 
 # A short SFT stage for the 2-rank check: over 120 steps float rounding differences (1e-7) grow

@@ -14,6 +14,8 @@ from refexp.kl import (
     sequence_kl,
 )
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 
 def t(x):
     return torch.tensor(x, dtype=torch.float64)

@@ -32,6 +32,8 @@ from tests.helpers.configs import (
 from tests.helpers.models import tiny_model_config
 from tests.helpers.runs import assert_same_metrics, run_status, torchrun
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 V = 15
 BF16 = TrainingConfig(mixed_precision_param="bfloat16")
 MODEL = tiny_model_config(vocab_size=V)

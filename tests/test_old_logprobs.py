@@ -10,8 +10,6 @@ checks whether the ratio sees that offset.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -20,6 +18,9 @@ from refexp.config import ConfigError, GRPOConfig
 from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
+from tests.helpers.engine_recording import shift_behaviour_logprobs
+
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
 
 BF16 = [*TINY_GRPO_OVERRIDES, "training.steps=1", "eval.every=1", "eval.log_samples=0", "reference=none",
         "training.mixed_precision_param=bfloat16"]
@@ -34,26 +35,17 @@ def _first_update(tmp_path, monkeypatch, *overrides) -> tuple[dict, dict]:
     """The first chunk's (logp, ratio base, token weight, mask, the shifted engine log-probs) as handed to
     ``grpo_loss``, and step 1's metrics, in a run whose rollout engine reports its log-probs + ``OFFSET``."""
     import refexp.algos.grpo as grpo_mod
-    from refexp.rollout import BuiltinEngine
 
-    engine: list[torch.Tensor] = []
-    generate = BuiltinEngine.generate
-
-    def shifted(self, *args, **kwargs):
-        out = generate(self, *args, **kwargs)
-        logp = out.behaviour_logp + OFFSET * out.mask_BT  # completion tokens only
-        engine.append(logp)
-        return dataclasses.replace(out, behaviour_logp=logp)
-
+    rollouts, _ = shift_behaviour_logprobs(monkeypatch, lambda mask_BT: torch.full(mask_BT.shape, OFFSET))
     seen: list[dict] = []
     original = grpo_mod.grpo_loss
 
     def record(logp, old_logp, ref_logp, adv, mask, **kw):
+        engine = rollouts[-1].rollout.behaviour_logp[: logp.shape[0]]  # this step's rollout, as the step got it
         seen.append({"logp": logp.detach().clone(), "base": old_logp.detach().clone(), "mask": mask.bool(),
-                     "weight": kw.get("token_weight"), "engine": engine[-1][: logp.shape[0]]})  # this step's rollout
+                     "weight": kw.get("token_weight"), "engine": engine})
         return original(logp, old_logp, ref_logp, adv, mask, **kw)
 
-    monkeypatch.setattr(BuiltinEngine, "generate", shifted)
     monkeypatch.setattr(grpo_mod, "grpo_loss", record)
     run(compose_tiny_run(tmp_path, *BF16, *overrides))
     return seen[0], next(r for r in read_metrics(tmp_path) if r["step"] == 1)
