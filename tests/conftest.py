@@ -1,5 +1,5 @@
 """Shared test set-up: one intra-op thread per process (docs/torchtitan-notes.md §11), W&B never reaches a
-server, each test session has its own refexp cache; the tiny GRPO run's config composed once and copied per
+server, each test session has its own refexp cache, compiled kernels are cached apart per CPU kernel selection; the tiny GRPO run's config composed once and copied per
 test (in the style of lightning-hydra-template's tests/conftest.py; helpers in tests/helpers/)."""
 
 import copy
@@ -8,9 +8,11 @@ import os
 import pytest
 import torch
 
+from refexp.runtime.process_settings import compile_cache_per_kernel_selection
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 torch.set_num_threads(1)
+compile_cache_per_kernel_selection()  # tests compile blocks in this process too, outside any run
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 

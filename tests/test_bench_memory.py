@@ -7,6 +7,10 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 

@@ -21,6 +21,7 @@ from refexp.record.checkpoints import MANIFEST
 from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
+from tests.helpers.runs import assert_same_row
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +49,7 @@ def _assert_equal_to(run_dir: Path, want: dict[int, dict]) -> None:
     got = _metrics(run_dir)
     assert sorted(got) == list(range(N + 1))
     for step in range(N + 1):
-        g, w = got[step], want[step]
-        assert g.keys() == w.keys(), (step, sorted(g.keys() ^ w.keys()))
-        bad = {k: (g[k], w[k]) for k in w if isinstance(w[k], (int, float))
-               and abs(g[k] - w[k]) > TOL * max(1.0, abs(w[k]))}
-        assert not bad, f"step {step}: {bad}"
+        assert_same_row(got[step], want[step], other_order=False, tol=TOL, where=f"step {step}")
 
 
 def _data_file(step_dir: Path) -> Path:

@@ -15,6 +15,8 @@ from refexp.tasks.batching import pack_sequences
 from tests.helpers.grad_recording import largest, largest_difference
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 
 def demonstrations_nll(model, task, ids: list[int]) -> torch.Tensor:
     """-sum log p(demonstration tokens and eos | prompt) / their number, over the rows ``ids`` of the train split."""

@@ -13,6 +13,8 @@ from refexp.losses.kl import (
 )
 from refexp.reference.kl_control import AdaptiveKLController, FixedKLController
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 
 def t(x):
     return torch.tensor(x, dtype=torch.float64)

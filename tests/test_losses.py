@@ -9,6 +9,8 @@ import torch
 from refexp.choices import PREFERENCE_LOSSES
 from refexp.losses import dpo_loss, group_advantages, grpo_loss, orpo_loss, sft_loss, simpo_loss
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 
 def t(x, grad=False):
     return torch.tensor(x, dtype=torch.float64, requires_grad=grad)

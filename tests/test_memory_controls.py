@@ -19,8 +19,11 @@ from refexp.titan import logprobs as titan_logprobs
 from refexp.titan.unwrap import canonical_name
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 from tests.helpers.models import tiny_model_config
+from tests.helpers.runs import SAME_METRICS_TOL, assert_same_row
 
-TOL = 1e-5
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
+TOL = SAME_METRICS_TOL
 V = 15
 DPO = ["algo=dpo", "algo.num_pairs=32", "algo.pairs_per_step=8", "training.steps=2"]
 MODEL = tiny_model_config(vocab_size=V, n_layers=3)
@@ -108,12 +111,8 @@ def assert_same_steps(got: tuple, want: tuple) -> None:
     for i, (g, w) in enumerate(zip(grads_g, grads_w)):
         assert max_diff(g, w) <= TOL, f"update {i}: gradients differ by {max_diff(g, w):.3g}"
     assert rows_g.keys() == rows_w.keys()
-    for step in rows_w:
-        g = {k: v for k, v in rows_g[step].items() if not k.startswith(("perf/", "mem/"))}
-        w = {k: v for k, v in rows_w[step].items() if not k.startswith(("perf/", "mem/"))}
-        assert g.keys() == w.keys(), (step, sorted(g.keys() ^ w.keys()))
-        bad = {k: (g[k], w[k]) for k in w if abs(g[k] - w[k]) > TOL * max(1.0, abs(w[k]))}
-        assert not bad, f"step {step}: {bad}"
+    for step in rows_w:  # chunks and checkpointing sum in another order: thresholded counts may tie apart
+        assert_same_row(rows_g[step], rows_w[step], other_order=True, tol=TOL, where=f"step {step}")
 
 
 GRPO_SHORT = [*TINY_GRPO_OVERRIDES, "training.steps=2", "reference=ema", "reference.alpha=0.5", "algo.beta=0.1"]

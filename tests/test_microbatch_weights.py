@@ -13,6 +13,9 @@ from refexp.run import run
 from tests.helpers.engine_recording import by_row_parity, shift_behaviour_logprobs
 from tests.helpers.grad_recording import largest, largest_difference, record_grpo_grads
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
+from tests.helpers.runs import assert_same_row
+
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
 
 MICRO = 3
 RUN = [*TINY_GRPO_OVERRIDES, "training.steps=1", "eval.every=1", "eval.log_samples=0", "algo.share_prompt=false",
@@ -48,6 +51,5 @@ def test_row_mean_losses_weigh_each_chunk_by_its_rows(tmp_path, dense_reward, mo
     assert largest_difference(micro, whole) <= 1e-5 * largest(whole)
     got, want = _step_1(tmp_path / "micro"), _step_1(tmp_path / "whole")
     assert 0 < want["clip/ratio"] < 1
-    assert got.keys() == want.keys()
-    bad = {k: (got[k], want[k]) for k in want if abs(got[k] - want[k]) > 1e-5 * max(1.0, abs(want[k]))}
-    assert not bad, f"the micro-batched step logs other numbers: {bad}"
+    # chunks sum in another order: a clip bound at a tie may count a token apart (clip/ratio is thresholded)
+    assert_same_row(got, want, other_order=True, where="the micro-batched step vs the whole")

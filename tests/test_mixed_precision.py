@@ -32,6 +32,8 @@ from tests.helpers.configs import (
 from tests.helpers.models import tiny_model_config
 from tests.helpers.runs import assert_same_metrics, run_status, torchrun
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 V = 15
 BF16 = TrainingConfig(mixed_precision_param="bfloat16")
 MODEL = tiny_model_config(vocab_size=V)
@@ -156,7 +158,7 @@ def sweep_two_processes(dist_env, name: str, algo: list[str], micro: int):
 def check_sweep(sweep, single) -> None:
     for sub in ("bfloat16", "float32"):
         assert run_status(sweep / sub)["status"] == "completed", sub
-    assert_same_metrics(sweep / "float32", single)  # micro-batched + checkpointed == plain, within 1e-5
+    assert_same_metrics(sweep / "float32", single, other_order=True)  # micro-batched + checkpointed == plain
     bf16 = assert_finite_run(sweep / "bfloat16", 4)
     fp32 = {r["step"]: r for r in read_metrics(sweep / "float32")}
     assert bf16[0]["kl/init"] == 0.0

@@ -19,7 +19,8 @@ from torch.distributed.tensor import Shard
 from refexp import titan
 from refexp.config import TrainingConfig
 from refexp.run import run_worker
-from refexp.runtime.process_settings import CUBLAS_WORKSPACE_CONFIG, apply_process_settings
+from refexp.runtime.process_settings import (CUBLAS_WORKSPACE_CONFIG, apply_process_settings,
+                                             compile_cache_per_kernel_selection)
 from refexp.titan import torch_compat
 from tests.helpers.configs import compose_tiny_run
 
@@ -34,6 +35,25 @@ def restore_settings(monkeypatch):
     torch.use_deterministic_algorithms(flags[0])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[1], flags[2]
     torch.set_num_threads(flags[3])
+
+
+@pytest.mark.parametrize("capability", [None, "avx2", "default"])
+def test_each_cpu_kernel_selection_compiles_into_its_own_cache(capability, monkeypatch):
+    """Inductor's cache would hand kernels compiled under one ATEN_CPU_CAPABILITY to a process with other
+    kernels (a corrupted heap or NaN): each selection other than the native one gets its own dir."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    if capability is None:
+        monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    else:
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+    compile_cache_per_kernel_selection()
+    want = default_cache_dir() + (f"_{capability}" if capability else "")
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == want
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # named by the user: kept
+    compile_cache_per_kernel_selection()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
 
 
 def test_deterministic_turns_on_torchs_flags_and_a_fixed_cublas_workspace(restore_settings):

@@ -10,6 +10,8 @@ from refexp import titan
 from refexp.config import EMAReferenceConfig, ModelConfig, PeriodicResetReferenceConfig
 from refexp.reference.strategies import build_reference
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 MODEL = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
 ALPHA, UPDATES, DRIFT = 0.05, 200, 5e-5
 """TR-DPO's soft update at the quickstart's alpha; the policy starts at the reference's weights (as a run starts

@@ -35,7 +35,7 @@ from tests.helpers.configs import (
     compose_small_run,
 )
 from tests.helpers.processes import wait_for
-from tests.helpers.runs import metrics_by_step
+from tests.helpers.runs import assert_same_row, metrics_by_step
 
 pytestmark = pytest.mark.slow
 
@@ -60,12 +60,8 @@ def assert_resumed_equal(run_dir: Path, want_dir: Path, first: int) -> None:
     """Steps first..N of run_dir equal the uninterrupted run's; every step 0..N is there once."""
     got, want = metrics_by_step(run_dir, in_order=True), metrics_by_step(want_dir, in_order=True)
     assert sorted(got) == list(range(N + 1))
-    for step in range(first, N + 1):
-        g = {k: v for k, v in got[step].items() if not k.startswith(("perf/", "mem/"))}
-        w = {k: v for k, v in want[step].items() if not k.startswith(("perf/", "mem/"))}
-        assert g.keys() == w.keys(), f"step {step}: {sorted(g.keys() ^ w.keys())}"
-        bad = {k: (g[k], w[k]) for k in w if abs(g[k] - w[k]) > TOL * max(1.0, abs(w[k]))}
-        assert not bad, f"step {step}: {bad}"
+    for step in range(first, N + 1):  # one process, the same arithmetic: every metric, thresholded ones too
+        assert_same_row(got[step], want[step], other_order=False, tol=TOL, where=f"step {step}")
 
 
 def ckpt_steps(run_dir: Path) -> list[int]:

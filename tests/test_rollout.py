@@ -13,6 +13,8 @@ from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 
 def test_token_weights_scale_each_tokens_policy_loss_exactly():
     """TIS: l[b, t] = -min(r A, clip(r) A) * w[b, t]; the KL term is not weighted."""

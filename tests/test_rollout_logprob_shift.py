@@ -15,6 +15,8 @@ from tests.helpers.engine_recording import by_row_parity, shift_behaviour_logpro
 from tests.helpers.grad_recording import largest, largest_difference, record_grpo_grads
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 RUN = [*TINY_GRPO_OVERRIDES, "training.steps=1", "eval.every=1", "eval.log_samples=0"]
 
 

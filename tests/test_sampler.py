@@ -11,6 +11,8 @@ from refexp.config import ModelConfig
 from refexp.tasks.tokenizer import build_char_tokenizer
 from tests.helpers.compile_count import CountingBackend
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 TOK = build_char_tokenizer()
 PROMPTS = ["12+34=", "5+6=", "123+456=", "7="]  # different lengths: left padding in the decoder
 

@@ -17,6 +17,8 @@ from refexp.losses.kl import masked_sum
 from refexp.tasks.tokenizer import build_char_tokenizer
 from tests.helpers.configs import compose_tiny_run
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 TOK = build_char_tokenizer()
 MODEL = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=64)
 

@@ -18,6 +18,8 @@ from refexp.titan import static_decode
 from tests.helpers.compile_count import CountingBackend
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 
 @pytest.mark.slow
 def test_a_grpo_run_with_evaluations_compiles_the_decode_step_once_per_bucket(tmp_path, monkeypatch):

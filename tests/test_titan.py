@@ -13,6 +13,8 @@ from refexp import titan
 from refexp.config import CompileConfig, ConfigError, ModelConfig, ParallelismConfig
 from tests.helpers.models import tiny_model_config
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 V = 16  # the tiny models' vocabulary
 FAMILIES = ("llama3", "qwen3")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 ROOT = Path(__file__).resolve().parents[1]
 # Started by path with the repository root on PYTHONPATH (it imports tests.helpers.models).

@@ -40,6 +40,8 @@ from refexp.record.metrics import read_metrics
 from refexp.run import run
 from tests.helpers.configs import compose_config
 
+pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
+
 
 # <pad>=0, <eos>=1, w2..w47: fewer ids than the 64 that validation assumes when no checkpoint is given.
 VOCAB = 48

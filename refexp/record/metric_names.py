@@ -53,6 +53,11 @@ class Metric:
     """TRL 1.16's name for the same quantity, where it has one."""
     summary: Optional[str] = None
     """The W&B runs table's summary of the metric (``max``/``last``); None: W&B's default (the last value)."""
+    thresholded: bool = False
+    """A share of floating-point comparisons (a greedy argmax, a sign, a clip bound) that nothing trains on:
+    where a compared value sits at a tie (a DPO margin of exactly 0 at policy == reference), two runs whose
+    floats differ in the last bits (other ranks, chunks or CPU kernels) count it one unit apart. Such runs are
+    compared on the continuous quantities instead (``rewards/margins`` behind ``rewards/accuracies``)."""
 
 
 _EVAL = "step 0, every `eval.every` steps and the last step"
@@ -86,31 +91,31 @@ METRICS: tuple[Metric, ...] = (
     Metric(EVAL_ACCURACY, "greedy exact match (mean reward) on the first `eval.num_prompts` held-out *test* "
            "prompts (never used to stop or select); per prompt in `eval_outcomes.jsonl`; with a learned reward its "
            "mean (the proxy; the verifier's is `eval/gold`)",
-           f"{_EVAL}; `algo=sft` and the SFT stage: once, on the model the stage keeps", summary="max"),
+           f"{_EVAL}; `algo=sft` and the SFT stage: once, on the model the stage keeps", summary="max", thresholded=True),
     Metric(VAL_ACCURACY, "the same on the validation split, when the task has one (`task.val_fraction`, "
-           "`task.val_path`); what `hparams_search` selects on", f"{_EVAL}, when the task has a validation split"),
+           "`task.val_path`); what `hparams_search` selects on", f"{_EVAL}, when the task has a validation split", thresholded=True),
     Metric(EVAL_RETENTION, "greedy exact match on the first `eval.num_prompts` held-out *test* prompts of the skills "
            "the SFT stage taught and RL does not train (`task.ops` minus `task.rl_ops`): what RL keeps of the start; "
            "per prompt in `eval_outcomes.jsonl`",
            f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops`; `algo=sft` and the SFT stage: once, on the "
-           "model the stage keeps", summary="last"),
+           "model the stage keeps", summary="last", thresholded=True),
     Metric(VAL_RETENTION, "the same on the validation split (what a selection rule with a retention floor reads)",
-           f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops` and the task has a validation split"),
+           f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops` and the task has a validation split", thresholded=True),
     Metric(EVAL_PASS_AT_K, "pass@k with k = `eval.pass_k`: the chance that one of k completions sampled at the "
            "training temperature is correct, on the first `eval.pass_k_prompts` held-out test prompts (of the RL "
            "skills), the unbiased estimator of Chen et al. 2021 over `eval.pass_k_samples` samples; a policy whose "
            "distribution collapsed loses it; per prompt in `eval_outcomes.jsonl`",
-           f"{_EVAL}, when `eval.pass_k` > 0 and the task has a reward", summary="last"),
+           f"{_EVAL}, when `eval.pass_k` > 0 and the task has a reward", summary="last", thresholded=True),
     Metric(EVAL_GOLD, "with a learned reward: the gold reward of the same greedy held-out completions, whose "
            "learned (proxy) reward is then `eval/accuracy`; per prompt in `eval_outcomes.jsonl`",
-           f"GRPO with a learned reward, {_EVAL}"),
-    Metric(VAL_GOLD, "the same on the validation split", f"GRPO with a learned reward and a validation split, {_EVAL}"),
+           f"GRPO with a learned reward, {_EVAL}", thresholded=True),
+    Metric(VAL_GOLD, "the same on the validation split", f"GRPO with a learned reward and a validation split, {_EVAL}", thresholded=True),
     Metric("rm/loss", "`algo=rm` (the reward-model stage): the reward model's binary cross-entropy against the verifier's labels (training "
            "batch)", "`algo=rm`, every step"),
     Metric("rm/val_loss", "`algo=rm`: the same on its held-out labelled samples", "`algo=rm`, every `rm.eval_every` "
            "steps and the last"),
     Metric("rm/val_accuracy", "`algo=rm`: share of held-out labelled samples whose label the reward model's sign "
-           "gets right", "`algo=rm`, every `rm.eval_every` steps and the last"),
+           "gets right", "`algo=rm`, every `rm.eval_every` steps and the last", thresholded=True),
     Metric("rm/positive_rate", "`algo=rm`: share of its labelled samples the verifier scored correct",
            "`algo=rm`, once"),
     Metric("rm/dir", "`algo=rm`: the reward model's HF checkpoint dir (what `task.reward_model` takes)",
@@ -119,7 +124,7 @@ METRICS: tuple[Metric, ...] = (
            "teaches (what its stop rules read)", "the SFT stage, every `sft.eval_every` steps"),
     Metric(SFT_VAL_ACCURACY, "the SFT stage: greedy exact match on the validation split, every skill it teaches "
            "(`task.ops`)",
-           "the SFT stage, every `sft.eval_every` steps; `algo=sft`: the final value"),
+           "the SFT stage, every `sft.eval_every` steps; `algo=sft`: the final value", thresholded=True),
     Metric("sft/grad_norm", "the SFT stage: gradient norm before clipping", "the SFT stage, every step"),
     Metric("sft/wall_s", "seconds the SFT stage trained", "`algo=sft`: final value only (W&B summary)"),
     Metric("sft/dir", "the SFT model's directory in the cache", "`algo=sft`: final value only (W&B summary)"),
@@ -138,7 +143,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("rewards/rejected", "DPO implicit reward of the rejected completions", "DPO, every step", "same name"),
     Metric(REWARDS_MARGINS, "DPO: mean chosen − rejected implicit reward", "DPO, every step", "same name"),
     Metric(REWARDS_ACCURACIES, "DPO: fraction of pairs whose chosen implicit reward is the larger",
-           "DPO, every step", "same name"),
+           "DPO, every step", "same name", thresholded=True),
     Metric("logps/chosen", "DPO: the policy's summed log-prob of the chosen completions", "DPO, every step",
            "same name"),
     Metric("logps/rejected", "DPO: the policy's summed log-prob of the rejected completions", "DPO, every step",
@@ -147,16 +152,16 @@ METRICS: tuple[Metric, ...] = (
            "`eval.kl_prompts` pairs minus its step-0 value; a fall flags likelihood displacement", f"DPO, {_EVAL}"),
     Metric(EVAL_PREF_ACCURACY, "DPO on `task=preference`: `rewards/accuracies` over the first `eval.num_prompts` "
            "held-out pairs, from the policy and the current reference", f"DPO on `task=preference`, {_EVAL}",
-           summary="max"),
+           summary="max", thresholded=True),
     Metric(EVAL_PREF_MARGIN, "DPO on `task=preference`: `rewards/margins` over the same held-out pairs",
            f"DPO on `task=preference`, {_EVAL}"),
     Metric("eval/logp_correct", "DPO: the policy's mean summed log-prob (EOS included) of the correct answer on "
            "the `eval.kl_prompts` held-out prompts", f"DPO on a task with answers, {_EVAL}"),
-    Metric("clip/ratio", "GRPO: fraction of tokens clipped", "GRPO, every step", "`clip_ratio/region_mean`"),
+    Metric("clip/ratio", "GRPO: fraction of tokens clipped", "GRPO, every step", "`clip_ratio/region_mean`", thresholded=True),
     Metric("clip/low", "GRPO: fraction of tokens clipped at the low end", "GRPO, every step",
-           "`clip_ratio/low_mean`"),
+           "`clip_ratio/low_mean`", thresholded=True),
     Metric("clip/high", "GRPO: fraction of tokens clipped at the high end", "GRPO, every step",
-           "`clip_ratio/high_mean`"),
+           "`clip_ratio/high_mean`", thresholded=True),
     Metric("policy/entropy", "GRPO: mean token entropy of the sampled completions", "GRPO, every step",
            "`entropy`"),
     Metric("policy/completion_len", "GRPO: mean completion length", "GRPO, every step",
@@ -197,6 +202,11 @@ def summaries() -> dict[str, str]:
     return {m.name: m.summary for m in METRICS if m.summary}
 
 
+def thresholded() -> frozenset[str]:
+    """The names of the metrics that count floating-point comparisons (``Metric.thresholded``)."""
+    return frozenset(m.name for m in METRICS if m.thresholded)
+
+
 def current_names(row: Mapping) -> dict:
     """``row`` with the names of ``RENAMED`` replaced by today's (a row holding both keeps the new one)."""
     return {RENAMED.get(k, k): v for k, v in row.items() if not (k in RENAMED and RENAMED[k] in row)}
@@ -222,7 +232,12 @@ def metrics_page() -> str:
               + " are read by `python -m refexp.report` under the new names.",
               "", "W&B's runs table summarises "
               + ", ".join(f"`{k}` by its {v}" for k, v in summaries().items())
-              + " (`max`: the best held-out accuracy; `last`: the last drift).", ""]
+              + " (`max`: the best held-out accuracy; `last`: the last drift).", "",
+              "Shares of floating-point comparisons (a greedy argmax, a sign, a clip bound): "
+              + ", ".join(f"`{n}`" for n in sorted(thresholded()))
+              + ". Where a compared value sits at a tie (a DPO margin of exactly 0 at policy == reference), runs "
+              "whose floats differ in the last bits (other ranks, micro-batches or CPU kernels) count it one unit "
+              "apart: compare such runs on the continuous metrics (`rewards/margins`, `loss/*`, `kl/*`).", ""]
     return "\n".join(lines)
 
 

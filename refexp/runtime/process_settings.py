@@ -19,6 +19,18 @@ call, and what torch's deterministic mode checks for (torch's "Reproducibility" 
 qualifies, smaller and slower)."""
 
 
+def compile_cache_per_kernel_selection() -> None:
+    """Keep Inductor's compiled-kernel cache apart for each ``ATEN_CPU_CAPABILITY`` (the CPU kernels torch picks
+    at start-up; tests/README.md). torch's cache does not tell the kernel selections apart: blocks compiled
+    under ``avx2`` and loaded by a process with the native AVX-512 kernels corrupt its heap (``free(): invalid
+    size``), and the reverse returns NaN log-probs. A cache dir already named in the environment is kept."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability}"
+
+
 def apply_process_settings(training: TrainingConfig) -> None:
     """Set this process's threads and determinism from ``training``.
 
@@ -26,6 +38,7 @@ def apply_process_settings(training: TrainingConfig) -> None:
     process (the test suite's) each get their own. A ``CUBLAS_WORKSPACE_CONFIG`` already in the environment
     is kept.
     """
+    compile_cache_per_kernel_selection()
     if training.num_threads:
         torch.set_num_threads(training.num_threads)
     if training.deterministic:
