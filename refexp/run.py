@@ -346,6 +346,9 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
     sft_dir = ensure_sft(ctx)
     summary = rdist.decided_by_rank0(lambda: read_sft_summary(sft_dir))
     status.sft_start = sft_start_record(sft_dir, summary)
+    if ctx.dist.is_rank0:  # every run from a start that is not what a comparison assumes says so (algos/sft_checks.py)
+        for warning in summary.get("warnings") or []:
+            print(f"[refexp] warning: {warning} ({sft_dir.name})", flush=True)
     return ALGORITHMS[algo](ctx, sft_dir, summary)
 
 
@@ -357,9 +360,11 @@ def cpu_record() -> dict:
 
 def sft_start_record(sft_dir: Path, summary: dict) -> dict:
     """What ``status.json`` says of the run's start (``RunStatus.sft_start``): the directory's name and, for an SFT
-    stage's output, the accuracies its ``sft.json`` (``summary``) recorded."""
+    stage's output, the accuracies its ``sft.json`` (``summary``) recorded, whether it converged and what falls short
+    of a converged start (``refexp/algos/sft_checks.py``)."""
     return {"key": sft_dir.name, "val_accuracy": summary.get("val_accuracy"),
-            "eval_accuracy": summary.get("eval_accuracy")}
+            "eval_accuracy": summary.get("eval_accuracy"), "converged": summary.get("converged"),
+            "warnings": list(summary.get("warnings") or [])}
 
 
 def wandb_run_info(cfg: RootConfig) -> dict:

@@ -29,7 +29,10 @@ def sft(ctx: RunContext, sft_dir: Path, summary: dict) -> dict:
     if summary.get("val_accuracy") is not None:
         final["sft/val_accuracy"] = summary["val_accuracy"]
     if ctx.dist.is_rank0:
-        print(f"[refexp] SFT model: {sft_dir} (test accuracy {summary['eval_accuracy']:.3f} after "
+        band = (f", validation {summary['val_accuracy']:.3f} of the {summary['val_ceiling']:.3f} imitating the "
+                "demonstrations allows" if summary.get("val_ceiling") is not None
+                and summary.get("val_accuracy") is not None else "")
+        print(f"[refexp] SFT model: {sft_dir} (test accuracy {summary['eval_accuracy']:.3f}{band} after "
               f"{summary['steps']} steps, stopped by {summary.get('stopped_by', 'cap')})")
     return final
 

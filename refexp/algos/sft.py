@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from refexp import titan
+from refexp.algos.sft_checks import converged, start_warnings
 from refexp.components.context import RunContext
 from refexp.components.data_order import batch_ids
 from refexp.components.evaluation import greedy_accuracy, logp_correct
@@ -31,6 +32,7 @@ from refexp.record.lock import FileLock
 from refexp.record.metric_names import EVAL_ACCURACY, EVAL_RETENTION
 from refexp.runtime import distributed as rdist
 from refexp.tasks import task_fingerprint
+from refexp.tasks.arithmetic import imitation_ceiling
 from refexp.tasks.batching import pack_sequences
 from refexp.titan import save_model_weights
 
@@ -208,13 +210,25 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     bar.close()
     summary = {"steps": step, "eval_accuracy": acc, "val_accuracy": stop.accuracy, "best_val_loss": stop.best_loss,
                "kept_step": step if best.step is None else best.step, "stopped_by": stop.reason(),
+               "converged": converged(stop.reason(), has_val=has_val, patience=sft.patience),
                "wall_s": now(ctx.device) - t0}
     if EVAL_RETENTION in final:
         summary["eval_retention"] = final[EVAL_RETENTION]
+    summary["val_ceiling"] = _val_ceiling(ctx) if has_val else None
+    summary["warnings"] = start_warnings(summary, ceiling=summary["val_ceiling"], steps_cap=sft.steps)
     _save_sft_output(ctx, model, out_dir, summary)
     log.close()
     rdist.barrier()
     return summary
+
+
+def _val_ceiling(ctx: RunContext) -> float | None:
+    """The validation accuracy imitating the demonstrations allows, on the rows the stage validates on (the
+    embedded arithmetic task; None for tasks without such a number)."""
+    if ctx.cfg.task.name != "arithmetic":
+        return None
+    rows = ctx.task.sft_validation.select(range(min(ctx.cfg.eval.num_prompts, len(ctx.task.sft_validation))))
+    return imitation_ceiling(rows["prompt"], ctx.cfg.task.digits, ctx.cfg.task.demo_slip)
 
 
 def _build_sft_model(ctx: RunContext):

@@ -186,6 +186,19 @@ def ones_carry(op: str, a: int, b: int) -> bool:
     return op == "+" and a % 10 + b % 10 >= 10
 
 
+def imitation_ceiling(prompts: list[str], digits: int, demo_slip: float) -> float:
+    """The greedy exact match on ``prompts`` of a model that learned the demonstrations' distribution exactly:
+    greedy decoding writes each problem's most frequent demonstration, which is wrong on the sums whose ones
+    column carries when ``task.demo_slip`` > 0.5 (half of them at exactly 0.5; docs/headroom-task.md). What a
+    converged SFT start reaches on the validation split, and no more."""
+    if not prompts:
+        return float("nan")
+    wrong = 1.0 if demo_slip > 0.5 else 0.5 if demo_slip == 0.5 else 0.0
+    carrying = sum(ones_carry(problem_op(p, digits), int(p[:digits]), int(p[digits + 1:2 * digits + 1]))
+                   for p in prompts)
+    return 1.0 - wrong * carrying / len(prompts)
+
+
 def slip_carry(completion: str) -> str:
     """The demonstrator's error of ``task.demo_slip`` on a sum whose ones column carries: the tens digit
     written without that carry (one digit off by one: ``0043`` -> ``0033``, ``0101`` -> ``0191``)."""

@@ -82,13 +82,20 @@ def sft_start(runs: list[Run]) -> str | None:
     if recorded:
         keys = _shown([str(s.get("key")) for s in recorded])
         vals = _shown([f"{s['val_accuracy']:.3f}" for s in recorded if s.get("val_accuracy") is not None])
-        return f"{keys}" + (f" (validation accuracy {vals})" if vals else "")
+        return f"{keys}" + (f" (validation accuracy {vals})" if vals else "") + start_flags(recorded)
     given = _shown([Path(c).name for c in (_get(r.config, "sft.checkpoint") for r in runs) if c])
     where = f"sft.checkpoint {given}" if given else "an SFT cache entry (these runs predate its record in status.json)"
     val, test = _at_step_0(runs, VAL_ACCURACY), _at_step_0(runs, EVAL_ACCURACY)
     accs = ", ".join(t for t in (f"validation accuracy {val}" if val else "", f"test accuracy {test}" if test else "")
                      if t)
     return f"{where}; {accs} at step 0" if accs else where
+
+
+def start_flags(recorded: list[dict]) -> str:
+    """``; `` + each distinct way the recorded starts (``status.json``'s ``sft_start``) fall short of a converged
+    start (``refexp/algos/sft_checks.py``), or "" for starts that do not."""
+    flags = sorted({w.split(":")[0] for s in recorded for w in s.get("warnings") or []})
+    return "".join(f"; {f}" for f in flags)
 
 
 def sft_starts(runs: list[Run]) -> list[tuple[str, str]]:
@@ -107,7 +114,7 @@ def sft_starts(runs: list[Run]) -> list[tuple[str, str]]:
         seed = _shown([_get(r.config, "sft.seed") for r in rs])
         what = ", ".join(t for t in (f"sft.seed {seed}" if seed is not None and not key.startswith("sft.seed=")
                                      else "", f"validation accuracy {val}" if val else "") if t)
-        out.append((key or "not recorded", what))
+        out.append((key or "not recorded", what + start_flags(recorded)))
     return out
 
 
