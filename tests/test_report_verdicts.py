@@ -178,22 +178,29 @@ def test_runs_of_another_commit_or_seed_are_listed_and_left_out_unless_allow_mix
     assert "run ema-1: refexp commit def" in dict(mixed.setup["grpo"])["outside the plan, counted (--allow-mixed)"]
 
 
-# ---------------------------------------------------------------- (d) no block: exploratory, explicit baseline
-def test_a_sweep_without_a_comparison_block_is_exploratory_and_needs_a_baseline(tmp_path, capsys):
-    noisy_sweep(tmp_path, block=None)
-    assert main([str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert "refexp-report: error:" in err and "--baseline" in err and "no comparison block" in err
-    assert not (tmp_path / "report.md").exists()
-
-    assert main([str(tmp_path), "--baseline", "fixed", "--quiet"]) == 0
-    md = (tmp_path / "report.md").read_text()
-    assert "exploratory: not pre-registered" in md and "| baseline | fixed (--baseline) |" in md
+# ---------------------------------------------------------------- (d) no block: exploratory
+def test_a_sweep_without_a_comparison_block_is_exploratory_against_fixed_or_its_first_group(tmp_path):
+    noisy_sweep(tmp_path / "ad_hoc", block=None)
+    assert main([str(tmp_path / "ad_hoc"), "--quiet"]) == 0
+    md = (tmp_path / "ad_hoc" / "report.md").read_text()
+    assert "exploratory: not pre-registered" in md
+    assert "| baseline | fixed (no comparison declared, no --baseline named: a group is fixed) |" in md
     assert "Family: 1 comparison against fixed, Holm-adjusted" in md
+    table = build_report(tmp_path / "ad_hoc").tables["grpo"]  # the sweep callback's report: the same
+    assert set(table.verdicts["acc_final"]) == {"ema"} and "exploratory" in table.verdict
 
-    # without the CLI (the sweep callback): the tables, and a verdict that names what is missing
-    table = build_report(tmp_path).tables["grpo"]
-    assert table.verdicts == {} and "no baseline was named" in table.verdict
+    assert main([str(tmp_path / "ad_hoc"), "--baseline", "ema", "--quiet"]) == 0  # named: that one
+    assert "| baseline | ema (--baseline) |" in (tmp_path / "ad_hoc" / "report.md").read_text()
+
+    rng = np.random.default_rng(1)  # no fixed group: the first group in the report's order
+    for seed in range(2):
+        base = (rng.random(PROMPTS) < 0.5).astype(float)
+        write_run(tmp_path / "no_fixed" / f"ema-{seed}", "ema", seed, base, block=None)
+        write_run(tmp_path / "no_fixed" / f"none-{seed}", "none", seed, flipped(base, 10, 5, rng), block=None)
+    report = build_report(tmp_path / "no_fixed")
+    assert report.plan.baseline == report.tables["grpo"].rows[0].group.label == "ema"
+    assert set(report.tables["grpo"].verdicts["acc_final"]) == {"none"}
+    assert "no group is fixed: the first group" in report.plan.baseline_why
 
 
 def test_a_baseline_other_than_the_declared_one_makes_the_report_exploratory(tmp_path, declared_3_seeds):

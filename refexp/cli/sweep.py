@@ -5,8 +5,9 @@ into the comparison report, also when some jobs failed (their ``status.json`` sa
 them). ``JobsCallback`` (registered for every sweep in conf/config.yaml) counts the jobs that did not
 complete; ``refexp``'s ``main`` then exits 1 (after every job ran and every callback was called: a callback
 that raised would stop the ones after it).
-The verdicts read the experiment's ``comparison`` block; a sweep without one gets its tables, and
-``refexp-report --baseline`` makes its exploratory comparison.
+The verdicts read the experiment's ``comparison`` block; a sweep without one gets an exploratory comparison
+against ``fixed``, else its first group (``refexp/report/reading/plan.py``), and ``refexp-report --baseline`` names
+another.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--at-steps 500] [--alpha 0.05]
 [--equivalence-margin 0.02] [--allow-mixed] [--quiet] [--wandb] [--wandb-workspace]``: write the sweep's report and
-print its table and where it went. Exit status 2, nothing written, when SWEEP_DIR holds no run, or declares no
-comparison and ``--baseline`` is not given."""
+print its table and where it went. Exit status 2, nothing written, when SWEEP_DIR holds no run. A sweep that
+declares no comparison and names no ``--baseline`` gets an exploratory report against ``fixed``, else its first
+group (``refexp/report/reading/plan.py``, ``default_baseline``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from refexp.report.build import NoBaselineError, NoRunsError, build_report
+from refexp.report.build import NoRunsError, build_report
 from refexp.report.writing.table import format_table
 
 
@@ -25,9 +26,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="held-out accuracy for the steps-to-target column (default: halfway from the "
                              "start accuracy to the best group's final accuracy, per algorithm)")
     parser.add_argument("--baseline", default=None,
-                        help="the group every other group is paired against: needed when the sweep declares no "
-                             "comparison block (the report is then exploratory); a group label or a swept variant "
-                             "(fixed); one other than the declared baseline makes the report exploratory")
+                        help="the group every other group is paired against, a group label or a swept variant (fixed); "
+                             "one other than the declared baseline makes the report exploratory; without a "
+                             "declared comparison the default is fixed where a group is that, else the first group")
     parser.add_argument("--alpha", type=float, default=0.05,
                         help="family-wise error rate of the verdicts (Holm over the comparisons against the "
                              "baseline; default 0.05)")
@@ -76,9 +77,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, at_steps = _parse(argv)
     try:
         report = build_report(args.sweep_dir, target=args.target, baseline=args.baseline, at_steps=at_steps,
-                              alpha=args.alpha, margin=args.equivalence_margin, allow_mixed=args.allow_mixed,
-                              require_baseline=True)
-    except (NoRunsError, NoBaselineError) as e:
+                              alpha=args.alpha, margin=args.equivalence_margin, allow_mixed=args.allow_mixed)
+    except NoRunsError as e:
         print(f"refexp-report: error: {e}", file=sys.stderr)
         return 2
     if not args.quiet:

@@ -30,10 +30,6 @@ class NoRunsError(FileNotFoundError):
     """The directory holds no run: nothing is written (an existing report stays as it was)."""
 
 
-class NoBaselineError(ValueError):
-    """The sweep declares no comparison and no baseline was named (``require_baseline``): nothing is written."""
-
-
 @dataclass
 class Problem:
     """A run left out of the numbers, and why."""
@@ -111,18 +107,17 @@ def _clear_old_plots(plots_dir: Path) -> None:
 
 def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optional[str] = None,
                  at_steps: Sequence[int] = (), alpha: float = 0.05, margin: Optional[float] = None,
-                 allow_mixed: bool = False, comparison: Optional[dict] = None,
-                 require_baseline: bool = False) -> Report:
+                 allow_mixed: bool = False, comparison: Optional[dict] = None) -> Report:
     """Read a Hydra multirun dir (or one run dir) and write report.md, report.html, summary.json and
     the plots into it. ``target`` is the held-out accuracy for "steps to target" (None: a default
     per algorithm, see ``summary.default_target``); the verdicts pair every group with the baseline the
     sweep's comparison block declares (``comparison``, else the runs' ``resolved_config.yaml``), or with
-    ``baseline`` (a group label or a swept variant; the report is then exploratory), Holm-adjusted at
+    ``baseline`` (a group label or a swept variant), else ``plan.default_baseline``'s (the report is then
+    exploratory), Holm-adjusted at
     ``alpha`` over the family, with a claim of equivalence only within ``margin``; ``allow_mixed`` counts
     the runs outside the plan (``plan.make_plan``). ``at_steps`` (default: the block's) adds, per step S,
     the accuracy at S, the gain after it and a verdict at S. Safe to call again on the same dir at any
-    time. Raises ``NoRunsError`` (no run) or, with ``require_baseline``, ``NoBaselineError`` (no
-    comparison declared and no baseline named) before writing anything."""
+    time. Raises ``NoRunsError`` (no run) before writing anything."""
     sweep_dir = Path(sweep_dir).resolve()
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"sweep dir {sweep_dir} does not exist")
@@ -131,9 +126,6 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
         raise NoRunsError(f"no runs found under {sweep_dir} (a run dir has .hydra/, status.json or "
                           f"metrics.jsonl); nothing was written")
     plan = make_plan(runs, baseline=baseline, block=comparison, alpha=alpha, margin=margin, allow_mixed=allow_mixed)
-    if require_baseline and plan.baseline is None:
-        raise NoBaselineError("the sweep declares no comparison block (an exploratory sweep): name the baseline "
-                              "with --baseline (a group label, e.g. fixed, or a swept variant); nothing was written")
     by_algo = group_runs(runs)
 
     extra = at_step_columns(tuple(int(s) for s in (at_steps or plan.at_steps)))

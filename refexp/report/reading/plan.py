@@ -3,7 +3,9 @@ runs' ``resolved_config.yaml``), or an exploratory one against an explicit ``--b
 
 Runs outside the declared seeds or arms, and runs from another refexp commit or thread count than the majority
 of the sweep's completed runs, are listed (``ComparisonPlan.excluded``) and left out of the verdict unless
-``--allow-mixed``. No baseline is ever picked for the reader: a declared block names it, else ``--baseline``.
+``--allow-mixed``. The baseline is the declared block's, else ``--baseline``; an ad-hoc sweep that names neither
+(``refexp -m reference=fixed,none ...``) is compared against ``fixed`` where a group is that, else its first
+group (``default_baseline``), and the report says which and why: every such report is exploratory.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Optional
 
 from refexp.record.status import provenances
 
+from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import Run, _get
 
 VARIANT_KEYS = ("grpo_variant", "dpo_variant", "reference")
@@ -27,7 +30,7 @@ class ComparisonPlan:
     block: Optional[dict]
     """The declared ``comparison`` block (None: the sweep declares none, the report is exploratory)."""
     baseline: Optional[str]
-    """The declared baseline arm, else ``--baseline`` (None: no comparison is made)."""
+    """The declared baseline arm, else ``--baseline``, else ``default_baseline``'s."""
     alpha: float = 0.05
     margin: Optional[float] = None
     """Equivalence margin (``--equivalence-margin``); None: no claim of no difference is made."""
@@ -35,6 +38,8 @@ class ComparisonPlan:
     excluded: dict[str, str] = field(default_factory=dict)
     """run name -> why it is left out of the verdict (or, with ``allow_mixed``, why it would have been)."""
     notes: list[str] = field(default_factory=list)
+    baseline_why: str = "declared"
+    """Where an exploratory report's baseline comes from: ``--baseline``, or why ``default_baseline`` chose it."""
 
     @property
     def declared(self) -> bool:
@@ -71,6 +76,19 @@ class ComparisonPlan:
         if self.declared:
             return any(self.arm(r) == self.baseline for r in runs)
         return label == self.baseline or any(r.override(k) == self.baseline for r in runs for k in VARIANT_KEYS)
+
+
+DEFAULT_BASELINE = "fixed"
+"""An ad-hoc sweep's baseline where one of its groups is this strategy or variant: the usual reference."""
+
+
+def default_baseline(runs: list[Run]) -> tuple[str, str]:
+    """(the baseline of a sweep that declares none and names none, why): ``DEFAULT_BASELINE`` where a run's
+    swept variant (``VARIANT_KEYS``) is that, else the label of the first group in the report's order."""
+    if any(r.override(k) == DEFAULT_BASELINE for r in runs for k in VARIANT_KEYS):
+        return DEFAULT_BASELINE, f"no comparison declared, no --baseline named: a group is {DEFAULT_BASELINE}"
+    first = next(iter(group_runs(runs).values()))[0]
+    return first.label, f"no comparison declared, no --baseline named, no group is {DEFAULT_BASELINE}: the first group"
 
 
 def declared_block(runs: list[Run]) -> tuple[Optional[dict], list[str]]:
@@ -112,8 +130,11 @@ def make_plan(runs: list[Run], *, baseline: Optional[str] = None, block: Optiona
     if block is not None and baseline is not None and baseline != block.get("baseline"):
         notes.append(f"--baseline {baseline} is not the declared baseline {block.get('baseline')}: exploratory")
         block = None
+    why = "declared" if block is not None else "--baseline"
+    if block is None and baseline is None:
+        baseline, why = default_baseline(runs)
     plan = ComparisonPlan(block, baseline if block is None else str(block["baseline"]), alpha, margin, allow_mixed,
-                notes=notes)
+                          notes=notes, baseline_why=why)
     done = [r for r in runs if r.problem is None]
     common_commits, common_threads = _majority([commits(r) for r in done]), _majority([threads(r) for r in done])
     for r in done:

@@ -127,7 +127,7 @@ def comparison_rows(plan: ComparisonPlan, runs: list[Run]) -> list[tuple[str, st
                                  f"seeds {', '.join(map(str, b.get('seeds', [])))}; metric {b.get('metric')}"
                      + (f"; at steps {', '.join(map(str, plan.at_steps))}" if plan.at_steps else "")))
     elif plan.baseline is not None:
-        rows.append(("baseline", f"{plan.baseline} (--baseline)"))
+        rows.append(("baseline", f"{plan.baseline} ({plan.baseline_why})"))
     names = {r.name for r in runs}
     left = [f"run {name}: {why}" for name, why in plan.excluded.items() if name in names]
     if left:

@@ -175,8 +175,8 @@ def endpoints(headline: Column, extra_columns: tuple[Column, ...], columns: tupl
 
 
 def find_baseline(groups: list[Group], plan: ComparisonPlan) -> tuple[Optional[Group], str]:
-    """The one group the plan names as baseline, else None and why (none named, none found, several match:
-    the reader names one; nothing is picked for them)."""
+    """The one group the plan names as baseline, else None and why (a plan without one, none found, several
+    match: the reader names one with --baseline)."""
     if plan.baseline is None:
         return None, ("no comparison: this sweep declares no comparison block and no baseline was named "
                       "(refexp-report SWEEP --baseline NAME)")
