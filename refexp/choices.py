@@ -10,7 +10,7 @@ annotations ("Unexpected type annotation").
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 ReferenceStrategy = Literal["fixed", "periodic_reset", "ema", "kl_triggered", "none"]
 """How the reference moves: frozen, reset to the policy every N steps, an EMA of the policy, reset when
@@ -27,8 +27,9 @@ DPOReferenceFreeLoss = Literal["simpo", "orpo", "sft"]
 DPO_REFERENCE_FREE_LOSSES: tuple[str, ...] = get_args(DPOReferenceFreeLoss)
 PREFERENCE_LOSSES: tuple[str, ...] = DPO_LOSS_TYPES + DPO_REFERENCE_FREE_LOSSES
 
-GRPOObjective = Literal["grpo", "sft"]
-"""``grpo``: the policy-gradient objective; ``sft``: the continued-SFT baseline on the same prompts."""
+GRPOObjective = Literal["grpo", "continued_sft"]
+"""``grpo``: the policy-gradient objective; ``continued_sft``: the continued-SFT baseline on the same prompts
+(``grpo_variant=continued_sft``; W&B's job type and the report's label spell it the same)."""
 GRPO_OBJECTIVES: tuple[str, ...] = get_args(GRPOObjective)
 OldLogprobs = Literal["auto", "rollout", "trainer"]
 """What GRPO's clip ratio is taken against on a batch's first update (``algo.old_logprobs``)."""
@@ -44,3 +45,14 @@ ArithmeticOp = Literal["+", "-", "*"]
 """The embedded task's operators: addition, subtraction with a non-negative result, multiplication
 (refexp/tasks/arithmetic.py)."""
 ARITHMETIC_OPS: tuple[str, ...] = get_args(ArithmeticOp)
+
+RENAMED_CHOICES: dict[str, dict[str, str]] = {"algo.objective": {"sft": "continued_sft"}}
+"""Field -> {old value: today's}, for choices renamed after runs were recorded with them (as
+``refexp/record/metric_names.py``'s ``RENAMED`` for metric names). A new config that says an old value is
+refused, naming today's (``config.errors.one_of``); a run dir recorded with one reads as today's: in the
+report (``refexp/report/reading/load.py``) and when a rerun resumes it (``refexp/config/diff.py``)."""
+
+
+def current_choice(field_name: str, value: Any) -> Any:
+    """``value`` of the dotted ``field_name`` under today's name (``RENAMED_CHOICES``); other values unchanged."""
+    return RENAMED_CHOICES.get(field_name, {}).get(value, value) if isinstance(value, str) else value

@@ -34,6 +34,8 @@ _CLI = ("import atexit, sys\n"
      "task.max_new_tokens=60 is invalid with model.max_seq_len=64: expected at most 55 (a prompt of task.digits=3 "
      "is 9 tokens"),
     ([*GRPO, "model=tiny", "algo.max_new_tokens=56"], "algo.max_new_tokens=56 is invalid with model.max_seq_len=64"),
+    (["algo=grpo", "reference=none", "algo.objective=sft"],  # refexp/choices.py: RENAMED_CHOICES
+     "algo.objective='sft' is invalid: expected one of grpo, continued_sft (sft was renamed to continued_sft)"),
 ])
 def test_bad_values_are_one_line_exit_2_before_torch(tmp_path, overrides, prefix):
     out = subprocess.run([sys.executable, "-c", _CLI, *overrides, "logger=none", f"hydra.run.dir={tmp_path}"],

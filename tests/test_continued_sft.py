@@ -1,4 +1,4 @@
-"""GRPO's continued-SFT baseline (``algo.objective=sft``, ``reference=none``) trains on the task's
+"""GRPO's continued-SFT baseline (``algo.objective=continued_sft``, ``reference=none``) trains on the task's
 demonstrations: each step's gradient is that of the token-mean NLL of the step's prompts' reference
 completions under the policy before the update, not of anything the policy samples."""
 
@@ -50,8 +50,8 @@ def test_each_step_follows_the_gradient_of_its_demonstrations_nll(tmp_path, monk
         return original(ctx, policy, loss, step, ckpt)
 
     monkeypatch.setattr(step_mod, "optimizer_step", check)
-    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.objective=sft", "reference=none", "training.steps=2",
-                    "training.micro_batch_size=3", "eval.every=2", "eval.log_samples=0"))
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.objective=continued_sft", "reference=none",
+                         "training.steps=2", "training.micro_batch_size=3", "eval.every=2", "eval.log_samples=0"))
     assert [s[0] for s in seen] == [1, 2]
     for step, loss, want, rel in seen:
         assert abs(loss - want) <= 1e-5 * want, f"step {step}: loss {loss} is not the demonstrations' NLL {want}"

@@ -187,12 +187,12 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
 
 
 def test_continued_sft_baseline_trains_on_demonstrations_without_rollouts(tmp_path):
-    """algo.objective=sft: the same prompts per step, SFT's NLL on their demonstrations; no reward, no KL."""
+    """algo.objective=continued_sft: the same prompts per step, SFT's NLL on their demonstrations; no reward, no KL."""
     from refexp.config import ConfigError, to_object
 
-    with pytest.raises(ConfigError, match="algo.objective=sft .* expected reference=none"):
-        to_object(compose_tiny_run(tmp_path / "x", *TINY_GRPO_OVERRIDES, "algo.objective=sft"))
-    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.objective=sft", "reference=none",
+    with pytest.raises(ConfigError, match="algo.objective=continued_sft .* expected reference=none"):
+        to_object(compose_tiny_run(tmp_path / "x", *TINY_GRPO_OVERRIDES, "algo.objective=continued_sft"))
+    final = run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "algo.objective=continued_sft", "reference=none",
                                  "training.steps=6", "training.micro_batch_size=3", "eval.every=3"))
     rows = [r for r in read_metrics(tmp_path) if r["step"] > 0]
     assert [r["step"] for r in rows] == list(range(1, 7))

@@ -605,18 +605,35 @@ def test_best_accuracy_is_selected_on_validation_and_read_on_the_test_prompts(tm
     assert best_on_validation(no_val) == max(r["eval/accuracy"] for r in evals)
 
 
+def _write_objective_run(run, strategy: str, objective: str, seed: int = 0) -> None:
+    write_run(run, algo="grpo", strategy=strategy, seed=seed,
+              overrides=["algo=grpo", f"reference={strategy}", f"algo.objective={objective}", f"training.seed={seed}"],
+              rows=grpo_rows("fixed", seed, None), extra_config={"algo": {"name": "grpo", "objective": objective}})
+
+
 def test_the_continued_sft_baseline_is_named_and_paired_like_a_strategy(tmp_path):
-    for job, (strategy, objective) in enumerate([("fixed", "grpo"), ("none", "sft")]):
-        run = tmp_path / str(job)
-        write_run(run, algo="grpo", strategy=strategy, seed=0,
-                   overrides=["algo=grpo", f"reference={strategy}", f"algo.objective={objective}"],
-                   rows=grpo_rows("fixed", 0, None))
-        cfg = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
-        cfg["algo"]["objective"] = objective
-        (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    for job, (strategy, objective) in enumerate([("fixed", "grpo"), ("none", "continued_sft")]):
+        _write_objective_run(tmp_path / str(job), strategy, objective)
     table = build_report(tmp_path, baseline="fixed").tables["grpo"]
-    assert [r.group.label for r in table.rows] == ["fixed", "continued SFT"]
-    assert table.rows[1].paired and "continued SFT" in table.verdict
+    assert [r.group.label for r in table.rows] == ["fixed", "continued_sft"]
+    assert table.rows[1].paired and "continued_sft" in table.verdict
+
+
+def test_a_run_recorded_as_objective_sft_reads_as_continued_sft(tmp_path):
+    """Runs recorded before the rename say ``algo.objective: sft`` (config and overrides): they group with the
+    runs that say ``continued_sft`` and take its label (refexp/choices.py: RENAMED_CHOICES)."""
+    from refexp.record.resolved_config import write_resolved_config
+    from refexp.report.reading.load import load_sweep
+
+    _write_objective_run(tmp_path / "0", "none", "sft", seed=0)
+    write_resolved_config(tmp_path / "0", {"algo": {"name": "grpo", "objective": "sft"}, "reference": {"name": "none"},
+                                           "training": {"seed": 0, "steps": STEPS}})
+    _write_objective_run(tmp_path / "1", "none", "sft", seed=1)  # .hydra/config.yaml only
+    _write_objective_run(tmp_path / "2", "none", "continued_sft", seed=2)
+    runs = load_sweep(tmp_path)
+    assert [r.objective for r in runs] == ["continued_sft"] * 3
+    [group] = group_runs(runs)["grpo"]
+    assert group.label == "continued_sft" and len(group.runs) == 3
 
 
 def test_gold_and_proxy_are_drawn_against_kl_init_when_runs_log_a_gold_reward(tmp_path):

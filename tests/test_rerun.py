@@ -23,6 +23,15 @@ def test_flatten_and_changed_fields():
     assert changed_fields(old, new) == {"algo.x": ([1], [1, 2]), "training.lr": (1e-3, 2e-3)}
 
 
+def test_a_run_recorded_under_a_renamed_choice_resumes_under_its_new_name():
+    """A continued-SFT run dir recorded before ``algo.objective: sft`` became ``continued_sft`` (refexp/choices.py:
+    RENAMED_CHOICES) is the same run to a rerun that says ``continued_sft``; another objective is still a change."""
+    old = {"algo": {"name": "grpo", "objective": "sft"}}
+    assert changed_fields(old, {"algo": {"name": "grpo", "objective": "continued_sft"}}) == {}
+    assert changed_fields(old, {"algo": {"name": "grpo", "objective": "grpo"}}) == {
+        "algo.objective": ("continued_sft", "grpo")}
+
+
 def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monkeypatch):
     run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=2"))
     status = (tmp_path / "status.json").read_text()

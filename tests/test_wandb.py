@@ -189,3 +189,16 @@ def test_evaluations_and_rollouts_leave_readable_samples(tmp_path, monkeypatch):
     logged = read_offline_run(run_file)
     tables = [row for row in logged.history if "samples/eval/_type" in row or "samples/eval" in row]
     assert len(tables) == 2  # one completions table per evaluation
+
+
+def test_the_continued_sft_baseline_is_its_config_name_in_w_and_b():
+    """``grpo_variant=continued_sft``: W&B's job type is the config's ``algo.objective`` (and the report's label),
+    ``continued_sft``; GRPO has no loss type, so no ``loss:`` tag."""
+    from refexp.components.wandb_conventions import hydra_run_info
+    from refexp.config import to_object
+    from tests.helpers.configs import compose_root
+
+    cfg = to_object(compose_root("grpo_variant=continued_sft"))
+    info = hydra_run_info(cfg)
+    assert cfg.algo.objective == info["job_type"] == "continued_sft"
+    assert info["group"].endswith("continued_sft") and not any(t.startswith("loss:") for t in info["tags"])

@@ -1,6 +1,7 @@
-"""The continued-SFT baseline of a GRPO comparison (``grpo_variant=continued_sft``, ``algo.objective=sft``): a step
-beside ``GRPOStep`` that trains the policy on the demonstrations of the prompts GRPO would sample, with the SFT
-stage's loss. It runs in the same loop (evaluation, reference strategy, checkpoints) as GRPO.
+"""The continued-SFT baseline of a GRPO comparison (``grpo_variant=continued_sft``, which sets
+``algo.objective=continued_sft``): a step beside ``GRPOStep`` that trains the policy on the demonstrations of the
+prompts GRPO would sample, with the SFT stage's loss. It runs in the same loop (evaluation, reference strategy,
+checkpoints) as GRPO.
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def ratio_against_trainer(a: GRPOConfig, compute_dtype: str) -> bool:
 def train_grpo(ctx: RunContext, sft_dir: Path) -> dict:
     policy = build_policy(ctx, sft_dir)
     strategy, anchor = build_strategy(ctx, sft_dir)
-    if ctx.cfg.algo.objective == "sft":  # the continued-SFT baseline: same prompts, no rollouts, no KL controller
+    if ctx.cfg.algo.objective == "continued_sft":  # the continued-SFT baseline: same prompts, no rollouts, no KL controller
         return run_loop(ctx, policy, strategy, anchor, ContinuedSFTStep(ctx, policy), desc="grpo")
     step_fn = GRPOStep(ctx, policy, strategy)
     return run_loop(ctx, policy, strategy, anchor, step_fn, extra_states={"grpo": step_fn}, desc="grpo")

@@ -76,7 +76,7 @@ class GRPOConfig(AlgoConfig):
     """Horizon of the adaptive controller in samples (each step counts its global batch's rows, as Ziegler et
     al. 2019 and TRL): beta moves by at most 20% per ``kl_horizon`` samples."""
     objective: str = "grpo"
-    """A ``GRPOObjective`` (refexp/choices.py). sft is the continued-SFT baseline: the same prompts per step
+    """A ``GRPOObjective`` (refexp/choices.py). continued_sft is the continued-SFT baseline: the same prompts per step
     and the same steps, trained on their demonstrations with the SFT stage's token-mean NLL instead of rollouts
     and rewards (no reference: reference=none), so a comparison can tell what GRPO adds over more SFT from the
     same start."""

@@ -2,12 +2,16 @@
 
 A rerun in the same run dir resumes from its checkpoint, and its metrics continue the earlier ones in
 one ``metrics.jsonl``: with a different configuration the run's numbers would come from two experiments.
-Fields that change how a run executes but not what it computes may differ (``RESUMABLE_CHANGES``).
+Fields that change how a run executes but not what it computes may differ (``RESUMABLE_CHANGES``). A choice
+renamed since the run was recorded (``refexp/choices.py``'s ``RENAMED_CHOICES``: ``algo.objective: sft``) compares
+under today's name, so a run dir of the continued-SFT baseline recorded before the rename still resumes.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
+
+from refexp.choices import current_choice
 
 RESUMABLE_CHANGES = (
     "training.steps",      # a finished run continues (the LR schedule does not depend on it)
@@ -43,7 +47,7 @@ def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, 
     """``{field: (old value, new value)}`` for the fields both configs have and a rerun may not change.
 
     A field only one of them has is left out: the schema grew or shrank between versions of refexp,
-    and the run then used what is now the default.
+    and the run then used what is now the default. ``old``'s renamed choices read as today's (``current_choice``).
     """
-    a, b = flatten(old), flatten(new)
+    a, b = {k: current_choice(k, v) for k, v in flatten(old).items()}, flatten(new)
     return {k: (a[k], b[k]) for k in sorted(a.keys() & b.keys()) if a[k] != b[k] and not _resumable(k)}

@@ -10,6 +10,8 @@ import math
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+from refexp.choices import RENAMED_CHOICES
+
 
 class ConfigError(ValueError):
     """A config value is invalid; the message names the field and what would be valid."""
@@ -30,7 +32,10 @@ def non_negative(name: str, v: Any) -> None:
 
 
 def one_of(name: str, v: Any, options: tuple) -> None:
-    check(v in options, name, v, "one of " + ", ".join(map(str, options)))
+    """``v`` is one of ``options``; a value renamed since (``choices.RENAMED_CHOICES``) is refused naming today's."""
+    renamed = RENAMED_CHOICES.get(name, {}).get(v) if isinstance(v, str) else None
+    check(v in options, name, v, "one of " + ", ".join(map(str, options))
+          + (f" ({v} was renamed to {renamed})" if renamed else ""))
 
 
 INFINITY_MEANS_SOMETHING = {

@@ -226,8 +226,8 @@ def check_cross_fields(cfg: RootConfig) -> None:
         raise ConfigError("rollout.static_decode=true needs plain (unsharded) weights to decode with, and "
                           f"parallelism.tensor_parallel_degree={cfg.parallelism.tensor_parallel_degree} decodes "
                           "through the sharded sub-modules: set rollout.static_decode=false or the TP degree to 1")
-    if getattr(cfg.algo, "objective", "grpo") == "sft" and cfg.reference.name != "none":
-        raise ConfigError(f"algo.objective=sft (the continued-SFT baseline) is invalid with reference="
+    if getattr(cfg.algo, "objective", "grpo") == "continued_sft" and cfg.reference.name != "none":
+        raise ConfigError(f"algo.objective=continued_sft (the continued-SFT baseline) is invalid with reference="
                           f"{cfg.reference.name}: it has no KL term; expected reference=none")
     if getattr(cfg.algo, "share_prompt", False) and cfg.model.attn_backend != "sdpa":
         raise ConfigError(f"algo.share_prompt=true needs model.attn_backend=sdpa (got {cfg.model.attn_backend!r}): "

@@ -67,7 +67,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("loss/policy", "GRPO: the clipped-surrogate part of the loss", "GRPO, every step"),
     Metric("loss/kl", "GRPO: the beta·KL part of the loss", "GRPO with a reference, every step"),
     Metric("loss/sft", "the continued-SFT baseline's NLL per demonstration token (equal to `loss/total`)",
-           "GRPO with `algo.objective=sft`, every step"),
+           "GRPO with `algo.objective=continued_sft`, every step"),
     Metric("loss/nll", "NLL per chosen token: ORPO's SFT term, RPO's (`algo.nll_weight`) added term, or the "
            "whole loss of `loss_type=sft`", "DPO with ORPO / `algo.nll_weight` / `loss_type=sft`, every step"),
     Metric("loss/or", "ORPO's odds-ratio term", "DPO `loss_type=orpo`, every step"),

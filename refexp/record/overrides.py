@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from refexp.choices import current_choice
+
 SEED_KEYS = {"training.seed", "seed", "sft.seed"}
 """What a group averages over: never part of a group. ``sft.seed`` makes another SFT start, a replicate the report
 nests the seeds in (``refexp/report/statistics/paired.py``), not another arm."""
@@ -22,7 +24,7 @@ def _key(override_key: str) -> str:
 def swept_settings(overrides: list[str], *, drop: tuple[str, ...] = ("algo", "reference")) -> dict[str, str]:
     """``key=value`` overrides as {key: value} without the seed, ``hydra*`` and the keys in ``drop`` (the
     group choices a table or a W&B field names already). ``+x=1`` / ``++x=1`` count as ``x``; ``~x`` as
-    ``x=<deleted>``."""
+    ``x=<deleted>``; a choice renamed since (``refexp/choices.py``'s ``RENAMED_CHOICES``) as today's name."""
     out: dict[str, str] = {}
     for o in overrides:
         key, eq, value = o.partition("=")
@@ -31,7 +33,7 @@ def swept_settings(overrides: list[str], *, drop: tuple[str, ...] = ("algo", "re
             value = "<deleted>"
         if key in SEED_KEYS or key in drop or key == "hydra" or key.startswith(("hydra.", "hydra/")):
             continue
-        out[key] = value
+        out[key] = current_choice(key, value)
     return out
 
 

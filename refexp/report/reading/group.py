@@ -73,10 +73,10 @@ DPO_REFERENCE_NAMES = {"fixed": "DPO", "periodic_reset": "TR-DPO hard", "ema": "
 def variant_name(algo: str, strategy: str, loss_type: str | None, nll_weight: float = 0.0,
                  objective: str = "grpo") -> str:
     """What a reader calls the group: ``ORPO``, ``SimPO``, ``TR-DPO hard (periodic_reset)``, ``RPO (fixed)``
-    (a reference-based loss plus an NLL term); other algorithms (and DPO runs that do not record a loss)
-    keep the strategy's name."""
-    if algo == "grpo" and objective == "sft":
-        return "continued SFT"
+    (a reference-based loss plus an NLL term); GRPO's continued-SFT baseline: ``continued_sft`` (its
+    ``algo.objective``); other algorithms (and DPO runs that do not record a loss) keep the strategy's name."""
+    if algo == "grpo" and objective != "grpo":
+        return objective  # continued_sft: the same word as the config's value and W&B's job type
     if algo != "dpo" or loss_type is None:
         return strategy
     if nll_weight > 0 and loss_type not in DPO_LOSS_NAMES:

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 import yaml
 
+from refexp.choices import current_choice
 from refexp.record import layout
 from refexp.record.metric_names import EVAL_ACCURACY, current_names
 from refexp.record.metrics import read_metrics
@@ -165,8 +166,10 @@ class Run:
 
     @property
     def objective(self) -> str:
-        """GRPO's ``algo.objective`` (``sft``: the continued-SFT baseline); ``grpo`` when not recorded."""
-        return str(self._first("objective", "algo.objective") or "grpo")
+        """GRPO's ``algo.objective`` (``continued_sft``: the continued-SFT baseline); ``grpo`` when not recorded.
+        A run recorded before the rename (``algo.objective: sft``) reads as ``continued_sft``: the renamed
+        choices of ``refexp/choices.py``'s ``RENAMED_CHOICES``, as ``current_names`` reads renamed metrics."""
+        return str(current_choice("algo.objective", self._first("objective", "algo.objective") or "grpo"))
 
     @property
     def eval_prompts(self) -> Optional[int]:
