@@ -1,5 +1,5 @@
 """Which runs a verdict is about: the comparison the experiment declared (its ``comparison`` block, read from the
-runs' ``resolved_config.yaml``), or an exploratory one against an explicit ``--baseline``.
+runs' ``resolved_config.yaml``), or an exploratory one against ``--baseline`` or ``default_baseline``'s.
 
 Runs outside the declared seeds or arms, and runs from another refexp commit or thread count than the majority
 of the sweep's completed runs, are listed (``ComparisonPlan.excluded``) and left out of the verdict unless
@@ -69,8 +69,8 @@ class ComparisonPlan:
         return run.override(self.block["arm_key"]) if self.block else None
 
     def is_baseline(self, runs: list[Run], label: str) -> bool:
-        """Whether a group (its runs and label) is the baseline: by the declared arm, else by ``--baseline``
-        naming its label or its swept variant value (``match_baseline`` makes sure only one group matches)."""
+        """Whether a group (its runs and label) is the baseline: by the declared arm, else by the exploratory
+        baseline (``--baseline`` or ``default_baseline``'s) naming its label or its swept variant value (``match_baseline`` makes sure only one group matches)."""
         if self.baseline is None:
             return False
         if self.declared:
