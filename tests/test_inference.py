@@ -12,7 +12,8 @@ from scipy.stats import norm, t
 from refexp.report.statistics.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
 from refexp.report.statistics.inference import (equivalence, family_verdicts, holm, minimum_detectable_difference,
                                      verdict_word)
-from refexp.report.statistics.paired import START_LEVEL, SeedOnlyResult
+from refexp.report.statistics import paired
+from refexp.report.statistics.paired import START_LEVEL, SeedOnlyResult, unit_result
 from refexp.report.statistics.stats import mean_ci
 
 FORBIDDEN = ("stops", "the same", "equal", "does not order")
@@ -120,6 +121,53 @@ def test_where_prompt_noise_dominates_the_interval_errs_wide():
     # Resampling prompts within each seed counts their noise twice (it is already in the spread of the
     # seed means), so with little seed-to-seed spread the interval is conservative, never too narrow.
     assert _coverage(n_seeds=8, n_prompts=40, seed_sd=0.0, sims=100) >= 0.97
+
+
+def _shared_prompt_sweeps(delta: float, sims: int, n_seeds: int = 3, n_prompts: int = 200, seed: int = 7):
+    """``sims`` simulated sweeps of THIS design: every run scored greedily on one sample of ``n_prompts`` test
+    prompts, shared by its ``n_seeds`` seeds. A prompt is arm-favoured (the arm right with probability 0.9, the
+    baseline 0.1), baseline-favoured (the reverse) or neutral (both 0.95 or both 0.05), so its prompt x arm effect
+    is common to the seeds; a fresh prompt sample per sweep. P(arm-favoured) - P(baseline-favoured) = delta / 0.8,
+    so the true difference (over the task's prompts and the seeds) is ``delta``. Returns arm, baseline [sims,
+    seeds, prompts] 0/1."""
+    rng = np.random.default_rng(seed)
+    u = rng.random((sims, 1, n_prompts))
+    kind = np.where(u < 0.3 + delta / 1.6, 1, np.where(u < 0.6, -1, 0))
+    neutral = np.where(rng.random((sims, 1, n_prompts)) < 0.5, 0.95, 0.05)
+    p_arm = np.where(kind == 1, 0.9, np.where(kind == -1, 0.1, neutral))
+    p_base = np.where(kind == 1, 0.1, np.where(kind == -1, 0.9, neutral))
+    shape = (sims, n_seeds, n_prompts)
+    return (rng.random(shape) < p_arm).astype(float), (rng.random(shape) < p_base).astype(float)
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.08])
+def test_the_reports_interval_covers_at_its_level_when_every_seed_is_scored_on_the_same_prompts(delta, monkeypatch):
+    """The report's paired interval (``unit_result``: the bootstrap with its Student-t companion) over 3 seeds
+    scored on one shared prompt sample covers the true difference at >= 95% less 3 simulation standard errors.
+    Drawing prompts afresh within each seed (prompts nested in seeds) covers ~85% here: the prompt x arm effect
+    common to the seeds is averaged as if each seed had its own prompts."""
+    monkeypatch.setattr(paired, "N_BOOT", 1000)  # enough for a 95% percentile interval; keeps the test fast
+    sims = 400
+    arm, base = _shared_prompt_sweeps(delta, sims)
+    ids = list(range(arm.shape[2]))[::-1]  # the runs' own prompt order; the report pairs by prompt id
+    covered = 0
+    for sim in range(sims):
+        units = {("s0", s): ((arm[sim, s], base[sim, s], ids), float(arm[sim, s].mean() - base[sim, s].mean()))
+                 for s in range(arm.shape[1])}
+        result = unit_result(units)[0]
+        lo, hi = result.percentile_interval(0.05)
+        covered += lo <= delta <= hi
+    assert covered / sims >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / sims)
+
+
+def test_units_share_one_prompt_draw_only_when_they_were_scored_on_the_same_prompts():
+    rng = np.random.default_rng(8)
+    scores = [(rng.random(6) < 0.5, rng.random(6) < 0.5) for _ in range(3)]
+    same = {("s0", k): ((a, b, [5, 4, 3, 2, 1, 0] if k else list(range(6))), 0.1 * k) for k, (a, b) in enumerate(scores)}
+    assert unit_result(same)[0].boot.shared_prompts  # the same ids, in any order
+    other = {**same, ("s0", 2): ((*scores[2], [0, 1, 2, 3, 4, 9]), 0.2)}
+    result = unit_result(other)[0]
+    assert not result.boot.shared_prompts and "one prompt draw" not in result.method
 
 
 # ------------------------------------------------------------------ (d) degenerate data

@@ -91,8 +91,8 @@ def comparison(root, label: str = "ema"):
 
 # ---------------------------------------------------------------- one start: today's analysis, same numbers
 def test_one_start_gives_exactly_the_one_start_analysis(tmp_path):
-    """A one-start sweep: the comparison is the seeds-then-prompts bootstrap of ``{seed: (arm, baseline)}`` with the
-    same RNG, and the t over the per-seed differences, bit for bit; whether the start is recorded or not."""
+    """A one-start sweep: the comparison is the seeds-then-prompts bootstrap of ``{seed: (arm, baseline)}`` (one
+    prompt draw per replicate for every run) with the same RNG, and the t over the per-seed differences, bit for bit; whether the start is recorded or not."""
     rng = np.random.default_rng(0)
     nets = (12, 3, 8)
     for seed, net in enumerate(nets):
@@ -103,7 +103,8 @@ def test_one_start_gives_exactly_the_one_start_analysis(tmp_path):
     runs = {r.name: r for r in load_sweep(tmp_path / "recorded")}
     tree = {s: ([*runs[f"ema-bef24490-{s}"].outcomes[STEPS].values()],
                 [*runs[f"fixed-bef24490-{s}"].outcomes[STEPS].values()]) for s in range(3)}
-    expected = paired_hierarchical_bootstrap(tree, n_boot=N_BOOT)  # the one-start analysis, independently
+    # the one-start analysis, independently: every run scored the same prompts, so one prompt draw serves them all
+    expected = paired_hierarchical_bootstrap(tree, n_boot=N_BOOT, shared_prompts=True)
     diffs = [n / PROMPTS for n in nets]
     for sweep in ("recorded", "old"):
         c = comparison(tmp_path / sweep)

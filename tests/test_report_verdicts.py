@@ -136,12 +136,13 @@ def test_holm_takes_back_a_separation_the_unadjusted_test_would_claim(tmp_path):
     """Three arms against fixed: one far above, one near p 0.03 alone, one null. Unadjusted, the second is
     higher; Holm multiplies its p by 2 and it is not separated."""
     rng = np.random.default_rng(1)
-    nets = {"none": (60, 10), "ema": (28, 18), "periodic_reset": (20, 20)}
+    # (prompts made right, made wrong) per seed; the seeds' nets differ, so the t over them has a spread
+    nets = {"none": ((60, 10), (61, 10)), "ema": ((15, 5), (16, 5)), "periodic_reset": ((20, 20), (21, 20))}
     for seed in (0, 1):
         base = (rng.random(PROMPTS) < 0.5).astype(float)
         write_run(tmp_path / f"fixed-{seed}", "fixed", seed, base)
-        for arm, (up, down) in nets.items():
-            write_run(tmp_path / f"{arm}-{seed}", arm, seed, flipped(base, up, down, rng))
+        for arm, flips in nets.items():
+            write_run(tmp_path / f"{arm}-{seed}", arm, seed, flipped(base, *flips[seed], rng))
     report = build_report(tmp_path)
     ema = verdict_of(report, "ema")
     assert ema.family_size == 3

@@ -167,17 +167,18 @@ def interpolated(pts: list[Point], x: float, log: bool, metric: str) -> tuple[fl
 
 
 def _seed_pair(a: list[Point], b: list[Point], x: float, log: bool, metric: str):
-    """(arm's scores, baseline's scores, arm - baseline) at x over the prompts both curves' runs scored."""
+    """(arm's scores, baseline's scores, arm - baseline, the prompt ids of the scores) at x over the prompts both
+    curves' runs scored."""
     va, sa, ia = interpolated(a, x, log, metric)
     vb, sb, ib = interpolated(b, x, log, metric)
     if sa is None or sb is None:
-        return None, None, va - vb
+        return None, None, va - vb, []
     pos_b = {i: k for k, i in enumerate(ib)}
     common = [(k, pos_b[i]) for k, i in enumerate(ia) if i in pos_b]
     if not common:
-        return None, None, va - vb
+        return None, None, va - vb, []
     sa, sb = sa[[k for k, _ in common]], sb[[k for _, k in common]]
-    return sa, sb, float(sa.mean() - sb.mean())
+    return sa, sb, float(sa.mean() - sb.mean()), [ia[k] for k, _ in common]
 
 
 @dataclass

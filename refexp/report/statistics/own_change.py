@@ -53,7 +53,8 @@ class OwnChanges:
 
 
 def run_change(run: Run, metric: str) -> Optional[tuple[Leaf, float]]:
-    """(the run's final and step-0 per-prompt scores over the prompts both scored, final - step-0 mean); None
+    """(the run's final and step-0 per-prompt scores over the prompts both scored and their ids, final - step-0
+    mean); None
     without a step-0 and a later final evaluation of ``metric`` with outcomes."""
     by_step = run.outcomes_of(metric)
     end = final_step(run, metric)
@@ -64,7 +65,7 @@ def run_change(run: Run, metric: str) -> Optional[tuple[Leaf, float]]:
     if not ids:
         return None
     a, b = [final[i] for i in ids], [start[i] for i in ids]
-    return (a, b), sum(a) / len(a) - sum(b) / len(b)
+    return (a, b, ids), sum(a) / len(a) - sum(b) / len(b)
 
 
 def own_changes(groups: list[Group], counts: Callable[[Run], bool], *, alpha: float, margin: Optional[float],

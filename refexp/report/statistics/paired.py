@@ -3,7 +3,8 @@
 Every arm of a sweep starts from an SFT checkpoint (its start), a seed fixes the batch order and the sampling noise,
 and every run is evaluated on the same held-out prompts, so arm - baseline is paired by (start, seed) and by
 prompt. The difference comes from ``bootstrap.paired_hierarchical_bootstrap`` on the per-prompt outcomes
-(``eval_outcomes.jsonl``): seeds, then prompts within seed, one prompt draw serving both arms of a pair. Runs
+(``eval_outcomes.jsonl``): seeds, then prompts, one prompt draw per replicate serving both arms of every pair
+when all the runs were scored on the same prompts (crossed with the seeds: ``crossed``), else each run's own. Runs
 written before that file existed fall back to the Student-t interval over the per-seed differences, labelled
 "seed-only" (it leaves out the prompts' noise). Verdicts are made over the family of comparisons against the
 baseline (``inference.family_verdicts``: Holm, Bonferroni intervals, TOST with a margin).
@@ -22,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
+
+import numpy as np
 
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run, natural_key
@@ -66,14 +69,15 @@ def step_at(run: Run, step: int) -> Optional[int]:
     return max(before) if before else None
 
 
-def prompt_pair(arm: Run, base: Run, endpoint: Endpoint) -> Optional[tuple[list[float], list[float]]]:
-    """(arm's scores, baseline's scores) over the prompts both evaluations scored, in the arm's order."""
+def prompt_pair(arm: Run, base: Run, endpoint: Endpoint) -> Optional[tuple[list[float], list[float], list[int]]]:
+    """(arm's scores, baseline's scores, their prompt ids) over the prompts both evaluations scored, in the arm's
+    order."""
     sa, sb = endpoint.outcome_step(arm), endpoint.outcome_step(base)
     if sa is None or sb is None:
         return None
     a, b = arm.outcomes_of(endpoint.metric)[sa], base.outcomes_of(endpoint.metric)[sb]
     ids = [i for i in a if i in b]
-    return ([a[i] for i in ids], [b[i] for i in ids]) if ids else None
+    return ([a[i] for i in ids], [b[i] for i in ids], ids) if ids else None
 
 
 @dataclass(frozen=True)
@@ -216,20 +220,41 @@ class Comparison:
 
 Unit = tuple[str, int]
 """(SFT start, seed): the replicate a pair of runs (or one run's two evaluations) shares."""
-Leaf = Optional[tuple[Sequence[float], Sequence[float]]]
-"""(arm's per-prompt scores, baseline's) over the prompts both scored; None without per-prompt outcomes."""
+Leaf = Optional[tuple[Sequence[float], Sequence[float], Sequence[int]]]
+"""(arm's per-prompt scores [P], baseline's [P], the prompt ids [P] they are scores of) over the prompts both scored;
+None without per-prompt outcomes."""
+
+
+def crossed(leaves: Sequence[Leaf]) -> Optional[list[tuple[np.ndarray, np.ndarray]]]:
+    """Every leaf's (arm, baseline) scores in ascending prompt-id order when all of ``leaves`` are over the same
+    prompt ids (every run of a sweep scored on the same test prompts: the prompts are crossed with the starts and
+    seeds); None when some leaf is missing or the leaves' prompts differ (then they are nested in the runs)."""
+    if not leaves or any(leaf is None for leaf in leaves):
+        return None
+    order = [np.argsort(np.asarray(ids), kind="stable") for _, _, ids in leaves]
+    first = np.asarray(leaves[0][2])[order[0]]
+    if any(len(ids) != len(first) or not np.array_equal(np.asarray(ids)[o], first)
+           for (_, _, ids), o in zip(leaves, order)):
+        return None
+    return [(np.asarray(a, dtype=float)[o], np.asarray(b, dtype=float)[o]) for (a, b, _), o in zip(leaves, order)]
 
 
 def unit_result(units: dict[Unit, tuple[Leaf, float]]
                 ) -> tuple[Optional[BothLevelsResult | SeedOnlyResult], Optional[Estimate], str]:
     """(result, the seed-only t estimate, why no result) of paired differences over ``units``: (start, seed) ->
-    (the prompt pair, arm - baseline). One start: seeds, then prompts within seed, and the t over the per-seed
-    differences; several: starts, then seeds within start, then prompts, and the t over the per-start mean
-    differences (module doc). Without every unit's prompt pair, the t alone."""
+    (the prompt pair, arm - baseline). One start: seeds, then prompts, and the t over the per-seed differences;
+    several: starts, then seeds within start, then prompts, and the t over the per-start mean differences (module
+    doc). Units scored on the same prompts (every run of a sweep) share one prompt draw per replicate (``crossed``);
+    otherwise each run's prompts are drawn within it. Without every unit's prompt pair, the t alone."""
     keys = sorted(units, key=lambda u: (natural_key(u[0]), u[1]))
-    by_start: dict[str, dict[int, tuple[Leaf, float]]] = {}
-    for start, seed in keys:
-        by_start.setdefault(start, {})[seed] = units[(start, seed)]
+    leaves = [units[k][0] for k in keys]
+    pairs = crossed(leaves)
+    shared = pairs is not None
+    if not shared:
+        pairs = [None if leaf is None else (leaf[0], leaf[1]) for leaf in leaves]
+    by_start: dict[str, dict[int, tuple[Optional[tuple], float]]] = {}
+    for (start, seed), pair in zip(keys, pairs):
+        by_start.setdefault(start, {})[seed] = (pair, units[(start, seed)][1])
     if not by_start:
         return None, None, "no common seed"
     if len(by_start) == 1:
@@ -238,19 +263,21 @@ def unit_result(units: dict[Unit, tuple[Leaf, float]]
         seed_t = mean_ci(diffs)
         if len(diffs) < 2:  # the seed-to-seed spread is unknown: no test of a sweep's question
             return None, seed_t, "one paired seed"
-        t_test, tree = SeedOnlyResult(tuple(diffs)), {seed: leaf for seed, (leaf, _) in seeds.items()}
-        levels, leaves = ("seed", "prompt"), list(tree.values())
+        t_test, tree = SeedOnlyResult(tuple(diffs)), {seed: pair for seed, (pair, _) in seeds.items()}
+        levels = ("seed", "prompt")
     else:
         start_means = tuple(sum(d for _, d in seeds.values()) / len(seeds) for seeds in by_start.values())
         seed_t, t_test = mean_ci(start_means), SeedOnlyResult(start_means, unit=START_LEVEL)
         if all(len(seeds) == 1 for seeds in by_start.values()):  # a start is one run: starts, then prompts
             tree = {s: next(iter(seeds.values()))[0] for s, seeds in by_start.items()}
-            levels, leaves = (START_LEVEL, "prompt"), list(tree.values())
+            levels = (START_LEVEL, "prompt")
         else:
-            tree = {s: {seed: leaf for seed, (leaf, _) in seeds.items()} for s, seeds in by_start.items()}
-            levels, leaves = (START_LEVEL, "seed", "prompt"), [x for t in tree.values() for x in t.values()]
-    if all(leaf is not None for leaf in leaves):
-        boot = paired_hierarchical_bootstrap(tree, levels=levels, n_boot=N_BOOT)
+            tree = {s: {seed: pair for seed, (pair, _) in seeds.items()} for s, seeds in by_start.items()}
+            levels = (START_LEVEL, "seed", "prompt")
+    if all(pair is not None for pair in pairs):
+        # Shared prompts: one prompt draw per replicate serves every run (bootstrap.py), so a prompt x arm effect
+        # common to the seeds is resampled once per replicate, not averaged away across the seeds.
+        boot = paired_hierarchical_bootstrap(tree, levels=levels, n_boot=N_BOOT, shared_prompts=shared)
         return BothLevelsResult(boot, t_test), seed_t, ""
     return t_test, seed_t, ""
 

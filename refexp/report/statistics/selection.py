@@ -167,10 +167,10 @@ def _compare(sel: Selection, plan: ComparisonPlan) -> None:
                 continue
             got = aligned([final_scores(r, sel.metric), final_scores(b, sel.metric)])
             if got is None:
-                per_unit[unit] = (None, None, va - vb)
+                per_unit[unit] = (None, None, va - vb, [])
             else:
                 sa, sb = got[1]
-                per_unit[unit] = (sa, sb, float(sa.mean() - sb.mean()))
+                per_unit[unit] = (sa, sb, float(sa.mean() - sb.mean()), got[0])
         sel.results[f"{arm} ({c.chosen.shown})"] = paired_result(per_unit)
     sel.verdicts = family_verdicts({k: v for k, v in sel.results.items() if v is not None}, alpha=plan.alpha,
                                    margin=plan.margin)
