@@ -144,7 +144,7 @@ def test_a_difference_consistent_within_starts_but_reversed_across_them_is_not_s
     assert v.result.point == pytest.approx((0.1 + 0.1 - 0.03) / 3) == pytest.approx(pooled.result.point)
     assert v.result.seeds.diffs == pytest.approx((0.1, 0.1, -0.03)) and v.result.seeds.unit == START_LEVEL
     assert v.result.boot.p_value > 0.05  # the bootstrap alone does not separate it either
-    assert v.interval[0] < 0 < v.interval[1] and v.word == "not separated"
+    assert v.interval[0] < 0 < v.interval[1] and v.word == "inconclusive"
 
     # within each start, conditional on it, its four seeds are the units: +0.10 on A and B, -0.03 on C
     within = report.within["grpo"]

@@ -24,7 +24,7 @@ from refexp.record.overrides import swept_settings
 
 from refexp.report.reading.load import Run, _get
 from refexp.report.reading.plan import ComparisonPlan
-from refexp.report.statistics.inference import Verdict, family_verdicts
+from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
 from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
 from refexp.report.statistics.paired import Unit
 
@@ -239,7 +239,7 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
             per_seed = {s: _seed_pair(cs[label][s], cs[base][s], x, axis.log, metric) for s in seeds}
             out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", paired_result(per_seed)))
     out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=plan.alpha,
-                                   margin=plan.margin)
+                                   margin=plan.margin, bound=difference_bound(metric))
     out.text = _text(out, plan.alpha)
     return out
 

@@ -22,7 +22,7 @@ from refexp.record.metric_names import EVAL_RETENTION
 
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run, sft_start_keys
-from refexp.report.statistics.inference import Verdict, family_verdicts
+from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
 from refexp.report.statistics.paired import Leaf, Unit, final_step, unit_result
 
 START = "its step-0 evaluation"
@@ -100,7 +100,7 @@ def _table(groups: list[Group], counts: Callable[[Run], bool], alpha: float, mar
     if not out.rows:
         return None
     out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=alpha,
-                                   margin=margin)
+                                   margin=margin, bound=difference_bound(metric))
     n = len(out.verdicts)
     parts = [f"Each group's final {metric} minus {START} (the SFT start it trained from), paired by prompt within "
              f"each run; family: {n} group{'s' * (n != 1)}, Holm-adjusted, alpha {alpha:g}."]
@@ -118,8 +118,12 @@ def _cell(oc: OwnChanges, label: str) -> str:
     if v is None:
         row = next((r for r in oc.rows if r.label == label), None)
         return "—" if row is None else (row.no_claim or "no claim")
-    word = {"lower": "fell", "higher": "rose"}.get(v.word, v.word)
-    return f"{v.result.point:+.3f} [{v.interval[0]:+.3f}, {v.interval[1]:+.3f}] {word}"
+    word = {"lower": "fell", "higher": "rose", "degenerate t": "degenerate t: no claim"}.get(v.word, v.word)
+    if v.interval_covers_zero:
+        word += " (Holm; the simultaneous interval covers 0)"
+    elif v.word == "inconclusive" and v.uninformative:
+        return f"{v.result.point:+.3f} {v.phrase}"
+    return f"{v.result.point:+.3f} {v.interval_text} {word}"
 
 
 def rows(oc: OwnChanges) -> list[list[str]]:
@@ -128,13 +132,13 @@ def rows(oc: OwnChanges) -> list[list[str]]:
     cells = []
     for r in oc.rows:
         v = oc.verdicts.get(r.label)
-        cells.append([r.label, str(len(r.units)), _cell(oc, r.label), "—" if v is None else f"{v.p_holm:.3g}",
+        cells.append([r.label, str(len(r.units)), _cell(oc, r.label), "—" if v is None else v.p_text,
                       *(_cell(inside, r.label) for inside in oc.within.values())])
     return cells
 
 
 def header(oc: OwnChanges) -> list[str]:
-    return (["group", "runs", f"Δ {oc.metric} from step 0 [Bonferroni interval]", "Holm p"]
+    return (["group", "runs", f"Δ {oc.metric} from step 0 [simultaneous interval]", "Holm p"]
             + [f"within SFT start {start}" for start in oc.within])
 
 
@@ -143,5 +147,6 @@ def summary(oc: OwnChanges) -> dict:
     return {"metric": oc.metric, "text": oc.text, "within": {s: summary(t) for s, t in oc.within.items()}, "rows": [
         {"group": r.label, "replicates": [list(u) for u in r.units], "no_claim": r.no_claim or None,
          **({"change": oc.verdicts[r.label].result.point, "interval": list(oc.verdicts[r.label].interval),
-             "p_holm": oc.verdicts[r.label].p_holm, "verdict": oc.verdicts[r.label].word}
+             "p_holm": oc.verdicts[r.label].p_holm, "verdict": oc.verdicts[r.label].word,
+             "verdict_text": oc.verdicts[r.label].phrase}
             if r.label in oc.verdicts else {})} for r in oc.rows]}

@@ -38,6 +38,10 @@ N_BOOT = 10000
 SEED_ONLY_NOTE = "seed-only: the prompts' noise is not included"
 START_LEVEL = "SFT start"
 """The name of the level above the seeds when a comparison spans several SFT starts."""
+DEGENERATE_SPREAD = 1e-9
+"""Per-unit differences that agree to within this are identical: a t over them has no spread to test against.
+Differences of accuracies on a 1/P grid (P prompts) that are equal on the grid differ by float rounding only
+(~1e-16), far below any grid step."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,13 @@ class SeedOnlyResult:
     def method(self) -> str:
         return f"seed-only Student-t interval over {self.over} (no per-prompt outcomes)"
 
+    @property
+    def degenerate(self) -> bool:
+        """Two or more differences, all identical (to ``DEGENERATE_SPREAD``): e.g. 3 seeds whose accuracies on
+        200 prompts differ by +0.060 each. The t's standard error is then 0, its statistic infinite or 0/0, so
+        it tests nothing; its p-value is 1 (no evidence), and ``inference.verdict_word`` makes no claim."""
+        return len(self.diffs) >= 2 and max(self.diffs) - min(self.diffs) <= DEGENERATE_SPREAD
+
     def tail(self, threshold: float, side: str) -> float:
         """P(point + se·T <= threshold) ("below") or >= ("above"), T Student's t with n-1 df."""
         if self.se == 0:
@@ -140,6 +151,9 @@ class SeedOnlyResult:
 
     @property
     def p_value(self) -> float:
+        """Two-sided; 1 for a degenerate t (``degenerate``), which tests nothing."""
+        if self.degenerate:
+            return 1.0
         return min(1.0, 2.0 * min(self.tail(0.0, "below"), self.tail(0.0, "above")))
 
     def percentile_interval(self, alpha: float) -> tuple[float, float]:
@@ -178,9 +192,15 @@ class BothLevelsResult:
         return self.boot.note
 
     @property
+    def degenerate(self) -> bool:
+        """The t has no spread (``SeedOnlyResult.degenerate``): the bootstrap alone would decide, so no claim."""
+        return self.seeds.degenerate
+
+    @property
     def method(self) -> str:
         return (f"{self.boot.method}, and a Student-t test over {self.seeds.over}; a difference counts only "
-                f"where both tests reject (the larger p, the hull of the two intervals)")
+                f"where both tests reject (the larger p, the hull of the two intervals; no claim where the t is "
+                f"degenerate)")
 
     def percentile_interval(self, alpha: float) -> tuple[float, float]:
         (a, b), (c, d) = self.boot.percentile_interval(alpha), self.seeds.percentile_interval(alpha)
@@ -307,10 +327,12 @@ def design_text(c: Comparison) -> str:
     return f"{len(counts)} SFT start{'s' if len(counts) != 1 else ''} × {n} seed{'s' if hi != 1 else ''}"
 
 
-def judge(comparisons: list[Comparison], alpha: float, margin: Optional[float]) -> dict[str, Verdict]:
-    """The verdict of every comparison with a result, Holm-adjusted over them as one family."""
+def judge(comparisons: list[Comparison], alpha: float, margin: Optional[float],
+          bound: Optional[float] = None) -> dict[str, Verdict]:
+    """The verdict of every comparison with a result, Holm-adjusted over them as one family (``bound``: the
+    largest |difference| the endpoint's metric allows, ``inference.difference_bound``)."""
     return family_verdicts({c.label: c.result for c in comparisons if c.result is not None}, alpha=alpha,
-                           margin=margin)
+                           margin=margin, bound=bound)
 
 
 def verdict_text(algo: str, endpoint: Endpoint, baseline: str, kind: str, comparisons: list[Comparison],

@@ -13,7 +13,7 @@ from typing import Optional
 from refexp.report.reading.group import Group
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.reading.reduce import COLUMNS, GOLD, RETENTION, Column, start_accuracy, steps_to_target
-from refexp.report.statistics.inference import Verdict
+from refexp.report.statistics.inference import Verdict, difference_bound
 from refexp.report.statistics.paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
 from refexp.report.statistics.stats import Estimate, mean_ci, with_evaluation_noise
 from refexp.report.writing.cells import cell_text
@@ -221,7 +221,7 @@ def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: Comparis
         comparisons = [compare(row.group, base, ep, plan.counts) for row in others]
         for row, c in zip(others, comparisons):
             row.paired[ep.key] = c
-        table.verdicts[ep.key] = judge(comparisons, plan.alpha, plan.margin)
+        table.verdicts[ep.key] = judge(comparisons, plan.alpha, plan.margin, difference_bound(ep.metric))
         paragraphs.append(verdict_text(table.algo, ep, base.label, plan.kind, comparisons,
                                        table.verdicts[ep.key], plan.alpha))
     table.verdict = "\n\n".join(paragraphs)

@@ -274,7 +274,9 @@ def _comparison_dict(c, v, baseline: str) -> dict:
     if v is not None:
         out |= {"difference": v.result.point, "interval": list(v.interval), "interval_kind":
                 f"Bonferroni {1 - v.alpha / v.family_size:.6g}", "p_holm": v.p_holm, "p_unadjusted": v.result.p_value,
-                "verdict": v.word, "method": v.result.method, "family_size": v.family_size,
+                "verdict": v.word, "verdict_text": v.phrase, "degenerate_t": v.degenerate,
+                "interval_covers_zero": v.interval_covers_zero, "uninformative": v.uninformative,
+                "method": v.result.method, "family_size": v.family_size,
                 "detectable_difference_80": v.mdd, "seed_only": c.seed_only, "sentence": v.sentence(baseline)}
     return out
 
