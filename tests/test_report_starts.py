@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import yaml
+from scipy.stats import t as t_dist
 
 from refexp.components.wandb_conventions import run_info
 from refexp.record import layout
@@ -271,3 +272,28 @@ def test_sft_seed_is_averaged_over_like_the_seed_in_groups_and_wandb():
     a = run_info(**common, overrides=["reference=fixed", "sft.seed=0", "training.seed=0"])
     b = run_info(**common, overrides=["reference=fixed", "sft.seed=1", "training.seed=0"])
     assert a["group"] == b["group"] and a["name"] != b["name"]
+
+
+# ---------------------------------------------------------------- per-group intervals: the start is the replicate
+def test_a_groups_own_interval_is_over_its_starts_means_not_its_runs(tmp_path):
+    """2 starts × 3 seeds: the group's final-accuracy cell is the mean ± t interval over the 2 start means (1 df),
+    with the evaluation's binomial noise, not over 6 runs as if they were independent; the cell says so."""
+    rng = np.random.default_rng(4)
+    for k, start in enumerate(("aaaa", "bbbb")):
+        for seed in range(3):
+            write_arm_pair(tmp_path, start, k, seed, 10 + seed, rng)
+    report = build_report(tmp_path)
+    fixed = next(r for r in report.tables["grpo"].rows if r.group.label == "fixed")
+    per_run = {(r.sft_start, r.seed): r.final_from_status("eval/accuracy") for r in fixed.group.completed}
+    means = [np.mean([v for (s, _), v in per_run.items() if s == start]) for start in ("aaaa", "bbbb")]
+    est = fixed.cells["acc_final"]
+    assert est.n == 2 and est.unit == START_LEVEL and est.values == pytest.approx(means)
+    p = np.mean(means)
+    half = math.hypot(t_dist.ppf(0.975, 1) * np.std(means, ddof=1) / math.sqrt(2),
+                      1.959964 * math.sqrt(p * (1 - p) / PROMPTS))
+    assert est.mean == pytest.approx(p) and est.half_width == pytest.approx(half, rel=1e-5)
+    header, body = header_and_cells(report.tables["grpo"])
+    cell = body[[b[0] for b in body].index("fixed")][header.index("final acc")]
+    assert cell.endswith("(2 SFT starts)")
+    one = build_report(tmp_path / "fixed-aaaa-0").tables["grpo"].rows[0].cells["acc_final"]
+    assert one.unit == "seed" and one.n == 1
