@@ -4,12 +4,12 @@ evaluation minus its step-0 evaluation, the SFT start it began from), with the v
 Every run is evaluated at step 0 and at the end on the same held-out prompts, so the change is paired by prompt
 within the run, and the runs of a group are replicates (SFT start, seed). The interval is the verdict table's
 (``paired.unit_result``): a hierarchical bootstrap over seeds (or starts, then seeds), then prompts, that must
-agree with Student's t over the per-seed (per-start) changes. One algorithm's groups form one Holm family, so
-"the run without a reference forgot" and "the fixed reference at beta 1 kept it" are read off one table with
-simultaneous intervals.
+agree with Student's t over the per-seed (per-start) changes, and the verdict is ``inference``'s (Holm's step-down
+decides; inconclusive is no claim of no change, which needs the equivalence margin). One algorithm's groups form
+one Holm family, so "the run without a reference forgot" is read off one table with simultaneous intervals.
 
 With several SFT starts the start is the unit of that interval (``paired``'s module doc): a change that every
-start shows but by different amounts stays unseparated with two starts. The same table within each start
+start shows but by different amounts stays inconclusive with two starts. The same table within each start
 (conditional on that start: seeds, then prompts) says what happened on each start the sweep trained from.
 """
 

@@ -7,7 +7,8 @@ prompt. The difference comes from ``bootstrap.paired_hierarchical_bootstrap`` on
 when all the runs were scored on the same prompts (crossed with the seeds: ``crossed``), else each run's own. Runs
 written before that file existed fall back to the Student-t interval over the per-seed differences, labelled
 "seed-only" (it leaves out the prompts' noise). Verdicts are made over the family of comparisons against the
-baseline (``inference.family_verdicts``: Holm, Bonferroni intervals, TOST with a margin).
+baseline (``inference.family_verdicts``: Holm's step-down decides, beside simultaneous Bonferroni intervals; TOST at
+the equivalence margin; no claim where the t is degenerate).
 
 Several SFT starts (``sft.seed=0,1``): the seeds are nested in the starts, and a difference that one start's seeds
 agree on may reverse on another start, so the start, not the seed, is the independent unit (pseudoreplication:
@@ -167,7 +168,8 @@ class BothLevelsResult:
     """A difference that must clear two tests: the hierarchical bootstrap (the prompts' noise, which a seed-level
     test leaves out) and the Student-t test over the per-seed differences (the few seeds' own uncertainty: a
     percentile bootstrap of 3 top-level units is far narrower than t with 2 degrees of freedom). A direction is
-    claimed only where both reject (p = the larger p; interval = the hull of the two), a conservative test."""
+    claimed only where both reject (p = the larger p; interval = the hull of the two), a conservative test, and
+    never where the t is degenerate (``SeedOnlyResult.degenerate``: p 1)."""
 
     boot: BootstrapResult
     seeds: SeedOnlyResult

@@ -21,10 +21,11 @@ HOW_TO_READ = (
     "table compares each arm with the baseline at two x values inside the range both arms' curves cover in "
     "every common replicate (SFT start and seed): per replicate, each arm's curve is interpolated between its "
     "two runs nearest that x (piecewise-linear in log kl/init; linear in retention), and the interpolated "
-    "per-prompt scores are bootstrapped (seeds, or SFT starts then seeds, then prompts), paired by start, seed "
-    "and prompt, together with Student's t over the per-seed (with several starts, per-start mean) differences "
-    "(a difference counts only where both reject); Bonferroni intervals and Holm-adjusted verdicts over the "
-    "table's family.")
+    "per-prompt scores are bootstrapped (seeds, or SFT starts then seeds, with one prompt resample for every "
+    "run), paired by start, seed and prompt, together with Student's t over the per-seed (with several starts, "
+    "per-start mean) differences (a difference counts only where both reject; a degenerate t makes no claim). "
+    "Holm's step-down over the table's family decides each verdict, beside its simultaneous (Bonferroni) "
+    "interval, as in the tables above (docs/runs.md, \"How to read a report\").")
 
 
 WITHIN_START = (
