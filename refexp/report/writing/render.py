@@ -85,7 +85,8 @@ HOW_TO_READ = (
     "completions' summed log-prob moved from its start; a *flag* names the groups where it fell with its "
     "interval below 0 (likelihood displacement). "
     "In the plots one colour is one strategy (line styles tell its groups apart) and bands are the 95% "
-    "interval of the mean across seeds, as in the table; on the accuracy-vs-drift plot (each group's "
+    "interval of the mean across seeds (across SFT starts' means where the runs come from several), as in the "
+    "table; on the accuracy-vs-drift plot (each group's "
     "final evaluation, 95% intervals on both axes), up and to the left is better: more accuracy for less "
     "drift. Failed and unfinished runs are left out of every number and listed at the end."
 )
