@@ -323,6 +323,7 @@ def test_a_degenerate_t_makes_no_claim_though_the_bootstrap_alone_would():
     assert v.word == "degenerate t" and v.p_text == "—"
     assert v.phrase == "degenerate t (3 identical per-seed differences): no claim"
     assert "no claim" in v.sentence("none") and "Holm-adjusted p" not in v.sentence("none")
+    assert "Equivalence margin" not in v.sentence("none")  # margin 0.5 would hold on the collapsed t alone
     assert family["up"].word == "higher" and family["up"].p_holm == pytest.approx(2 * other.p_value)
     assert SeedOnlyResult((0.06, 0.06)).p_value == 1.0 and not SeedOnlyResult((0.06, 0.065)).degenerate
 

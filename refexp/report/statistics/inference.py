@@ -220,7 +220,7 @@ class Verdict:
                 text += (f" (the interval reaches beyond the ±{self.bound:g} this difference can take"
                          f"{f': Student t with {self.df} df' if self.df is not None else ''})")
             text += "."
-        if self.equivalence is not None:
+        if self.equivalence is not None and not self.degenerate:  # a degenerate t decides no equivalence either
             e = self.equivalence
             text += (f" Equivalence margin ±{e.margin:g}: two one-sided tests at {e.alpha:.4g}, "
                      f"{100 * (1 - 2 * e.alpha):.4g}% interval [{e.interval[0]:+.3f}, {e.interval[1]:+.3f}]"
