@@ -37,6 +37,7 @@ from refexp.record.lock import FileLock, LockHeld
 from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
                                         KL_REF, VAL_ACCURACY)
 from refexp.record.provenance import provenance
+from refexp.record.rerun import RerunRecord, completed_end
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
 from refexp.record.status import run_dir_busy
 from refexp.record.status import (RunStatus, close_run_status, open_status, read_status, record_early_failure,
@@ -283,15 +284,20 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths)  # other ranks read rank 0's cache
 
     resolved = resolved_container(dcfg)
-    if info.is_rank0:
-        write_resolved_config(run_dir, resolved)
-    logger = MetricLogger(run_dir, enabled=info.is_rank0, wandb_cfg=cfg.logger, resolved_config=resolved,
-                          run_info=wandb_run_info(cfg))
-    ctx = RunContext(cfg=cfg, run_dir=run_dir, cache_dir=cache_dir, device=device, dist=info,
-                     parallel_dims=parallel_dims, task=task, logger=logger)
     status = RunStatus(algo=cfg.algo.name, reference=cfg.reference.name, seed=cfg.training.seed,
                        steps=cfg.training.steps, provenance=provenance(), cpus=cpu_record())
-    earlier = open_status(run_dir, status) if info.is_rank0 else {}  # a resumed run's earlier invocations
+    earlier = (read_status(run_dir) or {}) if info.is_rank0 else {}  # a resumed run's earlier invocations
+    # A completed run's record is written only once this rerun passes its end (refexp/record/rerun.py)
+    completed_at = rdist.broadcast_object(completed_end(earlier))
+    record = RerunRecord(run_dir, completed_at, enabled=info.is_rank0, on_promote=lambda: open_status(run_dir, status))
+    if info.is_rank0:
+        write_resolved_config(record.dir, resolved)
+    logger = MetricLogger(run_dir, enabled=info.is_rank0, wandb_cfg=cfg.logger, resolved_config=resolved,
+                          run_info=wandb_run_info(cfg), record=record)
+    ctx = RunContext(cfg=cfg, run_dir=run_dir, cache_dir=cache_dir, device=device, dist=info,
+                     parallel_dims=parallel_dims, task=task, logger=logger, completed_at=completed_at)
+    if info.is_rank0:
+        open_status(record.dir, status)
     rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/record/status.py)
     try:
         final = _dispatch(ctx, status)
@@ -305,7 +311,14 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
         raise
     finally:
         try:
-            close_run_status(run_dir, status, earlier, info.rank)
+            if info.is_rank0 and record.protected:  # it never passed the completed run's end
+                record.discard()
+                print(f"[refexp] {run_dir} holds a run completed at step {completed_at}; this rerun "
+                      f"{'ended' if status.status == 'completed' else 'stopped'} without passing it, so that "
+                      f"run's record is unchanged", file=sys.stderr)
+            else:  # a rank > 0 records its failure beside rank 0's status: the copy's while there is one
+                close_run_status(run_dir if info.is_rank0 or not record.scratch.is_dir() else record.scratch,
+                                 status, earlier, info.rank)
         except OSError as e:
             if status.status == "completed":
                 raise

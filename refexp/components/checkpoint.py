@@ -102,8 +102,11 @@ class Checkpointer:
     Saves are verified by a manifest (``save``) and resumes by checking it (``resume``)."""
 
     def __init__(self, cfg: CheckpointConfig, run_dir: str | os.PathLike, *, model: torch.nn.Module,
-                 optimizers, lr_schedulers, states: dict[str, Any]) -> None:
+                 optimizers, lr_schedulers, states: dict[str, Any], completed_at: int | None = None) -> None:
+        """``completed_at``: the end of the completed run the run dir held when this invocation started, if any
+        (``RunContext.completed_at``): ``save`` keeps that run's checkpoints until this one passes it."""
         self.cfg = cfg
+        self.completed_at = completed_at
         self.folder = Path(run_dir) / cfg.folder
         self.checksums = cfg.verify == "checksum"
         self.last_good = -1  # the newest verified checkpoint: the one resumed from or saved last
@@ -210,6 +213,8 @@ class Checkpointer:
         """
         if not self.cfg.enable or not self.manager._should_save(step, force or final):
             return False
+        if self._keeps_completed_run(step):
+            return False
         self.manager.last_save_model_only = final and self.cfg.last_save_model_only
         step_dir = self._dir(step)
         if rdist.is_rank0() and step_dir.exists():  # one that failed verification: no stale file may stay
@@ -231,6 +236,14 @@ class Checkpointer:
         self.manager.purge_stale_checkpoints()
         self.last_good = step
         return True
+
+    def _keeps_completed_run(self, step: int) -> bool:
+        """Whether a save of ``step`` is skipped: a rerun of a run completed at ``completed_at`` that has not passed
+        it writes no checkpoint at or before the folder's newest one, which would replace (or, by pruning, remove)
+        that run's own (``refexp/record/rerun.py``). Rank 0 decides: the save is a collective."""
+        if self.completed_at is None or step > self.completed_at:
+            return False
+        return rdist.decided_by_rank0(lambda: step <= max(complete_steps(self.folder), default=-1))
 
     def latest_step(self) -> int:
         """The newest verified checkpoint of this run: the one it resumed from or saved last (-1: none)."""

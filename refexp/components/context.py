@@ -26,3 +26,7 @@ class RunContext:
     task: object
     """refexp.tasks.Task"""
     logger: MetricLogger
+    completed_at: int | None = None
+    """The last step of the completed run the run dir held when this invocation started (None: none): until the
+    run passes it, its record is a copy (``refexp/record/rerun.py``) and no checkpoint at or before the newest
+    one is written over (``Checkpointer.save``)."""

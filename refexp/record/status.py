@@ -235,7 +235,7 @@ def record_launch_failure(run_dir: str | Path, error: str) -> None:
     """The launching process's account of a job whose workers failed (``refexp/runtime/launcher.py``): written
     only when no rank left a failure (a worker killed by a signal or out of memory writes nothing)."""
     current = read_status(run_dir) or {}
-    if current.get("status") in ENDED:
+    if current.get("status") in (*ENDED, "completed"):  # completed: a rerun that had not passed its end
         return
     write_status(run_dir, {**current, "status": "failed", "error": error, "final": current.get("final", {})})
 
