@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -38,6 +39,7 @@ from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF
                                         KL_REF, VAL_ACCURACY)
 from refexp.record.provenance import provenance
 from refexp.record.rerun import RerunRecord, completed_end
+from refexp.record.run_identity import run_identity
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
 from refexp.record.status import run_dir_busy
 from refexp.record.status import (RunStatus, close_run_status, open_status, read_status, record_early_failure,
@@ -295,7 +297,8 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     logger = MetricLogger(run_dir, enabled=info.is_rank0, wandb_cfg=cfg.logger, resolved_config=resolved,
                           run_info=wandb_run_info(cfg), record=record)
     ctx = RunContext(cfg=cfg, run_dir=run_dir, cache_dir=cache_dir, device=device, dist=info,
-                     parallel_dims=parallel_dims, task=task, logger=logger, completed_at=completed_at)
+                     parallel_dims=parallel_dims, task=task, logger=logger, completed_at=completed_at,
+                     identity=run_identity(resolved, run_dir))
     if info.is_rank0:
         open_status(record.dir, status)
     rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/record/status.py)
@@ -358,7 +361,9 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
         raise ConfigError(f"algo={algo!r} is invalid: expected {', '.join(ALGORITHMS)}")
     sft_dir = ensure_sft(ctx)
     summary = rdist.decided_by_rank0(lambda: read_sft_summary(sft_dir))
-    status.sft_start = sft_start_record(sft_dir, summary)
+    pins = start_pins(ctx.cfg, sft_dir) if ctx.dist.is_rank0 else {}  # rank 0 writes and checks checkpoints
+    ctx = replace(ctx, identity={**ctx.identity, "pins": pins})
+    status.sft_start = sft_start_record(sft_dir, summary, sha256=pins.get(START, {}).get("sha256"))
     if ctx.dist.is_rank0:  # every run from a start that is not what a comparison assumes says so (algos/sft_checks.py)
         for warning in summary.get("warnings") or []:
             print(f"[refexp] warning: {warning} ({sft_dir.name})", flush=True)
@@ -371,11 +376,29 @@ def cpu_record() -> dict:
     return {"threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0))}
 
 
-def sft_start_record(sft_dir: Path, summary: dict) -> dict:
-    """What ``status.json`` says of the run's start (``RunStatus.sft_start``): the directory's name and, for an SFT
-    stage's output, the accuracies its ``sft.json`` (``summary``) recorded, whether it converged and what falls short
-    of a converged start (``refexp/algos/sft_checks.py``)."""
-    return {"key": sft_dir.name, "val_accuracy": summary.get("val_accuracy"),
+START = "start model"
+"""The pin (``refexp/record/pins.py``) of the model every algorithm starts from (``ensure_sft``'s dir)."""
+
+
+def start_pins(cfg: RootConfig, sft_dir: Path) -> dict:
+    """``{role: pin}`` of the models the run starts from: ``sft_dir`` and, when set, ``checkpoint.initial_load_path``
+    and ``reference.checkpoint`` (``refexp/record/run_identity.py`` checks them at a resume)."""
+    from refexp.record.pins import pin
+
+    pins = {START: pin(sft_dir)}
+    for role, path in (("checkpoint.initial_load_path", cfg.checkpoint.initial_load_path),
+                       ("reference.checkpoint", getattr(cfg.reference, "checkpoint", None))):
+        if path:
+            pins[role] = pin(path)
+    return pins
+
+
+def sft_start_record(sft_dir: Path, summary: dict, sha256: str | None = None) -> dict:
+    """What ``status.json`` says of the run's start (``RunStatus.sft_start``): the directory's name, the sha256 of
+    its weights (``refexp/record/pins.py``) and, for an SFT stage's output, the accuracies its ``sft.json``
+    (``summary``) recorded, whether it converged and what falls short of a converged start
+    (``refexp/algos/sft_checks.py``)."""
+    return {"key": sft_dir.name, "sha256": sha256, "val_accuracy": summary.get("val_accuracy"),
             "eval_accuracy": summary.get("eval_accuracy"), "converged": summary.get("converged"),
             "warnings": list(summary.get("warnings") or [])}
 

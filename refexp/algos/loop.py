@@ -109,7 +109,8 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
     state = TrainState()
     states = {"train_state": state, "reference": strategy, **(extra_states or {})}
     ckpt = Checkpointer(cfg.checkpoint, ctx.run_dir, model=policy.model, optimizers=policy.optimizers,
-                        lr_schedulers=policy.lr_schedulers, states=states, completed_at=ctx.completed_at)
+                        lr_schedulers=policy.lr_schedulers, states=states, completed_at=ctx.completed_at,
+                        identity=ctx.identity)
     start, last_eval = _resume_or_measure(ctx, ckpt, state, strategy, measure)
     signals = _StopSignals()
     bar = progress_bar(total=cfg.training.steps, initial=start, desc=desc,
