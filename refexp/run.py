@@ -75,6 +75,10 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         logging.getLogger("refexp").exception("job %s failed; the sweep goes on", cfg.run_dir)
         if rdist.is_rank0() and not isinstance(e, RunDirBusy):  # a busy run dir is another process's to write
             record_early_failure(cfg.run_dir, e)  # a job failed before run_worker: a config error
+        if rdist.is_rank0():  # also a refused rerun, whose run dir keeps its completed status: the exit says so
+            from refexp.cli.sweep import record_failed_job
+
+            record_failed_job(HydraConfig.get().sweep.dir, cfg.run_dir, e)
         print(f"[refexp] job failed: {cfg.run_dir} (see its status.json)", file=sys.stderr)
         return None
     return objective(final)
