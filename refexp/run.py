@@ -42,8 +42,8 @@ from refexp.record.rerun import RerunRecord, completed_end
 from refexp.record.run_identity import run_identity
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
 from refexp.record.status import run_dir_busy
-from refexp.record.status import (RunStatus, close_run_status, open_status, read_status, record_early_failure,
-                                  record_launch_failure)
+from refexp.record.status import (Heartbeat, RunStatus, close_run_status, open_status, read_status,
+                                  record_early_failure, record_launch_failure)
 from refexp.runtime import distributed as rdist
 from refexp.runtime import stop_signals
 from refexp.runtime.process_settings import apply_process_settings
@@ -306,6 +306,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     if info.is_rank0:
         open_status(record.dir, status)
     rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/record/status.py)
+    heartbeat = Heartbeat(run_dir).start() if info.is_rank0 else None  # every phase, not only logged steps
     try:
         final = _dispatch(ctx, status)
         status.status, status.final, status.last_step = "completed", final, int(final.get("step", cfg.training.steps))
@@ -317,6 +318,8 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
                        traceback=traceback.format_exc(limit=20))
         raise
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         try:
             if info.is_rank0 and record.protected:  # it never passed the completed run's end
                 record.discard()
