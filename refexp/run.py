@@ -22,7 +22,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -37,6 +37,7 @@ from refexp.record import layout
 from refexp.record.lock import FileLock, LockHeld
 from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
                                         KL_REF, VAL_ACCURACY)
+from refexp.record.hydra_record import HydraRecord
 from refexp.record.provenance import provenance
 from refexp.record.rerun import RerunRecord, completed_end
 from refexp.record.run_identity import run_identity
@@ -51,13 +52,14 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return a sweep objective."""
     from hydra.core.hydra_config import HydraConfig
 
+    hydra_record = HydraRecord(cfg)  # as Hydra passed the config, before run_dir is filled in
     if cfg.get("run_dir") is None:
         OmegaConf.set_struct(cfg, False)
         cfg.run_dir = HydraConfig.get().runtime.output_dir
         OmegaConf.set_struct(cfg, True)
     if HydraConfig.get().mode.name != "MULTIRUN":
         started = time.monotonic()
-        final = run(cfg)
+        final = run(cfg, on_checked=hydra_record.write)
         if rdist.is_rank0() and isinstance(final, dict):
             print(summary_line(final, time.monotonic() - started, cfg.run_dir))
         return objective(final)
@@ -67,7 +69,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     try:
         _use_own_gpu(cfg)
         _use_own_core(cfg)
-        final = run(cfg)
+        final = run(cfg, on_checked=hydra_record.write)
     except Exception as e:
         import logging
         import sys
@@ -75,6 +77,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         logging.getLogger("refexp").exception("job %s failed; the sweep goes on", cfg.run_dir)
         if rdist.is_rank0() and not isinstance(e, RunDirBusy):  # a busy run dir is another process's to write
             record_early_failure(cfg.run_dir, e)  # a job failed before run_worker: a config error
+            hydra_record.write_if_absent()  # its arm, for the report
         if rdist.is_rank0():  # also a refused rerun, whose run dir keeps its completed status: the exit says so
             from refexp.cli.sweep import record_failed_job
 
@@ -208,23 +211,27 @@ class RunDirBusy(ConfigError):
     """The run dir is being written by another process (its lock is held)."""
 
 
-def run(dcfg: DictConfig) -> dict:
+def run(dcfg: DictConfig, on_checked: Callable[[], None] | None = None) -> dict:
     """Validate, then train (spawning ``parallelism.nproc_per_node`` workers when started as one process).
     ``dry_run=true`` never reaches here: ``refexp/__main__.py`` plans it (refexp/cli/dry_run.py).
 
     The config layer's checks come first (a bad value leaves no run dir); then the run dir's lock (one writer at
     a time) is taken, by this process when it launches the job
     (before spawning workers) or is rank 0 of a torchrun/SLURM job, and held until the job ends; stop
-    signals raise from then on (``refexp/runtime/stop_signals.py``), so every phase ends with a true status."""
+    signals raise from then on (``refexp/runtime/stop_signals.py``), so every phase ends with a true status.
+    ``on_checked()``: called once the run dir is locked and the checks that read it passed (Hydra's ``.hydra/``
+    record is written there: ``refexp/record/hydra_record.py``)."""
     with stop_signals.installed():
         cfg = to_object(dcfg)  # the config layer's checks first: a bad value makes no run dir
         with _run_dir_lock(dcfg.get("run_dir")):
-            return _validated_run(dcfg, cfg)
+            return _validated_run(dcfg, cfg, on_checked)
 
 
-def _validated_run(dcfg: DictConfig, cfg: RootConfig) -> dict:
+def _validated_run(dcfg: DictConfig, cfg: RootConfig, on_checked: Callable[[], None] | None = None) -> dict:
     """``run`` once the run dir is locked: the checks that read it, then the workers or this process's run."""
     cfg = validate(dcfg, cfg)
+    if on_checked is not None and _holds_the_lock():
+        on_checked()
     if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
         from refexp.runtime.launcher import spawn_workers
 
@@ -233,10 +240,16 @@ def _validated_run(dcfg: DictConfig, cfg: RootConfig) -> dict:
     return run_worker(dcfg, cfg)
 
 
+def _holds_the_lock() -> bool:
+    """Whether this process takes the run dir's lock: the one that launches the job, or rank 0 of a torchrun/SLURM
+    job (before the process group exists, where ``rdist.is_rank0`` is true on every rank)."""
+    return rdist.launched_world_size() == 1 or os.environ.get("RANK", "0") == "0"
+
+
 @contextmanager
 def _run_dir_lock(run_dir: str | None) -> Iterator[None]:
     """The run dir made and locked by the launching process or rank 0 (other ranks: nothing to do)."""
-    if run_dir is None or (rdist.launched_world_size() > 1 and os.environ.get("RANK", "0") != "0"):
+    if run_dir is None or not _holds_the_lock():
         yield
         return
     try:
