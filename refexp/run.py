@@ -40,7 +40,7 @@ from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF
 from refexp.record.hydra_record import HydraRecord
 from refexp.record.provenance import provenance
 from refexp.record.rerun import RerunRecord, completed_end
-from refexp.record.run_identity import run_identity
+from refexp.components.run_identity import run_identity
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
 from refexp.record.status import run_dir_busy
 from refexp.record.status import (Heartbeat, RunStatus, close_run_status, open_status, read_status,
@@ -79,7 +79,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
             record_early_failure(cfg.run_dir, e)  # a job failed before run_worker: a config error
             hydra_record.write_if_absent()  # its arm, for the report
         if rdist.is_rank0():  # also a refused rerun, whose run dir keeps its completed status: the exit says so
-            from refexp.cli.sweep import record_failed_job
+            from refexp.record.failed_jobs import record_failed_job
 
             record_failed_job(HydraConfig.get().sweep.dir, cfg.run_dir, e)
         print(f"[refexp] job failed: {cfg.run_dir} (see its status.json)", file=sys.stderr)
@@ -402,7 +402,7 @@ START = "start model"
 
 def start_pins(cfg: RootConfig, sft_dir: Path) -> dict:
     """``{role: pin}`` of the models the run starts from: ``sft_dir`` and, when set, ``checkpoint.initial_load_path``
-    and ``reference.checkpoint`` (``refexp/record/run_identity.py`` checks them at a resume)."""
+    and ``reference.checkpoint`` (``refexp/components/run_identity.py`` checks them at a resume)."""
     from refexp.record.pins import pin
 
     pins = {START: pin(sft_dir)}

@@ -1,6 +1,6 @@
 """A checkpoint belongs to its run: its manifest records the run (config, run dir, the weights it started from), and
 a resume refuses another run's checkpoint, or one trained from other start weights, in one line naming both
-(refexp/record/run_identity.py, refexp/record/pins.py); ``checkpoint.folder`` stays inside the run dir."""
+(refexp/components/run_identity.py, refexp/record/pins.py); ``checkpoint.folder`` stays inside the run dir."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from refexp.config import ConfigError
 from refexp.record.checkpoints import MANIFEST
 from refexp.record.pins import content_hash, pin, pin_mismatch
-from refexp.record.run_identity import foreign_checkpoint, run_identity
+from refexp.components.run_identity import foreign_checkpoint, run_identity
 from refexp.record.status import read_status
 from refexp.run import run
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_root, compose_tiny_run

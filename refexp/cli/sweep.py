@@ -4,9 +4,9 @@
 into the comparison report, also when some jobs failed (their ``status.json`` says so and the report lists
 them). ``JobsCallback`` (registered for every sweep in conf/config.yaml) counts the jobs that did not
 complete, and the jobs that raised without a status of their own saying so (a rerun refused because its run dir
-holds a run of another configuration, a busy run dir: each job notes itself in the sweep dir's ``FAILED_JOBS``,
-``record_failed_job``, also from a launcher's worker process); ``refexp``'s ``main`` then exits 1 (after every job
-ran and every callback was called: a callback that raised would stop the ones after it).
+holds a run of another configuration, a busy run dir: each job notes itself in the sweep dir,
+``refexp/record/failed_jobs.py``, also from a launcher's worker process); ``refexp``'s ``main`` then exits 1
+(after every job ran and every callback was called: a callback that raised would stop the ones after it).
 The verdicts read the experiment's ``comparison`` block; a sweep without one gets an exploratory comparison
 against ``fixed``, else its first group (``refexp/report/reading/plan.py``), and ``refexp-report --baseline`` names
 another.
@@ -14,45 +14,16 @@ another.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from refexp.record.failed_jobs import FAILED_JOBS, failed_jobs
+
 NOT_COMPLETED: list[str] = []
 """The run dirs of the last sweep in this process that did not complete: their status.json says so, or the job
 raised (``failed_jobs``)."""
-FAILED_JOBS = ".refexp-failed-jobs.jsonl"
-"""In the sweep dir: one ``{run_dir, error}`` line per job that raised (``record_failed_job``)."""
-
-
-def record_failed_job(sweep_dir: str | Path, run_dir: str | Path, error: BaseException) -> None:
-    """Note in ``sweep_dir`` that the job of ``run_dir`` raised ``error``: one short line, appended (a write under
-    the pipe buffer size is not interleaved with another job's)."""
-    first = str(error).splitlines()[0] if str(error) else ""
-    line = json.dumps({"run_dir": str(run_dir), "error": f"{type(error).__name__}: {first}"[:300]}) + "\n"
-    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(sweep_dir) / FAILED_JOBS, "a") as f:
-        f.write(line)
-
-
-def failed_jobs(sweep_dir: str | Path) -> dict[str, str]:
-    """``{run dir: error}`` of the jobs of ``sweep_dir``'s last sweep that raised (``record_failed_job``)."""
-    out = {}
-    try:
-        lines = (Path(sweep_dir) / FAILED_JOBS).read_text().splitlines()
-    except OSError:
-        return out
-    for text in lines:
-        try:
-            row = json.loads(text)
-            out[str(row["run_dir"])] = str(row["error"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return out
-
-
 def not_completed(sweep_dir: str | Path) -> list[str]:
     """The run dirs under ``sweep_dir`` whose ``status.json`` is not ``completed`` (a dry run writes none)."""
     from refexp.record.status import read_status

@@ -34,7 +34,7 @@ import torch
 
 from refexp.config import CheckpointConfig, ConfigError
 from refexp.record.checkpoints import checked_steps, complete_steps, manifest_run, write_manifest
-from refexp.record.run_identity import foreign_checkpoint
+from refexp.components.run_identity import foreign_checkpoint
 from refexp.runtime import distributed as rdist
 from refexp.titan.components import CheckpointManager
 
@@ -107,7 +107,7 @@ class Checkpointer:
                  identity: dict | None = None) -> None:
         """``completed_at``: the end of the completed run the run dir held when this invocation started, if any
         (``RunContext.completed_at``): ``save`` keeps that run's checkpoints until this one passes it.
-        ``identity``: this run's (``refexp/record/run_identity.py``), written into every manifest and checked
+        ``identity``: this run's (``refexp/components/run_identity.py``), written into every manifest and checked
         against the checkpoint a resume chooses."""
         self.cfg = cfg
         self.identity = identity

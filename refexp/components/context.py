@@ -31,5 +31,5 @@ class RunContext:
     run passes it, its record is a copy (``refexp/record/rerun.py``) and no checkpoint at or before the newest
     one is written over (``Checkpointer.save``)."""
     identity: dict | None = None
-    """This run's identity (``refexp/record/run_identity.py``; rank 0's holds the pins of its start and reward
+    """This run's identity (``refexp/components/run_identity.py``; rank 0's holds the pins of its start and reward
     models): written into its checkpoints, and a resume refuses another run's."""

@@ -45,7 +45,7 @@ def _checksums(paths: list[Path]) -> list[str]:
 def write_manifest(step_dir: str | os.PathLike, *, checksums: bool, run: dict | None = None) -> None:
     """List every file of ``step_dir`` (relative path, size, and sha256 when ``checksums``) in its
     manifest, written through a temporary name, fsynced and renamed: a reader sees all of it or none.
-    ``run``: the identity of the run that wrote it (``refexp/record/run_identity.py``), kept as ``run``."""
+    ``run``: the identity of the run that wrote it (``refexp/components/run_identity.py``), kept as ``run``."""
     step_dir = Path(step_dir)
     paths = _files(step_dir)
     sums = _checksums(paths) if checksums else [None] * len(paths)
