@@ -30,17 +30,17 @@ from omegaconf import DictConfig, OmegaConf
 from refexp import titan
 from refexp.components.context import RunContext
 from refexp.components.metric_logger import MetricLogger
+from refexp.components.run_identity import run_identity
 from refexp.config import ConfigError, RootConfig, to_object
 from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.config.root import generation_budget
 from refexp.record import layout
+from refexp.record.hydra_record import HydraRecord
 from refexp.record.lock import FileLock, LockHeld
 from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
                                         KL_REF, VAL_ACCURACY)
-from refexp.record.hydra_record import HydraRecord
 from refexp.record.provenance import provenance
 from refexp.record.rerun import RerunRecord, completed_end
-from refexp.components.run_identity import run_identity
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
 from refexp.record.status import run_dir_busy
 from refexp.record.status import (Heartbeat, RunStatus, close_run_status, open_status, read_status,

@@ -7,16 +7,16 @@ run's checkpoints (``refexp/components/run_identity.py``) and its ``status.json`
 
 Only weight files count (``weight_files``): a DCP dir's ``.metadata`` and shards, else the safetensors / bin / pt
 files, sizes and names included; tokenizers, configs and logs do not. Hashing reads every byte once per invocation
-(~1.2 GB/s per core, files in parallel threads: ``refexp/record/checkpoints.py``).
+(~1.2 GB/s per core, files in parallel threads).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping, Optional
-
-from refexp.record.checkpoints import _checksums
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".distcp")
 DCP_METADATA = ".metadata"
@@ -33,6 +33,17 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
 
 
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def file_hashes(paths: list[Path]) -> list[str]:
+    """The sha256 of each file, in parallel threads (hashlib releases the GIL)."""
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, max(1, len(paths)))) as pool:
+        return list(pool.map(_sha256, paths))
+
+
 def content_hash(model_dir: str | Path) -> Optional[str]:
     """The sha256 (hex) over each weight file's path relative to ``model_dir``, size and sha256; None when
     ``model_dir`` holds no weight file (a Hub id, a missing dir)."""
@@ -41,7 +52,7 @@ def content_hash(model_dir: str | Path) -> Optional[str]:
     if not files:
         return None
     h = hashlib.sha256()
-    for p, digest in zip(files, _checksums(files)):
+    for p, digest in zip(files, file_hashes(files)):
         h.update(f"{p.relative_to(d).as_posix()}\t{p.stat().st_size}\t{digest}\n".encode())
     return h.hexdigest()
 
