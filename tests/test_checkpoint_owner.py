@@ -64,7 +64,7 @@ def test_start_weights_are_pinned_by_content(tmp_path):
 def test_a_checkpoint_folder_outside_the_run_dir_is_refused(folder):
     from refexp.config import to_object
 
-    with pytest.raises(ConfigError, match=r"checkpoint\.folder=.* is invalid: expected a relative path inside the run dir"):
+    with pytest.raises(ConfigError, match=r"checkpoint\.folder=.* is invalid: expected a relative path inside the run"):
         to_object(compose_root(f"checkpoint.folder={folder}"))
 
 

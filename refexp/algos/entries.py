@@ -78,7 +78,8 @@ def reward_model_pins(task_cfg, rm_dir: Path | None) -> dict:
              **{f"task.reward_funcs[{i}]": f for i, f in enumerate(task_cfg.reward_funcs)}}
     pins = {}
     for role, name in named.items():
-        path = rm_dir if name == STAGE_MODEL else (Path(name) if isinstance(name, str) and Path(name).is_dir() else None)
+        local = isinstance(name, str) and Path(name).is_dir()
+        path = rm_dir if name == STAGE_MODEL else (Path(name) if local else None)
         if path is not None:
             pins[role] = pin(path)
     return pins

@@ -47,6 +47,6 @@ def foreign_checkpoint(recorded: Optional[Mapping], current: Mapping, step_dir: 
         return (f"checkpoint {step_dir} cannot be resumed: {problem}. Resume with the models the run began from "
                 f"(the sft.cache_dir or paths it used), or start again in a new run_dir")
     if recorded.get("run_dir") != current["run_dir"]:
-        warnings.warn(f"[refexp] resuming checkpoint {step_dir}, written by {theirs}, in {ours}: the same configuration "
-                      f"(a run dir moved or copied)", stacklevel=2)
+        warnings.warn(f"[refexp] resuming checkpoint {step_dir}, written by {theirs}, in {ours}: the same "
+                      f"configuration (a run dir moved or copied)", stacklevel=2)
     return None

@@ -3,7 +3,8 @@
 A run's start (the SFT model, ``checkpoint.initial_load_path``, ``reference.checkpoint``) and its reward models
 are found by path or cache key, and what lies there can change between two invocations of one run (another
 ``sft.cache_dir`` whose entry under the same key holds another model, a re-export). The pins are recorded in the
-run's checkpoints (``refexp/components/run_identity.py``) and its ``status.json``; a resume onto other weights is refused.
+run's checkpoints (``refexp/components/run_identity.py``) and its ``status.json``; a resume onto other weights is
+refused.
 
 Only weight files count (``weight_files``): a DCP dir's ``.metadata`` and shards, else the safetensors / bin / pt
 files, sizes and names included; tokenizers, configs and logs do not. Hashing reads every byte once per invocation
