@@ -42,9 +42,10 @@ def _checksums(paths: list[Path]) -> list[str]:
         return list(pool.map(_sha256, paths))
 
 
-def write_manifest(step_dir: str | os.PathLike, *, checksums: bool) -> None:
+def write_manifest(step_dir: str | os.PathLike, *, checksums: bool, run: dict | None = None) -> None:
     """List every file of ``step_dir`` (relative path, size, and sha256 when ``checksums``) in its
-    manifest, written through a temporary name, fsynced and renamed: a reader sees all of it or none."""
+    manifest, written through a temporary name, fsynced and renamed: a reader sees all of it or none.
+    ``run``: the identity of the run that wrote it (``refexp/components/run_identity.py``), kept as ``run``."""
     step_dir = Path(step_dir)
     paths = _files(step_dir)
     sums = _checksums(paths) if checksums else [None] * len(paths)
@@ -56,7 +57,8 @@ def write_manifest(step_dir: str | os.PathLike, *, checksums: bool) -> None:
         files[p.relative_to(step_dir).as_posix()] = entry
     tmp = step_dir / f"{MANIFEST}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"format": FORMAT, "files": files}, f, indent=1, sort_keys=True)
+        json.dump({"format": FORMAT, "files": files, **({"run": run} if run is not None else {})}, f, indent=1,
+                  sort_keys=True, default=str)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, step_dir / MANIFEST)
@@ -65,6 +67,15 @@ def write_manifest(step_dir: str | os.PathLike, *, checksums: bool) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def manifest_run(step_dir: str | os.PathLike) -> dict | None:
+    """The run identity ``step_dir``'s manifest records (None: no manifest, or one written before identities)."""
+    try:
+        run = json.loads((Path(step_dir) / MANIFEST).read_text()).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run if isinstance(run, dict) else None
 
 
 def has_manifest(step_dir: str | os.PathLike) -> bool:
