@@ -18,6 +18,7 @@ from refexp.record.atomic import write_text_atomic
 from refexp.report.reading.reduce import COLUMNS, TAIL
 from refexp.report.statistics import own_change
 from refexp.report.statistics.summary import DEFAULT_TARGET_MARGIN
+from refexp.report.version import rendered_by
 from refexp.report.writing import frontier_report
 from refexp.report.writing.frontier_report import WITHIN_START
 from refexp.report.writing.table import error_cell, header_and_cells
@@ -309,6 +310,7 @@ def summary_dict(report) -> dict:
                                                                    inside.baseline) for key, c in row.paired.items()}
                            for row in inside.rows}} for start, inside in report.within.get(algo, {}).items()}}
     return {
+        **rendered_by(),
         "sweep_dir": report.shown_dir,
         "confidence": 0.95,
         "comparison": {"kind": report.plan.kind, "declared": report.plan.block, "baseline": report.plan.baseline,
