@@ -81,6 +81,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except NoRunsError as e:
         print(f"refexp-report: error: {e}", file=sys.stderr)
         return 2
+    if report.plan.problem:  # one line, then the report as an exploratory one
+        print(f"refexp-report: the comparison block cannot be read ({report.plan.problem}): the report is "
+              f"exploratory", file=sys.stderr)
     if not args.quiet:
         print(format_table(report), end="")
     print(f"report: {report.markdown_path}  (html: {report.html_path.name}, numbers: {report.summary_path.name})")

@@ -267,10 +267,10 @@ def render_html(report) -> str:
 
 
 # ---------------------------------------------------------------- json
-def _comparison_dict(c, v, baseline: str) -> dict:
-    """One group's comparison with the baseline on one endpoint: its seeds, the family verdict and numbers
-    (None without a claim), and the seed-only t interval."""
-    out = {"seeds": c.seeds, "sft_starts": c.starts, "no_claim": c.no_claim or None,
+def _comparison_dict(c, v, baseline: str, role: str) -> dict:
+    """One group's comparison with the baseline on one endpoint: its role (primary, secondary, exploratory), its
+    seeds, the family verdict and numbers (None without a claim), and the seed-only t interval."""
+    out = {"role": role, "seeds": c.seeds, "sft_starts": c.starts, "no_claim": c.no_claim or None,
            "seed_only_t95": c.seed_t.to_dict() if c.seed_t else None}
     if v is not None:
         out |= {"difference": v.result.point, "interval": list(v.interval), "interval_kind":
@@ -294,7 +294,8 @@ def summary_dict(report) -> dict:
                 "seeds": row.seeds, "n_completed": row.n_completed, "n_total": len(g.runs),
                 "metrics": {c.key: (row.cells[c.key].to_dict() if row.cells.get(c.key) else None)
                             for c in (*COLUMNS, *report.extra_columns)},
-                "paired_vs_baseline": {key: _comparison_dict(c, table.verdicts[key].get(g.label), table.baseline)
+                "paired_vs_baseline": {key: _comparison_dict(c, table.verdicts[key].get(g.label), table.baseline,
+                                                              table.roles[key][g.label])
                                        for key, c in row.paired.items()} or None,
                 "steps_to_target": None if t is None else {
                     "reached": t.reached, "n_with_eval": t.n,
@@ -307,7 +308,8 @@ def summary_dict(report) -> dict:
                        "kept": own_change.summary(report.kept[algo]) if algo in report.kept else None,
                        "within_sft_start": {start: {"verdict": inside.verdict, "paired_vs_baseline": {
                            row.group.label: {key: _comparison_dict(c, inside.verdicts[key].get(row.group.label),
-                                                                   inside.baseline) for key, c in row.paired.items()}
+                                                                   inside.baseline, inside.roles[key][row.group.label])
+                                             for key, c in row.paired.items()}
                            for row in inside.rows}} for start, inside in report.within.get(algo, {}).items()}}
     return {
         **rendered_by(),
@@ -315,6 +317,8 @@ def summary_dict(report) -> dict:
         "confidence": 0.95,
         "comparison": {"kind": report.plan.kind, "declared": report.plan.block, "baseline": report.plan.baseline,
                        "alpha": report.plan.alpha, "equivalence_margin": report.plan.margin,
+                       "primary": report.plan.primary, "primary_metrics": report.plan.primary_metrics,
+                       "problem": report.plan.problem or None,
                        "allow_mixed": report.plan.allow_mixed, "left_out_of_the_verdict": report.plan.excluded},
         "definitions": {c.key: c.doc for c in (*COLUMNS, *report.extra_columns)}
         | {"steps_to_target": "first step with eval/accuracy >= target; mean over seeds that reached it"},
