@@ -121,3 +121,30 @@ def test_none_at_four_betas_is_one_group_and_its_repeats_are_not_counted_again(t
     assert table.rows[1].paired["acc_final"].seeds == [0, 1]
     assert any(n.startswith("none: one group over algo.beta = 0.01, 0.04, 0.2, 1: GRPO does not read algo.beta "
                             "with reference none") for n in report.notes)
+
+
+def test_the_first_screen_is_the_primary_contrasts_one_line_each_and_the_method_once(tmp_path):
+    three_arms(tmp_path, block(["fixed", *NETS], primary=["ema", "none"]))
+    report = build_report(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    first = md.split("\n## ", 2)[1]  # the first section after the title and the counts
+    assert first.startswith("Primary contrasts\n")
+    rows = [line for line in first.splitlines() if line.startswith("| ") and "−" in line]
+    ema, none = (report.tables["grpo"].verdicts["acc_final"][a] for a in ("ema", "none"))
+    assert rows == [
+        f"| ema − fixed | final held-out accuracy | {ema.result.point:+.3f} | [{ema.interval[0]:+.3f}, "
+        f"{ema.interval[1]:+.3f}] (97.5%) | {ema.word} | ±{ema.mdd:.3f} |",
+        f"| none − fixed | final held-out accuracy | {none.result.point:+.3f} | [{none.interval[0]:+.3f}, "
+        f"{none.interval[1]:+.3f}] (97.5%) | {none.word} | ±{none.mdd:.3f} |"]
+    assert "periodic_reset" not in first and first.count("docs/runs.md") == 1
+    assert md.index("## GRPO") > md.index("## Primary contrasts") and md.rstrip().endswith(
+        md.split("## How to read this\n\n", 1)[1].rstrip())  # the long how-to-read comes last
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [p["contrast"] for p in summary["primary_contrasts"]] == ["ema − fixed", "none − fixed"]
+    html = (tmp_path / "report.html").read_text()
+    assert html.index("<h2>Primary contrasts</h2>") < html.index("<h2>GRPO</h2>") < html.index("<h2>How to read this</h2>")
+
+    three_arms(tmp_path / "undeclared", block(["fixed", *NETS]))
+    build_report(tmp_path / "undeclared")
+    md = (tmp_path / "undeclared" / "report.md").read_text()
+    assert "declares no primary contrast (comparison.primary): this report claims nothing in its summary" in md

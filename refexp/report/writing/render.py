@@ -19,7 +19,7 @@ from refexp.report.reading.reduce import COLUMNS, TAIL
 from refexp.report.statistics import own_change
 from refexp.report.statistics.summary import DEFAULT_TARGET_MARGIN
 from refexp.report.version import rendered_by
-from refexp.report.writing import frontier_report
+from refexp.report.writing import first_screen, frontier_report
 from refexp.report.writing.frontier_report import WITHIN_START
 from refexp.report.writing.table import error_cell, header_and_cells
 
@@ -164,7 +164,12 @@ _PLOT_CAPTIONS = {
 
 def render_markdown(report) -> str:
     out = [f"# Reference-strategy report: {report.sweep_dir.name}", "",
-           f"Sweep `{report.shown_dir}`: {_counts(report)}.", "", "## How to read this", "", HOW_TO_READ, ""]
+           f"Sweep `{report.shown_dir}`: {_counts(report)}.", "", "## Primary contrasts", "",
+           first_screen.intro(report), ""]
+    lines = first_screen.primary_lines(report)
+    if lines:
+        out += _md_table(first_screen.HEADER, [ln.cells() for ln in lines], numeric=False) + [""]
+    out += [first_screen.METHOD.format(alpha=report.plan.alpha), ""]
     for algo, table in report.tables.items():
         header, body = header_and_cells(table)
         out += [f"## {algo.upper()}", ""]
@@ -201,6 +206,7 @@ def render_markdown(report) -> str:
         out.append("None: every run found completed.")
     if report.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
+    out += ["", "## How to read this", "", HOW_TO_READ]
     return "\n".join(out) + "\n"
 
 
@@ -230,7 +236,11 @@ def render_html(report) -> str:
              f"<style>{_CSS}</style></head><body>",
              f"<h1>{e(title)}</h1>",
              f"<p class=\"note\">Sweep <code>{e(report.shown_dir)}</code>: {e(_counts(report))}.</p>",
-             f"<h2>How to read this</h2><p>{_md_emphasis_to_html(HOW_TO_READ)}</p>"]
+             "<h2>Primary contrasts</h2>", f"<p>{e(first_screen.intro(report))}</p>"]
+    lines = first_screen.primary_lines(report)
+    if lines:
+        parts.append(_html_table(first_screen.HEADER, [ln.cells() for ln in lines]))
+    parts.append(f"<p>{_md_emphasis_to_html(first_screen.METHOD.format(alpha=report.plan.alpha))}</p>")
     for algo, table in report.tables.items():
         header, body = header_and_cells(table)
         parts.append(f"<h2>{e(algo.upper())}</h2>")
@@ -262,6 +272,7 @@ def render_html(report) -> str:
         parts.append("<p>None: every run found completed.</p>")
     if report.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in report.notes) + "</ul>")
+    parts.append(f"<h2>How to read this</h2><p>{_md_emphasis_to_html(HOW_TO_READ)}</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -322,6 +333,7 @@ def summary_dict(report) -> dict:
                        "allow_mixed": report.plan.allow_mixed, "left_out_of_the_verdict": report.plan.excluded},
         "definitions": {c.key: c.doc for c in (*COLUMNS, *report.extra_columns)}
         | {"steps_to_target": "first step with eval/accuracy >= target; mean over seeds that reached it"},
+        "primary_contrasts": [ln.to_dict() for ln in first_screen.primary_lines(report)],
         "algos": algos,
         "not_counted": [{"run": p.name, "algo": p.algo, "strategy": p.strategy, "label": p.label,
                          "status": p.state, "error": p.error} for p in report.problems],
