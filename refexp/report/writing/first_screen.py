@@ -13,6 +13,13 @@ METHOD = ("Method: each difference pairs the runs by SFT start, seed and held-ou
           "(\"How to read a report\"), and *How to read this* at the end of this report. Every table below the "
           "primary contrasts is secondary: it claims nothing here.")
 
+FAMILIES = ("Families: the primary contrasts (comparison.primary, on comparison.metrics) are one family, whatever "
+            "their endpoints; each endpoint's other comparisons against the baseline are a family of their own, "
+            "secondary (exploratory without a comparison block), and so are the comparisons within one SFT start; the "
+            "m of a comparison's Bonferroni interval and Holm p is the size of its own family, which its paragraph "
+            "names.")
+"""Appended to the how-to-read text: which comparisons share a family (``statistics/summary.py``)."""
+
 HEADER = ["contrast", "endpoint", "Δ", "simultaneous interval", "verdict", "detectable (80%)"]
 
 

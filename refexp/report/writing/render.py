@@ -206,7 +206,7 @@ def render_markdown(report) -> str:
         out.append("None: every run found completed.")
     if report.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
-    out += ["", "## How to read this", "", HOW_TO_READ]
+    out += ["", "## How to read this", "", HOW_TO_READ + " " + first_screen.FAMILIES]
     return "\n".join(out) + "\n"
 
 
@@ -272,7 +272,7 @@ def render_html(report) -> str:
         parts.append("<p>None: every run found completed.</p>")
     if report.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in report.notes) + "</ul>")
-    parts.append(f"<h2>How to read this</h2><p>{_md_emphasis_to_html(HOW_TO_READ)}</p>")
+    parts.append(f"<h2>How to read this</h2><p>{_md_emphasis_to_html(HOW_TO_READ + ' ' + first_screen.FAMILIES)}</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
