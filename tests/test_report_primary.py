@@ -148,3 +148,11 @@ def test_the_first_screen_is_the_primary_contrasts_one_line_each_and_the_method_
     build_report(tmp_path / "undeclared")
     md = (tmp_path / "undeclared" / "report.md").read_text()
     assert "declares no primary contrast (comparison.primary): this report claims nothing in its summary" in md
+
+
+def test_the_report_reads_the_primary_metrics_and_limit_the_config_accepts():
+    """The report cannot import the config layer (docs/architecture.md), so it keeps its own copies: they agree."""
+    from refexp.config import comparison as config
+    from refexp.report.reading import plan
+
+    assert tuple(plan.PRIMARY_ENDPOINTS) == config.PRIMARY_METRICS and plan.MAX_PRIMARY == config.MAX_PRIMARY

@@ -13,8 +13,12 @@ from typing import Optional
 
 from .errors import check
 
-COMPARED_METRICS = ("eval/accuracy", "eval/retention", "eval/gold")
-"""Metrics a verdict can be about: those each evaluation records per prompt (``eval_outcomes.jsonl``)."""
+COMPARED_METRICS = ("eval/accuracy",)
+"""Metrics ``comparison.metric`` can name: the headline, compared at its final value and at each of ``at_steps``."""
+
+PRIMARY_METRICS = ("eval/accuracy", "eval/retention", "eval/gold")
+"""Metrics a primary contrast can be tested on: those each evaluation records per prompt (``eval_outcomes.jsonl``),
+at their final value (the report's ``PRIMARY_ENDPOINTS``, ``refexp/report/reading/plan.py``)."""
 
 MAX_PRIMARY = 3
 """At most this many primary contrasts: each one more divides Holm's first step's alpha again, and a question with
@@ -87,7 +91,7 @@ class ComparisonConfig:
     report's summary claims anything of; every other comparison is secondary. Empty: none declared, every
     comparison is secondary."""
     metrics: list[str] = field(default_factory=list)
-    """The metrics the primary contrasts are tested on (their final values), each of ``COMPARED_METRICS``; empty:
+    """The metrics the primary contrasts are tested on (their final values), each of ``PRIMARY_METRICS``; empty:
     ``[metric]``."""
     equivalence_margin: Optional[float] = None
     """The margin m of "equivalent within ±m" (two one-sided tests), in the metric's units, declared before the
@@ -130,8 +134,8 @@ class ComparisonConfig:
               "distinct arms other than the baseline (" + ", ".join(others) + "), each meaning arm - baseline")
         check(len(self.primary) <= MAX_PRIMARY, "comparison.primary", self.primary,
               f"one to {MAX_PRIMARY} arms (every other comparison is secondary)")
-        check(all(m in COMPARED_METRICS for m in self.metrics) and len(set(self.metrics)) == len(self.metrics),
-              "comparison.metrics", self.metrics, "distinct metrics among " + ", ".join(COMPARED_METRICS)
+        check(all(m in PRIMARY_METRICS for m in self.metrics) and len(set(self.metrics)) == len(self.metrics),
+              "comparison.metrics", self.metrics, "distinct metrics among " + ", ".join(PRIMARY_METRICS)
               + ", or empty (comparison.metric alone)")
         check(self.equivalence_margin is None or (isinstance(self.equivalence_margin, (int, float))
                                                   and not isinstance(self.equivalence_margin, bool)

@@ -6,6 +6,10 @@ of the sweep's completed runs, are listed (``ComparisonPlan.excluded``) and left
 ``--allow-mixed``. The baseline is the declared block's, else ``--baseline``; an ad-hoc sweep that names neither
 (``refexp -m reference=fixed,none ...``) is compared against ``fixed`` where a group is that, else its first
 group (``default_baseline``), and the report says which and why: every such report is exploratory.
+
+A declared block's ``primary`` arms are the verdict's family (``ComparisonPlan.role``); every other comparison is
+secondary. A block the report cannot read (``block_problem``: no ``arm_key``, a baseline outside the arms, ...) is
+one note and an exploratory report, never an exception.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from refexp.report.reading.load import Run, _get
 
 PRIMARY_ENDPOINTS = {"eval/accuracy": "acc_final", "eval/retention": "retention_final", "eval/gold": "gold_final"}
 """A primary metric -> the key of its final value's endpoint (``statistics/summary.py``'s ``endpoints``); the metrics
-``refexp/config/comparison.py`` accepts (``COMPARED_METRICS``)."""
+``refexp/config/comparison.py`` accepts in ``comparison.metrics`` (``PRIMARY_METRICS``)."""
 MAX_PRIMARY = 3
 """As ``refexp/config/comparison.py``'s: the most primary contrasts a block declares."""
 

@@ -79,5 +79,9 @@ def intro(report) -> str:
     if not plan.primary:
         return ("The comparison block declares no primary contrast (comparison.primary): this report claims nothing "
                 "in its summary; every table below is secondary.")
-    return (f"Declared before the runs (comparison.primary): {', '.join(plan.primary)}, each against "
+    text = (f"Declared before the runs (comparison.primary): {', '.join(plan.primary)}, each against "
             f"{plan.baseline}, on {', '.join(plan.primary_metrics)}.")
+    if not primary_lines(report):
+        text += (" None of them could be paired group by group here (the baseline arm has several groups, or no run "
+                 "of an arm completed): the tables below say why, and this report claims nothing in its summary.")
+    return text
