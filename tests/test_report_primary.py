@@ -156,3 +156,24 @@ def test_the_report_reads_the_primary_metrics_and_limit_the_config_accepts():
     from refexp.report.reading import plan
 
     assert tuple(plan.PRIMARY_ENDPOINTS) == config.PRIMARY_METRICS and plan.MAX_PRIMARY == config.MAX_PRIMARY
+
+
+def test_primary_contrasts_on_two_metrics_are_one_family(tmp_path):
+    rng = np.random.default_rng(4)
+    decl = block(["fixed", "ema", "none"], primary=["ema"], metrics=["eval/accuracy", "eval/retention"])
+    for seed in (0, 1):
+        base, kept = (rng.random(PROMPTS) < 0.5).astype(float), (rng.random(PROMPTS) < 0.8).astype(float)
+        write_run(tmp_path / f"fixed-{seed}", "fixed", seed, base, decl=decl, retention=kept)
+        for arm in ("ema", "none"):
+            write_run(tmp_path / f"{arm}-{seed}", arm, seed, flipped(base, 25, 10, rng), decl=decl,
+                      retention=flipped(kept, 5, 20, rng))
+    table = build_report(tmp_path).tables["grpo"]
+    acc, kept = table.verdicts["acc_final"]["ema"], table.verdicts["retention_final"]["ema"]
+    assert acc.family_size == kept.family_size == 2  # Holm over ema on both metrics together
+    assert table.roles["retention_final"] == {"ema": "primary", "none": "secondary"}
+    assert table.verdicts["retention_final"]["none"].family_size == 1
+    paragraphs = table.verdict.split("\n\n")
+    assert paragraphs[0].startswith("Primary contrasts (comparison.primary: ema; one Holm family over them and the "
+                                    "primary metrics eval/accuracy, eval/retention")
+    assert paragraphs[1].startswith("Primary contrasts, continued") and "final retention" in paragraphs[1]
+    assert all(p.startswith("Secondary") for p in paragraphs[2:]) and len(paragraphs) == 4

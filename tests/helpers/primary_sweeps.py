@@ -25,9 +25,11 @@ def block(arms, *, primary=(), seeds=(0, 1), **more) -> dict:
 
 
 def write_run(run_dir: Path, arm: str, seed: int, final: np.ndarray, *, decl: Optional[dict],
-              beta: Optional[float] = None, sft_seed: Optional[int] = None) -> Path:
+              beta: Optional[float] = None, sft_seed: Optional[int] = None,
+              retention: Optional[np.ndarray] = None) -> Path:
     """A completed run of ``arm`` (its ``grpo_variant`` and reference strategy; ``sft.seed`` and ``algo.beta``
-    swept too when given) whose final evaluation scored ``final`` [PROMPTS]."""
+    swept too when given) whose final evaluation scored ``final`` [PROMPTS]; with ``retention`` [PROMPTS], its final
+    ``eval/retention`` scores (every retained prompt right at step 0)."""
     overrides = [f"grpo_variant={arm}", f"training.seed={seed}"]
     overrides += [f"algo.beta={beta:g}"] if beta is not None else []
     overrides += [f"sft.seed={sft_seed}"] if sft_seed is not None else []
@@ -40,9 +42,14 @@ def write_run(run_dir: Path, arm: str, seed: int, final: np.ndarray, *, decl: Op
         "comparison": decl or {"arm_key": "", "arms": [], "baseline": "", "seeds": []}})
     log = MetricsWriter(run_dir)
     ids = list(range(PROMPTS))
-    for step, scores in ((0, np.zeros(PROMPTS)), (STEPS, final)):
-        log.write({"step": step, "eval/accuracy": float(scores.mean()), "reward/mean": 0.5})
-        append_outcomes(run_dir, step, [EvalOutcomes("eval", "eval/accuracy", ids, scores.tolist())])
+    for step, scores, kept in ((0, np.zeros(PROMPTS), np.ones(PROMPTS)), (STEPS, final, retention)):
+        row = {"step": step, "eval/accuracy": float(scores.mean()), "reward/mean": 0.5}
+        measured = [EvalOutcomes("eval", "eval/accuracy", ids, scores.tolist())]
+        if retention is not None:
+            row["eval/retention"] = float(kept.mean())
+            measured.append(EvalOutcomes("retain_eval", "eval/retention", ids, kept.tolist()))
+        log.write(row)
+        append_outcomes(run_dir, step, measured)
     log.close()
     status = {"status": "completed", "algo": "grpo", "reference": arm, "seed": seed, "steps": STEPS,
               "last_step": STEPS, "final": {"eval/accuracy": float(final.mean())}, "provenances": [{"commit": "abc"}]}

@@ -267,5 +267,5 @@ def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: Comparis
             text = verdict_text(table.algo, ep, base.label, plan.kind,
                                 [c for (e, _, _), c in zip(members, named) if e.key == key], verdicts, plan.alpha)
             paragraphs.append((head + " " if head else "") + text)
-            head = ""
+            head = "Primary contrasts, continued (one Holm family with the paragraph above)." if role == "primary" else ""
     table.verdict = "\n\n".join(paragraphs)
