@@ -14,8 +14,9 @@ from refexp.record.provenance import provenance
 
 REPORT_VERSION = 1
 """Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version``
-in their summary.json). 1: primary contrasts (``comparison.primary``) form the verdict family and the first screen, every
-other table is secondary; ``none`` at several β is one group; the how-to-read text comes last."""
+in their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
+inconclusive), primary contrasts (``comparison.primary``) form the verdict family and the first screen, every other
+table is secondary, ``none`` at several β is one group, the how-to-read text comes last."""
 
 
 def rendered_by(version: int = REPORT_VERSION, commit: Optional[str] = "current") -> dict:

@@ -43,7 +43,8 @@ class ComparisonPlan:
     """The declared baseline arm, else ``--baseline``, else ``default_baseline``'s."""
     alpha: float = 0.05
     margin: Optional[float] = None
-    """Equivalence margin (``--equivalence-margin``); None: no claim of no difference is made."""
+    """Equivalence margin (``--equivalence-margin``, else the declared block's ``equivalence_margin``); None: no
+    claim of no difference is made."""
     allow_mixed: bool = False
     excluded: dict[str, str] = field(default_factory=dict)
     """run name -> why it is left out of the verdict (or, with ``allow_mixed``, why it would have been)."""
@@ -141,28 +142,42 @@ def block_problem(block: dict) -> Optional[str]:
     starts; this is for runs whose ``resolved_config.yaml`` holds one anyway (written by an older refexp, edited)."""
     arms = block.get("arms")
     if not isinstance(arms, list) or len(arms) < 2:
-        return f"comparison.arms={arms!r}: expected a list of at least the baseline and one other arm"
+        return f"comparison.arms={arms!r} is invalid: expected a list of at least the baseline and one other arm"
     if not isinstance(block.get("arm_key"), str) or not block.get("arm_key"):
-        return (f"comparison.arm_key={block.get('arm_key')!r}: expected the swept key naming the arms "
+        return (f"comparison.arm_key={block.get('arm_key')!r} is invalid: expected the swept key naming the arms "
                 f"(grpo_variant, dpo_variant, reference)")
     if block.get("baseline") not in arms:
-        return f"comparison.baseline={block.get('baseline')!r}: expected one of comparison.arms ({', '.join(map(str, arms))})"
+        return (f"comparison.baseline={block.get('baseline')!r} is invalid: expected one of comparison.arms "
+                f"({', '.join(map(str, arms))})")
     seeds = block.get("seeds")
     if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) for x in seeds):
-        return f"comparison.seeds={seeds!r}: expected a non-empty list of seeds"
+        return f"comparison.seeds={seeds!r} is invalid: expected a non-empty list of seeds"
     others = [a for a in arms if a != block["baseline"]]
     primary = block.get("primary") or []
     if (not isinstance(primary, list) or len(primary) > MAX_PRIMARY or len(set(primary)) != len(primary)
             or any(a not in others for a in primary)):
-        return (f"comparison.primary={primary!r}: expected one to {MAX_PRIMARY} distinct arms other than the baseline "
-                f"({', '.join(map(str, others))}), or empty")
+        return (f"comparison.primary={primary!r} is invalid: expected one to {MAX_PRIMARY} distinct arms other than "
+                f"the baseline ({', '.join(map(str, others))}), or empty")
     metrics = block.get("metrics") or []
     if not isinstance(metrics, list) or any(m not in PRIMARY_ENDPOINTS for m in metrics):
-        return f"comparison.metrics={metrics!r}: expected metrics among {', '.join(PRIMARY_ENDPOINTS)}, or empty"
+        return (f"comparison.metrics={metrics!r} is invalid: expected metrics among "
+                f"{', '.join(PRIMARY_ENDPOINTS)}, or empty")
     margin = block.get("equivalence_margin")
     if margin is not None and not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin > 0):
-        return f"comparison.equivalence_margin={margin!r}: expected a number > 0, or null"
+        return f"comparison.equivalence_margin={margin!r} is invalid: expected a number > 0, or null"
     return None
+
+
+def declared_margin(block: dict) -> Optional[float]:
+    """The block's ``equivalence_margin`` (a positive number), read defensively: blocks written before the field
+    existed have none, and then no equivalence claim is made."""
+    value = block.get("equivalence_margin")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"comparison.equivalence_margin={value!r} is invalid: expected a number > 0 (the largest "
+                         f"difference called equivalent), or null")
+    return float(value)
 
 
 def commits(run: Run) -> tuple[str, ...]:
@@ -194,11 +209,11 @@ def make_plan(runs: list[Run], *, baseline: Optional[str] = None, block: Optiona
     if problem is not None:
         notes.append(f"the comparison block cannot be read ({problem}): the report is exploratory")
         block = None
-    declared_margin = (block or {}).get("equivalence_margin")
-    if margin is not None and declared_margin is not None and margin != declared_margin:
+    declared = declared_margin(block) if block is not None else None  # valid: block_problem checked it
+    if margin is not None and declared is not None and margin != declared:
         notes.append(f"--equivalence-margin {margin:g} replaces the declared comparison.equivalence_margin "
-                     f"{declared_margin:g}: the equivalence claims are post hoc")
-    margin = margin if margin is not None else declared_margin
+                     f"{declared:g}: the equivalence claims are post hoc")
+    margin = margin if margin is not None else declared
     why = "declared" if block is not None else "--baseline"
     if block is None and baseline is None:
         baseline, why = default_baseline(runs)

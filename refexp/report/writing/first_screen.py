@@ -35,13 +35,14 @@ class Line:
     level: Optional[float]
     verdict: str
     detectable: Optional[float]
+    interval_text: str = ""
+    """As the verdict prints it: "[-0.031, +0.105]", or "uninformative (1 df)" past the metric's range."""
 
     def cells(self) -> list[str]:
         if self.difference is None:
             return [self.contrast, self.endpoint, "", "", self.verdict, ""]
-        lo, hi = self.interval
         return [self.contrast, self.endpoint, f"{self.difference:+.3f}",
-                f"[{lo:+.3f}, {hi:+.3f}] ({100 * self.level:.4g}%)", self.verdict, f"±{self.detectable:.3f}"]
+                f"{self.interval_text} ({100 * self.level:.4g}%)", self.verdict, f"±{self.detectable:.3f}"]
 
     def to_dict(self) -> dict:
         return {"algo": self.algo, "contrast": self.contrast, "endpoint": self.endpoint,
@@ -66,7 +67,8 @@ def primary_lines(report) -> list[Line]:
                                       f"no claim ({c.no_claim if c is not None else 'no pair'})", None))
                     continue
                 lines.append(Line(algo, contrast, ep.doc_name, v.result.point, tuple(v.interval),
-                                  1 - v.alpha / v.family_size, v.word, v.mdd))
+                                  1 - v.alpha / v.family_size, v.phrase if v.degenerate else v.word, v.mdd,
+                                  v.interval_text))
     return lines
 
 
