@@ -9,10 +9,20 @@ exploratory and needs ``refexp-report --baseline``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
+
 from .errors import check
 
 COMPARED_METRICS = ("eval/accuracy",)
-"""Metrics a verdict can be about: those each evaluation records per prompt (``eval_outcomes.jsonl``)."""
+"""Metrics ``comparison.metric`` can name: the headline, compared at its final value and at each of ``at_steps``."""
+
+PRIMARY_METRICS = ("eval/accuracy", "eval/retention", "eval/gold")
+"""Metrics a primary contrast can be tested on: those each evaluation records per prompt (``eval_outcomes.jsonl``),
+at their final value (the report's ``PRIMARY_ENDPOINTS``, ``refexp/report/reading/plan.py``)."""
+
+MAX_PRIMARY = 3
+"""At most this many primary contrasts: each one more divides Holm's first step's alpha again, and a question with
+more than three answers is several questions."""
 
 
 SEED_KEY = "training.seed"
@@ -75,6 +85,17 @@ class ComparisonConfig:
     """The ``training.seed`` values planned; runs of other seeds are listed and left out of the verdict."""
     metric: str = "eval/accuracy"
     """The metric compared (its final value, and its value at each of ``at_steps``)."""
+    primary: list[str] = field(default_factory=list)
+    """The primary contrasts, one to ``MAX_PRIMARY`` arms other than the baseline, each meaning arm - baseline on
+    ``metrics``: the verdict's family (Holm runs over these alone, all metrics together), the only comparisons the
+    report's summary claims anything of; every other comparison is secondary. Empty: none declared, every
+    comparison is secondary."""
+    metrics: list[str] = field(default_factory=list)
+    """The metrics the primary contrasts are tested on (their final values), each of ``PRIMARY_METRICS``; empty:
+    ``[metric]``."""
+    equivalence_margin: Optional[float] = None
+    """The margin m of "equivalent within ±m" (two one-sided tests), in the metric's units, declared before the
+    runs; None: no claim of no difference is made (``refexp-report --equivalence-margin`` sets one, post hoc)."""
     at_steps: list[int] = field(default_factory=list)
     """Steps at which the metric is compared too (``refexp-report --at-steps``)."""
     chosen_on_test: list[str] = field(default_factory=list)
@@ -94,6 +115,9 @@ class ComparisonConfig:
 
     def __post_init__(self) -> None:
         if not self.arms:
+            for name in ("primary", "metrics"):
+                check(not getattr(self, name), f"comparison.{name}", getattr(self, name),
+                      "empty without comparison.arms (declare the arms, baseline and seeds first)")
             return
         check(bool(self.arm_key), "comparison.arm_key", self.arm_key, "the swept key naming the arms (grpo_variant)")
         check(len(set(self.arms)) == len(self.arms), "comparison.arms", self.arms, "distinct arm names")
@@ -104,6 +128,20 @@ class ComparisonConfig:
               self.seeds, "a non-empty list of seeds >= 0")
         check(self.metric in COMPARED_METRICS, "comparison.metric", self.metric,
               "one of " + ", ".join(COMPARED_METRICS))
+        others = [a for a in self.arms if a != self.baseline]
+        check(all(a in others for a in self.primary) and len(set(self.primary)) == len(self.primary),
+              "comparison.primary", self.primary,
+              "distinct arms other than the baseline (" + ", ".join(others) + "), each meaning arm - baseline")
+        check(len(self.primary) <= MAX_PRIMARY, "comparison.primary", self.primary,
+              f"one to {MAX_PRIMARY} arms (every other comparison is secondary)")
+        check(all(m in PRIMARY_METRICS for m in self.metrics) and len(set(self.metrics)) == len(self.metrics),
+              "comparison.metrics", self.metrics, "distinct metrics among " + ", ".join(PRIMARY_METRICS)
+              + ", or empty (comparison.metric alone)")
+        check(self.equivalence_margin is None or (isinstance(self.equivalence_margin, (int, float))
+                                                  and not isinstance(self.equivalence_margin, bool)
+                                                  and self.equivalence_margin > 0),
+              "comparison.equivalence_margin", self.equivalence_margin,
+              "a number > 0 in the metric's units (0.05 for accuracy), or null: no equivalence claim")
         check(self.frontier_key not in (self.arm_key, SEED_KEY), "comparison.frontier_key", self.frontier_key,
               "a swept key other than comparison.arm_key and the seed (algo.beta), or empty")
         check(all(isinstance(s, int) and s >= 0 for s in self.at_steps), "comparison.at_steps", self.at_steps,

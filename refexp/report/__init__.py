@@ -29,9 +29,14 @@ Three rooms, in the order a report is made (``build`` runs them):
   verdicts), own_change, metric_scores; with ``frontier_key`` or ``select``, frontier (accuracy against drift
   across that key, arms at matched drift) and selection (each arm at its setting chosen on validation,
   compared on test).
-- ``writing/``: cells and table (the strings every output prints), plots, render (report.md, report.html,
-  summary.json), frontier_plots and frontier_report (the frontier and selection sections), wandb_table and
-  wandb_workspace.
+- ``writing/``: cells and table (the strings every output prints), first_screen (the primary contrasts, one line
+  each), plots, render (report.md, report.html, summary.json), frontier_plots and frontier_report (the frontier and
+  selection sections), wandb_table and wandb_workspace, not_kept (the notice on a committed report whose runs are
+  gone).
+
+``version.REPORT_VERSION`` is bumped whenever a report's output changes; summary.json records it. The power plan
+(``refexp-report --plan EXPERIMENT --pilot PILOT``): reading/experiment (the declared design), statistics/pilot
+(variance components from a pilot) and statistics/power (the detectable difference), writing/power_plan (its text).
 """
 
 from refexp.report.build import Report, build_report

@@ -1,6 +1,7 @@
 """``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--at-steps 500] [--alpha 0.05]
 [--equivalence-margin 0.02] [--allow-mixed] [--quiet] [--wandb] [--wandb-workspace]``: write the sweep's report and
-print its table and where it went. Exit status 2, nothing written, when SWEEP_DIR holds no run. A sweep that
+print its table and where it went. ``refexp-report --plan EXPERIMENT --pilot SWEEP_OR_SUMMARY [--out FILE]``: print
+(and write) the power plan of a declared experiment, its variance components from the pilot. Exit status 2, nothing written, when SWEEP_DIR holds no run. A sweep that
 declares no comparison and names no ``--baseline`` gets an exploratory report against ``fixed``, else its first
 group (``refexp/report/reading/plan.py``, ``default_baseline``)."""
 
@@ -20,8 +21,18 @@ def _parser() -> argparse.ArgumentParser:
         prog="refexp-report",
         description="Compare the reference strategies of a Hydra multirun dir: writes report.md, "
                     "report.html, summary.json and report_plots/*.png into SWEEP_DIR.")
-    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR",
+    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR", nargs="?",
                         help="a multirun dir (multirun/<experiment>/<time>) or a single run dir")
+    parser.add_argument("--plan", metavar="EXPERIMENT", default=None,
+                        help="instead of a report: the power plan of conf/experiment/EXPERIMENT.yaml (its primary "
+                             "contrasts, seeds, SFT starts, prompts, --alpha): the smallest difference it detects with "
+                             "80%% power beside its equivalence margin; needs --pilot")
+    parser.add_argument("--pilot", type=Path, metavar="SWEEP_OR_SUMMARY", default=None,
+                        help="with --plan: the sweep dir or summary.json (e.g. docs/NAME/summary.json) whose "
+                             "differences give the variance components (SFT starts, seeds, prompts)")
+    parser.add_argument("--out", type=Path, metavar="FILE", default=None,
+                        help="with --plan: also write the plan there (conf/experiment/EXPERIMENT.plan.md beside "
+                             "the experiment, committed with it)")
     parser.add_argument("--target", type=float, default=None,
                         help="held-out accuracy for the steps-to-target column (default: halfway from the "
                              "start accuracy to the best group's final accuracy, per algorithm)")
@@ -56,7 +67,14 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
     """The arguments, each checked (argparse's error, exit 2, before anything is read), and the ``--at-steps``."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if not args.sweep_dir.is_dir():
+    if args.plan is not None or args.pilot is not None or args.out is not None:
+        if args.plan is None or args.pilot is None or args.sweep_dir is not None:
+            parser.error("a power plan is --plan EXPERIMENT --pilot SWEEP_OR_SUMMARY [--out FILE], without SWEEP_DIR")
+        if not args.pilot.exists():
+            parser.error(f"--pilot {args.pilot} does not exist: expected a sweep dir or a summary.json")
+    elif args.sweep_dir is None:
+        parser.error("SWEEP_DIR is required (or --plan EXPERIMENT --pilot SWEEP_OR_SUMMARY)")
+    elif not args.sweep_dir.is_dir():
         parser.error(f"SWEEP_DIR {args.sweep_dir} is not a directory")
     if args.target is not None and not 0.0 <= args.target <= 1.0:
         parser.error(f"--target={args.target} is invalid: expected an accuracy in [0, 1]")
@@ -74,14 +92,40 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
     return args, at_steps
 
 
+def _plan(args: argparse.Namespace) -> int:
+    """Print (and with --out write) the power plan; a bad experiment or pilot is one error line, exit 2."""
+    from refexp.report.reading.experiment import ExperimentError, read_experiment
+    from refexp.report.statistics.pilot import PilotError, read_pilot
+    from refexp.report.writing.power_plan import plan_text
+
+    try:
+        exp = read_experiment(args.plan)
+        text = plan_text(exp, read_pilot(args.pilot, exp.metrics[0]), args.alpha)
+    except (ExperimentError, PilotError) as e:
+        print(f"refexp-report: error: {e}", file=sys.stderr)
+        return 2
+    print(text, end="")
+    if args.out is not None:
+        from refexp.record.atomic import write_text_atomic
+
+        write_text_atomic(args.out, text, encoding="utf-8")
+        print(f"plan: {args.out}")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args, at_steps = _parse(argv)
+    if args.plan is not None:
+        return _plan(args)
     try:
         report = build_report(args.sweep_dir, target=args.target, baseline=args.baseline, at_steps=at_steps,
                               alpha=args.alpha, margin=args.equivalence_margin, allow_mixed=args.allow_mixed)
     except NoRunsError as e:
         print(f"refexp-report: error: {e}", file=sys.stderr)
         return 2
+    if report.plan.problem:  # one line, then the report as an exploratory one
+        print(f"refexp-report: the comparison block cannot be read ({report.plan.problem}): the report is "
+              f"exploratory", file=sys.stderr)
     if not args.quiet:
         print(format_table(report), end="")
     print(f"report: {report.markdown_path}  (html: {report.html_path.name}, numbers: {report.summary_path.name})")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from refexp.report.reading.group import Group, group_runs
+from refexp.report.reading.group import Group, group_runs, merged_note
 from refexp.report.reading.load import Run, load_sweep, sft_start_keys
 from refexp.report.reading.plan import ComparisonPlan, make_plan
 from refexp.report.reading.reduce import at_step_columns
@@ -95,7 +95,7 @@ def _within_starts(algo: str, groups: list[Group], target: Optional[float], plan
     if len(starts) < 2:
         return {}
     return {s: summarize(algo, [replace(g, runs=[r for r in g.runs if r.sft_start == s]) for g in groups], target,
-                         plan, extra) for s in starts}
+                         plan, extra, conditional=True) for s in starts}
 
 
 def _clear_old_plots(plots_dir: Path) -> None:
@@ -137,6 +137,8 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
     problems, notes = [], []
     for groups in by_algo.values():
         for g in groups:
+            if note := merged_note(g):
+                notes.append(note)
             for r in g.runs:
                 if r.problem is not None:
                     problems.append(Problem(r.name, g.algo, g.strategy, g.label, r.state, r.problem))

@@ -4,6 +4,10 @@ A group is (algorithm, strategy, the other swept settings). The swept settings a
 ``.hydra/overrides.yaml`` minus the seed and Hydra's own keys, so a sweep over
 ``reference=periodic_reset reference.reset_every=20,50 training.seed=0,1,2`` gives one group per
 reset_every with three seeds each (a strategy's own fields can only be set for that strategy).
+
+A setting the algorithm does not read for a strategy (``UNREAD_SETTINGS``: GRPO's β without a reference) does
+not tell groups apart: ``none`` swept over four β is one configuration run four times, so it is one group, and
+of the runs that repeat one (SFT start, seed) the first is counted and the others are listed as repeats.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ from refexp.report.reading.load import Run, natural_key
 
 ALGO_ORDER = ("grpo", "dpo", "sft")
 
+UNREAD_SETTINGS = {("grpo", "none"): ("algo.beta",)}
+"""(algo, strategy) -> swept settings that algorithm does not read with that strategy: GRPO's loss has no KL term
+without a reference, so β multiplies nothing (``refexp/algos/grpo.py``; the issue-38 audit found the four ``none``
+runs per seed of ``frontier_grpo`` bit-identical). DPO's reference-free losses (SimPO, ORPO) do read β: not listed."""
+
 
 @dataclass
 class Group:
@@ -27,11 +36,38 @@ class Group:
     settings: tuple[tuple[str, str], ...]
     runs: list[Run] = field(default_factory=list)
     label: str = ""
+    repeats: list[Run] = field(default_factory=list)
+    """Runs of the same configuration as one of ``runs`` (same SFT start and seed, differing only in a setting of
+    ``UNREAD_SETTINGS``): not counted again."""
+    unread: dict[str, list[str]] = field(default_factory=dict)
+    """Setting of ``UNREAD_SETTINGS`` -> the values this group's runs were swept over (several: merged)."""
 
     @property
     def completed(self) -> list[Run]:
         """The runs whose numbers count (status completed and metrics present)."""
         return [r for r in self.runs if r.problem is None]
+
+
+def _numeric_first(value: str) -> tuple:
+    """Sort key: numbers by value (0.04 before 0.2), then other strings by name."""
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def merged_note(group: Group) -> str:
+    """The sentence that says a group merges runs swept over a setting it does not read, and which runs repeat
+    another (empty when it merges nothing)."""
+    merged = {k: v for k, v in group.unread.items() if len(v) > 1}
+    if not merged:
+        return ""
+    swept = "; ".join(f"{k} = {', '.join(sorted(v, key=_numeric_first))}" for k, v in merged.items())
+    repeats = ", ".join(r.name for r in group.repeats)
+    return (f"{group.label}: one group over {swept}: {group.algo.upper()} does not read "
+            f"{' or '.join(merged)} with reference {group.strategy}, so these runs repeat one configuration; the "
+            f"first run of each SFT start and seed is counted" + (f", the repeats ({repeats}) are not" if repeats
+                                                                  else ""))
 
 
 def _rank(name: str, order: tuple[str, ...]) -> tuple:
@@ -45,11 +81,22 @@ def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
     groups: dict[tuple, Group] = {}
     for run in runs:
         # ``algo=`` / ``reference=`` are left out: they are the table and the strategy already
-        settings = tuple(sorted(swept_settings(run.overrides).items()))
+        swept = swept_settings(run.overrides)
+        unread = {k: swept.pop(k) for k in UNREAD_SETTINGS.get((run.algo, run.strategy), ()) if k in swept}
+        settings = tuple(sorted(swept.items()))
         key = (run.algo, run.strategy, run.loss_type, run.nll_weight, run.objective, settings)
         if key not in groups:
             groups[key] = Group(run.algo, run.strategy, settings)
-        groups[key].runs.append(run)
+        g = groups[key]
+        for k, v in unread.items():
+            values = g.unread.setdefault(k, [])
+            if v not in values:
+                values.append(v)
+        unit = (run.sft_start, run.seed)
+        if unread and run.problem is None and any((r.sft_start, r.seed) == unit for r in g.completed):
+            g.repeats.append(run)
+        else:
+            g.runs.append(run)
 
     by_algo: dict[str, list[Group]] = {}
     for g in groups.values():

@@ -6,6 +6,10 @@ of the sweep's completed runs, are listed (``ComparisonPlan.excluded``) and left
 ``--allow-mixed``. The baseline is the declared block's, else ``--baseline``; an ad-hoc sweep that names neither
 (``refexp -m reference=fixed,none ...``) is compared against ``fixed`` where a group is that, else its first
 group (``default_baseline``), and the report says which and why: every such report is exploratory.
+
+A declared block's ``primary`` arms are the verdict's family (``ComparisonPlan.role``); every other comparison is
+secondary. A block the report cannot read (``block_problem``: no ``arm_key``, a baseline outside the arms, ...) is
+one note and an exploratory report, never an exception.
 """
 
 from __future__ import annotations
@@ -18,6 +22,12 @@ from refexp.record.status import provenances
 
 from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import Run, _get
+
+PRIMARY_ENDPOINTS = {"eval/accuracy": "acc_final", "eval/retention": "retention_final", "eval/gold": "gold_final"}
+"""A primary metric -> the key of its final value's endpoint (``statistics/summary.py``'s ``endpoints``); the metrics
+``refexp/config/comparison.py`` accepts in ``comparison.metrics`` (``PRIMARY_METRICS``)."""
+MAX_PRIMARY = 3
+"""As ``refexp/config/comparison.py``'s: the most primary contrasts a block declares."""
 
 VARIANT_KEYS = ("grpo_variant", "dpo_variant", "reference")
 """Swept keys whose value an exploratory ``--baseline`` may name (``--baseline fixed`` for ``dpo_variant=fixed``)."""
@@ -41,6 +51,26 @@ class ComparisonPlan:
     notes: list[str] = field(default_factory=list)
     baseline_why: str = "declared"
     """Where an exploratory report's baseline comes from: ``--baseline``, or why ``default_baseline`` chose it."""
+    problem: str = ""
+    """Why the runs' comparison block could not be read (the report is then exploratory); empty: none."""
+
+    @property
+    def primary(self) -> list[str]:
+        """The declared primary contrasts (arms, each against the baseline); empty without a block or without
+        ``comparison.primary``: every comparison is secondary (exploratory without a block)."""
+        return [str(a) for a in (self.block or {}).get("primary") or ()]
+
+    @property
+    def primary_metrics(self) -> list[str]:
+        """The metrics the primary contrasts are tested on: ``comparison.metrics``, else ``[comparison.metric]``."""
+        block = self.block or {}
+        return [str(m) for m in block.get("metrics") or ()] or [str(block.get("metric") or "eval/accuracy")]
+
+    def role(self, arm: Optional[str]) -> str:
+        """"primary" for a declared primary contrast's arm, else "secondary" (a declared block) or "exploratory"."""
+        if not self.declared:
+            return "exploratory"
+        return "primary" if arm is not None and arm in self.primary else "secondary"
 
     @property
     def declared(self) -> bool:
@@ -106,6 +136,38 @@ def declared_block(runs: list[Run]) -> tuple[Optional[dict], list[str]]:
     return block, notes
 
 
+def block_problem(block: dict) -> Optional[str]:
+    """What makes a declared block (one with arms) unusable, in one phrase naming the field and what would be
+    valid; None when the report can read it. ``refexp/config/comparison.py`` refuses such a block before a run
+    starts; this is for runs whose ``resolved_config.yaml`` holds one anyway (written by an older refexp, edited)."""
+    arms = block.get("arms")
+    if not isinstance(arms, list) or len(arms) < 2:
+        return f"comparison.arms={arms!r} is invalid: expected a list of at least the baseline and one other arm"
+    if not isinstance(block.get("arm_key"), str) or not block.get("arm_key"):
+        return (f"comparison.arm_key={block.get('arm_key')!r} is invalid: expected the swept key naming the arms "
+                f"(grpo_variant, dpo_variant, reference)")
+    if block.get("baseline") not in arms:
+        return (f"comparison.baseline={block.get('baseline')!r} is invalid: expected one of comparison.arms "
+                f"({', '.join(map(str, arms))})")
+    seeds = block.get("seeds")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) for x in seeds):
+        return f"comparison.seeds={seeds!r} is invalid: expected a non-empty list of seeds"
+    others = [a for a in arms if a != block["baseline"]]
+    primary = block.get("primary") or []
+    if (not isinstance(primary, list) or len(primary) > MAX_PRIMARY or len(set(primary)) != len(primary)
+            or any(a not in others for a in primary)):
+        return (f"comparison.primary={primary!r} is invalid: expected one to {MAX_PRIMARY} distinct arms other than "
+                f"the baseline ({', '.join(map(str, others))}), or empty")
+    metrics = block.get("metrics") or []
+    if not isinstance(metrics, list) or any(m not in PRIMARY_ENDPOINTS for m in metrics):
+        return (f"comparison.metrics={metrics!r} is invalid: expected metrics among "
+                f"{', '.join(PRIMARY_ENDPOINTS)}, or empty")
+    margin = block.get("equivalence_margin")
+    if margin is not None and not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin > 0):
+        return f"comparison.equivalence_margin={margin!r} is invalid: expected a number > 0, or null"
+    return None
+
+
 def declared_margin(block: dict) -> Optional[float]:
     """The block's ``equivalence_margin`` (a positive number), read defensively: blocks written before the field
     existed have none, and then no equivalence claim is made."""
@@ -143,13 +205,20 @@ def make_plan(runs: list[Run], *, baseline: Optional[str] = None, block: Optiona
     if block is not None and baseline is not None and baseline != block.get("baseline"):
         notes.append(f"--baseline {baseline} is not the declared baseline {block.get('baseline')}: exploratory")
         block = None
+    problem = block_problem(block) if block is not None else None
+    if problem is not None:
+        notes.append(f"the comparison block cannot be read ({problem}): the report is exploratory")
+        block = None
+    declared = declared_margin(block) if block is not None else None  # valid: block_problem checked it
+    if margin is not None and declared is not None and margin != declared:
+        notes.append(f"--equivalence-margin {margin:g} replaces the declared comparison.equivalence_margin "
+                     f"{declared:g}: the equivalence claims are post hoc")
+    margin = margin if margin is not None else declared
     why = "declared" if block is not None else "--baseline"
-    if margin is None and block is not None:
-        margin = declared_margin(block)
     if block is None and baseline is None:
         baseline, why = default_baseline(runs)
     plan = ComparisonPlan(block, baseline if block is None else str(block["baseline"]), alpha, margin, allow_mixed,
-                          notes=notes, baseline_why=why)
+                          notes=notes, baseline_why=why, problem=problem or "")
     done = [r for r in runs if r.problem is None]
     common_commits, common_threads = _majority([commits(r) for r in done]), _majority([threads(r) for r in done])
     for r in done:

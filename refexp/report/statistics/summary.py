@@ -7,11 +7,11 @@ against the baseline and their verdicts (``AlgoTable``, what summary.json holds)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from refexp.report.reading.group import Group
-from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.reading.plan import PRIMARY_ENDPOINTS, ComparisonPlan
 from refexp.report.reading.reduce import COLUMNS, GOLD, RETENTION, Column, start_accuracy, steps_to_target
 from refexp.report.statistics.inference import Verdict, difference_bound
 from refexp.report.statistics.paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
@@ -77,7 +77,11 @@ class AlgoTable:
     endpoints: list[Endpoint] = field(default_factory=list)
     """What the verdicts are about: the headline's final value, then the accuracy at each ``--at-steps`` step."""
     verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)
-    """endpoint key -> group label -> its verdict in the endpoint's family."""
+    """endpoint key -> group label -> its verdict in its family (``roles``)."""
+    roles: dict[str, dict[str, str]] = field(default_factory=dict)
+    """endpoint key -> group label -> "primary" (a declared primary contrast on a primary metric: one Holm family
+    over all of them), "secondary" (a declared block's other comparisons: a Holm family per endpoint, no claim in
+    the report's summary) or "exploratory" (no declared block)."""
     verdict: str = ""
     flags: list[str] = field(default_factory=list)
     """Warnings the numbers support (likelihood displacement), one sentence each."""
@@ -113,9 +117,10 @@ def default_target(groups: list[Group]) -> tuple[Optional[float], str]:
 
 
 def summarize(algo: str, groups: list[Group], target: Optional[float] = None, plan: Optional[ComparisonPlan] = None,
-              extra_columns: tuple[Column, ...] = ()) -> AlgoTable:
+              extra_columns: tuple[Column, ...] = (), conditional: bool = False) -> AlgoTable:
     """Mean ± 95% CI across the completed seeds of every group, for every column with data, and the
-    paired differences against the ``plan``'s baseline group with their verdicts (none without a plan)."""
+    paired differences against the ``plan``'s baseline group with their verdicts (none without a plan);
+    ``conditional`` (a table of one SFT start's runs): no comparison is primary there, every one is secondary."""
     note = "--target"
     if target is None:
         target, note = default_target(groups)
@@ -132,7 +137,7 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None, pl
         rows.append(Row(g, cells, to_target))
     columns = [c for c in (*COLUMNS, *extra_columns) if any(row.cells[c.key] is not None for row in rows)]
     table = AlgoTable(algo, target, note, columns, rows)
-    _pair_against_baseline(table, groups, plan or ComparisonPlan(None, None), extra_columns)
+    _pair_against_baseline(table, groups, plan or ComparisonPlan(None, None), extra_columns, conditional)
     table.flags = displacement_flags(rows)
     return table
 
@@ -204,9 +209,30 @@ def in_comparison(group: Group, plan: ComparisonPlan) -> bool:
     return not plan.declared or plan.allow_mixed or any(plan.arm(r) in plan.block["arms"] for r in group.runs)
 
 
+def _role(row: Row, ep: Endpoint, plan: ComparisonPlan, conditional: bool = False) -> str:
+    """The row's role on ``ep``: primary only for a declared primary arm on the final value of a primary metric,
+    in a table of all the counted runs (not ``conditional`` on one SFT start)."""
+    arm = next((plan.arm(r) for r in row.group.runs if plan.arm(r) is not None), None)
+    role = plan.role(arm)
+    primary_keys = {PRIMARY_ENDPOINTS.get(m) for m in plan.primary_metrics}
+    return "secondary" if role == "primary" and (conditional or ep.key not in primary_keys) else role
+
+
+FAMILY_WORDS = {
+    "primary": ("Primary contrasts (comparison.primary: {arms}; one Holm family over them and the primary metrics "
+                "{metrics}, the only comparisons the report's summary claims anything of)."),
+    "secondary": ("Secondary: not a declared primary contrast (comparison.primary: {arms}); Holm over this "
+                  "endpoint's secondary comparisons alone; no claim in the report's summary."),
+    "exploratory": "",
+}
+"""The sentence that opens a family's paragraph, naming what kind of comparison it is."""
+
+
 def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: ComparisonPlan,
-                           extra_columns: tuple[Column, ...]) -> None:
-    """Fill each row's ``paired``, the table's ``verdicts`` and its ``verdict`` paragraph per endpoint."""
+                           extra_columns: tuple[Column, ...], conditional: bool = False) -> None:
+    """Fill each row's ``paired``, the table's ``verdicts``, ``roles`` and its ``verdict`` paragraphs: the primary
+    contrasts first, as one Holm family across the primary metrics, then each endpoint's secondary (or, without a
+    declared block, exploratory) comparisons as a family of their own."""
     table.headline = next((c for c in table.columns if c.key in HEADLINE_KEYS), None)
     if table.headline is None:
         return
@@ -217,12 +243,31 @@ def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: Comparis
     table.baseline = base.label
     table.endpoints = endpoints(table.headline, extra_columns, tuple(table.columns))
     others = [row for row in table.rows if row.group is not base and in_comparison(row.group, plan)]
-    paragraphs = []
+    families: dict[str, list[tuple[Endpoint, Row, Comparison]]] = {}
     for ep in table.endpoints:
-        comparisons = [compare(row.group, base, ep, plan.counts) for row in others]
-        for row, c in zip(others, comparisons):
-            row.paired[ep.key] = c
-        table.verdicts[ep.key] = judge(comparisons, plan.alpha, plan.margin, difference_bound(ep.metric))
-        paragraphs.append(verdict_text(table.algo, ep, base.label, plan.kind, comparisons,
-                                       table.verdicts[ep.key], plan.alpha))
+        table.roles[ep.key], table.verdicts[ep.key] = {}, {}
+        for row in others:
+            row.paired[ep.key] = c = compare(row.group, base, ep, plan.counts)
+            role = table.roles[ep.key][row.group.label] = _role(row, ep, plan, conditional)
+            families.setdefault(role if role == "primary" else f"{role}:{ep.key}", []).append((ep, row, c))
+
+    words = {"arms": ", ".join(plan.primary) or "none declared", "metrics": ", ".join(plan.primary_metrics)}
+    paragraphs = []
+    for name, members in sorted(families.items(), key=lambda kv: kv[0] != "primary"):  # the primary family first
+        role = name.split(":")[0]
+        eps = list(dict.fromkeys(ep.key for ep, _, _ in members))
+        # a family over several endpoints names each member by its endpoint too, so its Holm labels are distinct
+        named = [replace(c, label=c.label if len(eps) == 1 else f"{c.label} [{ep.header}]") for ep, _, c in members]
+        bounds = {difference_bound(ep.metric) for ep, _, _ in members}  # the metrics' range, where they share one
+        verdicts = judge(named, plan.alpha, plan.margin, bounds.pop() if len(bounds) == 1 else None)
+        for (ep, row, _), c in zip(members, named):
+            if c.label in verdicts:
+                table.verdicts[ep.key][row.group.label] = verdicts[c.label]
+        head = FAMILY_WORDS[role].format(**words)
+        for key in eps:
+            ep = next(e for e in table.endpoints if e.key == key)
+            text = verdict_text(table.algo, ep, base.label, plan.kind,
+                                [c for (e, _, _), c in zip(members, named) if e.key == key], verdicts, plan.alpha)
+            paragraphs.append((head + " " if head else "") + text)
+            head = "Primary contrasts, continued (one Holm family with the paragraph above)." if role == "primary" else ""
     table.verdict = "\n\n".join(paragraphs)

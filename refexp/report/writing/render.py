@@ -18,7 +18,8 @@ from refexp.record.atomic import write_text_atomic
 from refexp.report.reading.reduce import COLUMNS, TAIL
 from refexp.report.statistics import own_change
 from refexp.report.statistics.summary import DEFAULT_TARGET_MARGIN
-from refexp.report.writing import frontier_report
+from refexp.report.version import rendered_by
+from refexp.report.writing import first_screen, frontier_report
 from refexp.report.writing.frontier_report import WITHIN_START
 from refexp.report.writing.table import error_cell, header_and_cells
 
@@ -169,7 +170,12 @@ _PLOT_CAPTIONS = {
 
 def render_markdown(report) -> str:
     out = [f"# Reference-strategy report: {report.sweep_dir.name}", "",
-           f"Sweep `{report.shown_dir}`: {_counts(report)}.", "", "## How to read this", "", HOW_TO_READ, ""]
+           f"Sweep `{report.shown_dir}`: {_counts(report)}.", "", "## Primary contrasts", "",
+           first_screen.intro(report), ""]
+    lines = first_screen.primary_lines(report)
+    if lines:
+        out += _md_table(first_screen.HEADER, [ln.cells() for ln in lines], numeric=False) + [""]
+    out += [first_screen.METHOD.format(alpha=report.plan.alpha), ""]
     for algo, table in report.tables.items():
         header, body = header_and_cells(table)
         out += [f"## {algo.upper()}", ""]
@@ -206,6 +212,7 @@ def render_markdown(report) -> str:
         out.append("None: every run found completed.")
     if report.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
+    out += ["", "## How to read this", "", HOW_TO_READ + " " + first_screen.FAMILIES]
     return "\n".join(out) + "\n"
 
 
@@ -235,7 +242,11 @@ def render_html(report) -> str:
              f"<style>{_CSS}</style></head><body>",
              f"<h1>{e(title)}</h1>",
              f"<p class=\"note\">Sweep <code>{e(report.shown_dir)}</code>: {e(_counts(report))}.</p>",
-             f"<h2>How to read this</h2><p>{_md_emphasis_to_html(HOW_TO_READ)}</p>"]
+             "<h2>Primary contrasts</h2>", f"<p>{e(first_screen.intro(report))}</p>"]
+    lines = first_screen.primary_lines(report)
+    if lines:
+        parts.append(_html_table(first_screen.HEADER, [ln.cells() for ln in lines]))
+    parts.append(f"<p>{_md_emphasis_to_html(first_screen.METHOD.format(alpha=report.plan.alpha))}</p>")
     for algo, table in report.tables.items():
         header, body = header_and_cells(table)
         parts.append(f"<h2>{e(algo.upper())}</h2>")
@@ -267,15 +278,16 @@ def render_html(report) -> str:
         parts.append("<p>None: every run found completed.</p>")
     if report.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in report.notes) + "</ul>")
+    parts.append(f"<h2>How to read this</h2><p>{_md_emphasis_to_html(HOW_TO_READ + ' ' + first_screen.FAMILIES)}</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
 # ---------------------------------------------------------------- json
-def _comparison_dict(c, v, baseline: str) -> dict:
-    """One group's comparison with the baseline on one endpoint: its seeds, the family verdict and numbers
-    (None without a claim), and the seed-only t interval."""
-    out = {"seeds": c.seeds, "sft_starts": c.starts, "no_claim": c.no_claim or None,
+def _comparison_dict(c, v, baseline: str, role: str) -> dict:
+    """One group's comparison with the baseline on one endpoint: its role (primary, secondary, exploratory), its
+    seeds, the family verdict and numbers (None without a claim), and the seed-only t interval."""
+    out = {"role": role, "seeds": c.seeds, "sft_starts": c.starts, "no_claim": c.no_claim or None,
            "seed_only_t95": c.seed_t.to_dict() if c.seed_t else None}
     if v is not None:
         out |= {"difference": v.result.point, "interval": list(v.interval), "interval_kind":
@@ -301,7 +313,8 @@ def summary_dict(report) -> dict:
                 "seeds": row.seeds, "n_completed": row.n_completed, "n_total": len(g.runs),
                 "metrics": {c.key: (row.cells[c.key].to_dict() if row.cells.get(c.key) else None)
                             for c in (*COLUMNS, *report.extra_columns)},
-                "paired_vs_baseline": {key: _comparison_dict(c, table.verdicts[key].get(g.label), table.baseline)
+                "paired_vs_baseline": {key: _comparison_dict(c, table.verdicts[key].get(g.label), table.baseline,
+                                                              table.roles[key][g.label])
                                        for key, c in row.paired.items()} or None,
                 "steps_to_target": None if t is None else {
                     "reached": t.reached, "n_with_eval": t.n,
@@ -314,16 +327,21 @@ def summary_dict(report) -> dict:
                        "kept": own_change.summary(report.kept[algo]) if algo in report.kept else None,
                        "within_sft_start": {start: {"verdict": inside.verdict, "paired_vs_baseline": {
                            row.group.label: {key: _comparison_dict(c, inside.verdicts[key].get(row.group.label),
-                                                                   inside.baseline) for key, c in row.paired.items()}
+                                                                   inside.baseline, inside.roles[key][row.group.label])
+                                             for key, c in row.paired.items()}
                            for row in inside.rows}} for start, inside in report.within.get(algo, {}).items()}}
     return {
+        **rendered_by(),
         "sweep_dir": report.shown_dir,
         "confidence": 0.95,
         "comparison": {"kind": report.plan.kind, "declared": report.plan.block, "baseline": report.plan.baseline,
                        "alpha": report.plan.alpha, "equivalence_margin": report.plan.margin,
+                       "primary": report.plan.primary, "primary_metrics": report.plan.primary_metrics,
+                       "problem": report.plan.problem or None,
                        "allow_mixed": report.plan.allow_mixed, "left_out_of_the_verdict": report.plan.excluded},
         "definitions": {c.key: c.doc for c in (*COLUMNS, *report.extra_columns)}
         | {"steps_to_target": "first step with eval/accuracy >= target; mean over seeds that reached it"},
+        "primary_contrasts": [ln.to_dict() for ln in first_screen.primary_lines(report)],
         "algos": algos,
         "not_counted": [{"run": p.name, "algo": p.algo, "strategy": p.strategy, "label": p.label,
                          "status": p.state, "error": p.error} for p in report.problems],

@@ -1,0 +1,27 @@
+"""Which report code rendered a report: ``REPORT_VERSION``, the one number to bump whenever what a report says
+changes (a verdict rule, a family, a column, a sentence), and the refexp commit of the checkout that rendered it.
+
+``summary.json`` records both (``rendered_by``); a committed report whose runs are not kept carries the version it
+was rendered by in a notice at its top (``refexp/report/writing/not_kept.py``), and ``tests/test_report_version.py``
+fails when a committed report whose runs are in the repo was rendered by an older version.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from refexp.record.provenance import provenance
+
+REPORT_VERSION = 1
+"""Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version``
+in their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
+inconclusive), primary contrasts (``comparison.primary``) form the verdict family and the first screen, every other
+table is secondary, ``none`` at several β is one group, the how-to-read text comes last."""
+
+
+def rendered_by(version: int = REPORT_VERSION, commit: Optional[str] = "current") -> dict:
+    """The summary.json fields that say which code rendered it: ``{"report_version": version, "rendered_by_commit":
+    commit}``; ``commit`` "current" reads this checkout's (None outside a git checkout, never an error)."""
+    if commit == "current":
+        commit = provenance()["commit"]
+    return {"report_version": int(version), "rendered_by_commit": commit}

@@ -1,0 +1,89 @@
+"""The report's first screen: the primary contrasts, one line each (Δ, interval, verdict, detectable difference),
+and the method named once with a pointer to ``docs/runs.md``; every other table follows it as secondary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+METHOD = ("Method: each difference pairs the runs by SFT start, seed and held-out prompt; the verdict is the primary "
+          "family's (comparison.primary), Holm over the primary contrasts alone at alpha {alpha:g}, and the interval "
+          "is the family's simultaneous (Bonferroni) one; the detectable difference is the smallest one these runs "
+          "detect with 80% power. How a report is computed and read: `docs/runs.md` in the refexp repository "
+          "(\"How to read a report\"), and *How to read this* at the end of this report. Every table below the "
+          "primary contrasts is secondary: it claims nothing here.")
+
+FAMILIES = ("Families: the primary contrasts (comparison.primary, on comparison.metrics) are one family, whatever "
+            "their endpoints; each endpoint's other comparisons against the baseline are a family of their own, "
+            "secondary (exploratory without a comparison block), and so are the comparisons within one SFT start; the "
+            "m of a comparison's Bonferroni interval and Holm p is the size of its own family, which its paragraph "
+            "names.")
+"""Appended to the how-to-read text: which comparisons share a family (``statistics/summary.py``)."""
+
+HEADER = ["contrast", "endpoint", "Δ", "simultaneous interval", "verdict", "detectable (80%)"]
+
+
+@dataclass(frozen=True)
+class Line:
+    """One primary contrast: the row of the first screen and of summary.json's ``primary_contrasts``."""
+
+    algo: str
+    contrast: str
+    endpoint: str
+    difference: Optional[float]
+    interval: Optional[tuple[float, float]]
+    level: Optional[float]
+    verdict: str
+    detectable: Optional[float]
+    interval_text: str = ""
+    """As the verdict prints it: "[-0.031, +0.105]", or "uninformative (1 df)" past the metric's range."""
+
+    def cells(self) -> list[str]:
+        if self.difference is None:
+            return [self.contrast, self.endpoint, "", "", self.verdict, ""]
+        return [self.contrast, self.endpoint, f"{self.difference:+.3f}",
+                f"{self.interval_text} ({100 * self.level:.4g}%)", self.verdict, f"±{self.detectable:.3f}"]
+
+    def to_dict(self) -> dict:
+        return {"algo": self.algo, "contrast": self.contrast, "endpoint": self.endpoint,
+                "difference": self.difference, "interval": list(self.interval) if self.interval else None,
+                "interval_level": self.level, "verdict": self.verdict, "detectable_difference_80": self.detectable}
+
+
+def primary_lines(report) -> list[Line]:
+    """Every primary contrast of every algorithm's table, in table order (no claim: its reason as the verdict)."""
+    lines = []
+    for algo, table in report.tables.items():
+        for ep in table.endpoints:
+            for row in table.rows:
+                label = row.group.label
+                if table.roles.get(ep.key, {}).get(label) != "primary":
+                    continue
+                v = table.verdicts[ep.key].get(label)
+                contrast = f"{label} − {table.baseline}"
+                if v is None:
+                    c = row.paired.get(ep.key)
+                    lines.append(Line(algo, contrast, ep.doc_name, None, None, None,
+                                      f"no claim ({c.no_claim if c is not None else 'no pair'})", None))
+                    continue
+                lines.append(Line(algo, contrast, ep.doc_name, v.result.point, tuple(v.interval),
+                                  1 - v.alpha / v.family_size, v.phrase if v.degenerate else v.word, v.mdd,
+                                  v.interval_text))
+    return lines
+
+
+def intro(report) -> str:
+    """The sentence before the lines: what the primary contrasts are, or that none is declared."""
+    plan = report.plan
+    if not plan.declared:
+        return ("No comparison declared (exploratory): no primary contrast, so this report claims nothing in its "
+                "summary; every table below is exploratory.")
+    if not plan.primary:
+        return ("The comparison block declares no primary contrast (comparison.primary): this report claims nothing "
+                "in its summary; every table below is secondary.")
+    text = (f"Declared before the runs (comparison.primary): {', '.join(plan.primary)}, each against "
+            f"{plan.baseline}, on {', '.join(plan.primary_metrics)}.")
+    if not primary_lines(report):
+        text += (" None of them could be paired group by group here (the baseline arm has several groups, or no run "
+                 "of an arm completed): the tables below say why, and this report claims nothing in its summary.")
+    return text

@@ -1,0 +1,82 @@
+"""Which report code rendered a report: summary.json's ``report_version`` and ``rendered_by_commit``, the committed
+reports under docs/ (every one says its version; one whose runs are not kept says so at its top; one whose runs are
+in the repo was rendered by the current version), and the marker that writes the notice."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from refexp.record.provenance import _git_commit, provenance
+from refexp.report import build_report
+from refexp.report.reading.load import load_sweep
+from refexp.report.version import REPORT_VERSION
+from refexp.report.writing import not_kept
+from tests.helpers.report_sweep import make_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = sorted(p.parent for p in (ROOT / "docs").rglob("summary.json"))
+
+
+def runs_in_reach(report_dir: Path) -> bool:
+    """Whether the runs a committed report was rendered from are in the repo: run dirs below the report's own dir,
+    or its ``sweep_dir`` (as the report shows it, relative to the checkout) holding runs."""
+    sweep = json.loads((report_dir / "summary.json").read_text())["sweep_dir"]
+    return any(d.is_dir() and load_sweep(d) for d in (report_dir, ROOT / sweep))
+
+
+def test_there_are_committed_reports():
+    assert len(COMMITTED) >= 8, COMMITTED
+
+
+@pytest.mark.parametrize("report_dir", COMMITTED, ids=lambda p: p.relative_to(ROOT / "docs").as_posix())
+def test_a_committed_report_says_which_version_rendered_it(report_dir):
+    summary = json.loads((report_dir / "summary.json").read_text())
+    assert isinstance(summary.get("report_version"), int), f"{report_dir}/summary.json has no report_version"
+    version = summary["report_version"]
+    if runs_in_reach(report_dir):
+        assert version == REPORT_VERSION, (f"{report_dir}: rendered by report version {version}, the code is at "
+                                           f"{REPORT_VERSION}: render it again (refexp-report SWEEP)")
+        return
+    top = f"> **{not_kept.notice(version)}**\n\n"
+    assert (report_dir / "report.md").read_text().startswith(top), f"{report_dir}/report.md lacks the notice"
+    if (report_dir / "report.html").is_file():
+        assert f'<body>\n<p class="not-kept"><strong>{not_kept.notice(version)}</strong></p>\n<h1>' in (
+            report_dir / "report.html").read_text()
+    assert summary["runs_kept"] is False
+
+
+def test_a_fresh_report_records_the_current_version_and_commit(tmp_path, monkeypatch):
+    make_sweep(tmp_path / "s")
+    build_report(tmp_path / "s")
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["report_version"] == REPORT_VERSION
+    assert summary["rendered_by_commit"] == provenance()["commit"]
+    assert "runs_kept" not in summary
+
+    assert _git_commit(tmp_path) is None  # outside a git checkout: no commit, no error
+    monkeypatch.setattr("refexp.report.version.provenance", lambda: {"commit": _git_commit(tmp_path)})
+    build_report(tmp_path / "s")
+    assert json.loads((tmp_path / "s" / "summary.json").read_text())["rendered_by_commit"] is None
+
+
+def test_marking_an_old_report_writes_version_0_and_one_notice(tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(ROOT / "docs" / "quickstart", old)
+    summary = json.loads((old / "summary.json").read_text())
+    for key in ("report_version", "rendered_by_commit", "runs_kept"):  # as it was before the field existed
+        summary.pop(key, None)
+    (old / "summary.json").write_text(json.dumps(summary, indent=2))
+    body = (old / "report.md").read_text().split("\n\n", 1)[1]
+    (old / "report.md").write_text(body)
+
+    assert not_kept.mark_not_kept(old) == 0
+    assert not_kept.mark_not_kept(old) == 0  # again: replaced, not stacked
+    marked = json.loads((old / "summary.json").read_text())
+    assert list(marked)[:2] == ["report_version", "rendered_by_commit"] and marked["report_version"] == 0
+    md = (old / "report.md").read_text()
+    assert md == "> **Rendered by report version 0 under the rules then in force; runs not kept.**\n\n" + body
+    assert (old / "report.html").read_text().count('class="not-kept"') == 1
