@@ -18,13 +18,14 @@ PAGES = [ROOT / "README.md", ROOT / "docs" / "findings.md"]
 
 
 def claims(text: str):
-    """(the verdict word the text uses, the marker's kind and spec, the text between the previous marker and it)."""
+    """(the verdict word the text uses, the marker's kind and spec, the text before it with line breaks as spaces)."""
     for m in MARKER.finditer(text):
-        yield phrase_before(text, m.start()), m.group(1), m.group(2), text[:m.start()][-200:]
+        yield phrase_before(text, m.start()), m.group(1), m.group(2), " ".join(text[:m.start()][-300:].split())
 
 
 def check(text: str) -> list[str]:
-    """One line per claim whose word is not the rule's, or whose quoted interval is not the cell's."""
+    """One line per claim whose word is not the rule's, or that does not quote the cell's interval (an interval past
+    ±1 on a proportion is quoted as uninformative)."""
     wrong = []
     for word, kind, spec, before in claims(text):
         cell = resolve(kind, spec)
@@ -32,6 +33,9 @@ def check(text: str) -> list[str]:
             wrong.append(f"{cell.where}: the text says {word!r}, the rule decides {cell.decided!r}")
         elif word == "inconclusive" and interval_text(cell.interval) not in before:
             wrong.append(f"{cell.where}: inconclusive must quote the interval {interval_text(cell.interval)}")
+        elif word in ("higher", "lower") and interval_text(cell.interval) not in before and "uninformative" not in before:
+            wrong.append(f"{cell.where}: {word} must quote the interval {interval_text(cell.interval)} (or call it "
+                         f"uninformative)")
     return wrong
 
 
