@@ -16,6 +16,9 @@ A docs page cites a cell with an HTML comment right after the verdict phrase tha
         the row of group GROUP in ``algos[ALGO].kept.within[START].rows`` (START ``all``: ``kept.rows``);
 
 DIR is the report's folder under ``docs/`` (e.g. ``frontier_grpo/paired_against_none``).
+
+A paired cell's Holm p is recomputed over its family from the unadjusted p's (a degenerate t entering as 1);
+a kept row stores no unadjusted p, so its committed Holm p is read as it is.
 """
 
 from __future__ import annotations
