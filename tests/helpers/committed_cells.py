@@ -1,0 +1,129 @@
+"""What the current verdict rule decides for one cell of a committed ``docs/<experiment>/summary.json``.
+
+The runs behind most committed reports are not kept, so their reports cannot be re-rendered; their summaries keep
+each comparison's difference, simultaneous interval, unadjusted and Holm-adjusted p and the per-unit differences
+of its Student t. From those this module re-applies the rule ``refexp.report.statistics.inference`` applies today
+(Holm's step-down decides; a degenerate t enters Holm with p 1 and makes no claim; an interval past ±1 on a
+difference of proportions is uninformative). It cannot redo the shared-prompt bootstrap: the intervals and
+unadjusted p's are the ones the report was rendered with.
+
+A docs page cites a cell with an HTML comment right after the verdict phrase that quotes it:
+
+    ``<!-- paired DIR | ALGO | START | ARM | METRIC -->``
+        ``algos[ALGO].within_sft_start[START].paired_vs_baseline[ARM][METRIC]`` (START ``all``: the group
+        ARM's own ``paired_vs_baseline[METRIC]``, the start as the unit);
+    ``<!-- kept DIR | ALGO | START | GROUP -->``
+        the row of group GROUP in ``algos[ALGO].kept.within[START].rows`` (START ``all``: ``kept.rows``);
+
+DIR is the report's folder under ``docs/`` (e.g. ``frontier_grpo/paired_against_none``).
+
+A paired cell's Holm p is recomputed over its family from the unadjusted p's (a degenerate t entering as 1);
+a kept row stores no unadjusted p, so its committed Holm p is read as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+from refexp.report.statistics.inference import DEGENERATE, INCONCLUSIVE, holm, verdict_word
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+MARKER = re.compile(r"<!--\s*(paired|kept)\s+([^>]*?)\s*-->")
+
+UNINFORMATIVE = "uninformative"
+PROPORTION_METRICS = ("acc_", "retention_", "pass_at_k", "heldout_pref")
+"""Cell names whose metric is a share of prompts (a difference lies in [-1, 1])."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One committed comparison and the verdict the current rule gives it."""
+
+    where: str
+    difference: float
+    interval: tuple[float, float]
+    printed: str
+    """The verdict word the committed report printed (the rules then in force)."""
+    decided: str
+    """higher / lower / inconclusive / uninformative / degenerate t, by the current rule."""
+
+
+@lru_cache(maxsize=None)
+def summary(folder: str) -> dict:
+    path = DOCS / folder / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"cell marker names docs/{folder}, which has no summary.json")
+    return json.loads(path.read_text())
+
+
+def _degenerate(cell: dict) -> bool:
+    """The per-unit differences of the cell's Student t are identical (no spread: the t tests nothing)."""
+    values = (cell.get("seed_only_t95") or {}).get("values") or []
+    return len(values) >= 2 and max(values) - min(values) <= 1e-9
+
+
+def _rule(cell: dict, p_holm: float, alpha: float, proportion: bool) -> str:
+    word = verdict_word(cell.get("difference", cell.get("change")), p_holm, alpha, None, _degenerate(cell))
+    low, high = cell["interval"]
+    if word == INCONCLUSIVE and proportion and (low < -1.0 or high > 1.0):
+        return UNINFORMATIVE
+    return word
+
+
+def _paired_family_holm(family: dict, metric: str, alpha: float) -> dict[str, float]:
+    """Holm over the family's unadjusted p's, a degenerate t's entering as 1 (``inference.family_verdicts``)."""
+    arms = [a for a, cells in family.items() if cells and (cells.get(metric) or {}).get("p_unadjusted") is not None]
+    p = [1.0 if _degenerate(family[a][metric]) else family[a][metric]["p_unadjusted"] for a in arms]
+    return dict(zip(arms, holm(p, alpha).adjusted)) if arms else {}
+
+
+def resolve(kind: str, spec: str) -> Cell:
+    """The cell a marker names (``kind`` paired or kept; ``spec`` its ``|``-separated fields)."""
+    fields = [f.strip() for f in spec.split("|")]
+    folder, algo, start = fields[:3]
+    s = summary(folder)
+    alpha = (s.get("comparison") or {}).get("alpha") or 0.05
+    a = s["algos"][algo]
+    where = f"docs/{folder}/summary.json {kind} {' | '.join(fields[1:])}"
+    if kind == "paired":
+        arm, metric = fields[3:5]
+        if start == "all":
+            family = {g["label"]: g.get("paired_vs_baseline") for g in a["groups"]}
+        else:
+            family = a["within_sft_start"][start]["paired_vs_baseline"]
+        if arm not in family or not family[arm] or metric not in family[arm]:
+            raise KeyError(f"{where}: no such cell (arms: {sorted(family)})")
+        cell = family[arm][metric]
+        p_holm = _paired_family_holm(family, metric, alpha).get(arm, cell["p_holm"])
+        proportion = metric.startswith(PROPORTION_METRICS)
+    else:
+        (group,) = fields[3:4]
+        rows = a["kept"]["rows"] if start == "all" else a["kept"]["within"][start]["rows"]
+        match = [r for r in rows if r["group"] == group]
+        if len(match) != 1:
+            raise KeyError(f"{where}: no such row (groups: {[r['group'] for r in rows]})")
+        cell = match[0]
+        p_holm = cell["p_holm"]
+        proportion = True  # a change of retention, a share of prompts
+    decided = _rule(cell, p_holm, alpha, proportion)
+    return Cell(where, cell.get("difference", cell.get("change")), tuple(cell["interval"]), cell["verdict"], decided)
+
+
+VERDICT_IN_TEXT = re.compile(r"(higher|lower|inconclusive|uninformative|degenerate t|equivalent within)")
+
+
+def phrase_before(text: str, marker_start: int) -> Optional[str]:
+    """The last verdict word in the text between the previous marker (or the paragraph's start) and a marker."""
+    prev = max(text.rfind("-->", 0, marker_start), text.rfind("\n\n", 0, marker_start))
+    words = VERDICT_IN_TEXT.findall(text[prev + 1:marker_start])
+    return words[-1] if words else None
+
+
+def interval_text(interval: tuple[float, float]) -> str:
+    """"[−0.075, +0.335]" as the docs print an interval (Unicode minus)."""
+    return "[" + ", ".join(f"{v:+.3f}".replace("-", "−") for v in interval) + "]"
