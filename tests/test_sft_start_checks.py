@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from refexp.algos.sft import ValidationStop
 from refexp.algos.sft_checks import RETENTION_FLOOR, START_BAND, converged, start_warnings
+from refexp.config import SFTConfig
 from refexp.record.status import read_status
 from refexp.report.reading.load import load_run
 from refexp.report.reading.setup import sft_start, sft_starts
@@ -26,6 +28,26 @@ def test_imitation_ceiling_counts_the_carrying_sums_the_slip_makes_wrong():
     assert imitation_ceiling(prompts, 3, 0.85) == 0.5  # the demonstrations' mode drops the carry
     assert imitation_ceiling(prompts, 3, 0.5) == 0.75  # a tie: half of them
     assert imitation_ceiling(prompts, 3, 0.2) == imitation_ceiling(prompts, 3, 0.0) == 1.0
+
+
+def test_a_loss_plateau_below_the_accuracy_floor_is_the_wait_before_the_jump_not_convergence():
+    """The embedded task's loss creeps along a plateau for a seed-dependent 500-2,500 steps before accuracy jumps:
+    the plateau rule is armed only once validation accuracy reaches the floor (the task's imitation ceiling less
+    START_BAND); the accuracy target and the step cap are not gated by it."""
+    sft = SFTConfig(min_steps=0, patience=3, min_delta=0.002, target_accuracy=1.0)
+    waiting, free = (ValidationStop(sft, has_val=True, accuracy_floor=floor) for floor in (0.74, None))
+    for step in range(10):  # a flat loss at accuracy 0.01: a plateau by the loss alone
+        for stop in (waiting, free):
+            stop.update(1.1, 0.01, step)
+    assert free.done and free.reason() == "plateau"
+    assert not waiting.done and waiting.reason() == "cap"
+    waiting.update(0.3, 0.75, 10)  # the jump: progress, so the rule starts counting again
+    for step in range(11, 14):
+        waiting.update(0.3, 0.75, step)
+    assert waiting.done and waiting.reason() == "plateau"
+    target = ValidationStop(SFTConfig(target_accuracy=0.5), has_val=True, accuracy_floor=0.9)
+    target.update(0.5, 0.5, 0)
+    assert target.done and target.reason() == "target"
 
 
 @pytest.mark.parametrize("stopped_by, has_val, patience, want", [

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from refexp import titan
-from refexp.algos.sft_checks import converged, start_warnings
+from refexp.algos.sft_checks import START_BAND, converged, start_warnings
 from refexp.components.context import RunContext
 from refexp.components.data_order import batch_ids
 from refexp.components.evaluation import greedy_accuracy, logp_correct
@@ -44,7 +44,7 @@ def sft_fingerprint(ctx: RunContext) -> str:
     # enable is always true here; leaving it out keeps the keys of caches made before it existed.
     sft = {k: v for k, v in asdict(cfg.sft).items() if k not in ("cache_dir", "checkpoint", "enable")}
     key = {"model": asdict(cfg.model), "task": task_fingerprint(cfg.task), "sft": sft, "dtype": cfg.training.dtype,
-           "vocab": ctx.task.tokenizer.vocab_size, "version": 1,
+           "vocab": ctx.task.tokenizer.vocab_size, "version": 2,  # 2: the plateau rule waits for the accuracy floor
            # the stop rules read this many validation prompts
            "val_prompts": cfg.eval.num_prompts}
     compute = cfg.training.compute_dtype(ctx.device.type)
@@ -102,12 +102,18 @@ def sft_batch(ctx: RunContext, step: int) -> list[int]:
 
 class ValidationStop:
     """The SFT stage's stop rules, fed validation measurements only: ``done`` once the accuracy reaches
-    ``sft.target_accuracy``, or (from ``sft.min_steps`` on) after ``sft.patience`` evaluations in a row
-    whose loss is not below the best so far by ``sft.min_delta``. Without a validation split it never
-    stops the stage (the step cap does)."""
+    ``sft.target_accuracy``, or (from ``sft.min_steps`` on, and once the accuracy has reached ``accuracy_floor``)
+    after ``sft.patience`` evaluations in a row whose loss is not below the best so far by ``sft.min_delta``.
+    Without a validation split it never stops the stage (the step cap does).
 
-    def __init__(self, sft, *, has_val: bool) -> None:
-        self.sft, self.has_val = sft, has_val
+    ``accuracy_floor``: the least validation accuracy a converged model of the task has (the embedded task's
+    ``imitation_ceiling`` less ``START_BAND``; None where the task has no such number). On the embedded task the
+    loss creeps along a plateau for 500 to 2,500 steps, depending on the seed, before the accuracy jumps
+    (docs/headroom-task.md, "Why the SFT stage waits"); a loss plateau below the floor is that wait, not
+    convergence."""
+
+    def __init__(self, sft, *, has_val: bool, accuracy_floor: float | None = None) -> None:
+        self.sft, self.has_val, self.accuracy_floor = sft, has_val, accuracy_floor
         self.best_loss: float | None = None
         self.accuracy: float | None = None
         self.since_best = 0
@@ -123,7 +129,8 @@ class ValidationStop:
             self.since_best += 1
         self.improved = self.since_best == 0
         self.hit_target = accuracy >= self.sft.target_accuracy
-        plateau = self.sft.patience > 0 and self.since_best >= self.sft.patience and step >= self.sft.min_steps
+        armed = step >= self.sft.min_steps and (self.accuracy_floor is None or accuracy >= self.accuracy_floor)
+        plateau = self.sft.patience > 0 and self.since_best >= self.sft.patience and armed
         self.done = self.hit_target or plateau
 
     def reason(self) -> str:
@@ -163,7 +170,8 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
     log = MetricLogger(out_dir, enabled=ctx.dist.is_rank0)
     engine = build_engine(cfg.rollout, model, ctx.task.tokenizer,  # the configured engine, as every evaluation
                           capacity=decode_capacity(cfg))
-    stop = ValidationStop(sft, has_val=has_val)
+    ceiling = _val_ceiling(ctx) if has_val else None
+    stop = ValidationStop(sft, has_val=has_val, accuracy_floor=None if ceiling is None else ceiling - START_BAND)
     best = BestWeights(model)
 
     def validate() -> dict[str, float]:
@@ -214,7 +222,7 @@ def train_sft(ctx: RunContext, out_dir: Path) -> dict:
                "wall_s": now(ctx.device) - t0}
     if EVAL_RETENTION in final:
         summary["eval_retention"] = final[EVAL_RETENTION]
-    summary["val_ceiling"] = _val_ceiling(ctx) if has_val else None
+    summary["val_ceiling"] = ceiling
     summary["warnings"] = start_warnings(summary, ceiling=summary["val_ceiling"], steps_cap=sft.steps)
     _save_sft_output(ctx, model, out_dir, summary)
     log.close()

@@ -22,8 +22,9 @@ demonstrated without slips."""
 
 def converged(stopped_by: str, *, has_val: bool, patience: int) -> Optional[bool]:
     """Whether the stage ended at convergence: the target accuracy or the validation plateau (True); the step cap
-    while the plateau rule was armed, so validation loss had fallen by ``sft.min_delta`` within the last
-    ``sft.patience`` evaluations (False); None when no rule could tell (no validation split, ``sft.patience=0``)."""
+    (False): validation loss had fallen by ``sft.min_delta`` within the last ``sft.patience`` evaluations, or
+    validation accuracy was still below the floor a converged model of the task reaches (``ValidationStop``);
+    None when no rule could tell (no validation split, ``sft.patience=0``)."""
     if stopped_by in ("target", "plateau"):
         return True
     return False if has_val and patience > 0 else None
@@ -35,8 +36,8 @@ def start_warnings(summary: dict, *, ceiling: Optional[float], steps_cap: int) -
     number)."""
     out = []
     if summary.get("converged") is False:
-        out.append(f"SFT start not converged: stopped by the sft.steps={steps_cap} cap while its validation loss "
-                   f"was still falling (best at step {summary.get('kept_step')}); raise sft.steps")
+        out.append(f"SFT start not converged: stopped by the sft.steps={steps_cap} cap before a stop rule ended it "
+                   f"(best validation loss at step {summary.get('kept_step')}); raise sft.steps")
     val = summary.get("val_accuracy")
     if ceiling is not None and val is not None and val < ceiling - START_BAND:
         out.append(f"SFT start outside its band: validation accuracy {val:.3f}, below {ceiling - START_BAND:.3f} "

@@ -57,7 +57,7 @@ class SFTConfig:
     enable: bool = True
     """False skips the stage: the policy, the reference and the ``kl/init`` anchor all start from the
     pretrained checkpoint ``model.hf_assets_path`` (which must then be set; nothing to do for ``algo=sft``)."""
-    steps: int = 2000
+    steps: int = 4000
     """Step cap; training stops earlier at a validation plateau or at ``target_accuracy``."""
     min_steps: int = 1000
     """No plateau stop before this step: on the embedded task the loss first sits on a plateau for a few
@@ -74,7 +74,7 @@ class SFTConfig:
     """Steps between validation evaluations (what both stop rules read)."""
     batch_size: int = 64
     """Demonstrations per step."""
-    lr: float = 3e-3
+    lr: float = 1e-3
     """Peak learning rate of the SFT stage."""
     warmup_steps: int = 50
     """Linear learning-rate warm-up steps."""
