@@ -14,8 +14,11 @@ time a step does not use goes to the later ones):
 A step gets ``--budget-s`` = 80% of its share (gpu_smoke's ``Runner`` skips the figures that would start
 later) and is killed, with its process group, at its share; the lines it printed by then are kept. Every
 figure of the table is in the output: a figure its step never printed gets ``"value": null`` and the reason.
-Output: ``OUT/gpu_check.json`` (``env``, ``deps`` from ``OUT/deps.json`` when gpu_check.sh wrote it,
-``figures``, ``steps``, ``summary``) and each step's output in ``OUT/logs/``.
+Output, at most ``MAX_RESULT_FILES`` files (what the device machine returns): ``OUT/gpu_check.json`` (``env``,
+``deps`` from ``OUT/deps.json`` when gpu_check.sh's install step wrote it, ``figures``, ``steps``, ``summary``)
+and ``OUT/gpu_check.log``, every step's standard output and error one after the other under a header line. The
+last lines of standard output are the table of every figure (bench/gpu_table.py): the machine returns standard
+output even when it does not return the files.
 
     python bench/gpu_check.py OUT [--budget-s N] [--toy]     # bench/gpu_check.sh calls it so
 """
@@ -28,12 +31,18 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from gpu_table import figure_table  # noqa: E402
 MAX_BUDGET_S = 360.0
+MAX_RESULT_FILES = 8  # the device machine returns at most 8 files of a command's $OUT
+LOG = "gpu_check.log"
 CHILD_BUDGET_FRACTION = 0.8  # the rest of a share: the child's start-up (torch, refexp) and a margin
 
 
@@ -85,10 +94,11 @@ def step_command(step: Step, budget_s: float, toy: bool) -> list[str]:
     return cmd
 
 
-def run_step(step: Step, box_s: float, args, logs: Path) -> tuple[list[dict], dict]:
-    """(the JSON lines the step printed, its record): killed with its process group after ``box_s``."""
+def run_step(step: Step, box_s: float, args, work: Path, log: Path) -> tuple[list[dict], dict]:
+    """(the JSON lines the step printed, its record): killed with its process group after ``box_s``. Its output
+    is written in ``work`` as it runs, then appended to the merged ``log``."""
     cmd = step_command(step, CHILD_BUDGET_FRACTION * box_s, args.toy)
-    out_path, err_path = logs / f"{step.name}.jsonl", logs / f"{step.name}.log"
+    out_path, err_path = work / f"{step.name}.out", work / f"{step.name}.err"
     t0 = time.monotonic()
     timed_out = False
     with open(out_path, "w") as out, open(err_path, "w") as err:
@@ -109,15 +119,26 @@ def run_step(step: Step, box_s: float, args, logs: Path) -> tuple[list[dict], di
             lines.append(obj)
     record = {"seconds": round(time.monotonic() - t0, 1), "box_s": round(box_s, 1), "rc": rc,
               "timed_out": timed_out, "command": " ".join(cmd[1:])}
+    with open(log, "a") as merged:
+        for what, path in (("stdout", out_path), ("stderr", err_path)):
+            merged.write(f"===== step {step.name}: {what} (rc {rc}{', timed out' if timed_out else ''}) =====\n")
+            text = path.read_text(errors="replace")
+            merged.write(text if text.endswith("\n") or not text else text + "\n")
     return lines, record
+
+
+def result_files(out: Path) -> list[Path]:
+    """Every file under ``out``, subfolders included: what the device machine would have to return."""
+    return sorted(p for p in out.rglob("*") if p.is_file())
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
-    logs = args.out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / LOG
+    log.write_text("")
     result = {"schema": "refexp-gpu-check/1", "toy": args.toy, "budget_s": args.budget_s,
               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": None, "deps": None,
               "figures": {}, "steps": {}}
@@ -131,7 +152,8 @@ def main(argv=None) -> dict:
         if box < 1.0:
             result["steps"][step.name] = {"skipped": f"out of time: {max(left, 0):.0f} s of the budget left"}
             continue
-        lines, record = run_step(step, box, args, logs)
+        with tempfile.TemporaryDirectory(prefix="gpu_check_step_") as work:
+            lines, record = run_step(step, box, args, Path(work), log)
         result["steps"][step.name] = record
         for line in lines:
             name = line.pop("figure")
@@ -146,14 +168,19 @@ def main(argv=None) -> dict:
         why = rec.get("skipped") or ("timed out" if rec.get("timed_out") else f"exit {rec.get('rc')}")
         for name in step.figures:
             result["figures"].setdefault(name, {"value": None, "error": f"step {step.name} printed no line for it "
-                                                                        f"({why}; see logs/{step.name}.log)"})
-    figs = result["figures"]
+                                                                        f"({why}; see {LOG})"})
+    result["figures"] = figs = {n: result["figures"][n] for n in FIGURES if n in result["figures"]}
     result["summary"] = {"ok": sum(1 for f in figs.values() if f.get("value") is not None),
                          "error": sum(1 for f in figs.values() if f.get("error")),
                          "skipped": sum(1 for f in figs.values() if f.get("skipped")),
                          "elapsed_s": round(time.monotonic() - t0, 1)}
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(f"gpu_check: {result['summary']} -> {args.out / 'gpu_check.json'}", file=sys.stderr)
+    files = result_files(args.out)
+    if len(files) > MAX_RESULT_FILES:  # the machine would drop some: say which, where it is returned
+        print(f"gpu_check: warning: {len(files)} files in {args.out}, over the {MAX_RESULT_FILES} the device "
+              f"machine returns: {', '.join(str(p.relative_to(args.out)) for p in files)}", file=sys.stderr)
+    print(f"gpu_check: {result['summary']} -> {args.out / 'gpu_check.json'}", file=sys.stderr, flush=True)
+    print(figure_table(result["figures"], result["summary"]), flush=True)  # the last lines of standard output
     return result
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: install the wheels of bench/gpu_wheels.sh offline into a temporary folder, then run
-# gpu_smoke.py and the probes (bench/gpu_check.py) within the budget; one JSON file of figures in OUT.
+# gpu_smoke.py and the probes (bench/gpu_check.py) within the budget. In OUT: deps.json (what the install did;
+# not with --toy), gpu_check.json (the figures) and gpu_check.log (every step's output): at most 8 files, what
+# the device machine returns. Standard output ends with the table of every figure.
 #
 #   bash bench/gpu_check.sh OUT [--budget-s N] [--toy] [--wheels DIR] [--deps DIR] [--steps a,b]
 #

@@ -20,6 +20,7 @@ sys.path.insert(0, str(BENCH))
 import gpu_adapters  # noqa: E402
 import gpu_check  # noqa: E402
 import gpu_smoke  # noqa: E402
+import gpu_table  # noqa: E402
 
 COUNTS = {"compiles_first", "compiles_timed", "compiles_in_process"}  # may be 0: eager on CPU
 
@@ -34,9 +35,20 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
     p = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "--toy", str(out), "--budget-s", "240"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+    # what the device machine returns: at most 8 files, one of them the install step's, which --toy skips
+    files = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
+    assert files == ["gpu_check.json", gpu_check.LOG] and len(files) <= gpu_check.MAX_RESULT_FILES - 1
+    log = (out / gpu_check.LOG).read_text()
+    for step in gpu_check.STEPS:  # every step's output in the merged log, under its header
+        assert f"===== step {step.name}: stdout (rc 0) =====" in log and f"===== step {step.name}: stderr" in log
     result = json.loads((out / "gpu_check.json").read_text())
     figs = result["figures"]
-    assert set(figs) == set(gpu_check.FIGURES)
+    assert list(figs) == list(gpu_check.FIGURES)
+    # standard output (returned even when the files are not) ends with the table of every figure and its value
+    table = p.stdout.rstrip("\n").splitlines()[-(len(gpu_check.FIGURES) + 3):]
+    assert table[0] == f"== {gpu_table.TITLE} ==" and table[-1].startswith("== ok 12, error 0")
+    for row, (name, fig) in zip(table[2:-1], figs.items()):
+        assert row.split()[:2] == [name, gpu_table._fmt(fig["value"])], row
     for name, fig in figs.items():
         assert fig.get("error") is None and fig.get("skipped") is None, (name, fig)
         assert _finite(fig["value"]) and fig["value"] > 0, (name, fig)
@@ -65,6 +77,19 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
         assert eager["rows"] == static["rows"] == rows and static["static_decode"] is True
         assert eager["generated_tokens"] == static["generated_tokens"] == rows * gpu_smoke.TOY.new_tokens
         assert all(_finite(static[k]) and static[k] >= 0 for k in COUNTS) and _finite(static["capture_s"])
+
+
+def test_the_figure_table_shows_a_value_with_its_key_fields_and_a_missing_one_with_its_reason():
+    figs = {"gen_tokens_per_s_16_static": {"value": 1234.5678, "unit": "tokens/s", "compiles_timed": 0,
+                                           "compiles_first": 3, "capture_s": 41.0, "seconds": 2.0},
+            "peak_mem_mib_ac_none": {"value": None, "error": "OutOfMemoryError: CUDA out of\nmemory " + "x" * 200},
+            "train_mfu": {"value": None, "skipped": "out of time: 0 s of the budget left"}}
+    lines = gpu_table.figure_table(figs, {"ok": 1, "error": 1, "skipped": 1}).splitlines()
+    assert lines[2].split() == ["gen_tokens_per_s_16_static", "1235", "tokens/s", "compiles_first=3",
+                                "compiles_timed=0", "capture_s=41"]
+    assert lines[3].split()[:5] == ["peak_mem_mib_ac_none", "-", "ERROR:", "OutOfMemoryError:", "CUDA"]
+    assert len(lines[3]) < 160  # one line, the error cut short (gpu_check.json has all of it)
+    assert "SKIPPED: out of time" in lines[4] and lines[-1] == "== ok 1, error 1, skipped 1 =="
 
 
 def test_gpu_check_refuses_a_budget_over_six_minutes(tmp_path):
