@@ -21,7 +21,9 @@ is measured the same way for every strategy (``reference/anchor.py``); a fixed r
 the reference itself halves;
 learned reward models (``task.reward_model`` & co., ``tasks/reward_model.reward_models_plan_line``);
 ``rollout.static_decode``'s kept K/V buffers (``static_decode_warning`` says when they outweigh the model's own
-parameters, gradients and optimizer state). Gradients are freed after each optimizer step
+parameters, gradients and optimizer state) and, wrapped, its kept copy of the weights the step reads (P x c / t:
+FSDP's gathered parameters move between generations, a CUDA graph needs fixed addresses;
+``titan/static_weights.py``). Gradients are freed after each optimizer step
 (``optim.clip_and_step`` zeroes them to None), so only the training phase holds them.
 
 Rollout (the decode loop, ``titan/decode.py``, for the GRPO step's rows and the evaluation's batches):
@@ -381,6 +383,9 @@ def plan(cfg) -> Plan:
         resident.append(Item(*reward_models))
     if cfg.rollout.static_decode:
         resident.append(_static_buckets(cfg, s, compute, dp))
+        resident.append(Item("static-decode weights", s.params * compute / tp if wrapped else 0,
+                             f"the whole model in {compute_name} at fixed addresses (titan/static_weights.py)"
+                             if wrapped else "not FSDP-wrapped: the step reads the parameters"))
     out = Plan(device=device_how, compute=compute_name, resident=resident)
     out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
 
