@@ -63,8 +63,10 @@ STEPS = (
     # at toy size on CPU too, the log-prob difference is the bfloat16 one (the CUDA code path, a 1-rank mesh)
     Step("grpo", "gpu_probe_grpo.py", ("grpo_3steps_s", "rollout_logprob_diff"), weight=3.0,
          toy_args=("--mixed-precision", "bfloat16")),
+    # bfloat16 at toy size too: the FSDP-wrapped policy whose gathered weights the static path keeps a copy of
     Step("decode", "gpu_smoke.py", ("gen_tokens_per_s_16", "gen_tokens_per_s_128", "gen_tokens_per_s_16_static",
-                                    "gen_tokens_per_s_128_static"), weight=3.5, smoke_only=True),
+                                    "gen_tokens_per_s_128_static"), weight=3.5, smoke_only=True,
+         toy_args=("--mixed-precision", "bfloat16")),
 )
 FIGURES = tuple(f for s in STEPS for f in s.figures)
 

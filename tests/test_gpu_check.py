@@ -77,16 +77,22 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
         assert eager["rows"] == static["rows"] == rows and static["static_decode"] is True
         assert eager["generated_tokens"] == static["generated_tokens"] == rows * gpu_smoke.TOY.new_tokens
         assert all(_finite(static[k]) and static[k] >= 0 for k in COUNTS) and _finite(static["capture_s"])
+        # the timed generation and the one after a training step replay what the first recorded, on weights
+        # that stayed put (the FSDP-wrapped bf16 policy's kept copy; CUDA graphs themselves exist only on CUDA)
+        assert all(static[f"graphs_{k}_{when}"] == 0 for k in ("recorded", "rerecorded", "skipped")
+                   for when in ("timed", "after_step"))
+        assert static["after_step_weights_moved"] is False and _finite(static["after_step_tokens_per_s"])
 
 
 def test_the_figure_table_shows_a_value_with_its_key_fields_and_a_missing_one_with_its_reason():
     figs = {"gen_tokens_per_s_16_static": {"value": 1234.5678, "unit": "tokens/s", "compiles_timed": 0,
-                                           "compiles_first": 3, "capture_s": 41.0, "seconds": 2.0},
+                                           "compiles_first": 3, "capture_s": 41.0, "seconds": 2.0,
+                                           "graphs_recorded_timed": 0, "after_step_weights_moved": False},
             "peak_mem_mib_ac_none": {"value": None, "error": "OutOfMemoryError: CUDA out of\nmemory " + "x" * 200},
             "train_mfu": {"value": None, "skipped": "out of time: 0 s of the budget left"}}
     lines = gpu_table.figure_table(figs, {"ok": 1, "error": 1, "skipped": 1}).splitlines()
-    assert lines[2].split() == ["gen_tokens_per_s_16_static", "1235", "tokens/s", "compiles_first=3",
-                                "compiles_timed=0", "capture_s=41"]
+    assert lines[2].split() == ["gen_tokens_per_s_16_static", "1235", "tokens/s", "compiles_timed=0",
+                                "graphs_recorded_timed=0", "capture_s=41", "after_step_weights_moved=False"]
     assert lines[3].split()[:5] == ["peak_mem_mib_ac_none", "-", "ERROR:", "OutOfMemoryError:", "CUDA"]
     assert len(lines[3]) < 160  # one line, the error cut short (gpu_check.json has all of it)
     assert "SKIPPED: out of time" in lines[4] and lines[-1] == "== ok 1, error 1, skipped 1 =="
@@ -174,6 +180,22 @@ def test_a_logger_none_run_needs_only_the_gpu_machine_and_the_wheel_list(tmp_pat
     assert not {"wandb", "optuna"} & imported
     refused = set(json.loads(p.stdout.split("REFUSED ", 1)[1].splitlines()[0]))
     assert not {"wandb", "optuna"} & refused  # not even tried: the imports of W&B and Optuna stay lazy
+
+
+def test_the_cuda_graph_counter_counts_recordings_rerecordings_and_skips():
+    """cudagraph trees record only on CUDA: here the counter is installed on this torch's ``CUDAGraphNode``
+    (once), and the counts it reads are driven by hand."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
+
+    assert gpu_adapters.install_cudagraph_counter() and gpu_adapters.install_cudagraph_counter()
+    assert cudagraph_trees.CUDAGraphNode.__init__._refexp_counting
+    before = gpu_adapters.cudagraph_counts()
+    gpu_adapters.note_recording("decode_step_8x24")  # recorded
+    gpu_adapters.note_recording("decode_step_16x24")  # another graph, recorded
+    gpu_adapters.note_recording("decode_step_8x24")  # the first again: its static inputs moved
+    counters["inductor"]["cudagraph_skips"] += 1
+    assert gpu_adapters.counts_since(before) == {"recorded": 3, "rerecorded": 1, "skipped": 1}
 
 
 def test_compile_count_counts_each_compilation_once():
