@@ -6,6 +6,7 @@ time a step does not use goes to the later ones):
 
 | step | runs | figures |
 |---|---|---|
+| ``preflight`` | ``gpu_preflight.py`` | versions, clocks, refexp.tasks, a 1-rank collective (failed: the rest in float32), deterministic cumsum |
 | ``train`` | ``gpu_smoke.py --only ...`` | ``matmul_bf16_tflops``, ``train_tokens_per_s``, ``train_mfu``, ``ref_forward_ratio`` |
 | ``memory`` | ``gpu_probe_memory.py`` | ``peak_mem_mib_ac_none``, ``peak_mem_mib_ac_full`` (each against the dry-run plan) |
 | ``grpo`` | ``gpu_probe_grpo.py`` | ``grpo_3steps_s`` (generation / reference forward / policy split), ``rollout_logprob_diff`` |
@@ -57,6 +58,9 @@ class Step:
 
 
 STEPS = (
+    # versions, clocks, a 1-rank collective, deterministic cumsum: a failed collective runs the rest in float32
+    Step("preflight", "gpu_preflight.py", ("preflight_versions", "preflight_refexp_tasks", "preflight_collectives",
+                                           "preflight_deterministic_cumsum"), weight=0.6),
     Step("train", "gpu_smoke.py", ("matmul_bf16_tflops", "train_tokens_per_s", "train_mfu", "ref_forward_ratio"),
          weight=2.0, smoke_only=True),
     Step("memory", "gpu_probe_memory.py", ("peak_mem_mib_ac_none", "peak_mem_mib_ac_full"), weight=1.5),
@@ -87,19 +91,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def step_command(step: Step, budget_s: float, toy: bool) -> list[str]:
+def step_command(step: Step, budget_s: float, toy: bool, fp32: bool = False) -> list[str]:
+    """``fp32``: the preflight's collective failed, so no FSDP mixed precision (it needs a process group)."""
     cmd = [sys.executable, str(BENCH / step.script), "--budget-s", f"{budget_s:.1f}"]
     if step.smoke_only:
         cmd += ["--only", *step.figures]
     if toy:
-        cmd += ["--toy", "--device", "cpu", "--threads", "1", *step.toy_args]
+        cmd += ["--toy", "--device", "cpu", "--threads", "1", *(() if fp32 else step.toy_args)]
+    if fp32:
+        cmd += ["--mixed-precision", "float32"]
     return cmd
+
+
+CLOCKS_QUERY = "driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw"
+
+
+def gpu_clocks() -> dict | None:
+    """``nvidia-smi``'s driver version, clocks (MHz), temperature and power of the first GPU; None without it."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={CLOCKS_QUERY}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0 or not out.stdout.strip():
+        return None
+    return dict(zip(CLOCKS_QUERY.split(","), (v.strip() for v in out.stdout.splitlines()[0].split(","))))
 
 
 def run_step(step: Step, box_s: float, args, work: Path, log: Path) -> tuple[list[dict], dict]:
     """(the JSON lines the step printed, its record): killed with its process group after ``box_s``. Its output
     is written in ``work`` as it runs, then appended to the merged ``log``."""
-    cmd = step_command(step, CHILD_BUDGET_FRACTION * box_s, args.toy)
+    cmd = step_command(step, CHILD_BUDGET_FRACTION * box_s, args.toy, args.fp32)
     out_path, err_path = work / f"{step.name}.out", work / f"{step.name}.err"
     t0 = time.monotonic()
     timed_out = False
@@ -136,6 +158,7 @@ def result_files(out: Path) -> list[Path]:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    args.fp32 = False
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
@@ -157,6 +180,11 @@ def main(argv=None) -> dict:
         with tempfile.TemporaryDirectory(prefix="gpu_check_step_") as work:
             lines, record = run_step(step, box, args, Path(work), log)
         result["steps"][step.name] = record
+        if step.name == "preflight" and not any(x.get("figure") == "preflight_collectives" and x.get("value")
+                                                is not None for x in lines):
+            args.fp32 = True  # no process group: the later steps' models stay plain float32 modules
+            result["fallback"] = "float32: the preflight's 1-rank collective failed (see preflight_collectives)"
+            print(f"gpu_check: {result['fallback']}", file=sys.stderr, flush=True)
         for line in lines:
             name = line.pop("figure")
             if name == "env" and result["env"] is None:
@@ -176,6 +204,7 @@ def main(argv=None) -> dict:
                          "error": sum(1 for f in figs.values() if f.get("error")),
                          "skipped": sum(1 for f in figs.values() if f.get("skipped")),
                          "elapsed_s": round(time.monotonic() - t0, 1)}
+    result["gpu_clocks_end"] = gpu_clocks()  # the preflight's are the start's
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     files = result_files(args.out)
     if len(files) > MAX_RESULT_FILES:  # the machine would drop some: say which, where it is returned

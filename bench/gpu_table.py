@@ -11,6 +11,8 @@ from __future__ import annotations
 TITLE = "gpu_check figures"
 MAX_NOTE = 90  # characters of an error or a skip reason in the table (the whole text is in gpu_check.json)
 KEY_FIELDS = {
+    "preflight_versions": ("of", "torch", "cuda", "cudnn", "nccl"),
+    "preflight_collectives": ("backend",),
     "matmul_bf16_tflops": ("dtype",),
     "train_tokens_per_s": ("compute_dtype", "step_s"),
     "train_mfu": ("peak_source", "mfu_vs_measured"),

@@ -46,13 +46,14 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
     assert list(figs) == list(gpu_check.FIGURES)
     # standard output (returned even when the files are not) ends with the table of every figure and its value
     table = p.stdout.rstrip("\n").splitlines()[-(len(gpu_check.FIGURES) + 3):]
-    assert table[0] == f"== {gpu_table.TITLE} ==" and table[-1].startswith("== ok 12, error 0")
+    assert table[0] == f"== {gpu_table.TITLE} ==" and table[-1].startswith(f"== ok {len(figs)}, error 0")
     for row, (name, fig) in zip(table[2:-1], figs.items()):
         assert row.split()[:2] == [name, gpu_table._fmt(fig["value"])], row
     for name, fig in figs.items():
         assert fig.get("error") is None and fig.get("skipped") is None, (name, fig)
         assert _finite(fig["value"]) and fig["value"] > 0, (name, fig)
     assert result["env"]["toy"] is True and result["env"]["refexp_titan_import"] == "ok"
+    assert "fallback" not in result and figs["preflight_collectives"]["backend"] == "gloo"
     assert result["summary"]["ok"] == len(gpu_check.FIGURES) and result["summary"]["elapsed_s"] <= 240
     assert all(s["rc"] == 0 and not s["timed_out"] for s in result["steps"].values())
 
@@ -96,6 +97,15 @@ def test_the_figure_table_shows_a_value_with_its_key_fields_and_a_missing_one_wi
     assert lines[3].split()[:5] == ["peak_mem_mib_ac_none", "-", "ERROR:", "OutOfMemoryError:", "CUDA"]
     assert len(lines[3]) < 160  # one line, the error cut short (gpu_check.json has all of it)
     assert "SKIPPED: out of time" in lines[4] and lines[-1] == "== ok 1, error 1, skipped 1 =="
+
+
+def test_after_a_failed_preflight_collective_the_steps_run_in_float32():
+    """No process group, no FSDP mixed precision: the steps after the preflight build plain float32 models."""
+    decode = next(s for s in gpu_check.STEPS if s.name == "decode")
+    assert gpu_check.step_command(decode, 10, toy=True)[-2:] == ["--mixed-precision", "bfloat16"]
+    fp32 = gpu_check.step_command(decode, 10, toy=True, fp32=True)
+    assert fp32[-2:] == ["--mixed-precision", "float32"] and "bfloat16" not in fp32
+    assert gpu_check.step_command(decode, 10, toy=False, fp32=True)[-2:] == ["--mixed-precision", "float32"]
 
 
 def test_gpu_check_refuses_a_budget_over_six_minutes(tmp_path):
