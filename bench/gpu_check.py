@@ -151,6 +151,16 @@ def run_step(step: Step, box_s: float, args, work: Path, log: Path) -> tuple[lis
     return lines, record
 
 
+def compile_caches() -> dict:
+    """Where inductor and triton keep compiled kernels (gpu_check.sh pins them) and how many files each holds."""
+    out = {}
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        path = os.environ.get(var)
+        out[var] = {"path": path, "files": sum(1 for p in Path(path).rglob("*") if p.is_file())
+                    if path and Path(path).is_dir() else None}
+    return out
+
+
 def result_files(out: Path) -> list[Path]:
     """Every file under ``out``, subfolders included: what the device machine would have to return."""
     return sorted(p for p in out.rglob("*") if p.is_file())
@@ -167,6 +177,7 @@ def main(argv=None) -> dict:
     result = {"schema": "refexp-gpu-check/1", "toy": args.toy, "budget_s": args.budget_s,
               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": None, "deps": None,
               "figures": {}, "steps": {}}
+    result["compile_caches"] = compile_caches()  # warm (files from an earlier call) or cold
     deps = args.out / "deps.json"
     if deps.exists():
         result["deps"] = json.loads(deps.read_text())

@@ -42,6 +42,11 @@ START=$SECONDS
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/refexp_gpu_check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 export REFEXP_CACHE="${REFEXP_CACHE:-$WORK/cache}"
+# compile caches pinned outside the temporary folder: a second call on the still-warm machine (bench/gpu_slot.sh's
+# step 2) reuses inductor's and triton's compiled kernels instead of compiling the decode steps again
+CACHES="${REFEXP_GPU_CACHES:-${TMPDIR:-/tmp}/refexp_gpu_caches}"
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$CACHES/inductor}" TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$CACHES/triton}"
+mkdir -p "$TORCHINDUCTOR_CACHE_DIR" "$TRITON_CACHE_DIR"
 
 ARGS=()
 [ -z "$STEPS" ] || ARGS+=(--steps "$STEPS")

@@ -108,6 +108,24 @@ def test_after_a_failed_preflight_collective_the_steps_run_in_float32():
     assert gpu_check.step_command(decode, 10, toy=False, fp32=True)[-2:] == ["--mixed-precision", "float32"]
 
 
+@pytest.mark.slow
+def test_the_slots_second_step_reruns_decode_and_what_the_first_did_not_finish(tmp_path):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "step1.json").write_text(json.dumps({"steps": {"preflight": {"rc": 0, "timed_out": False},
+                                                           "train": {"skipped": "out of time"},
+                                                           "memory": {"rc": 0, "timed_out": False}}}))
+    env = {**__import__("os").environ, "REFEXP_GPU_KEEP": str(keep), "GPU_SLOT_ARGS": "--toy"}
+    p = subprocess.run(["bash", str(BENCH / "gpu_slot.sh"), "2", str(tmp_path / "out")], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "gpu_slot: step 2 runs --steps decode,train" in p.stderr
+    result = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert set(result["steps"]) == {"train", "decode"}
+    assert all(v["path"].startswith(str(keep / "caches")) for v in result["compile_caches"].values())
+    assert p.stdout.rstrip("\n").splitlines()[-1].startswith("== ok 8, error 0")
+
+
 def test_gpu_check_refuses_a_budget_over_six_minutes(tmp_path):
     p = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), str(tmp_path), "--budget-s", "361"], cwd=REPO,
                        capture_output=True, text=True, timeout=30)
