@@ -7,7 +7,11 @@ as they change (a memory plan with a line per phase, a compile counter of the st
   one, else the whole plan's peak);
 - ``compile_count()``: graphs compiled so far in this process (``torch._dynamo``'s counter);
 - ``phase_split(rows)``: a GRPO run's seconds in generation, reference forward and the rest of the step, from
-  its logged ``perf/*`` metrics (``refexp/record/metric_names.py``).
+  its logged ``perf/*`` metrics (``refexp/record/metric_names.py``);
+- ``cudagraph_counts()``: CUDA graphs recorded, re-recorded and skipped so far in this process (cudagraph trees:
+  ``install_cudagraph_counter()`` first), for the static decode figures' per-generation differences;
+- ``install_step_weight_recorder()``, ``step_weight_addresses()``: the addresses of the weights the last
+  fixed-shape decode step read.
 """
 
 from __future__ import annotations
@@ -67,3 +71,76 @@ def phase_split(rows: list[dict]) -> dict:
                          "step_s": r[PERF_STEP_S]})
     total = {k: sum(s[k] for s in per_step) for k in ("gen_s", "ref_fwd_s", "policy_s", "step_s")}
     return {**total, "per_step": per_step}
+
+
+_RECORDED: dict = {}  # cudagraph trees' function id -> recordings of it in this process
+
+
+def note_recording(function_id) -> None:
+    """One CUDA-graph recording of ``function_id`` (a compiled graph's id in cudagraph trees)."""
+    _RECORDED[function_id] = _RECORDED.get(function_id, 0) + 1
+
+
+def install_cudagraph_counter() -> bool:
+    """Count every recording cudagraph trees makes (each ``CUDAGraphNode`` is one recorded graph), once per
+    process; False where this torch has no cudagraph trees."""
+    try:
+        from torch._inductor import cudagraph_trees as trees
+    except Exception:  # noqa: BLE001 - an older or CPU-only torch: nothing is recorded
+        return False
+    node = getattr(trees, "CUDAGraphNode", None)
+    if node is None:
+        return False
+    if getattr(node.__init__, "_refexp_counting", False):
+        return True
+    init = node.__init__
+
+    def counting_init(self, wrapped_function, *args, **kwargs):
+        note_recording(getattr(wrapped_function, "id", None))
+        return init(self, wrapped_function, *args, **kwargs)
+
+    counting_init._refexp_counting = True
+    node.__init__ = counting_init
+    return True
+
+
+def cudagraph_counts() -> dict[str, int]:
+    """``recorded``: graphs recorded; ``rerecorded``: of those, recordings of a graph already recorded (its
+    static inputs moved, or a new path of the tree); ``skipped``: graphs cudagraph trees declined to record
+    (``counters["inductor"]["cudagraph_skips"]``: they run without CUDA graphs). Subtract two readings for what
+    happened between them."""
+    from torch._dynamo.utils import counters
+
+    recorded = sum(_RECORDED.values())
+    return {"recorded": recorded, "rerecorded": recorded - len(_RECORDED),
+            "skipped": int(counters["inductor"]["cudagraph_skips"])}
+
+
+def counts_since(before: dict[str, int]) -> dict[str, int]:
+    now = cudagraph_counts()
+    return {k: now[k] - before[k] for k in now}
+
+
+_STEP_READ: list = []  # the weight addresses the last fixed-shape decode step read
+
+
+def install_step_weight_recorder() -> None:
+    """Record the addresses of the weights each fixed-shape decode step reads (``StaticBucket.run``'s ``w``), once
+    per process; ``step_weight_addresses()`` returns the last step's."""
+    from refexp.titan import static_decode, static_weights
+
+    run = static_decode.StaticBucket.run
+    if getattr(run, "_refexp_recording", False):
+        return
+
+    def recording(self, w, tokens_B):
+        _STEP_READ[:] = [t.data_ptr() for t, _ in static_weights._pairs(w, w)]
+        return run(self, w, tokens_B)
+
+    recording._refexp_recording = True
+    static_decode.StaticBucket.run = recording
+
+
+def step_weight_addresses() -> list[int]:
+    """The addresses of the weights the last fixed-shape decode step read (empty before the first)."""
+    return list(_STEP_READ)

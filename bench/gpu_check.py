@@ -6,6 +6,7 @@ time a step does not use goes to the later ones):
 
 | step | runs | figures |
 |---|---|---|
+| ``preflight`` | ``gpu_preflight.py`` | versions, clocks, refexp.tasks, a 1-rank collective (failed: the rest in float32), deterministic cumsum |
 | ``train`` | ``gpu_smoke.py --only ...`` | ``matmul_bf16_tflops``, ``train_tokens_per_s``, ``train_mfu``, ``ref_forward_ratio`` |
 | ``memory`` | ``gpu_probe_memory.py`` | ``peak_mem_mib_ac_none``, ``peak_mem_mib_ac_full`` (each against the dry-run plan) |
 | ``grpo`` | ``gpu_probe_grpo.py`` | ``grpo_3steps_s`` (generation / reference forward / policy split), ``rollout_logprob_diff`` |
@@ -14,8 +15,11 @@ time a step does not use goes to the later ones):
 A step gets ``--budget-s`` = 80% of its share (gpu_smoke's ``Runner`` skips the figures that would start
 later) and is killed, with its process group, at its share; the lines it printed by then are kept. Every
 figure of the table is in the output: a figure its step never printed gets ``"value": null`` and the reason.
-Output: ``OUT/gpu_check.json`` (``env``, ``deps`` from ``OUT/deps.json`` when gpu_check.sh wrote it,
-``figures``, ``steps``, ``summary``) and each step's output in ``OUT/logs/``.
+Output, at most ``MAX_RESULT_FILES`` files (what the device machine returns): ``OUT/gpu_check.json`` (``env``,
+``deps`` from ``OUT/deps.json`` when gpu_check.sh's install step wrote it, ``figures``, ``steps``, ``summary``)
+and ``OUT/gpu_check.log``, every step's standard output and error one after the other under a header line. The
+last lines of standard output are the table of every figure (bench/gpu_table.py): the machine returns standard
+output even when it does not return the files.
 
     python bench/gpu_check.py OUT [--budget-s N] [--toy]     # bench/gpu_check.sh calls it so
 """
@@ -28,12 +32,18 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from gpu_table import figure_table  # noqa: E402
 MAX_BUDGET_S = 360.0
+MAX_RESULT_FILES = 8  # the device machine returns at most 8 files of a command's $OUT
+LOG = "gpu_check.log"
 CHILD_BUDGET_FRACTION = 0.8  # the rest of a share: the child's start-up (torch, refexp) and a margin
 
 
@@ -48,14 +58,19 @@ class Step:
 
 
 STEPS = (
+    # versions, clocks, a 1-rank collective, deterministic cumsum: a failed collective runs the rest in float32
+    Step("preflight", "gpu_preflight.py", ("preflight_versions", "preflight_refexp_tasks", "preflight_collectives",
+                                           "preflight_deterministic_cumsum"), weight=0.6),
     Step("train", "gpu_smoke.py", ("matmul_bf16_tflops", "train_tokens_per_s", "train_mfu", "ref_forward_ratio"),
          weight=2.0, smoke_only=True),
     Step("memory", "gpu_probe_memory.py", ("peak_mem_mib_ac_none", "peak_mem_mib_ac_full"), weight=1.5),
     # at toy size on CPU too, the log-prob difference is the bfloat16 one (the CUDA code path, a 1-rank mesh)
     Step("grpo", "gpu_probe_grpo.py", ("grpo_3steps_s", "rollout_logprob_diff"), weight=3.0,
          toy_args=("--mixed-precision", "bfloat16")),
+    # bfloat16 at toy size too: the FSDP-wrapped policy whose gathered weights the static path keeps a copy of
     Step("decode", "gpu_smoke.py", ("gen_tokens_per_s_16", "gen_tokens_per_s_128", "gen_tokens_per_s_16_static",
-                                    "gen_tokens_per_s_128_static"), weight=3.5, smoke_only=True),
+                                    "gen_tokens_per_s_128_static"), weight=3.5, smoke_only=True,
+         toy_args=("--mixed-precision", "bfloat16")),
 )
 FIGURES = tuple(f for s in STEPS for f in s.figures)
 
@@ -76,19 +91,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def step_command(step: Step, budget_s: float, toy: bool) -> list[str]:
+def step_command(step: Step, budget_s: float, toy: bool, fp32: bool = False) -> list[str]:
+    """``fp32``: the preflight's collective failed, so no FSDP mixed precision (it needs a process group)."""
     cmd = [sys.executable, str(BENCH / step.script), "--budget-s", f"{budget_s:.1f}"]
     if step.smoke_only:
         cmd += ["--only", *step.figures]
     if toy:
-        cmd += ["--toy", "--device", "cpu", "--threads", "1", *step.toy_args]
+        cmd += ["--toy", "--device", "cpu", "--threads", "1", *(() if fp32 else step.toy_args)]
+    if fp32:
+        cmd += ["--mixed-precision", "float32"]
     return cmd
 
 
-def run_step(step: Step, box_s: float, args, logs: Path) -> tuple[list[dict], dict]:
-    """(the JSON lines the step printed, its record): killed with its process group after ``box_s``."""
-    cmd = step_command(step, CHILD_BUDGET_FRACTION * box_s, args.toy)
-    out_path, err_path = logs / f"{step.name}.jsonl", logs / f"{step.name}.log"
+CLOCKS_QUERY = "driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw"
+
+
+def gpu_clocks() -> dict | None:
+    """``nvidia-smi``'s driver version, clocks (MHz), temperature and power of the first GPU; None without it."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={CLOCKS_QUERY}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0 or not out.stdout.strip():
+        return None
+    return dict(zip(CLOCKS_QUERY.split(","), (v.strip() for v in out.stdout.splitlines()[0].split(","))))
+
+
+def run_step(step: Step, box_s: float, args, work: Path, log: Path) -> tuple[list[dict], dict]:
+    """(the JSON lines the step printed, its record): killed with its process group after ``box_s``. Its output
+    is written in ``work`` as it runs, then appended to the merged ``log``."""
+    cmd = step_command(step, CHILD_BUDGET_FRACTION * box_s, args.toy, args.fp32)
+    out_path, err_path = work / f"{step.name}.out", work / f"{step.name}.err"
     t0 = time.monotonic()
     timed_out = False
     with open(out_path, "w") as out, open(err_path, "w") as err:
@@ -109,18 +143,41 @@ def run_step(step: Step, box_s: float, args, logs: Path) -> tuple[list[dict], di
             lines.append(obj)
     record = {"seconds": round(time.monotonic() - t0, 1), "box_s": round(box_s, 1), "rc": rc,
               "timed_out": timed_out, "command": " ".join(cmd[1:])}
+    with open(log, "a") as merged:
+        for what, path in (("stdout", out_path), ("stderr", err_path)):
+            merged.write(f"===== step {step.name}: {what} (rc {rc}{', timed out' if timed_out else ''}) =====\n")
+            text = path.read_text(errors="replace")
+            merged.write(text if text.endswith("\n") or not text else text + "\n")
     return lines, record
+
+
+def compile_caches() -> dict:
+    """Where inductor and triton keep compiled kernels (gpu_check.sh pins them) and how many files each holds."""
+    out = {}
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        path = os.environ.get(var)
+        out[var] = {"path": path, "files": sum(1 for p in Path(path).rglob("*") if p.is_file())
+                    if path and Path(path).is_dir() else None}
+    return out
+
+
+def result_files(out: Path) -> list[Path]:
+    """Every file under ``out``, subfolders included: what the device machine would have to return."""
+    return sorted(p for p in out.rglob("*") if p.is_file())
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    args.fp32 = False
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
-    logs = args.out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / LOG
+    log.write_text("")
     result = {"schema": "refexp-gpu-check/1", "toy": args.toy, "budget_s": args.budget_s,
               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": None, "deps": None,
               "figures": {}, "steps": {}}
+    result["compile_caches"] = compile_caches()  # warm (files from an earlier call) or cold
     deps = args.out / "deps.json"
     if deps.exists():
         result["deps"] = json.loads(deps.read_text())
@@ -131,8 +188,14 @@ def main(argv=None) -> dict:
         if box < 1.0:
             result["steps"][step.name] = {"skipped": f"out of time: {max(left, 0):.0f} s of the budget left"}
             continue
-        lines, record = run_step(step, box, args, logs)
+        with tempfile.TemporaryDirectory(prefix="gpu_check_step_") as work:
+            lines, record = run_step(step, box, args, Path(work), log)
         result["steps"][step.name] = record
+        if step.name == "preflight" and not any(x.get("figure") == "preflight_collectives" and x.get("value")
+                                                is not None for x in lines):
+            args.fp32 = True  # no process group: the later steps' models stay plain float32 modules
+            result["fallback"] = "float32: the preflight's 1-rank collective failed (see preflight_collectives)"
+            print(f"gpu_check: {result['fallback']}", file=sys.stderr, flush=True)
         for line in lines:
             name = line.pop("figure")
             if name == "env" and result["env"] is None:
@@ -146,14 +209,20 @@ def main(argv=None) -> dict:
         why = rec.get("skipped") or ("timed out" if rec.get("timed_out") else f"exit {rec.get('rc')}")
         for name in step.figures:
             result["figures"].setdefault(name, {"value": None, "error": f"step {step.name} printed no line for it "
-                                                                        f"({why}; see logs/{step.name}.log)"})
-    figs = result["figures"]
+                                                                        f"({why}; see {LOG})"})
+    result["figures"] = figs = {n: result["figures"][n] for n in FIGURES if n in result["figures"]}
     result["summary"] = {"ok": sum(1 for f in figs.values() if f.get("value") is not None),
                          "error": sum(1 for f in figs.values() if f.get("error")),
                          "skipped": sum(1 for f in figs.values() if f.get("skipped")),
                          "elapsed_s": round(time.monotonic() - t0, 1)}
+    result["gpu_clocks_end"] = gpu_clocks()  # the preflight's are the start's
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(f"gpu_check: {result['summary']} -> {args.out / 'gpu_check.json'}", file=sys.stderr)
+    files = result_files(args.out)
+    if len(files) > MAX_RESULT_FILES:  # the machine would drop some: say which, where it is returned
+        print(f"gpu_check: warning: {len(files)} files in {args.out}, over the {MAX_RESULT_FILES} the device "
+              f"machine returns: {', '.join(str(p.relative_to(args.out)) for p in files)}", file=sys.stderr)
+    print(f"gpu_check: {result['summary']} -> {args.out / 'gpu_check.json'}", file=sys.stderr, flush=True)
+    print(figure_table(result["figures"], result["summary"]), flush=True)  # the last lines of standard output
     return result
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: install the wheels of bench/gpu_wheels.sh offline into a temporary folder, then run
-# gpu_smoke.py and the probes (bench/gpu_check.py) within the budget; one JSON file of figures in OUT.
+# gpu_smoke.py and the probes (bench/gpu_check.py) within the budget. In OUT: deps.json (what the install did;
+# not with --toy), gpu_check.json (the figures) and gpu_check.log (every step's output): at most 8 files, what
+# the device machine returns. Standard output ends with the table of every figure.
 #
 #   bash bench/gpu_check.sh OUT [--budget-s N] [--toy] [--wheels DIR] [--deps DIR] [--steps a,b]
 #
@@ -40,6 +42,11 @@ START=$SECONDS
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/refexp_gpu_check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 export REFEXP_CACHE="${REFEXP_CACHE:-$WORK/cache}"
+# compile caches pinned outside the temporary folder: a second call on the still-warm machine (bench/gpu_slot.sh's
+# step 2) reuses inductor's and triton's compiled kernels instead of compiling the decode steps again
+CACHES="${REFEXP_GPU_CACHES:-${TMPDIR:-/tmp}/refexp_gpu_caches}"
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$CACHES/inductor}" TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$CACHES/triton}"
+mkdir -p "$TORCHINDUCTOR_CACHE_DIR" "$TRITON_CACHE_DIR"
 
 ARGS=()
 [ -z "$STEPS" ] || ARGS+=(--steps "$STEPS")

@@ -38,7 +38,12 @@ whether refexp's torchtitan layer imports). Then one line per figure, in this or
     captured as CUDA graphs by ``torch.compile(mode="reduce-overhead")`` on CUDA, eager on CPU). A first
     generation of the same shape compiles and records the graphs (``warmup_s``; ``capture_s``: what it took
     beyond the second); the value is the second's. ``compiles_first`` / ``compiles_timed``: graphs compiled
-    during each (``compiles_timed`` > 0: the same shape compiled again), ``compiles_in_process``: all so far.
+    during each (``compiles_timed`` > 0: the same shape compiled again), ``compiles_in_process``: all so far;
+    ``graphs_{recorded,rerecorded,skipped}_{first,timed}``: CUDA graphs cudagraph trees recorded, recorded again
+    and declined during each (the value measures replay only when the timed generation recorded 0 and skipped
+    0). Then one training step and a third generation, as in a run: ``after_step_weights_moved`` (whether the
+    addresses of the weights the step reads changed), ``after_step_tokens_per_s``, ``after_step_over_timed``
+    (its seconds over the timed generation's), ``after_step_compiles`` and ``graphs_*_after_step``.
 ``grpo_e2e_3steps``
     The real CLI (``python -m refexp``) on the embedded arithmetic task in a temporary run dir: a short SFT
     stage, then 3 GRPO steps with a fixed reference (``model=qwen3_debug`` on a GPU, the tests' tiny model at
@@ -86,7 +91,8 @@ for _p in (str(REPO), str(BENCH_DIR)):
 import torch  # noqa: E402
 
 import _common as C  # noqa: E402  (stdlib + torch only; safe on an older torch)
-from gpu_adapters import compile_count  # noqa: E402
+from gpu_adapters import (compile_count, counts_since, cudagraph_counts, install_cudagraph_counter,  # noqa: E402
+                          install_step_weight_recorder, step_weight_addresses)
 
 FIGURES = (
     "matmul_bf16_tflops",
@@ -545,27 +551,52 @@ class Bench:
         keys = [(0, 1, i, 0) for i in range(rows)]
         extra = {}
         if static:  # the first generation of this shape compiles and records the graphs
-            compiled = compile_count()
+            install_cudagraph_counter()
+            install_step_weight_recorder()
+            compiled, graphs = compile_count(), cudagraph_counts()
             t0 = now(self.device)
             generate(model, tok, prompts, max_new_tokens=s.new_tokens, keys=keys, static_decode=True)
             extra["warmup_s"] = _round(now(self.device) - t0)
             extra["compiles_first"] = compile_count() - compiled
-        compiled = compile_count()
+            extra.update({f"graphs_{k}_first": v for k, v in counts_since(graphs).items()})
+        compiled, graphs = compile_count(), cudagraph_counts()
         t0 = now(self.device)
         rollout = generate(model, tok, prompts, max_new_tokens=s.new_tokens, keys=keys, static_decode=static)
         seconds = now(self.device) - t0
         n = rollout.num_completion_tokens
         if static:  # compiling and recording: what the first generation took beyond the second
             extra["capture_s"] = _round(extra["warmup_s"] - seconds)
+            # a timed generation that records (or skips) graphs measures recording, not replay
+            extra.update({f"graphs_{k}_timed": v for k, v in counts_since(graphs).items()})
         extra["compiles_timed"] = compile_count() - compiled  # > 0: the timed generation recompiled
         extra["compiles_in_process"] = compile_count()
         if static:  # the decode module's own count per bucket, first-step and capture seconds
             from refexp.titan import static_decode_stats
 
+            extra.update(self._gen_after_train_step(prompts, keys, seconds))
             extra["static_decode_stats"] = static_decode_stats()
         return {"value": _round(n / seconds), "unit": "tokens/s", "rows": rows, "prompt_len": s.prompt_len,
                 "new_tokens": s.new_tokens, "generated_tokens": n, "seconds": _round(seconds),
                 "static_decode": static, **extra}
+
+    def _gen_after_train_step(self, prompts: list[str], keys: list, timed_s: float) -> dict:
+        """A third static generation after one training step, as in a run (training moves FSDP's gathered
+        weights; the static path reads a kept copy, refexp/titan/static_weights.py): whether the step's weight
+        addresses moved, the graphs recorded / re-recorded / skipped, and its seconds against the timed one's."""
+        from refexp.components.sampler import generate
+
+        model, tok = self.policy()[0], self.tokenizer()
+        addresses = step_weight_addresses()
+        self.train_step(self.policy(), 3000)
+        compiled, graphs = compile_count(), cudagraph_counts()
+        t0 = now(self.device)
+        rollout = generate(model, tok, prompts, max_new_tokens=self.sizes.new_tokens, keys=keys, static_decode=True)
+        seconds = now(self.device) - t0
+        return {"after_step_tokens_per_s": _round(rollout.num_completion_tokens / seconds),
+                "after_step_over_timed": _round(seconds / timed_s),
+                "after_step_weights_moved": step_weight_addresses() != addresses,
+                "after_step_compiles": compile_count() - compiled,
+                **{f"graphs_{k}_after_step": v for k, v in counts_since(graphs).items()}}
 
     def fig_e2e(self, time_left: float) -> dict:
         """``python -m refexp`` in a subprocess: its own process group and memory, and a timeout."""

@@ -20,6 +20,7 @@ sys.path.insert(0, str(BENCH))
 import gpu_adapters  # noqa: E402
 import gpu_check  # noqa: E402
 import gpu_smoke  # noqa: E402
+import gpu_table  # noqa: E402
 
 COUNTS = {"compiles_first", "compiles_timed", "compiles_in_process"}  # may be 0: eager on CPU
 
@@ -34,13 +35,25 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
     p = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "--toy", str(out), "--budget-s", "240"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+    # what the device machine returns: at most 8 files, one of them the install step's, which --toy skips
+    files = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
+    assert files == ["gpu_check.json", gpu_check.LOG] and len(files) <= gpu_check.MAX_RESULT_FILES - 1
+    log = (out / gpu_check.LOG).read_text()
+    for step in gpu_check.STEPS:  # every step's output in the merged log, under its header
+        assert f"===== step {step.name}: stdout (rc 0) =====" in log and f"===== step {step.name}: stderr" in log
     result = json.loads((out / "gpu_check.json").read_text())
     figs = result["figures"]
-    assert set(figs) == set(gpu_check.FIGURES)
+    assert list(figs) == list(gpu_check.FIGURES)
+    # standard output (returned even when the files are not) ends with the table of every figure and its value
+    table = p.stdout.rstrip("\n").splitlines()[-(len(gpu_check.FIGURES) + 3):]
+    assert table[0] == f"== {gpu_table.TITLE} ==" and table[-1].startswith(f"== ok {len(figs)}, error 0")
+    for row, (name, fig) in zip(table[2:-1], figs.items()):
+        assert row.split()[:2] == [name, gpu_table._fmt(fig["value"])], row
     for name, fig in figs.items():
         assert fig.get("error") is None and fig.get("skipped") is None, (name, fig)
         assert _finite(fig["value"]) and fig["value"] > 0, (name, fig)
     assert result["env"]["toy"] is True and result["env"]["refexp_titan_import"] == "ok"
+    assert "fallback" not in result and figs["preflight_collectives"]["backend"] == "gloo"
     assert result["summary"]["ok"] == len(gpu_check.FIGURES) and result["summary"]["elapsed_s"] <= 240
     assert all(s["rc"] == 0 and not s["timed_out"] for s in result["steps"].values())
 
@@ -65,6 +78,53 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
         assert eager["rows"] == static["rows"] == rows and static["static_decode"] is True
         assert eager["generated_tokens"] == static["generated_tokens"] == rows * gpu_smoke.TOY.new_tokens
         assert all(_finite(static[k]) and static[k] >= 0 for k in COUNTS) and _finite(static["capture_s"])
+        # the timed generation and the one after a training step replay what the first recorded, on weights
+        # that stayed put (the FSDP-wrapped bf16 policy's kept copy; CUDA graphs themselves exist only on CUDA)
+        assert all(static[f"graphs_{k}_{when}"] == 0 for k in ("recorded", "rerecorded", "skipped")
+                   for when in ("timed", "after_step"))
+        assert static["after_step_weights_moved"] is False and _finite(static["after_step_tokens_per_s"])
+
+
+def test_the_figure_table_shows_a_value_with_its_key_fields_and_a_missing_one_with_its_reason():
+    figs = {"gen_tokens_per_s_16_static": {"value": 1234.5678, "unit": "tokens/s", "compiles_timed": 0,
+                                           "compiles_first": 3, "capture_s": 41.0, "seconds": 2.0,
+                                           "graphs_recorded_timed": 0, "after_step_weights_moved": False},
+            "peak_mem_mib_ac_none": {"value": None, "error": "OutOfMemoryError: CUDA out of\nmemory " + "x" * 200},
+            "train_mfu": {"value": None, "skipped": "out of time: 0 s of the budget left"}}
+    lines = gpu_table.figure_table(figs, {"ok": 1, "error": 1, "skipped": 1}).splitlines()
+    assert lines[2].split() == ["gen_tokens_per_s_16_static", "1235", "tokens/s", "compiles_timed=0",
+                                "graphs_recorded_timed=0", "capture_s=41", "after_step_weights_moved=False"]
+    assert lines[3].split()[:5] == ["peak_mem_mib_ac_none", "-", "ERROR:", "OutOfMemoryError:", "CUDA"]
+    assert len(lines[3]) < 160  # one line, the error cut short (gpu_check.json has all of it)
+    assert "SKIPPED: out of time" in lines[4] and lines[-1] == "== ok 1, error 1, skipped 1 =="
+
+
+def test_after_a_failed_preflight_collective_the_steps_run_in_float32():
+    """No process group, no FSDP mixed precision: the steps after the preflight build plain float32 models."""
+    decode = next(s for s in gpu_check.STEPS if s.name == "decode")
+    assert gpu_check.step_command(decode, 10, toy=True)[-2:] == ["--mixed-precision", "bfloat16"]
+    fp32 = gpu_check.step_command(decode, 10, toy=True, fp32=True)
+    assert fp32[-2:] == ["--mixed-precision", "float32"] and "bfloat16" not in fp32
+    assert gpu_check.step_command(decode, 10, toy=False, fp32=True)[-2:] == ["--mixed-precision", "float32"]
+
+
+@pytest.mark.slow
+def test_the_slots_second_step_reruns_decode_and_what_the_first_did_not_finish(tmp_path):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "step1.json").write_text(json.dumps({"steps": {"preflight": {"rc": 0, "timed_out": False},
+                                                           "train": {"skipped": "out of time"},
+                                                           "memory": {"rc": 0, "timed_out": False}}}))
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env.update(REFEXP_GPU_KEEP=str(keep), GPU_SLOT_ARGS="--toy")  # the caches: under KEEP unless set otherwise
+    p = subprocess.run(["bash", str(BENCH / "gpu_slot.sh"), "2", str(tmp_path / "out")], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "gpu_slot: step 2 runs --steps decode,train" in p.stderr, p.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert set(result["steps"]) == {"train", "decode"}, result["steps"]
+    assert all(v["path"].startswith(str(keep / "caches")) for v in result["compile_caches"].values())
+    assert len(result["figures"]) == 8 and p.stdout.rstrip("\n").splitlines()[-1].startswith("== ok"), p.stdout
 
 
 def test_gpu_check_refuses_a_budget_over_six_minutes(tmp_path):
@@ -149,6 +209,22 @@ def test_a_logger_none_run_needs_only_the_gpu_machine_and_the_wheel_list(tmp_pat
     assert not {"wandb", "optuna"} & imported
     refused = set(json.loads(p.stdout.split("REFUSED ", 1)[1].splitlines()[0]))
     assert not {"wandb", "optuna"} & refused  # not even tried: the imports of W&B and Optuna stay lazy
+
+
+def test_the_cuda_graph_counter_counts_recordings_rerecordings_and_skips():
+    """cudagraph trees record only on CUDA: here the counter is installed on this torch's ``CUDAGraphNode``
+    (once), and the counts it reads are driven by hand."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
+
+    assert gpu_adapters.install_cudagraph_counter() and gpu_adapters.install_cudagraph_counter()
+    assert cudagraph_trees.CUDAGraphNode.__init__._refexp_counting
+    before = gpu_adapters.cudagraph_counts()
+    gpu_adapters.note_recording("decode_step_8x24")  # recorded
+    gpu_adapters.note_recording("decode_step_16x24")  # another graph, recorded
+    gpu_adapters.note_recording("decode_step_8x24")  # the first again: its static inputs moved
+    counters["inductor"]["cudagraph_skips"] += 1
+    assert gpu_adapters.counts_since(before) == {"recorded": 3, "rerecorded": 1, "skipped": 1}
 
 
 def test_compile_count_counts_each_compilation_once():

@@ -11,7 +11,7 @@ import copy
 
 from omegaconf import DictConfig, OmegaConf
 
-from refexp.cli.memory_plan import GIB, Plan, layout, plan
+from refexp.cli.memory_plan import GIB, Plan, layout, plan, static_decode_warning
 from refexp.config.task import ignored_fields
 
 UNSET = "<unset in a dry run>"
@@ -49,6 +49,9 @@ def format_plan(cfg, p: Plan) -> str:
             for name in p.phases]
     out.append(_row(p.checkpoint.what, p.checkpoint.bytes, p.checkpoint.how))
     out.append(f"{PEAK}: {p.peak / GIB:.2f} GiB")
+    warning = static_decode_warning(p)
+    if warning:
+        out.append(warning)
     return "\n".join(line.rstrip() for line in out)
 
 

@@ -14,9 +14,16 @@ ranks, or a compute dtype other than the master's: refexp/titan/build.py).
 Held in every phase: the parameters in ``training.dtype`` (the optimizer's master copy), AdamW's two
 moments in float32, the frozen reference (none for ``reference=none`` and for a fixed DPO reference whose
 log-probs are precomputed; with the float32 master a bf16 EMA reference keeps) and the ``kl/init`` anchor
-(none when it is the fixed reference itself), the last two in host memory with ``reference.offload=true``;
+(none when it is the fixed reference itself), the last two in host memory with ``reference.offload=true``.
+The anchor stays in the policy's dtype (``training.dtype``) whatever ``reference.dtype`` says, so that kl/init
+is measured the same way for every strategy (``reference/anchor.py``); a fixed reference in another dtype
+(``reference.dtype=bfloat16``) is therefore a second copy beside it, and the plan's total grows even though
+the reference itself halves;
 learned reward models (``task.reward_model`` & co., ``tasks/reward_model.reward_models_plan_line``);
-``rollout.static_decode``'s kept K/V buffers. Gradients are freed after each optimizer step
+``rollout.static_decode``'s kept K/V buffers (``static_decode_warning`` says when they outweigh the model's own
+parameters, gradients and optimizer state) and, wrapped, its kept copy of the weights the step reads (P x c / t:
+FSDP's gathered parameters move between generations, a CUDA graph needs fixed addresses;
+``titan/static_weights.py``). Gradients are freed after each optimizer step
 (``optim.clip_and_step`` zeroes them to None), so only the training phase holds them.
 
 Rollout (the decode loop, ``titan/decode.py``, for the GRPO step's rows and the evaluation's batches):
@@ -36,19 +43,27 @@ Policy training (one forward/backward chunk of ``training.micro_batch_size`` row
   holding the final norm and lm_head (with the embedding when tied): unsharded at the chunk's peak, the end
   of forward and the start of backward, whatever ``parallelism.fsdp_reshard_after_forward`` says (torchtitan
   keeps it unsharded from forward to backward by default), and its gradient, unsharded in the compute dtype
-  until it is reduced;
+  until it is reduced, and the copy of that gradient in ``training.mixed_precision_reduce`` (float32 by
+  default) that FSDP reduce-scatters (~2 GiB at Llama-8B: 0.53B parameters of lm_head) at the start of
+  backward, while every activation is still kept but the other units' gradients are not yet computed: what
+  it exceeds those gradients by (a sharded run's; one rank's gradients outweigh it);
 - activations per token and layer (elements, compute dtype), counted from what autograd keeps in
-  torchtitan's decoder block (RMSNorm -> q/k/v -> SDPA -> wo; RMSNorm -> SwiGLU): 7*dim + 2*kv_dim + 4*ffn
-  without checkpointing (the attention matrix is not kept: flash / memory-efficient SDPA),
-  4*dim + 2*kv_dim + 2*ffn with ``selective`` per-op checkpointing (matmul outputs kept), dim per block
-  with ``full`` plus one block's full set while it is recomputed;
+  torchtitan's decoder block (tests/test_memory_plan.py counts them): each RMSNorm its input, the normalised
+  input, the output the next matmul reads and one rstd (3*dim + 1, twice); SDPA its queries, keys, values,
+  output and log-sum-exp (2*q_dim + 2*kv_dim + n_heads; the attention matrix is not kept: flash /
+  memory-efficient SDPA); with QK-norm (Qwen3) the per-head norms of queries and keys their inputs, outputs
+  and rstd (2*q_dim + 2*kv_dim + n_heads + n_kv_heads); SwiGLU w1's and w3's outputs, the SiLU and the
+  product w2 reads (4*ffn). q_dim = n_heads x head_dim is not dim in every model (Qwen3-0.6B: 2048 against
+  1024). That is without checkpointing; 2*dim + 2*q_dim + 2*kv_dim + 2*ffn with ``selective`` per-op
+  checkpointing (matmul outputs kept), dim per block with ``full`` plus one block's full set while it is
+  recomputed;
 - the logits: the model's output in the compute dtype, kept for backward, its gradient, and the float32
   chunk (``titan.logprobs.FP32_CHUNK_ELEMENTS``) the log-softmax works on and its gradient (vocab sharded
   by t);
 - shared prompts (``algo.share_prompt``, ``refexp/algos/shared_prompt.py``), attended the way the run will
   (``attention_way``): the dense mask, U x S^2 booleans per chunk, or for ``titan.CausalRows`` the usual
-  rows' queries, keys, values and outputs that SDPA keeps (N x T x (2*dim + 2*kv_dim) per layer whose
-  activations are kept) in place of the shared rows' queries, keys and values (U x S x (dim + 2*kv_dim),
+  rows' queries, keys, values and outputs that SDPA keeps (N x T x (2*q_dim + 2*kv_dim) per layer whose
+  activations are kept) in place of the shared rows' queries, keys and values (U x S x (q_dim + 2*kv_dim),
   counted among the activations above).
 Reference forward (no graph, one chunk): the reference's shards moved to the device when offloaded; wrapped,
 two blocks and the lm_head unit unsharded; the chunk's logits in the compute dtype and one float32 chunk.
@@ -70,6 +85,7 @@ from refexp.cli.memory_shapes import Shapes, layout, model_shapes
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
 PHASES = ("rollout", "policy training", "reference forward")
+STATIC_BUFFERS = "static-decode KV buffers"
 
 
 @dataclass
@@ -192,18 +208,27 @@ def _shared_attention(cfg, s: Shapes, shared_rows: int, shared_len: int, compute
         layers = s.n_layers - s.n_layers // int(ac.selective_ac_option) + 1
     else:
         layers = s.n_layers
-    elems = N * T * (2 * s.dim + 2 * s.kv_dim) - shared_rows * shared_len * (s.dim + 2 * s.kv_dim)
+    elems = N * T * (2 * s.q_width + 2 * s.kv_dim) - shared_rows * shared_len * (s.q_width + 2 * s.kv_dim)
     return elems * layers * compute / tp, (f"{N} usual rows x {T} tokens gathered for causal attention, "
                                            f"{layers} layer{'s' if layers > 1 else ''} kept")
 
 
+def block_activation_elems(s: Shapes) -> int:
+    """Elements one decoder block keeps for backward per token without checkpointing (see the module docstring)."""
+    q, kv = s.q_width, s.kv_dim
+    norms = 2 * (3 * s.dim + 1)  # attention_norm, ffn_norm: input, normalised input, matmul input, rstd
+    sdpa = 2 * q + 2 * kv + s.n_heads  # queries, keys, values, output, log-sum-exp
+    qk_norm = 2 * q + 2 * kv + s.n_heads + s.n_kv_heads if s.qk_norm else 0  # inputs, outputs, rstd per head
+    return norms + sdpa + qk_norm + 4 * s.ffn
+
+
 def _activation_elems_per_token(s: Shapes, ac) -> tuple[int, int]:
     """(elements kept per token for all blocks, elements of one block's full set), see the module docstring."""
-    full_block = 7 * s.dim + 2 * s.kv_dim + 4 * s.ffn
+    full_block = block_activation_elems(s)
     if ac.mode == "full":
         return s.n_layers * s.dim, full_block
     if ac.mode == "selective" and ac.selective_ac_option == "op":
-        return s.n_layers * (4 * s.dim + 2 * s.kv_dim + 2 * s.ffn), full_block
+        return s.n_layers * (2 * s.dim + 2 * s.q_width + 2 * s.kv_dim + 2 * s.ffn), full_block
     if ac.mode == "selective":  # every N-th block fully checkpointed
         n = int(ac.selective_ac_option)
         checkpointed = s.n_layers // n
@@ -271,8 +296,46 @@ def _static_buckets(cfg, s: Shapes, compute: int, dp: int) -> Item:
 
     buckets = sorted({bucket_rows(g.rows) for g in generations(cfg, dp)})
     capacity = decode_capacity(cfg)
-    return Item("static-decode KV buffers", sum(buckets) * capacity * s.n_layers * 2 * s.kv_dim * compute,
+    return Item(STATIC_BUFFERS, sum(buckets) * capacity * s.n_layers * 2 * s.kv_dim * compute,
                 f"row buckets {'+'.join(map(str, buckets))} x {capacity} slots, kept between generations")
+
+
+def _reduce_scatter_item(cfg, s: Shapes, *, wrapped: bool, master: int, split: int, tp: int) -> Item:
+    """FSDP's reduce-scatter input for the lm_head unit: its unsharded gradient copied into a
+    ``training.mixed_precision_reduce`` buffer (``torch.distributed.fsdp._fully_shard._fsdp_collectives.
+    foreach_reduce``), held until the next unit's reduce-scatter. It lives at the start of backward, when the
+    other units' gradients, which the "gradients" line counts, do not exist yet: it adds only what it exceeds
+    them by (sharded runs; with one rank the gradients outweigh it)."""
+    if not wrapped:
+        return Item("lm_head unit reduce-scatter", 0, "not FSDP-wrapped")
+    reduce_name = cfg.training.mixed_precision_reduce
+    buffer = s.head_params * BYTES[reduce_name] / tp
+    not_yet = (s.params - s.head_params) * master / split
+    return Item("lm_head unit reduce-scatter", max(0.0, buffer - not_yet),
+                f"{buffer / GIB:.2f} GiB {reduce_name} copy of its gradient less the other units' gradients, "
+                f"not yet computed ({not_yet / GIB:.2f} GiB)")
+
+
+def _anchor_how(cfg, has_ref: bool) -> str:
+    """How the plan describes a kl/init anchor kept as its own copy."""
+    r = cfg.reference
+    if has_ref and r.name == "fixed" and r.dtype not in (None, cfg.training.dtype):
+        return (f"frozen copy in {cfg.training.dtype}: kl/init is measured in the policy's dtype for every strategy, "
+                f"so the {r.dtype} reference cannot be it")
+    return "frozen copy"
+
+
+def static_decode_warning(p: Plan) -> str | None:
+    """A warning when ``rollout.static_decode``'s kept K/V buffers outweigh the model's own memory (parameters,
+    their gradients and the optimizer state), else None: the buffers are held for the whole run."""
+    buffers = sum(i.bytes for i in p.resident if i.what == STATIC_BUFFERS)
+    model = sum(i.bytes for i in p.resident if i.what in ("parameters", "optimizer state"))
+    model += sum(i.bytes for i in p.phases.get("policy training", ()) if i.what == "gradients")
+    if buffers <= model:
+        return None
+    return (f"warning: rollout.static_decode keeps {buffers / GIB:.2f} GiB of K/V buffers for the whole run, more than "
+            f"the model's parameters, gradients and optimizer state ({model / GIB:.2f} GiB); a smaller "
+            "rollout.decode_capacity, fewer rows per generation, or rollout.static_decode=false frees them")
 
 
 def plan(cfg) -> Plan:
@@ -287,6 +350,7 @@ def plan(cfg) -> Plan:
     master = BYTES[cfg.training.dtype]
     compute_name = cfg.training.compute_dtype(device_type)
     compute = BYTES[compute_name]
+    reduce = BYTES[cfg.training.mixed_precision_reduce]
     ref_cfg, a = cfg.reference, cfg.algo
     ref_bytes = BYTES[ref_cfg.dtype or cfg.training.dtype]
     wrapped = world > 1 or compute_name != cfg.training.dtype
@@ -310,7 +374,7 @@ def plan(cfg) -> Plan:
         Item("kl/init anchor", 0 if (ref_cfg.offload or not has_anchor) else s.params * master / split,
              "the fixed reference itself" if not has_anchor and a.name != "sft" else
              ("host memory (reference.offload)" if ref_cfg.offload and has_anchor else
-              ("frozen copy" if has_anchor else "none"))),
+              (_anchor_how(cfg, has_ref) if has_anchor else "none"))),
     ]
     from refexp.tasks.reward_model import reward_models_plan_line
 
@@ -319,6 +383,9 @@ def plan(cfg) -> Plan:
         resident.append(Item(*reward_models))
     if cfg.rollout.static_decode:
         resident.append(_static_buckets(cfg, s, compute, dp))
+        resident.append(Item("static-decode weights", s.params * compute / tp if wrapped else 0,
+                             f"the whole model in {compute_name} at fixed addresses (titan/static_weights.py)"
+                             if wrapped else "not FSDP-wrapped: the step reads the parameters"))
     out = Plan(device=device_how, compute=compute_name, resident=resident)
     out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
 
@@ -332,6 +399,7 @@ def plan(cfg) -> Plan:
         Item("FSDP unsharded blocks", blocks, "2 blocks in the compute dtype" if wrapped else "not FSDP-wrapped"),
         Item("norm + lm_head unit", 2 * s.head_params * compute / tp if wrapped else 0,
              "unsharded from forward to backward, and its unsharded gradient" if wrapped else "not FSDP-wrapped"),
+        _reduce_scatter_item(cfg, s, wrapped=wrapped, master=master, split=split, tp=tp),
         Item("activations", tokens * (kept + one_block) * compute / tp,
              f"{rows} rows x {length} tokens, activation_checkpoint={cfg.activation_checkpoint.mode}"),
         Item("logits and log-probs", _logit_bytes(tokens, s, compute, tp, backward=True),

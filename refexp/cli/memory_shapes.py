@@ -16,10 +16,21 @@ class Shapes:
     """Parameters of torchtitan's last FSDP unit: the final norm and lm_head (with the embedding when tied)."""
     dim: int
     kv_dim: int
+    """Width of the keys (= values) of one block: n_kv_heads x head_dim."""
     ffn: int
     n_layers: int
     vocab: int
+    q_dim: int = 0
+    """Width of the queries (= the attention output wo reads): n_heads x head_dim, which need not be dim (Qwen3-0.6B:
+    16 x 128 = 2048 against dim 1024); 0 means dim."""
+    n_heads: int = 0
+    n_kv_heads: int = 0
+    qk_norm: bool = False
+    """Queries and keys are RMS-normalised per head before RoPE (Qwen3's q_norm / k_norm)."""
 
+    @property
+    def q_width(self) -> int:
+        return self.q_dim or self.dim
 
 
 def model_shapes(model_cfg, parallelism) -> Shapes:
@@ -38,13 +49,17 @@ def model_shapes(model_cfg, parallelism) -> Shapes:
     q_out = sum(p.shape[0] for n, p in attn.named_parameters() if n.split(".")[-2] in ("wq", "wqkv"))
     kv_dim = _kv_dim(attn, dim, q_out)
     ffn = next(p.shape[0] for n, p in block.named_parameters() if n.endswith("w1.weight"))
+    q_dim = next(p.shape[1] for n, p in attn.named_parameters() if n.endswith("wo.weight"))  # wo reads the heads
+    head_dim = getattr(attn, "head_dim", None) or q_dim // max(1, getattr(attn, "n_heads", 1) or 1)
+    qk_norm = any(n.split(".")[0] in ("q_norm", "k_norm") for n, _ in attn.named_parameters())
     head = {id(p): p for m in (dec.norm, dec.lm_head) for p in m.parameters()}
     if getattr(dec, "enable_weight_tying", False):
         head.update({id(p): p for p in dec.tok_embeddings.parameters()})
     return Shapes(params=sum(p.numel() for p in model.parameters()),
                   block_params=sum(p.numel() for p in block.parameters()),
                   head_params=sum(p.numel() for p in head.values()), dim=dim, kv_dim=kv_dim, ffn=ffn,
-                  n_layers=len(dec.layers), vocab=dec.tok_embeddings.weight.shape[0])
+                  n_layers=len(dec.layers), vocab=dec.tok_embeddings.weight.shape[0], q_dim=q_dim,
+                  n_heads=q_dim // head_dim, n_kv_heads=kv_dim // head_dim, qk_norm=qk_norm)
 
 
 def _kv_dim(attn, dim: int, q_out: int) -> int:

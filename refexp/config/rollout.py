@@ -28,8 +28,10 @@ class RolloutConfig:
     ``torch.compile(mode="reduce-overhead")`` (CUDA graphs: one launch per step instead of one per operator);
     on CPU it runs eagerly (the same numbers; the capture pays only where kernel launches cost). The rows are
     padded to a power of two (at least 8) and the cache holds task.max_prompt_len + the generation budget
-    slots, so the step compiles once per row bucket; each bucket's KV buffers are kept between generations.
-    Needs plain weights: not with tensor parallelism."""
+    slots, so the step compiles once per row bucket; each bucket's KV buffers are kept between generations,
+    and for an FSDP-wrapped policy so is a copy of the weights the step reads (the whole model in the compute
+    dtype: FSDP's gathered parameters move between generations, a CUDA graph reads fixed addresses). Needs
+    plain weights: not with tensor parallelism."""
 
     def __post_init__(self) -> None:
         one_of("rollout.name", self.name, ROLLOUT_ENGINES)

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from refexp.titan.decode_step_plain import PlainStepWeights, plain_decode_step
 from refexp.titan.kv_cache import DecodeState, append_kv
 from refexp.titan.static_decode import bucket_rows, static_bucket
+from refexp.titan.static_weights import stable_step_weights
 from refexp.titan.logprobs import vocab_shard_mesh_dim
 from refexp.titan.unwrap import decoder_of, local_tensor
 
@@ -183,6 +184,12 @@ def _prefill_static(model: nn.Module, prompt_BL: torch.Tensor, prompt_lens_B: to
         finish_decode(pre)
         raise ValueError("prefill(static=True) needs plain weights; this model's are DTensors (tensor "
                          "parallel): decode with static=False")
+    if pre.unsharded:  # FSDP: the step reads a kept copy at fixed addresses (static_weights.py), not the
+        # parameters FSDP gathered, whose storage moves between generations; the gathered ones go at once
+        pre.plain = stable_step_weights(decoder_of(model), pre.plain)
+        for m in pre.unsharded:
+            m.reshard()
+        pre.unsharded = []
     rows_B = torch.arange(len(prompt_BL), device=prompt_BL.device) if rows_B is None else rows_B.to(prompt_BL.device)
     n = len(rows_B)
     try:

@@ -15,7 +15,8 @@ up as a second compile of that bucket (``STATS.compiles``) rather than as a sile
 Why kept buffers: CUDA graphs read and write the cache at fixed addresses (``torch._dynamo.mark_static_address``);
 a new buffer per generation would make cudagraph trees record the graph again each time. A bucket's buffers
 live until ``release_static_buckets()``: its K/V, [rows, n_kv, capacity, head_dim] per layer, is memory the
-process holds between generations.
+process holds between generations. The weights the step reads are kept at fixed addresses too, for the same
+reason (``static_weights.py``: FSDP's gathered parameters move between generations).
 """
 
 from __future__ import annotations
@@ -147,8 +148,12 @@ def static_bucket(like_BNLH: torch.Tensor, n_layers: int, rows: int, capacity: i
 
 
 def release_static_buckets() -> None:
-    """Drop every bucket's buffers and compiled step (the memory they hold; the next use compiles again)."""
+    """Drop every bucket's buffers and compiled step, and the kept decode weights (``static_weights.py``): the
+    memory they hold; the next use compiles again."""
+    from refexp.titan.static_weights import release_static_weights
+
     _BUCKETS.clear()
+    release_static_weights()
 
 
 def _counting(backend):
