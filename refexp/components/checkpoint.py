@@ -36,6 +36,7 @@ from refexp.config import CheckpointConfig, ConfigError
 from refexp.record.checkpoints import checked_steps, complete_steps, write_manifest
 from refexp.runtime import distributed as rdist
 from refexp.titan.components import CheckpointManager
+from refexp.titan.dcp_reader import checked_dcp_metadata
 
 
 class TrainState:
@@ -77,10 +78,9 @@ class ReferenceState:
 
 def is_model_only(step_dir: str | os.PathLike) -> bool:
     """Whether a DCP checkpoint holds model weights only (torchtitan's ``last_save_model_only``): a
-    full one also holds refexp's ``train_state``."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    keys = FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata
+    full one also holds refexp's ``train_state``. ``.metadata`` is read by the restricted unpickler: a
+    crafted one is a ``ConfigError`` naming it (refexp/titan/dcp_reader.py)."""
+    keys = checked_dcp_metadata(step_dir).state_dict_metadata
     return not any(k.startswith("train_state") for k in keys)
 
 

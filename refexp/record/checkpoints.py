@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from refexp.record.safe_pickle import UnsafePickle, read_dcp_metadata
+
 MANIFEST = "refexp-manifest.json"
 """The manifest's file name inside a ``step-N`` dir."""
 FORMAT = 1
@@ -99,12 +101,14 @@ def manifest_mismatch(step_dir: str | os.PathLike, *, checksums: bool) -> str | 
 
 def dcp_structure_mismatch(step_dir: str | os.PathLike) -> str | None:
     """For a dir without a manifest: None when DCP's ``.metadata`` reads and every byte range it
-    references lies inside an existing file (a truncation shows; an overwrite in place does not)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
+    references lies inside an existing file (a truncation shows; an overwrite in place does not).
+    ``.metadata`` is read by the restricted unpickler (``record/safe_pickle.py``): a crafted one is refused
+    (a problem), not run."""
     step_dir = Path(step_dir)
     try:
-        storage = FileSystemReader(str(step_dir)).read_metadata().storage_data
+        storage = read_dcp_metadata(step_dir).storage_data
+    except UnsafePickle as e:
+        return str(e)
     except Exception as e:  # a truncated or garbled pickle raises anything from EOFError to UnpicklingError
         return f".metadata is unreadable ({type(e).__name__}: {e})"
     sizes: dict[str, int] = {}
