@@ -34,7 +34,7 @@ from refexp.components.rollout import build_engine
 from refexp.components.timing import now
 from refexp.config import ConfigError
 from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
-from refexp.record.cache_dirs import marker_check
+from refexp.record.cache_dirs import marker_check, verified_entry, write_entry_manifest
 from refexp.record.hashing import stable_hash
 from refexp.record.lock import FileLock
 from refexp.record.metrics import read_metrics
@@ -74,7 +74,7 @@ def ensure_rm(ctx: RunContext, sft_dir: Path) -> Path:
     """The reward model's cache dir (``hf/``, ``metrics.jsonl``, ``rm.json``), trained now unless cached; one process
     trains it at a time (the SFT stage's lock and atomic rename)."""
     out = ctx.cache_dir / "rm" / rm_fingerprint(ctx, sft_dir)
-    if _rm_cached(out):
+    if _rm_cached(out):  # verified by its readers: run_rm, and RewardModel before it loads the weights
         return out
     if ctx.dist.world_size > 1:  # it trains in one process: the ranks would wait on each other's collectives
         raise ConfigError(f"task.reward_model=rm: the reward model of these settings is not in the cache ({out}), and "
@@ -85,12 +85,14 @@ def ensure_rm(ctx: RunContext, sft_dir: Path) -> Path:
         if not _rm_cached(out):
             with atomic_dir(out, is_complete=_rm_cached) as tmp:
                 train_rm(ctx, sft_dir, Path(tmp))
+                write_entry_manifest(tmp)  # last, before the rename publishes the entry
     return out
 
 
 def run_rm(ctx: RunContext, sft_dir: Path) -> dict:
     """``algo=rm``: the reward model (cached or trained now), its curve logged to the run, its dir printed."""
     out = ensure_rm(ctx, sft_dir)
+    verified_entry(out, "reward model")
     for row in read_metrics(out):  # the curve, also when it was cached
         ctx.logger.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
     summary = read_rm_summary(out)

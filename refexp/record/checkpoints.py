@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import uuid
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,29 +40,35 @@ def _files(step_dir: Path) -> list[Path]:
     return sorted(p for p in step_dir.rglob("*") if p.is_file() and not p.name.startswith(MANIFEST))
 
 
-def _checksums(paths: list[Path]) -> list[str]:
+def checksums_of(paths: list[Path]) -> list[str]:
+    """The sha256 of each file, hashed in parallel threads."""
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, max(1, len(paths)))) as pool:
         return list(pool.map(_sha256, paths))
 
 
 def write_manifest(step_dir: str | os.PathLike, *, checksums: bool) -> None:
     """List every file of ``step_dir`` (relative path, size, and sha256 when ``checksums``) in its
-    manifest, written through a temporary name, fsynced and renamed: a reader sees all of it or none."""
+    manifest (``publish_manifest``: a reader sees all of it or none)."""
     step_dir = Path(step_dir)
     paths = _files(step_dir)
-    sums = _checksums(paths) if checksums else [None] * len(paths)
+    sums = checksums_of(paths) if checksums else [None] * len(paths)
     files = {}
     for p, digest in zip(paths, sums):
         entry = {"size": p.stat().st_size}
         if digest is not None:
             entry["sha256"] = digest
         files[p.relative_to(step_dir).as_posix()] = entry
-    tmp = step_dir / f"{MANIFEST}.tmp"
+    publish_manifest(step_dir, files)
+
+
+def publish_manifest(step_dir: Path, files: dict, *, name: str = MANIFEST) -> None:
+    """Write ``{"format", "files"}`` as ``step_dir/name`` through a temporary name, fsynced and renamed."""
+    tmp = step_dir / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # two writers may seal one cache entry
     with open(tmp, "w") as f:
         json.dump({"format": FORMAT, "files": files}, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, step_dir / MANIFEST)
+    os.replace(tmp, step_dir / name)
     dir_fd = os.open(step_dir, os.O_RDONLY)  # the rename itself survives a crash once the dir is synced
     try:
         os.fsync(dir_fd)
@@ -73,17 +80,17 @@ def has_manifest(step_dir: str | os.PathLike) -> bool:
     return (Path(step_dir) / MANIFEST).is_file()
 
 
-def manifest_mismatch(step_dir: str | os.PathLike, *, checksums: bool) -> str | None:
+def manifest_mismatch(step_dir: str | os.PathLike, *, checksums: bool, name: str = MANIFEST) -> str | None:
     """None when every file the manifest lists has its size (and, with ``checksums`` and a manifest
     that records them, its sha256); else what is wrong, naming the first bad file. Files the manifest
     does not list are ignored (DCP reads only those ``.metadata`` names, and it is listed)."""
     step_dir = Path(step_dir)
     try:
-        files = json.loads((step_dir / MANIFEST).read_text())["files"]
+        files = json.loads((step_dir / name).read_text())["files"]
     except FileNotFoundError:
-        return f"no {MANIFEST}"
+        return f"no {name}"
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{MANIFEST} is unreadable ({type(e).__name__}: {e})"
+        return f"{name} is unreadable ({type(e).__name__}: {e})"
     to_hash = []
     for rel, entry in sorted(files.items()):
         p = step_dir / rel
@@ -93,7 +100,7 @@ def manifest_mismatch(step_dir: str | os.PathLike, *, checksums: bool) -> str | 
             return f"{rel} has {size} bytes, the manifest {entry['size']}"
         if checksums and "sha256" in entry:
             to_hash.append((rel, p, entry["sha256"]))
-    for (rel, _, want), got in zip(to_hash, _checksums([p for _, p, _ in to_hash])):
+    for (rel, _, want), got in zip(to_hash, checksums_of([p for _, p, _ in to_hash])):
         if got != want:
             return f"{rel} does not match its sha256 in the manifest (same size: overwritten in place)"
     return None
