@@ -152,3 +152,17 @@ def test_a_metadata_planted_in_a_shared_sft_cache_entry_is_refused_unrun(tmp_pat
     with pytest.warns(UserWarning, match="no manifest"), pytest.raises(ConfigError, match=re.escape(str(f))):
         run(compose_tiny_run(tmp_path / "c", *TINY_GRPO_OVERRIDES, *sft))
     assert not marker.exists()
+
+
+def test_a_truncated_shard_is_named_in_one_line_before_dcp_reads_it(tmp_path):
+    """A DCP dir whose shard is shorter than its ``.metadata`` says (a truncated copy, a legacy cache entry
+    without a manifest): one line naming the dir and the file, not DCP's EOFError."""
+    titan.prepare_torchtitan("cpu")
+    model = titan.build_model(TINY, vocab_size=17, device="cpu", seed=1)
+    titan.save_model_weights(model, tmp_path / "sft" / "model")
+    shard = next((tmp_path / "sft" / "model").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(ConfigError) as e:
+        titan.load_weights(model, TINY, tmp_path / "sft")
+    assert str(tmp_path / "sft" / "model") in str(e.value) and shard.name in str(e.value)
+    assert "\n" not in str(e.value)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch.nn as nn
 
 from refexp.config import ConfigError, ModelConfig
-from refexp.record.checkpoints import complete_steps, newest_verified_step
+from refexp.record.checkpoints import complete_steps, dcp_structure_mismatch, newest_verified_step
 from refexp.runtime.distributed import decided_by_rank0
 from refexp.titan.dcp_reader import SafeFileSystemReader, checked_dcp_metadata
 from refexp.titan.hf_weights import load_hf_weights_
@@ -65,6 +65,9 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> N
     def checked() -> Path:
         path = dcp_dir(checkpoint_dir)
         checked_dcp_metadata(path)
+        problem = dcp_structure_mismatch(path)  # a truncated or missing shard: named here, not by DCP's EOFError
+        if problem is not None:
+            raise ConfigError(f"the DCP checkpoint {path} cannot be loaded: {problem}")
         return path
 
     path = decided_by_rank0(checked)
