@@ -156,3 +156,28 @@ def test_a_corrupt_sft_cache_entry_is_refused_and_an_old_one_used_never_rebuilt(
     with pytest.warns(UserWarning, match=f"no manifest.*{digest}"):
         run(compose_tiny_run(tmp_path / "c", *overrides))
     assert manifest_path(sft_dir).is_file() and entry_digest(sft_dir) == digest
+
+
+@pytest.mark.slow
+def test_the_command_line_names_a_corrupt_entry_in_one_line(tmp_path, monkeypatch):
+    """``refexp`` on a corrupt SFT cache entry: exit 2 and one ``refexp: error:`` line naming the entry."""
+    import os
+    import subprocess
+    import sys
+
+    from refexp.run import run
+    from tests.helpers.configs import CONF_DIR, TINY_RUN_OVERRIDES, compose_tiny_run
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("REFEXP_CACHE", str(cache))
+    overrides = ("algo=sft", "sft.steps=3", "sft.eval_every=3", "sft.seed=13")
+    sft_dir = Path(run(compose_tiny_run(tmp_path / "a", *overrides))["sft/dir"])
+    flip_a_byte(sft_dir / "sft.json", at=1)
+    env = dict(os.environ, OMP_NUM_THREADS="1", REFEXP_CACHE=str(cache), WANDB_MODE="offline")
+    proc = subprocess.run([sys.executable, "-m", "refexp", *TINY_RUN_OVERRIDES, *overrides,
+                           f"run_dir={tmp_path / 'b'}"], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=CONF_DIR.parent)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("refexp: error:")]
+    assert len(errors) == 1 and str(sft_dir) in errors[0] and "sft.json" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
