@@ -180,6 +180,7 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     positive_rate = float(torch.cat([train["labels"], val["labels"]]).mean())
     best = {"rm/val_loss": math.inf}
     best_state, best_step = None, 0
+    val_losses: list[float] = []
     gen = torch.Generator().manual_seed(a.seed)
     order: list[int] = []
     for step in range(1, a.steps + 1):
@@ -200,6 +201,12 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
                 best, best_step = {k: row[k] for k in ("rm/val_loss", "rm/val_accuracy")}, step
                 best_state = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
         log.log(row, step=step)
+        if "rm/val_loss" in row:
+            val_losses.append(row["rm/val_loss"])
+    if best_state is None:  # every held-out loss NaN or infinite: nothing to keep
+        log.close()
+        raise ConfigError(f"algo=rm: no held-out evaluation of the reward model gave a finite loss (rm/val_loss "
+                          f"{', '.join(f'{v:g}' for v in val_losses)}): its training diverged; lower rm.lr={a.lr:g}")
     model.load_state_dict(best_state)
     with quiet_transformers():
         model.save_pretrained(out_dir / "hf")  # safetensors, config.json (one label, pad id)
