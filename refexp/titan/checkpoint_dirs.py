@@ -56,6 +56,16 @@ def dcp_dir(checkpoint_dir: str | os.PathLike) -> Path:
     )
 
 
+def check_dcp_dir(path: Path) -> None:
+    """``ConfigError`` in one line naming ``path`` unless its ``.metadata`` reads through the restricted unpickler
+    and every shard is as long as it says: a crafted file, a truncated or missing shard are named here, not
+    run or left to DCP's ``EOFError``."""
+    checked_dcp_metadata(path)
+    problem = dcp_structure_mismatch(path)
+    if problem is not None:
+        raise ConfigError(f"the DCP checkpoint {path} cannot be loaded: {problem}")
+
+
 def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> None:
     """Load model weights from a refexp model-only checkpoint, a run's ``checkpoint/step-N``, or a run dir
     (``dcp_dir``: which one is rank 0's view, every rank reads the same folder). Its ``.metadata`` is read
@@ -64,10 +74,7 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> N
 
     def checked() -> Path:
         path = dcp_dir(checkpoint_dir)
-        checked_dcp_metadata(path)
-        problem = dcp_structure_mismatch(path)  # a truncated or missing shard: named here, not by DCP's EOFError
-        if problem is not None:
-            raise ConfigError(f"the DCP checkpoint {path} cannot be loaded: {problem}")
+        check_dcp_dir(path)
         return path
 
     path = decided_by_rank0(checked)
