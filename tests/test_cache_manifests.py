@@ -63,10 +63,12 @@ def test_a_one_file_entry_has_its_manifest_beside_it(tmp_path):
 
 def test_an_entry_without_a_manifest_is_used_with_a_warning_naming_its_digest_and_sealed(tmp_path):
     entry = make_entry(tmp_path)
+    (entry / "cache-0123.arrow").write_bytes(b"a datasets map cache: a reader's, not the entry's")
     with pytest.warns(UserWarning, match="no manifest") as w:
         digest = verified_entry(entry, "SFT model")
     assert digest in str(w[0].message)
     assert manifest_path(entry).is_file() and entry_digest(entry) == digest  # sealed as it is now
+    assert sorted(json.loads(manifest_path(entry).read_text())["files"]) == ["done.json", "model/weights.bin"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert verified_entry(entry, "SFT model") == digest  # verified from now on, no warning
@@ -181,3 +183,23 @@ def test_the_command_line_names_a_corrupt_entry_in_one_line(tmp_path, monkeypatc
     errors = [line for line in proc.stderr.splitlines() if line.startswith("refexp: error:")]
     assert len(errors) == 1 and str(sft_dir) in errors[0] and "sft.json" in errors[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_dpo_pairs_are_sealed_and_verified_before_they_are_read(tmp_path, monkeypatch):
+    import datasets
+
+    from refexp.algos import dpo_data
+
+    out = tmp_path / "pairs" / "key"
+    dpo_data._save_atomic(datasets.Dataset.from_dict({"prompt": ["1+1="] * 8, "chosen": ["2"] * 8,
+                                                      "rejected": ["3"] * 8}), out, {"made": 8})
+    assert manifest_path(out).is_file()
+    monkeypatch.setattr(dpo_data, "pairs_key", lambda ctx, sft_dir: {})
+    monkeypatch.setattr(dpo_data, "pairs_dir", lambda cache_dir, key: out)
+    monkeypatch.setattr(dpo_data, "build_frozen", lambda *a: pytest.fail("stored pairs were sampled again"))
+    ctx = type("Ctx", (), {"task": type("T", (), {"preference": None})(), "cache_dir": tmp_path,
+                           "cfg": type("C", (), {"algo": None})()})()
+    victim = next(out.glob("*.arrow"))
+    flip_a_byte(victim, at=len(victim.read_bytes()) // 2)
+    with pytest.raises(CorruptCacheEntry, match="DPO pairs cache entry " + re.escape(str(out))):
+        dpo_data.load_pairs(ctx, tmp_path / "sft")

@@ -73,11 +73,18 @@ def _digest(files: dict) -> str:
 def _hashed_files(entry: Path) -> dict:
     """``{name: {"size", "sha256"}}`` of ``entry``'s files as they are now (its manifest left out)."""
     if entry.is_dir():
-        paths = sorted(p for p in entry.rglob("*") if p.is_file() and not p.name.startswith(MANIFEST))
+        paths = sorted(p for p in entry.rglob("*") if p.is_file() and not p.name.startswith(MANIFEST)
+                       and not _datasets_cache_file(p))
         names = [p.relative_to(entry).as_posix() for p in paths]
     else:
         paths, names = [entry], [entry.name]
     return {n: {"size": p.stat().st_size, "sha256": s} for n, p, s in zip(names, paths, checksums_of(paths))}
+
+
+def _datasets_cache_file(p: Path) -> bool:
+    """A ``cache-<fingerprint>.arrow`` that ``datasets`` writes beside a dataset loaded from disk when it is
+    mapped or filtered: made by readers after the entry was written, not part of it."""
+    return p.name.startswith("cache-") and p.suffix == ".arrow"
 
 
 def entry_digest(entry: str | os.PathLike) -> str:
