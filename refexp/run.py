@@ -20,8 +20,9 @@ import sys
 import time
 import traceback
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -29,18 +30,21 @@ from omegaconf import DictConfig, OmegaConf
 from refexp import titan
 from refexp.components.context import RunContext
 from refexp.components.metric_logger import MetricLogger
+from refexp.components.run_identity import run_identity
 from refexp.config import ConfigError, RootConfig, to_object
 from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.config.root import generation_budget
 from refexp.record import layout
+from refexp.record.hydra_record import HydraRecord
 from refexp.record.lock import FileLock, LockHeld
 from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
                                         KL_REF, VAL_ACCURACY)
 from refexp.record.provenance import provenance
+from refexp.record.rerun import RerunRecord, completed_end
 from refexp.record.resolved_config import read_resolved_config, write_resolved_config
 from refexp.record.status import run_dir_busy
-from refexp.record.status import (RunStatus, close_run_status, open_status, read_status, record_early_failure,
-                                  record_launch_failure)
+from refexp.record.status import (Heartbeat, RunStatus, close_run_status, open_status, read_status,
+                                  record_early_failure, record_launch_failure)
 from refexp.runtime import distributed as rdist
 from refexp.runtime import stop_signals
 from refexp.runtime.process_settings import apply_process_settings
@@ -48,13 +52,14 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return a sweep objective."""
     from hydra.core.hydra_config import HydraConfig
 
+    hydra_record = HydraRecord(cfg)  # as Hydra passed the config, before run_dir is filled in
     if cfg.get("run_dir") is None:
         OmegaConf.set_struct(cfg, False)
         cfg.run_dir = HydraConfig.get().runtime.output_dir
         OmegaConf.set_struct(cfg, True)
     if HydraConfig.get().mode.name != "MULTIRUN":
         started = time.monotonic()
-        final = run(cfg)
+        final = run(cfg, on_checked=hydra_record.write)
         if rdist.is_rank0() and isinstance(final, dict):
             print(summary_line(final, time.monotonic() - started, cfg.run_dir))
         return objective(final)
@@ -64,7 +69,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     try:
         _use_own_gpu(cfg)
         _use_own_core(cfg)
-        final = run(cfg)
+        final = run(cfg, on_checked=hydra_record.write)
     except Exception as e:
         import logging
         import sys
@@ -72,6 +77,11 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         logging.getLogger("refexp").exception("job %s failed; the sweep goes on", cfg.run_dir)
         if rdist.is_rank0() and not isinstance(e, RunDirBusy):  # a busy run dir is another process's to write
             record_early_failure(cfg.run_dir, e)  # a job failed before run_worker: a config error
+            hydra_record.write_if_absent()  # its arm, for the report
+        if rdist.is_rank0():  # also a refused rerun, whose run dir keeps its completed status: the exit says so
+            from refexp.record.failed_jobs import record_failed_job
+
+            record_failed_job(HydraConfig.get().sweep.dir, cfg.run_dir, e)
         print(f"[refexp] job failed: {cfg.run_dir} (see its status.json)", file=sys.stderr)
         return None
     return objective(final)
@@ -201,23 +211,27 @@ class RunDirBusy(ConfigError):
     """The run dir is being written by another process (its lock is held)."""
 
 
-def run(dcfg: DictConfig) -> dict:
+def run(dcfg: DictConfig, on_checked: Callable[[], None] | None = None) -> dict:
     """Validate, then train (spawning ``parallelism.nproc_per_node`` workers when started as one process).
     ``dry_run=true`` never reaches here: ``refexp/__main__.py`` plans it (refexp/cli/dry_run.py).
 
     The config layer's checks come first (a bad value leaves no run dir); then the run dir's lock (one writer at
     a time) is taken, by this process when it launches the job
     (before spawning workers) or is rank 0 of a torchrun/SLURM job, and held until the job ends; stop
-    signals raise from then on (``refexp/runtime/stop_signals.py``), so every phase ends with a true status."""
+    signals raise from then on (``refexp/runtime/stop_signals.py``), so every phase ends with a true status.
+    ``on_checked()``: called once the run dir is locked and the checks that read it passed (Hydra's ``.hydra/``
+    record is written there: ``refexp/record/hydra_record.py``)."""
     with stop_signals.installed():
         cfg = to_object(dcfg)  # the config layer's checks first: a bad value makes no run dir
         with _run_dir_lock(dcfg.get("run_dir")):
-            return _validated_run(dcfg, cfg)
+            return _validated_run(dcfg, cfg, on_checked)
 
 
-def _validated_run(dcfg: DictConfig, cfg: RootConfig) -> dict:
+def _validated_run(dcfg: DictConfig, cfg: RootConfig, on_checked: Callable[[], None] | None = None) -> dict:
     """``run`` once the run dir is locked: the checks that read it, then the workers or this process's run."""
     cfg = validate(dcfg, cfg)
+    if on_checked is not None and _holds_the_lock():
+        on_checked()
     if cfg.parallelism.nproc_per_node > 1 and rdist.launched_world_size() == 1:
         from refexp.runtime.launcher import spawn_workers
 
@@ -226,10 +240,16 @@ def _validated_run(dcfg: DictConfig, cfg: RootConfig) -> dict:
     return run_worker(dcfg, cfg)
 
 
+def _holds_the_lock() -> bool:
+    """Whether this process takes the run dir's lock: the one that launches the job, or rank 0 of a torchrun/SLURM
+    job (before the process group exists, where ``rdist.is_rank0`` is true on every rank)."""
+    return rdist.launched_world_size() == 1 or os.environ.get("RANK", "0") == "0"
+
+
 @contextmanager
 def _run_dir_lock(run_dir: str | None) -> Iterator[None]:
     """The run dir made and locked by the launching process or rank 0 (other ranks: nothing to do)."""
-    if run_dir is None or (rdist.launched_world_size() > 1 and os.environ.get("RANK", "0") != "0"):
+    if run_dir is None or not _holds_the_lock():
         yield
         return
     try:
@@ -283,16 +303,23 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths)  # other ranks read rank 0's cache
 
     resolved = resolved_container(dcfg)
-    if info.is_rank0:
-        write_resolved_config(run_dir, resolved)
-    logger = MetricLogger(run_dir, enabled=info.is_rank0, wandb_cfg=cfg.logger, resolved_config=resolved,
-                          run_info=wandb_run_info(cfg))
-    ctx = RunContext(cfg=cfg, run_dir=run_dir, cache_dir=cache_dir, device=device, dist=info,
-                     parallel_dims=parallel_dims, task=task, logger=logger)
     status = RunStatus(algo=cfg.algo.name, reference=cfg.reference.name, seed=cfg.training.seed,
                        steps=cfg.training.steps, provenance=provenance(), cpus=cpu_record())
-    earlier = open_status(run_dir, status) if info.is_rank0 else {}  # a resumed run's earlier invocations
+    earlier = (read_status(run_dir) or {}) if info.is_rank0 else {}  # a resumed run's earlier invocations
+    # A completed run's record is written only once this rerun passes its end (refexp/record/rerun.py)
+    completed_at = rdist.broadcast_object(completed_end(earlier))
+    record = RerunRecord(run_dir, completed_at, enabled=info.is_rank0, on_promote=lambda: open_status(run_dir, status))
+    if info.is_rank0:
+        write_resolved_config(record.dir, resolved)
+    logger = MetricLogger(run_dir, enabled=info.is_rank0, wandb_cfg=cfg.logger, resolved_config=resolved,
+                          run_info=wandb_run_info(cfg), record=record)
+    ctx = RunContext(cfg=cfg, run_dir=run_dir, cache_dir=cache_dir, device=device, dist=info,
+                     parallel_dims=parallel_dims, task=task, logger=logger, completed_at=completed_at,
+                     identity=run_identity(resolved, run_dir))
+    if info.is_rank0:
+        open_status(record.dir, status)
     rdist.barrier()  # "running" is on disk before any rank can record a failure over it (refexp/record/status.py)
+    heartbeat = Heartbeat(run_dir).start() if info.is_rank0 else None  # every phase, not only logged steps
     try:
         final = _dispatch(ctx, status)
         status.status, status.final, status.last_step = "completed", final, int(final.get("step", cfg.training.steps))
@@ -304,8 +331,17 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
                        traceback=traceback.format_exc(limit=20))
         raise
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         try:
-            close_run_status(run_dir, status, earlier, info.rank)
+            if info.is_rank0 and record.protected:  # it never passed the completed run's end
+                record.discard()
+                print(f"[refexp] {run_dir} holds a run completed at step {completed_at}; this rerun "
+                      f"{'ended' if status.status == 'completed' else 'stopped'} without passing it, so that "
+                      f"run's record is unchanged", file=sys.stderr)
+            else:  # a rank > 0 records its failure beside rank 0's status: the copy's while there is one
+                close_run_status(run_dir if info.is_rank0 or not record.scratch.is_dir() else record.scratch,
+                                 status, earlier, info.rank)
         except OSError as e:
             if status.status == "completed":
                 raise
@@ -345,7 +381,9 @@ def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
         raise ConfigError(f"algo={algo!r} is invalid: expected {', '.join(ALGORITHMS)}")
     sft_dir = ensure_sft(ctx)
     summary = rdist.decided_by_rank0(lambda: read_sft_summary(sft_dir))
-    status.sft_start = sft_start_record(sft_dir, summary)
+    pins = start_pins(ctx.cfg, sft_dir) if ctx.dist.is_rank0 else {}  # rank 0 writes and checks checkpoints
+    ctx = replace(ctx, identity={**ctx.identity, "pins": pins})
+    status.sft_start = sft_start_record(sft_dir, summary, sha256=pins.get(START, {}).get("sha256"))
     if ctx.dist.is_rank0:  # every run from a start that is not what a comparison assumes says so (algos/sft_checks.py)
         for warning in summary.get("warnings") or []:
             print(f"[refexp] warning: {warning} ({sft_dir.name})", flush=True)
@@ -358,11 +396,29 @@ def cpu_record() -> dict:
     return {"threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0))}
 
 
-def sft_start_record(sft_dir: Path, summary: dict) -> dict:
-    """What ``status.json`` says of the run's start (``RunStatus.sft_start``): the directory's name and, for an SFT
-    stage's output, the accuracies its ``sft.json`` (``summary``) recorded, whether it converged and what falls short
-    of a converged start (``refexp/algos/sft_checks.py``)."""
-    return {"key": sft_dir.name, "val_accuracy": summary.get("val_accuracy"),
+START = "start model"
+"""The pin (``refexp/record/pins.py``) of the model every algorithm starts from (``ensure_sft``'s dir)."""
+
+
+def start_pins(cfg: RootConfig, sft_dir: Path) -> dict:
+    """``{role: pin}`` of the models the run starts from: ``sft_dir`` and, when set, ``checkpoint.initial_load_path``
+    and ``reference.checkpoint`` (``refexp/components/run_identity.py`` checks them at a resume)."""
+    from refexp.record.pins import pin
+
+    pins = {START: pin(sft_dir)}
+    for role, path in (("checkpoint.initial_load_path", cfg.checkpoint.initial_load_path),
+                       ("reference.checkpoint", getattr(cfg.reference, "checkpoint", None))):
+        if path:
+            pins[role] = pin(path)
+    return pins
+
+
+def sft_start_record(sft_dir: Path, summary: dict, sha256: str | None = None) -> dict:
+    """What ``status.json`` says of the run's start (``RunStatus.sft_start``): the directory's name, the sha256 of
+    its weights (``refexp/record/pins.py``) and, for an SFT stage's output, the accuracies its ``sft.json``
+    (``summary``) recorded, whether it converged and what falls short of a converged start
+    (``refexp/algos/sft_checks.py``)."""
+    return {"key": sft_dir.name, "sha256": sha256, "val_accuracy": summary.get("val_accuracy"),
             "eval_accuracy": summary.get("eval_accuracy"), "converged": summary.get("converged"),
             "warnings": list(summary.get("warnings") or [])}
 

@@ -12,7 +12,8 @@ from scipy.stats import norm, t
 from refexp.report.statistics.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
 from refexp.report.statistics.inference import (equivalence, family_verdicts, holm, minimum_detectable_difference,
                                      verdict_word)
-from refexp.report.statistics.paired import START_LEVEL, SeedOnlyResult
+from refexp.report.statistics import paired
+from refexp.report.statistics.paired import START_LEVEL, SeedOnlyResult, unit_result
 from refexp.report.statistics.stats import mean_ci
 
 FORBIDDEN = ("stops", "the same", "equal", "does not order")
@@ -54,8 +55,9 @@ def test_seed_only_interval_excludes_0_but_the_prompt_level_one_does_not_and_the
     assert result.interval[0] < 0 < result.interval[1]
     assert result.p_value > 0.05
     (v,) = family_verdicts({"ema": result}, alpha=0.05).values()
-    assert v.word == "not separated"
-    assert "not separated from fixed" in v.sentence("fixed")
+    assert v.word == "inconclusive"
+    assert "(family of 1 comparison against fixed, alpha 0.05): inconclusive." in v.sentence("fixed")
+    assert v.phrase == f"inconclusive (interval [{v.interval[0]:+.3f}, {v.interval[1]:+.3f}])"
 
 
 # ------------------------------------------------------------------ (b) Holm
@@ -83,19 +85,30 @@ def test_holm_changes_verdicts_that_unadjusted_tests_would_call_separated():
         alone = family_verdicts({name: results[name]}, alpha=0.05)[name]
         assert alone.word == "higher"  # a family of one: the unadjusted test
     family = family_verdicts(results, alpha=0.05)
-    assert {k: v.word for k, v in family.items()} == {"ema": "higher", "reset": "not separated",
-                                                       "none": "not separated"}
+    assert {k: v.word for k, v in family.items()} == {"ema": "higher", "reset": "inconclusive",
+                                                       "none": "inconclusive"}
     assert family["reset"].p_holm == pytest.approx(0.06, abs=5e-4)
     text = family["reset"].sentence("fixed")
-    assert "family of 3 comparisons against fixed" in text and "Bonferroni 98.33% interval" in text
+    assert "family of 3 comparisons against fixed" in text and "simultaneous (Bonferroni) 98.33% interval" in text
     assert "Holm-adjusted p 0.06" in text
 
 
-def test_the_verdict_needs_both_the_adjusted_p_and_the_interval():
-    assert verdict_word((0.01, 0.2), 0.04, 0.05) == "higher"
-    assert verdict_word((-0.2, -0.01), 0.04, 0.05) == "lower"
-    assert verdict_word((0.01, 0.2), 0.06, 0.05) == "not separated"   # interval alone is not enough
-    assert verdict_word((-0.01, 0.2), 0.01, 0.05) == "not separated"  # nor is p alone
+def test_holm_decides_and_the_verdict_says_where_the_simultaneous_interval_still_covers_0():
+    assert verdict_word(0.1, 0.04, 0.05) == "higher" and verdict_word(-0.1, 0.04, 0.05) == "lower"
+    assert verdict_word(0.1, 0.06, 0.05) == "inconclusive"
+    assert verdict_word(0.1, 0.001, 0.05, degenerate=True) == "degenerate t"  # whatever the p
+    # raw p 0.001, 0.002, 0.04: Holm rejects all three (0.003, 0.004, 0.04); the third's 98.33% interval, which
+    # excludes 0 only below p 0.05/3, covers 0
+    results = {name: _normal_result(norm.ppf(1 - p / 2) * 0.05, 0.05)
+               for name, p in (("ema", 0.001), ("reset", 0.002), ("none", 0.04))}
+    family = family_verdicts(results, alpha=0.05)
+    assert [v.word for v in family.values()] == ["higher"] * 3
+    assert [v.interval_covers_zero for v in family.values()] == [False, False, True]
+    none = family["none"]
+    assert none.interval[0] < 0 < none.interval[1] and none.p_holm == pytest.approx(0.04, abs=5e-4)
+    assert none.phrase == "higher (Holm; the simultaneous interval covers 0)"
+    assert "higher than fixed by Holm's step-down, which decides; the simultaneous interval" in none.sentence("fixed")
+    assert family["ema"].phrase == "higher"
 
 
 # ------------------------------------------------------------------ (c) coverage
@@ -122,6 +135,53 @@ def test_where_prompt_noise_dominates_the_interval_errs_wide():
     assert _coverage(n_seeds=8, n_prompts=40, seed_sd=0.0, sims=100) >= 0.97
 
 
+def _shared_prompt_sweeps(delta: float, sims: int, n_seeds: int = 3, n_prompts: int = 200, seed: int = 7):
+    """``sims`` simulated sweeps of THIS design: every run scored greedily on one sample of ``n_prompts`` test
+    prompts, shared by its ``n_seeds`` seeds. A prompt is arm-favoured (the arm right with probability 0.9, the
+    baseline 0.1), baseline-favoured (the reverse) or neutral (both 0.95 or both 0.05), so its prompt x arm effect
+    is common to the seeds; a fresh prompt sample per sweep. P(arm-favoured) - P(baseline-favoured) = delta / 0.8,
+    so the true difference (over the task's prompts and the seeds) is ``delta``. Returns arm, baseline [sims,
+    seeds, prompts] 0/1."""
+    rng = np.random.default_rng(seed)
+    u = rng.random((sims, 1, n_prompts))
+    kind = np.where(u < 0.3 + delta / 1.6, 1, np.where(u < 0.6, -1, 0))
+    neutral = np.where(rng.random((sims, 1, n_prompts)) < 0.5, 0.95, 0.05)
+    p_arm = np.where(kind == 1, 0.9, np.where(kind == -1, 0.1, neutral))
+    p_base = np.where(kind == 1, 0.1, np.where(kind == -1, 0.9, neutral))
+    shape = (sims, n_seeds, n_prompts)
+    return (rng.random(shape) < p_arm).astype(float), (rng.random(shape) < p_base).astype(float)
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.08])
+def test_the_reports_interval_covers_at_its_level_when_every_seed_is_scored_on_the_same_prompts(delta, monkeypatch):
+    """The report's paired interval (``unit_result``: the bootstrap with its Student-t companion) over 3 seeds
+    scored on one shared prompt sample covers the true difference at >= 95% less 3 simulation standard errors.
+    Drawing prompts afresh within each seed (prompts nested in seeds) covers ~85% here: the prompt x arm effect
+    common to the seeds is averaged as if each seed had its own prompts."""
+    monkeypatch.setattr(paired, "N_BOOT", 1000)  # enough for a 95% percentile interval; keeps the test fast
+    sims = 400
+    arm, base = _shared_prompt_sweeps(delta, sims)
+    ids = list(range(arm.shape[2]))[::-1]  # the runs' own prompt order; the report pairs by prompt id
+    covered = 0
+    for sim in range(sims):
+        units = {("s0", s): ((arm[sim, s], base[sim, s], ids), float(arm[sim, s].mean() - base[sim, s].mean()))
+                 for s in range(arm.shape[1])}
+        result = unit_result(units)[0]
+        lo, hi = result.percentile_interval(0.05)
+        covered += lo <= delta <= hi
+    assert covered / sims >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / sims)
+
+
+def test_units_share_one_prompt_draw_only_when_they_were_scored_on_the_same_prompts():
+    rng = np.random.default_rng(8)
+    scores = [(rng.random(6) < 0.5, rng.random(6) < 0.5) for _ in range(3)]
+    same = {("s0", k): ((a, b, [5, 4, 3, 2, 1, 0] if k else list(range(6))), 0.1 * k) for k, (a, b) in enumerate(scores)}
+    assert unit_result(same)[0].boot.shared_prompts  # the same ids, in any order
+    other = {**same, ("s0", 2): ((*scores[2], [0, 1, 2, 3, 4, 9]), 0.2)}
+    result = unit_result(other)[0]
+    assert not result.boot.shared_prompts and "one prompt draw" not in result.method
+
+
 # ------------------------------------------------------------------ (d) degenerate data
 def test_all_equal_outcomes_give_a_collapsed_interval_p_1_and_no_nan():
     runs = {s: (np.ones(20), np.ones(20)) for s in range(3)}
@@ -131,7 +191,7 @@ def test_all_equal_outcomes_give_a_collapsed_interval_p_1_and_no_nan():
     assert v.word == "equivalent within ±0.05" and v.mdd == 0.0
     assert all(math.isfinite(x) for x in (v.p_holm, *v.interval, v.mdd))
     (v,) = family_verdicts({"a": r}).values()
-    assert v.word == "not separated"
+    assert v.word == "inconclusive"
 
 
 def test_an_arm_right_on_every_prompt_the_baseline_misses_is_higher_with_the_smallest_p():
@@ -172,7 +232,7 @@ def test_tost_claims_equivalence_within_a_wide_margin_and_not_within_a_narrow_on
     assert wide.equivalent and wide.p_value < 0.05 and -0.2 < wide.interval[0] < wide.interval[1] < 0.2
     assert not narrow.equivalent and narrow.p_value > 0.05
     assert family_verdicts({"a": r}, margin=0.2)["a"].word == "equivalent within ±0.2"
-    assert family_verdicts({"a": r}, margin=0.01)["a"].word == "not separated"
+    assert family_verdicts({"a": r}, margin=0.01)["a"].word == "inconclusive"
 
 
 # ------------------------------------------------------------------ (f) determinism
@@ -226,12 +286,12 @@ def test_sentences_state_family_adjustment_and_power_and_never_use_forbidden_wor
                "noise": _normal_result(0.02, 0.05), "flat": _normal_result(0.0, 0.01)}
     verdicts = family_verdicts(results, alpha=0.05, margin=0.05)
     assert {k: v.word for k, v in verdicts.items()} == {"up": "higher", "down": "lower",
-                                                         "noise": "not separated",
+                                                         "noise": "inconclusive",
                                                          "flat": "equivalent within ±0.05"}
     for v in verdicts.values():
         text = v.sentence("fixed")
         assert "family of 4 comparisons against fixed" in text and "Holm-adjusted p" in text
-        assert "Bonferroni 98.75% interval" in text and "80% power at alpha 0.0125" in text
+        assert "simultaneous (Bonferroni) 98.75% interval" in text and "80% power at alpha 0.0125" in text
         assert "With 5 seeds and 200 prompts" in text
         assert not any(word in text.lower() for word in FORBIDDEN), text
 
@@ -244,3 +304,38 @@ def test_the_detectable_difference_uses_students_t_when_a_t_test_must_reject():
     assert v.df == 1 and v.mdd == pytest.approx((t.ppf(0.975, 1) + t.ppf(0.8, 1)) * v.result.se)
     assert v.mdd > 5 * minimum_detectable_difference(v.result.se, 0.05)
     assert "(Student t, 1 df)" in v.sentence("fixed")
+
+
+# ------------------------------------------------------------------ a degenerate t, an uninformative interval
+def test_a_degenerate_t_makes_no_claim_though_the_bootstrap_alone_would():
+    """3 seeds whose accuracies differ by +0.060 each (on a 0.005 grid, as float differences of means): the t over
+    them has no spread, so p 0 would let the bootstrap alone decide; the verdict says "degenerate t" instead and
+    the comparison enters Holm with p 1, leaving the others' adjustment as if it rejected nothing."""
+    runs = {s: _seed_runs(14, 2, 40 + 10 * s, 200, 17 * s) for s in range(3)}  # +12 of 200 net in every seed
+    diffs = tuple(float(a.mean() - b.mean()) for a, b in runs.values())
+    assert diffs == pytest.approx((0.06, 0.06, 0.06))
+    units = {("s0", s): ((a, b, list(range(200))), d) for (s, (a, b)), d in zip(runs.items(), diffs)}
+    result = unit_result(units)[0]
+    assert result.degenerate and result.boot.p_value < 0.001 and result.p_value == 1.0
+    other = _normal_result(0.1, 0.03)  # p ~ 0.001: rejected, adjusted as the smaller of 2
+    family = family_verdicts({"flat": result, "up": other}, alpha=0.05, margin=0.5)
+    v = family["flat"]
+    assert v.word == "degenerate t" and v.p_text == "—"
+    assert v.phrase == "degenerate t (3 identical per-seed differences): no claim"
+    assert "no claim" in v.sentence("none") and "Holm-adjusted p" not in v.sentence("none")
+    assert "Equivalence margin" not in v.sentence("none")  # margin 0.5 would hold on the collapsed t alone
+    assert family["up"].word == "higher" and family["up"].p_holm == pytest.approx(2 * other.p_value)
+    assert SeedOnlyResult((0.06, 0.06)).p_value == 1.0 and not SeedOnlyResult((0.06, 0.065)).degenerate
+
+
+def test_an_interval_beyond_the_range_of_a_difference_of_proportions_prints_as_uninformative():
+    """Two SFT starts, one run each: the t over 2 start means has 1 df, and a 97.5% interval of two start
+    differences 0.05 apart reaches past ±1, which no difference of accuracies can take."""
+    wide = family_verdicts({"a": SeedOnlyResult((0.10, -0.30), unit=START_LEVEL),
+                            "b": SeedOnlyResult((0.10, 0.12), unit=START_LEVEL)}, bound=1.0)
+    a, b = wide["a"], wide["b"]
+    assert a.interval[0] < -1 and a.uninformative and a.word == "inconclusive"
+    assert a.interval_text == "uninformative (1 df)" and a.phrase == "inconclusive (uninformative, 1 df)"
+    assert "interval uninformative (1 df)" in a.sentence("fixed") and "[" not in a.sentence("fixed").split(":")[1]
+    assert not b.uninformative and b.interval_text.startswith("[")
+    assert not family_verdicts({"a": SeedOnlyResult((0.10, -0.30), unit=START_LEVEL)})["a"].uninformative

@@ -450,7 +450,7 @@ def test_paired_difference_against_the_baseline_equals_the_per_seed_differences(
         assert c.seed_t.mean == pytest.approx(np.mean(diffs), abs=1e-12)
         half = t_quantile(0.975, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
         assert c.seed_t.half_width == pytest.approx(half, abs=1e-12)
-        # the verdict's interval: Bonferroni over the family of the 2 comparisons with a result (the one-seed
+        # the verdict's interval: simultaneous (Bonferroni) over the family of the 2 comparisons with a result (the one-seed
         # group and kl_triggered, which completed no run, make no claim)
         v = table.verdicts["acc_final"][label]
         half2 = t_quantile(1 - 0.05 / 2 / 2, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
@@ -460,7 +460,7 @@ def test_paired_difference_against_the_baseline_equals_the_per_seed_differences(
     col = header.index("Δ final acc seed-only t 95%")
     assert body[[b[0] for b in body].index("fixed")][col] == "baseline"
     assert body[[b[0] for b in body].index("periodic_reset (reference.reset_every=50)")][col].endswith("(n=1)")
-    delta = header.index("Δ final acc vs fixed (paired, Bonferroni 97.5%)")
+    delta = header.index("Δ final acc vs fixed (paired, simultaneous 97.5%)")
     assert body[[b[0] for b in body].index("ema")][delta].endswith("seed-only")
     assert "seed-only: the prompts' noise is not included" in table.verdict
 
@@ -481,9 +481,9 @@ def test_the_verdict_claims_only_what_the_intervals_support():
                            "Family: 3 comparisons against fixed, Holm-adjusted, alpha 0.05.")
     assert "up - fixed: +0.110" in text and "higher than fixed." in text
     assert "down - fixed: -0.110" in text and "lower than fixed." in text
-    assert "noise - fixed: +0.050" in text and "not separated from fixed." in text
+    assert "noise - fixed: +0.050" in text and "alpha 0.05): inconclusive." in text
     assert "No claim: single (one paired seed and no per-prompt outcomes)." in text
-    assert [verdicts[k].word for k in ("up", "down", "noise")] == ["higher", "lower", "not separated"]
+    assert [verdicts[k].word for k in ("up", "down", "noise")] == ["higher", "lower", "inconclusive"]
 
 
 def test_a_missing_baseline_is_said_and_another_can_be_chosen(sweep, tmp_path):

@@ -45,15 +45,16 @@ def test_the_common_range_is_what_every_common_seed_of_both_arms_covers():
 
 
 def frontier_sweep(root, select=None):
-    """fixed: kl/init 0.1..100 across beta. ema: the same drift, 20 prompts more at each beta (it dominates).
-    drifter: half a decade more drift at every beta and 10 prompts more, i.e. on fixed's own accuracy-vs-drift
-    line: ahead at every beta, level at every drift."""
+    """fixed: kl/init 0.1..100 across beta. ema: the same drift, 19, 20, 21 prompts more at each beta in seeds 0,
+    1, 2 (it dominates). drifter: half a decade more drift at every beta and 9, 10, 11 prompts more, i.e. on
+    fixed's own accuracy-vs-drift line on average: ahead at every beta, level at every drift. (Seeds differ, so
+    the Student t over them has a spread: identical per-seed differences make a degenerate t, no claim.)"""
     decl = block(["fixed", "ema", "drifter"], select=select)
     for seed in (0, 1, 2):
         for beta in BETAS:
             i = LEVEL[beta]
             ret = lambda kl: {"eval/retention": 0.8 - 0.1 * math.log10(kl)}  # noqa: E731
-            for arm, shift, more in (("fixed", 0.0, 0), ("ema", 0.0, 20), ("drifter", 0.5, 10)):
+            for arm, shift, more in (("fixed", 0.0, 0), ("ema", 0.0, 19 + seed), ("drifter", 0.5, 9 + seed)):
                 kl = 10 ** (i - 1 + shift)
                 solved = 60 + 20 * i + 2 * seed + more
                 write_run(root, arm, beta, seed, solved=solved, kl=kl, decl=decl, val=solved / PROMPTS, extra=ret(kl))
@@ -69,7 +70,7 @@ def test_matched_drift_separates_a_dominating_arm_and_not_one_that_only_drifts_m
     np.testing.assert_allclose([r.x for r in ema], [1.0, 10.0])
     for r in ema:
         v = drift.verdicts[r.label]
-        assert v.result.seeds.diffs == pytest.approx((0.1, 0.1, 0.1))
+        assert v.result.seeds.diffs == pytest.approx((0.095, 0.1, 0.105))
         assert v.result.point == pytest.approx(0.1) and v.word == "higher"
     # drifter against fixed: common range [10^-0.5, 100], compared at 10^(1/3) and 10^(7/6); at 10^(1/3) fixed is
     # 1/3 of the way from 80 to 100 prompts (seed 0), drifter 5/6 of the way from 70 to 90: both 86.67
@@ -78,7 +79,7 @@ def test_matched_drift_separates_a_dominating_arm_and_not_one_that_only_drifts_m
     for r in drifter:
         v = drift.verdicts[r.label]
         assert v.result.point == pytest.approx(0.0, abs=1e-9)
-        assert v.interval[0] < 0 < v.interval[1] and v.word == "not separated"
+        assert v.interval[0] < 0 < v.interval[1] and v.word == "inconclusive"
     assert len(rows) == 4 and all(v.family_size == 4 for v in drift.verdicts.values())
     # at its best beta (the highest validation accuracy: beta 0.01 for every arm) the drifter is ahead on test
     tuned = report.frontier.selection

@@ -1,5 +1,5 @@
 """What each group kept: a run's final eval/retention against its own step-0 evaluation, paired by prompt, over
-seeds (and SFT starts), Holm over the groups: a group that forgets falls, one that keeps is not separated."""
+seeds (and SFT starts), Holm over the groups: a group that forgets falls, one that keeps is inconclusive."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _forgetting_sweep(root, starts=(None,)):
                       overrides=extra)
 
 
-def test_a_group_that_forgets_falls_and_one_that_keeps_is_not_separated(tmp_path):
+def test_a_group_that_forgets_falls_and_one_that_keeps_is_inconclusive(tmp_path):
     _forgetting_sweep(tmp_path)
     report = build_report(tmp_path)
     kept = report.kept["grpo"]
@@ -32,7 +32,7 @@ def test_a_group_that_forgets_falls_and_one_that_keeps_is_not_separated(tmp_path
     # per seed: ema (140 - seed - 180) / 200 = -0.200, -0.205, -0.210; fixed -0.005, 0, +0.005
     assert ema.result.seeds.diffs == pytest.approx((-0.2, -0.205, -0.21))
     assert ema.result.point == pytest.approx(-0.205) and ema.word == "lower"
-    assert fixed.result.point == pytest.approx(0.0, abs=1e-12) and fixed.word == "not separated"
+    assert fixed.result.point == pytest.approx(0.0, abs=1e-12) and fixed.word == "inconclusive"
     assert fixed.interval[0] < 0 < fixed.interval[1] and ema.interval[1] < 0
     assert ema.family_size == 2 and rows["ema"].units == [("", 0), ("", 1), ("", 2)]
     md = report.markdown_path.read_text()

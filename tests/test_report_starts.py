@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import yaml
+from scipy.stats import t as t_dist
 
 from refexp.components.wandb_conventions import run_info
 from refexp.record import layout
@@ -91,8 +92,8 @@ def comparison(root, label: str = "ema"):
 
 # ---------------------------------------------------------------- one start: today's analysis, same numbers
 def test_one_start_gives_exactly_the_one_start_analysis(tmp_path):
-    """A one-start sweep: the comparison is the seeds-then-prompts bootstrap of ``{seed: (arm, baseline)}`` with the
-    same RNG, and the t over the per-seed differences, bit for bit; whether the start is recorded or not."""
+    """A one-start sweep: the comparison is the seeds-then-prompts bootstrap of ``{seed: (arm, baseline)}`` (one
+    prompt draw per replicate for every run) with the same RNG, and the t over the per-seed differences, bit for bit; whether the start is recorded or not."""
     rng = np.random.default_rng(0)
     nets = (12, 3, 8)
     for seed, net in enumerate(nets):
@@ -103,7 +104,8 @@ def test_one_start_gives_exactly_the_one_start_analysis(tmp_path):
     runs = {r.name: r for r in load_sweep(tmp_path / "recorded")}
     tree = {s: ([*runs[f"ema-bef24490-{s}"].outcomes[STEPS].values()],
                 [*runs[f"fixed-bef24490-{s}"].outcomes[STEPS].values()]) for s in range(3)}
-    expected = paired_hierarchical_bootstrap(tree, n_boot=N_BOOT)  # the one-start analysis, independently
+    # the one-start analysis, independently: every run scored the same prompts, so one prompt draw serves them all
+    expected = paired_hierarchical_bootstrap(tree, n_boot=N_BOOT, shared_prompts=True)
     diffs = [n / PROMPTS for n in nets]
     for sweep in ("recorded", "old"):
         c = comparison(tmp_path / sweep)
@@ -143,7 +145,7 @@ def test_a_difference_consistent_within_starts_but_reversed_across_them_is_not_s
     assert v.result.point == pytest.approx((0.1 + 0.1 - 0.03) / 3) == pytest.approx(pooled.result.point)
     assert v.result.seeds.diffs == pytest.approx((0.1, 0.1, -0.03)) and v.result.seeds.unit == START_LEVEL
     assert v.result.boot.p_value > 0.05  # the bootstrap alone does not separate it either
-    assert v.interval[0] < 0 < v.interval[1] and v.word == "not separated"
+    assert v.interval[0] < 0 < v.interval[1] and v.word == "inconclusive"
 
     # within each start, conditional on it, its four seeds are the units: +0.10 on A and B, -0.03 on C
     within = report.within["grpo"]
@@ -270,3 +272,28 @@ def test_sft_seed_is_averaged_over_like_the_seed_in_groups_and_wandb():
     a = run_info(**common, overrides=["reference=fixed", "sft.seed=0", "training.seed=0"])
     b = run_info(**common, overrides=["reference=fixed", "sft.seed=1", "training.seed=0"])
     assert a["group"] == b["group"] and a["name"] != b["name"]
+
+
+# ---------------------------------------------------------------- per-group intervals: the start is the replicate
+def test_a_groups_own_interval_is_over_its_starts_means_not_its_runs(tmp_path):
+    """2 starts × 3 seeds: the group's final-accuracy cell is the mean ± t interval over the 2 start means (1 df),
+    with the evaluation's binomial noise, not over 6 runs as if they were independent; the cell says so."""
+    rng = np.random.default_rng(4)
+    for k, start in enumerate(("aaaa", "bbbb")):
+        for seed in range(3):
+            write_arm_pair(tmp_path, start, k, seed, 10 + seed, rng)
+    report = build_report(tmp_path)
+    fixed = next(r for r in report.tables["grpo"].rows if r.group.label == "fixed")
+    per_run = {(r.sft_start, r.seed): r.final_from_status("eval/accuracy") for r in fixed.group.completed}
+    means = [np.mean([v for (s, _), v in per_run.items() if s == start]) for start in ("aaaa", "bbbb")]
+    est = fixed.cells["acc_final"]
+    assert est.n == 2 and est.unit == START_LEVEL and est.values == pytest.approx(means)
+    p = np.mean(means)
+    half = math.hypot(t_dist.ppf(0.975, 1) * np.std(means, ddof=1) / math.sqrt(2),
+                      1.959964 * math.sqrt(p * (1 - p) / PROMPTS))
+    assert est.mean == pytest.approx(p) and est.half_width == pytest.approx(half, rel=1e-5)
+    header, body = header_and_cells(report.tables["grpo"])
+    cell = body[[b[0] for b in body].index("fixed")][header.index("final acc")]
+    assert cell.endswith("(2 SFT starts)")
+    one = build_report(tmp_path / "fixed-aaaa-0").tables["grpo"].rows[0].cells["acc_final"]
+    assert one.unit == "seed" and one.n == 1

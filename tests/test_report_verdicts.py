@@ -4,6 +4,7 @@ comparison and the runs it leaves out, the exploratory report's explicit baselin
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -101,15 +102,16 @@ def test_a_seed_level_gain_drowned_by_prompt_noise_is_not_separated(tmp_path, de
     report = build_report(tmp_path / "prompts")
     v = verdict_of(report, "ema")
     assert v.result.levels == ("seed", "prompt") and v.result.n_units == (3, 3 * PROMPTS)
-    assert v.interval[0] < 0 < v.interval[1] and v.word == "not separated"
+    assert v.interval[0] < 0 < v.interval[1] and v.word == "inconclusive"
     text = report.tables["grpo"].verdict
-    assert "ema - fixed: +0.030" in text and "not separated from fixed" in text
+    assert "ema - fixed: +0.030" in text and "against fixed, alpha 0.05): inconclusive." in text
     assert "paired hierarchical percentile bootstrap: seeds, then prompts within seed; B=10000" in text
     assert "With 3 seeds and 200 prompts, the smallest difference detected with 80% power" in text
     assert "seed-only" not in text
     at = build_report(tmp_path / "prompts", at_steps=[STEPS // 2])  # the evaluation at or before step 5: step 0
     v0 = verdict_of(at, "ema", "acc_at_5")
-    assert v0.result.point == 0.0 and v0.result.levels == ("seed", "prompt") and v0.word == "not separated"
+    # step 0: every run scored 0 on every prompt, so the 3 per-seed differences are 0 each: a t without spread
+    assert v0.result.point == 0.0 and v0.result.levels == ("seed", "prompt") and v0.word == "degenerate t"
     assert "held-out accuracy at step 5, paired against fixed" in at.tables["grpo"].verdict
     md = (tmp_path / "prompts" / "report.md").read_text()
     assert "pre-registered in the experiment config" in md and "| chosen on test | algo.beta" in md
@@ -128,7 +130,7 @@ def test_a_gain_the_seeds_disagree_on_is_not_separated_though_its_prompts_agree(
     v = verdict_of(build_report(tmp_path), "ema")
     assert v.result.boot.percentile_interval(0.05)[0] > 0  # the bootstrap alone would claim "higher"
     assert v.result.seeds.percentile_interval(0.05)[0] < 0 < v.interval[1]
-    assert v.interval[0] < 0 and v.word == "not separated"
+    assert v.interval[0] < 0 and v.word == "inconclusive"
 
 
 # ---------------------------------------------------------------- (b) Holm
@@ -136,17 +138,18 @@ def test_holm_takes_back_a_separation_the_unadjusted_test_would_claim(tmp_path):
     """Three arms against fixed: one far above, one near p 0.03 alone, one null. Unadjusted, the second is
     higher; Holm multiplies its p by 2 and it is not separated."""
     rng = np.random.default_rng(1)
-    nets = {"none": (60, 10), "ema": (28, 18), "periodic_reset": (20, 20)}
+    # (prompts made right, made wrong) per seed; the seeds' nets differ, so the t over them has a spread
+    nets = {"none": ((60, 10), (61, 10)), "ema": ((15, 5), (16, 5)), "periodic_reset": ((20, 20), (21, 20))}
     for seed in (0, 1):
         base = (rng.random(PROMPTS) < 0.5).astype(float)
         write_run(tmp_path / f"fixed-{seed}", "fixed", seed, base)
-        for arm, (up, down) in nets.items():
-            write_run(tmp_path / f"{arm}-{seed}", arm, seed, flipped(base, up, down, rng))
+        for arm, flips in nets.items():
+            write_run(tmp_path / f"{arm}-{seed}", arm, seed, flipped(base, *flips[seed], rng))
     report = build_report(tmp_path)
     ema = verdict_of(report, "ema")
     assert ema.family_size == 3
     assert ema.result.p_value < 0.05 and ema.result.interval[0] > 0  # unadjusted: higher
-    assert ema.p_holm > 0.05 and ema.word == "not separated"
+    assert ema.p_holm > 0.05 and ema.word == "inconclusive"
     assert verdict_of(report, "none").word == "higher"
     assert "Family: 3 comparisons against fixed, Holm-adjusted, alpha 0.05." in report.tables["grpo"].verdict
     loose = build_report(tmp_path, alpha=0.2)  # --alpha: the family's rate
@@ -211,15 +214,44 @@ def test_a_baseline_other_than_the_declared_one_makes_the_report_exploratory(tmp
 
 
 # ---------------------------------------------------------------- (e) words
-def test_equivalence_is_claimed_only_with_a_margin_and_no_verdict_uses_a_forbidden_word(tmp_path):
+def null_sweep(root, n_seeds: int, block: dict | None = BLOCK) -> None:
+    """fixed vs ema with a true difference of 0: per seed ema makes 18-24 wrong prompts right and 20-23 right ones
+    wrong (nets +4, -3, +2, -4, +3, -2, 0, -1 of 200 prompts over seeds 0-7)."""
     rng = np.random.default_rng(3)
-    for seed in (0, 1):
+    flips = ((24, 20), (18, 21), (22, 20), (19, 23), (23, 20), (20, 22), (21, 21), (20, 21))
+    for seed in range(n_seeds):
         base = (rng.random(PROMPTS) < 0.5).astype(float)
-        write_run(tmp_path / f"fixed-{seed}", "fixed", seed, base)
-        write_run(tmp_path / f"ema-{seed}", "ema", seed, flipped(base, 3, 3, rng))
+        write_run(root / f"fixed-{seed}", "fixed", seed, base, block=block)
+        write_run(root / f"ema-{seed}", "ema", seed, flipped(base, *flips[seed], rng), block=block)
+
+
+def test_a_true_difference_of_0_is_equivalent_with_enough_seeds_and_inconclusive_with_few(tmp_path):
+    """Three verdicts, not two: with 8 seeds the two one-sided tests at the declared margin ±0.05 put the
+    difference inside it; with 2 seeds (a t with 1 df) they cannot, and the verdict is inconclusive with its
+    interval. The margin is the declared block's ``equivalence_margin``."""
+    declared = {**BLOCK, "seeds": list(range(8)), "equivalence_margin": 0.05}
+    null_sweep(tmp_path / "eight", 8, declared)
+    v = verdict_of(build_report(tmp_path / "eight"), "ema")
+    assert v.result.seeds.df == 7 and abs(v.result.point) < 0.01
+    assert v.word == "equivalent within ±0.05" and -0.05 < v.equivalence.interval[0] < v.equivalence.interval[1] < 0.05
+    null_sweep(tmp_path / "two", 2, declared)
+    report = build_report(tmp_path / "two")
+    v = verdict_of(report, "ema")
+    assert v.result.seeds.df == 1 and v.word == "inconclusive" and not v.equivalence.equivalent
+    assert v.phrase == f"inconclusive (interval [{v.interval[0]:+.3f}, {v.interval[1]:+.3f}])"
+    summary = json.loads(report.summary_path.read_text())
+    assert summary["comparison"]["equivalence_margin"] == 0.05
+    cell = summary["algos"]["grpo"]["groups"][1]["paired_vs_baseline"]["acc_final"]
+    assert cell["verdict"] == "inconclusive" and cell["verdict_text"] == v.phrase
+    with pytest.raises(ValueError, match="comparison.equivalence_margin=-0.05 is invalid"):
+        build_report(tmp_path / "two", comparison={**declared, "equivalence_margin": -0.05})
+
+
+def test_equivalence_is_claimed_only_with_a_margin_and_no_verdict_uses_a_forbidden_word(tmp_path):
+    null_sweep(tmp_path, 8, {**BLOCK, "seeds": list(range(8))})
     plain = build_report(tmp_path)
-    assert verdict_of(plain, "ema").word == "not separated"
-    report = build_report(tmp_path, margin=0.05)
+    assert verdict_of(plain, "ema").word == "inconclusive"
+    report = build_report(tmp_path, margin=0.05)  # --equivalence-margin
     assert verdict_of(report, "ema").word == "equivalent within ±0.05"
     assert "Equivalence margin ±0.05: two one-sided tests" in report.tables["grpo"].verdict
     for text in (plain.tables["grpo"].verdict, report.tables["grpo"].verdict, HOW_TO_READ,

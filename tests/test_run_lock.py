@@ -138,3 +138,21 @@ def test_second_launch_into_a_running_run_dir_fails_at_once(tmp_path):
     samples = read_samples(run_dir, "eval")  # each evaluation's samples once (two writers: twice)
     assert sorted({r["step"] for r in samples}) == [0, 200, 400]
     assert len(samples) == len({(r["step"], r["prompt"]) for r in samples})
+
+
+@pytest.mark.slow
+def test_a_launch_refused_by_the_lock_leaves_the_owners_hydra_record(tmp_path):
+    """Hydra's ``.hydra/`` is written once a job holds its run dir's lock (refexp/record/hydra_record.py): a launch
+    refused by the lock, past the command-line check (as when two start in the same instant), leaves the owner's
+    overrides, which the report reads the arm from."""
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    owners = "- training.seed=0\n"
+    (run_dir / ".hydra" / "overrides.yaml").write_text(owners)
+    app = "import sys; from refexp.__main__ import _app; sys.argv[0] = 'refexp'; _app()"  # no precheck
+    with FileLock(run_dir / layout.LOCK):  # the owner
+        p = subprocess.run([sys.executable, "-c", app, *TINY_RUN_OVERRIDES, "training.seed=1",
+                            f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 2 and "being written by" in p.stderr, p.stderr[-2000:]
+    assert (run_dir / ".hydra" / "overrides.yaml").read_text() == owners

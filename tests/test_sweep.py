@@ -41,3 +41,21 @@ def test_plain_sweep_with_a_failing_job_exits_non_zero_after_the_others_ran(tmp_
     assert read_status(sweep / "0")["status"] == "failed" and "no_such_reward" in read_status(sweep / "0")["error"]
     assert read_status(sweep / "1")["status"] == "completed"  # the job after the failed one ran
     assert "1 job(s) of the sweep did not complete" in p.stderr and str(sweep / "0") in p.stderr
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_jobs_are_all_refused_exits_non_zero(tmp_path):
+    """Rerunning a completed sweep with another ``training.lr`` refuses every job (their run dirs hold runs of
+    another configuration, and keep their ``completed`` status): the sweep still exits 1, naming them."""
+    sweep = tmp_path / "sweep"
+    for job in ("0", "1"):  # a completed job of lr 1e-3 (only the fields a rerun is compared on need be there)
+        (sweep / job).mkdir(parents=True)
+        (sweep / job / "resolved_config.yaml").write_text("training:\n  lr: 0.001\n")
+        (sweep / job / "status.json").write_text('{"status": "completed", "last_step": 1, "final": {}}')
+    cmd = [sys.executable, "-m", "refexp", "-m", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=1",
+           "training.lr=5e-4", "training.seed=0,1", f"hydra.sweep.dir={sweep}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "2 job(s) of the sweep did not complete" in p.stderr, p.stderr[-2000:]
+    assert "training.lr: 0.001 -> 0.0005" in p.stderr
+    assert all(read_status(sweep / job)["status"] == "completed" for job in ("0", "1"))  # their records untouched

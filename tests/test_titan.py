@@ -19,8 +19,9 @@ V = 16  # the tiny models' vocabulary
 FAMILIES = ("llama3", "qwen3")
 
 
-def build(name: str, seed: int = 0, **kwargs):
-    return titan.build_model(tiny_model_config(name, vocab_size=V), vocab_size=V, device="cpu", seed=seed, **kwargs)
+def build(name: str, seed: int = 0, rope_theta=None, **kwargs):
+    cfg = tiny_model_config(name, vocab_size=V, rope_theta=rope_theta)
+    return titan.build_model(cfg, vocab_size=V, device="cpu", seed=seed, **kwargs)
 
 
 def tokens(B: int = 3, T: int = 10, seed: int = 0) -> torch.Tensor:
@@ -65,6 +66,20 @@ def test_shapes_follow_the_overrides():
     assert type(attn.inner_attention).__qualname__ == "MaskedSDPA.Config"  # model.attn_backend=sdpa (+ explicit masks)
     # The tokenizer's size is the vocabulary when model.vocab_size is null.
     assert titan.build_model_spec(tiny_model_config("llama3", vocab_size=None), vocab_size=40).model.vocab_size == 40
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_rope_theta_overrides_the_flavor_base_and_the_rotation(name):
+    flavor = titan.build_model_spec(tiny_model_config(name, vocab_size=V), vocab_size=None).model
+    spec = titan.build_model_spec(tiny_model_config(name, vocab_size=V, rope_theta=100.0), vocab_size=None).model
+    assert flavor.layers[0].attention.rope.theta != 100.0
+    assert all(layer.attention.rope.theta == 100.0 for layer in spec.layers)
+    # The base reaches the built rotation: same weights, other logits.
+    default, other = build(name), build(name, rope_theta=100.0)
+    other.load_state_dict(default.state_dict())
+    assert not torch.allclose(default(tokens()), other(tokens()))
+    with pytest.raises(ConfigError, match="model.rope_theta"):
+        ModelConfig(rope_theta=0.5)
 
 
 def test_unshrunk_flavor_is_initialised_like_torchtitan_registry():
@@ -345,6 +360,9 @@ def test_hf_config_decides_the_shapes(transformers, tmp_path):
         titan.build_model_spec(ModelConfig(name="llama3", dim=128, hf_assets_path=str(tmp_path)), vocab_size=None)
     with pytest.raises(ConfigError, match="model.name='qwen3'"):
         titan.build_model_spec(ModelConfig(name="qwen3", hf_assets_path=str(tmp_path)), vocab_size=None)
+    with pytest.raises(ConfigError, match="model.rope_theta=10000.0 is invalid.*says 500000"):
+        titan.build_model_spec(ModelConfig(name="llama3", rope_theta=10000.0, hf_assets_path=str(tmp_path)),
+                               vocab_size=None)
     with pytest.raises(ConfigError, match="tokenizer has 40 tokens"):
         titan.build_model_spec(ModelConfig(name="llama3", hf_assets_path=str(tmp_path)), vocab_size=40)
 

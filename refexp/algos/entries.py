@@ -61,7 +61,28 @@ def with_learned_rewards(ctx: RunContext, sft_dir: Path) -> RunContext:
     from refexp.tasks.reward_sum import names_stage_model, with_rewards
 
     rm_dir = ensure_rm(ctx, sft_dir) / "hf" if names_stage_model(ctx.cfg.task) else None
-    return replace(ctx, task=with_rewards(ctx.task, ctx.cfg.task, device=ctx.device, stage_model=rm_dir))
+    identity = ctx.identity
+    if ctx.dist.is_rank0 and identity is not None:  # a resume onto other reward weights is refused (run_identity)
+        identity = {**identity, "pins": {**identity.get("pins", {}), **reward_model_pins(ctx.cfg.task, rm_dir)}}
+    return replace(ctx, task=with_rewards(ctx.task, ctx.cfg.task, device=ctx.device, stage_model=rm_dir),
+                   identity=identity)
+
+
+def reward_model_pins(task_cfg, rm_dir: Path | None) -> dict:
+    """``{role: pin}`` (``refexp/record/pins.py``) of each reward model the task scores with that is a local dir
+    (the reward-model stage's ``rm_dir`` for ``rm``); a Hub id is in the config, by name."""
+    from refexp.record.pins import pin
+    from refexp.tasks.reward_model import STAGE_MODEL
+
+    named = {"task.reward_model": task_cfg.reward_model, "task.gold_reward_model": task_cfg.gold_reward_model,
+             **{f"task.reward_funcs[{i}]": f for i, f in enumerate(task_cfg.reward_funcs)}}
+    pins = {}
+    for role, name in named.items():
+        local = isinstance(name, str) and Path(name).is_dir()
+        path = rm_dir if name == STAGE_MODEL else (Path(name) if local else None)
+        if path is not None:
+            pins[role] = pin(path)
+    return pins
 
 
 def dpo(ctx: RunContext, sft_dir: Path, summary: dict) -> dict:

@@ -109,7 +109,8 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
     state = TrainState()
     states = {"train_state": state, "reference": strategy, **(extra_states or {})}
     ckpt = Checkpointer(cfg.checkpoint, ctx.run_dir, model=policy.model, optimizers=policy.optimizers,
-                        lr_schedulers=policy.lr_schedulers, states=states)
+                        lr_schedulers=policy.lr_schedulers, states=states, completed_at=ctx.completed_at,
+                        identity=ctx.identity)
     start, last_eval = _resume_or_measure(ctx, ckpt, state, strategy, measure)
     signals = _StopSignals()
     bar = progress_bar(total=cfg.training.steps, initial=start, desc=desc,
@@ -132,7 +133,7 @@ def run_loop(ctx: RunContext, policy: Policy, strategy: ReferenceStrategy, ancho
                 signals.save_and_stop(ckpt, step)
         if cfg.checkpoint.enable and ckpt.latest_step() != step:
             ckpt.save(step, final=True)  # the end of a run always writes a checkpoint
-        if cfg.checkpoint.last_save_in_hf:
+        if cfg.checkpoint.last_save_in_hf and (ctx.completed_at is None or step > ctx.completed_at):
             titan.export_hf(policy.model, cfg.model, str(ctx.run_dir / cfg.checkpoint.folder / "hf"),
                             tokenizer=ctx.task.tokenizer)
     finally:
@@ -213,6 +214,9 @@ class _StopSignals:
         chained = foreign(self.prev.get(self.signum))
         if callable(chained):  # submitit's handler requeues the job, now that the checkpoint exists
             chained(self.signum, None)
+        if ckpt.completed_at is not None and ckpt.completed_at >= step != ckpt.latest_step():  # Checkpointer.save
+            raise Preempted(f"stop signal received at step {step}, before this rerun passed the run dir's completed "
+                            f"run: nothing saved, that run's record is unchanged")
         raise Preempted(f"stop signal received: saved step {step} to {ckpt.folder}; "
                         f"rerun the same run dir to resume")
 

@@ -3,8 +3,10 @@
 ``ReportCallback`` (registered by the experiment files, ``hydra.callbacks.report``) turns a finished sweep
 into the comparison report, also when some jobs failed (their ``status.json`` says so and the report lists
 them). ``JobsCallback`` (registered for every sweep in conf/config.yaml) counts the jobs that did not
-complete; ``refexp``'s ``main`` then exits 1 (after every job ran and every callback was called: a callback
-that raised would stop the ones after it).
+complete, and the jobs that raised without a status of their own saying so (a rerun refused because its run dir
+holds a run of another configuration, a busy run dir: each job notes itself in the sweep dir,
+``refexp/record/failed_jobs.py``, also from a launcher's worker process); ``refexp``'s ``main`` then exits 1
+(after every job ran and every callback was called: a callback that raised would stop the ones after it).
 The verdicts read the experiment's ``comparison`` block; a sweep without one gets an exploratory comparison
 against ``fixed``, else its first group (``refexp/report/reading/plan.py``), and ``refexp-report --baseline`` names
 another.
@@ -17,10 +19,11 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from refexp.record.failed_jobs import FAILED_JOBS, failed_jobs
+
 NOT_COMPLETED: list[str] = []
-"""The run dirs of the last sweep in this process whose status.json says it did not complete."""
-
-
+"""The run dirs of the last sweep in this process that did not complete: their status.json says so, or the job
+raised (``failed_jobs``)."""
 def not_completed(sweep_dir: str | Path) -> list[str]:
     """The run dirs under ``sweep_dir`` whose ``status.json`` is not ``completed`` (a dry run writes none)."""
     from refexp.record.status import read_status
@@ -35,11 +38,21 @@ def not_completed(sweep_dir: str | Path) -> list[str]:
 
 
 class JobsCallback(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from refexp.runtime.distributed import is_rank0
+
+        if is_rank0():  # an earlier sweep's notes are not this one's
+            (Path(config.hydra.sweep.dir) / FAILED_JOBS).unlink(missing_ok=True)
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from refexp.runtime.distributed import is_rank0
 
         if is_rank0():
-            NOT_COMPLETED[:] = not_completed(config.hydra.sweep.dir)
+            listed = not_completed(config.hydra.sweep.dir)
+            seen = {Path(entry.rsplit(" (", 1)[0]).resolve() for entry in listed}
+            raised = [f"{d} ({error})" for d, error in failed_jobs(config.hydra.sweep.dir).items()
+                      if Path(d).resolve() not in seen]
+            NOT_COMPLETED[:] = listed + raised
 
 
 class ReportCallback(Callback):

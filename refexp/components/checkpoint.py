@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from refexp.config import CheckpointConfig, ConfigError
-from refexp.record.checkpoints import checked_steps, complete_steps, write_manifest
+from refexp.record.checkpoints import checked_steps, complete_steps, manifest_run, write_manifest
+from refexp.components.run_identity import foreign_checkpoint
 from refexp.runtime import distributed as rdist
 from refexp.titan.components import CheckpointManager
 from refexp.titan.dcp_reader import checked_dcp_metadata
@@ -102,8 +103,15 @@ class Checkpointer:
     Saves are verified by a manifest (``save``) and resumes by checking it (``resume``)."""
 
     def __init__(self, cfg: CheckpointConfig, run_dir: str | os.PathLike, *, model: torch.nn.Module,
-                 optimizers, lr_schedulers, states: dict[str, Any]) -> None:
+                 optimizers, lr_schedulers, states: dict[str, Any], completed_at: int | None = None,
+                 identity: dict | None = None) -> None:
+        """``completed_at``: the end of the completed run the run dir held when this invocation started, if any
+        (``RunContext.completed_at``): ``save`` keeps that run's checkpoints until this one passes it.
+        ``identity``: this run's (``refexp/components/run_identity.py``), written into every manifest and checked
+        against the checkpoint a resume chooses."""
         self.cfg = cfg
+        self.identity = identity
+        self.completed_at = completed_at
         self.folder = Path(run_dir) / cfg.folder
         self.checksums = cfg.verify == "checksum"
         self.last_good = -1  # the newest verified checkpoint: the one resumed from or saved last
@@ -144,6 +152,10 @@ class Checkpointer:
         if rdist.is_rank0():
             try:
                 choice = self._step_to_resume()
+                problem = None if choice is None or self.identity is None else foreign_checkpoint(
+                    manifest_run(self._dir(choice)), self.identity, self._dir(choice))
+                if problem:
+                    raise ConfigError(problem)
             except ConfigError as e:
                 choice = e
         choice = rdist.broadcast_object(choice)
@@ -210,6 +222,8 @@ class Checkpointer:
         """
         if not self.cfg.enable or not self.manager._should_save(step, force or final):
             return False
+        if self._keeps_completed_run(step):
+            return False
         self.manager.last_save_model_only = final and self.cfg.last_save_model_only
         step_dir = self._dir(step)
         if rdist.is_rank0() and step_dir.exists():  # one that failed verification: no stale file may stay
@@ -220,7 +234,7 @@ class Checkpointer:
             self.manager.maybe_wait_for_saving()
             rdist.barrier()  # every rank's shards are on disk before rank 0 lists them
             if rdist.is_rank0():
-                write_manifest(step_dir, checksums=self.checksums)
+                write_manifest(step_dir, checksums=self.checksums, run=self.identity)
         except BaseException as e:
             if rdist.is_rank0():
                 shutil.rmtree(step_dir, ignore_errors=True)
@@ -231,6 +245,14 @@ class Checkpointer:
         self.manager.purge_stale_checkpoints()
         self.last_good = step
         return True
+
+    def _keeps_completed_run(self, step: int) -> bool:
+        """Whether a save of ``step`` is skipped: a rerun of a run completed at ``completed_at`` that has not passed
+        it writes no checkpoint at or before the folder's newest one, which would replace (or, by pruning, remove)
+        that run's own (``refexp/record/rerun.py``). Rank 0 decides: the save is a collective."""
+        if self.completed_at is None or step > self.completed_at:
+            return False
+        return rdist.decided_by_rank0(lambda: step <= max(complete_steps(self.folder), default=-1))
 
     def latest_step(self) -> int:
         """The newest verified checkpoint of this run: the one it resumed from or saved last (-1: none)."""

@@ -26,3 +26,10 @@ class RunContext:
     task: object
     """refexp.tasks.Task"""
     logger: MetricLogger
+    completed_at: int | None = None
+    """The last step of the completed run the run dir held when this invocation started (None: none): until the
+    run passes it, its record is a copy (``refexp/record/rerun.py``) and no checkpoint at or before the newest
+    one is written over (``Checkpointer.save``)."""
+    identity: dict | None = None
+    """This run's identity (``refexp/components/run_identity.py``; rank 0's holds the pins of its start and reward
+    models): written into its checkpoints, and a resume refuses another run's."""

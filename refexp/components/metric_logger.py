@@ -7,8 +7,9 @@ must be in its registry (``refexp/record/metric_names.py``). W&B conventions
 (DPO: and loss), tags, the full resolved config, every registered metric declared against ``step``
 (best accuracy and last drift as the runs table's summaries), final numbers in ``summary``. A resumed run
 continues its W&B run (the id is kept in the run dir) and does not send W&B the steps it replays: the
-earlier attempt sent them, with the same values (resumption is exact). A logging failure is reported
-once and never stops training.
+earlier attempt sent them, with the same values (resumption is exact). A rerun of a completed run writes
+a copy of the record until it logs a step past that run's end (``refexp/record/rerun.py``). A logging failure
+is reported once and never stops training.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from refexp.record.jsonl import keep_until
 from refexp.record.metric_names import METRICS, unregistered
 from refexp.record.metrics import MetricsWriter, read_metrics
 from refexp.record.outcomes import EvalOutcomes, append_outcomes
+from refexp.record.rerun import RerunRecord
 from refexp.record.samples import append_samples
 
 SAMPLES_PREFIX = "samples/"
@@ -63,7 +65,9 @@ class MetricLogger:
         wandb_cfg: Any = None,
         resolved_config: Mapping | None = None,
         run_info: Mapping | None = None,
+        record: RerunRecord | None = None,
     ) -> None:
+        """``record``: where the files go (the run dir when None)."""
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self._wandb = None
@@ -73,7 +77,8 @@ class MetricLogger:
             return
         # metrics.jsonl mirrors what W&B received: steps up to its last one were sent by an earlier attempt
         self._sent_before = max((int(r["step"]) for r in read_metrics(self.run_dir)), default=-1)
-        self._metrics = MetricsWriter(self.run_dir)
+        self._record = record or RerunRecord(self.run_dir, None)
+        self._metrics = MetricsWriter(self._record.dir)
         if wandb_cfg is not None and wandb_cfg.name == "wandb":
             self._init_wandb(wandb_cfg, resolved_config or {}, run_info or {})
 
@@ -130,11 +135,15 @@ class MetricLogger:
         row.update({k: _plain(v) for k, v in metrics.items() if k not in samples and not isinstance(v, EvalOutcomes)})
         check_names(row)
         self.last_step = int(step)
+        if self._record.protected and self.last_step > self._record.completed_at:
+            self._metrics.close()  # the copy is moved into the run dir; the next rows follow it there
+            self._record.promote()
+            self._metrics = MetricsWriter(self._record.dir)
         self._metrics.write(row)
         if samples:
-            append_samples(self.run_dir, int(step), {k[len(SAMPLES_PREFIX):]: v for k, v in samples.items()})
+            append_samples(self._record.dir, int(step), {k[len(SAMPLES_PREFIX):]: v for k, v in samples.items()})
         if outcomes:
-            append_outcomes(self.run_dir, int(step), outcomes)
+            append_outcomes(self._record.dir, int(step), outcomes)
         if self._wandb is not None and row["step"] > self._sent_before:
             try:
                 self._wandb.log({**row, **self._wandb_tables(samples)})
@@ -168,8 +177,8 @@ class MetricLogger:
         keep = self._metrics.keep_until(step)
         self.last_step = max((int(r["step"]) for r in keep), default=0)
         for name in (layout.SAMPLES, layout.EVAL_OUTCOMES):
-            if layout.path(self.run_dir, name).exists():
-                keep_until(layout.path(self.run_dir, name), step)
+            if layout.path(self._record.dir, name).exists():
+                keep_until(layout.path(self._record.dir, name), step)
 
     def close(self, exit_code: int = 0) -> None:
         if not self.enabled:

@@ -34,6 +34,9 @@ class ModelConfig:
     """None takes the tokenizer's vocabulary size."""
     max_seq_len: Optional[int] = None
     """RoPE table length (None keeps the flavor's)."""
+    rope_theta: Optional[float] = None
+    """Override of the RoPE base (None keeps the flavor's: 500000 for llama3, 1000000 for qwen3). The
+    flavor's frequency scaling is kept; it only touches wavelengths far beyond a short task's sequences."""
     hf_assets_path: Optional[str] = None
     """HF checkpoint directory (config.json, *.safetensors, tokenizer.json) to start from."""
     attn_backend: str = "sdpa"
@@ -47,6 +50,9 @@ class ModelConfig:
             v = getattr(self, f)
             if v is not None:
                 positive_int(f"model.{f}", v)
+        if self.rope_theta is not None:
+            check(isinstance(self.rope_theta, (int, float)) and self.rope_theta > 1, "model.rope_theta",
+                  self.rope_theta, "a number > 1, or null for the flavor's")
         if self.dim is not None and self.n_heads is not None:
             check(self.dim % self.n_heads == 0, "model.dim", self.dim, f"a multiple of model.n_heads={self.n_heads}")
         one_of("model.attn_backend", self.attn_backend, ("sdpa", "flex", "varlen"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Optional
 
 from .errors import check, non_negative, one_of, positive_int
@@ -16,7 +17,9 @@ class CheckpointConfig:
     enable: bool = True
     """Save (and resume from) DCP checkpoints of the run."""
     folder: str = "checkpoint"
-    """Relative to the run directory."""
+    """Relative to the run directory, and inside it: an absolute path or one with ``..`` is refused, so that two
+    runs never share a checkpoint folder (a checkpoint also records its run, and a resume refuses another's:
+    docs/runs.md)."""
     interval: int = 100
     """Save every this many steps; the end of a run always saves."""
     keep_latest_k: int = 2
@@ -50,6 +53,10 @@ class CheckpointConfig:
     passing, or ``load_step`` failing, is an error."""
 
     def __post_init__(self) -> None:
+        parts = PurePath(self.folder).parts if isinstance(self.folder, str) else ()
+        check(bool(parts) and not PurePath(self.folder).is_absolute() and ".." not in parts and parts != (".",)
+              and not self.folder.startswith("~"), "checkpoint.folder", self.folder,
+              "a relative path inside the run dir (e.g. checkpoint): checkpoints belong to their run")
         positive_int("checkpoint.interval", self.interval)
         # torchtitan refuses 1: the newest may still be being written
         check(isinstance(self.keep_latest_k, int) and (self.keep_latest_k == 0 or self.keep_latest_k >= 2),

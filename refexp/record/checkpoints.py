@@ -46,9 +46,10 @@ def checksums_of(paths: list[Path]) -> list[str]:
         return list(pool.map(_sha256, paths))
 
 
-def write_manifest(step_dir: str | os.PathLike, *, checksums: bool) -> None:
+def write_manifest(step_dir: str | os.PathLike, *, checksums: bool, run: dict | None = None) -> None:
     """List every file of ``step_dir`` (relative path, size, and sha256 when ``checksums``) in its
-    manifest (``publish_manifest``: a reader sees all of it or none)."""
+    manifest (``publish_manifest``: a reader sees all of it or none). ``run``: the identity of the run that
+    wrote it (``refexp/components/run_identity.py``), kept as ``run``."""
     step_dir = Path(step_dir)
     paths = _files(step_dir)
     sums = checksums_of(paths) if checksums else [None] * len(paths)
@@ -58,14 +59,16 @@ def write_manifest(step_dir: str | os.PathLike, *, checksums: bool) -> None:
         if digest is not None:
             entry["sha256"] = digest
         files[p.relative_to(step_dir).as_posix()] = entry
-    publish_manifest(step_dir, files)
+    publish_manifest(step_dir, files, run=run)
 
 
-def publish_manifest(step_dir: Path, files: dict, *, name: str = MANIFEST) -> None:
-    """Write ``{"format", "files"}`` as ``step_dir/name`` through a temporary name, fsynced and renamed."""
+def publish_manifest(step_dir: Path, files: dict, *, name: str = MANIFEST, run: dict | None = None) -> None:
+    """Write ``{"format", "files"}`` (and ``run`` when given) as ``step_dir/name`` through a temporary name,
+    fsynced and renamed."""
     tmp = step_dir / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # two writers may seal one cache entry
     with open(tmp, "w") as f:
-        json.dump({"format": FORMAT, "files": files}, f, indent=1, sort_keys=True)
+        json.dump({"format": FORMAT, "files": files, **({"run": run} if run is not None else {})}, f, indent=1,
+                  sort_keys=True, default=str)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, step_dir / name)
@@ -74,6 +77,15 @@ def publish_manifest(step_dir: Path, files: dict, *, name: str = MANIFEST) -> No
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def manifest_run(step_dir: str | os.PathLike) -> dict | None:
+    """The run identity ``step_dir``'s manifest records (None: no manifest, or one written before identities)."""
+    try:
+        run = json.loads((Path(step_dir) / MANIFEST).read_text()).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run if isinstance(run, dict) else None
 
 
 def has_manifest(step_dir: str | os.PathLike) -> bool:

@@ -57,7 +57,10 @@ def line(row: dict) -> str:
 
 def keep_until(path: str | os.PathLike, step: int) -> Rows:
     """Rewrite ``path`` (atomically) without its rows after ``step``; returns the kept rows. A resumed run
-    logs the steps after its last checkpoint again."""
-    keep = Rows(r for r in read_rows(path) if r["step"] <= step)
+    logs the steps after its last checkpoint again. A file with nothing to drop is not rewritten."""
+    rows = read_rows(path)
+    keep = Rows(r for r in rows if r["step"] <= step)
+    if len(keep) == len(rows) and not rows.bad_lines:
+        return keep
     write_text_atomic(Path(path), "".join(line(r) for r in keep))
     return keep

@@ -23,6 +23,8 @@ WANDB_DIR = "wandb"
 """W&B's local files (``wandb sync <run dir>/wandb`` uploads an offline run)."""
 LOCK = ".refexp.lock"
 """Held by the one process writing the run dir, naming it (host, pid, start; ``record/lock.py``)."""
+RERUN_DIR = ".rerun"
+"""A rerun's copy of a completed run's record, written until the rerun passes that run's end (``record/rerun.py``)."""
 HYDRA_DIR = ".hydra"
 """Hydra's own record of the job (``config.yaml``, ``overrides.yaml``)."""
 

@@ -10,7 +10,9 @@ it is the root cause, the later ones follow from it. Readers take the file as a 
 older version of refexp (``wall_seconds`` and ``provenances`` read those too).
 
 A ``running`` status carries a heartbeat (host, pid, time, step; ``beat`` renews it at most every
-``HEARTBEAT_S``), so a reader tells a live run from one whose process is gone (``stale_reason``). While
+``HEARTBEAT_S``, at the training loop's logged steps and from a ``Heartbeat`` thread through every phase: the SFT
+and reward-model stages, a wait on a cache entry's lock), so a reader tells a live run from one whose process is
+gone (``stale_reason``). While
 running, the file is padded to ``RESERVED_BYTES``: a closing write that a full disk refuses goes over those
 bytes in place (``write_status``). A run that did not advance a completed run leaves its status as it was
 (``close_run_status``). What the values mean: docs/runs.md.
@@ -22,6 +24,7 @@ import errno
 import json
 import os
 import socket
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -147,23 +150,56 @@ def new_heartbeat(step: int = 0) -> dict:
 
 _LAST_BEAT: dict[str, float] = {}
 """run dir -> when this process last wrote its heartbeat."""
+_BEATING = threading.Lock()
+"""Held while a heartbeat reads and rewrites status.json (the loop's and the ``Heartbeat`` thread's), and while
+the thread stops: no renewal lands over the closing status."""
 
 
-def beat(run_dir: str | Path, step: int, *, every_s: float = HEARTBEAT_S) -> None:
-    """Rank 0 at a logged step: renew the heartbeat of a ``running`` status this process wrote, at most
-    every ``every_s`` seconds. Never raises: a missed heartbeat must not stop a run."""
-    key, now = str(run_dir), time.time()
-    if now - _LAST_BEAT.get(key, 0.0) < every_s:
-        return
-    _LAST_BEAT[key] = now
-    current = read_status(run_dir) or {}
-    hb = current.get("heartbeat")
-    if current.get("status") != "running" or not isinstance(hb, dict) or hb.get("pid") != os.getpid():
-        return  # not ours (a failure another rank recorded, or another process's run)
-    try:
-        write_status(run_dir, {**current, "heartbeat": {**hb, "time": now, "step": int(step)}}, reserve=True)
-    except OSError:
-        pass
+def beat(run_dir: str | Path, step: Optional[int], *, every_s: Optional[float] = None) -> None:
+    """Rank 0: renew the heartbeat of a ``running`` status this process wrote (``step``: the logged step; None keeps
+    the one recorded), at most every ``every_s`` seconds (default ``HEARTBEAT_S``). Never raises: a missed heartbeat
+    must not stop a run."""
+    every_s = HEARTBEAT_S if every_s is None else every_s
+    with _BEATING:
+        key, now = str(run_dir), time.time()
+        if now - _LAST_BEAT.get(key, 0.0) < every_s:
+            return
+        _LAST_BEAT[key] = now
+        current = read_status(run_dir) or {}
+        hb = current.get("heartbeat")
+        if current.get("status") != "running" or not isinstance(hb, dict) or hb.get("pid") != os.getpid():
+            return  # not ours (a failure another rank recorded, or another process's run)
+        renewed = {**hb, "time": now, "step": int(hb.get("step") or 0) if step is None else int(step)}
+        try:
+            write_status(run_dir, {**current, "heartbeat": renewed}, reserve=True)
+        except OSError:
+            pass
+
+
+class Heartbeat:
+    """A daemon thread renewing ``run_dir``'s heartbeat every ``every_s`` seconds (default ``HEARTBEAT_S``) from
+    ``start()`` to ``stop()``: a run in its SFT or reward-model stage, or waiting on a cache entry's lock, logs no
+    step for longer than ``refexp.record.lock.STALE_AFTER_S``, and must not read as stale from another host."""
+
+    def __init__(self, run_dir: str | Path, *, every_s: Optional[float] = None) -> None:
+        self.run_dir, self.every_s = run_dir, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="refexp-status-heartbeat")
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        every_s = HEARTBEAT_S if self.every_s is None else self.every_s
+        while not self._stop.wait(every_s):
+            beat(self.run_dir, None, every_s=every_s / 2)  # not skipped for the loop's own beat of a moment ago
+
+    def stop(self) -> None:
+        """Stop renewing; returns once no renewal is in progress (the closing status goes after it)."""
+        self._stop.set()
+        with _BEATING:
+            pass
 
 
 def stale_reason(status: Mapping[str, Any], *, now: Optional[float] = None) -> Optional[str]:
@@ -235,7 +271,7 @@ def record_launch_failure(run_dir: str | Path, error: str) -> None:
     """The launching process's account of a job whose workers failed (``refexp/runtime/launcher.py``): written
     only when no rank left a failure (a worker killed by a signal or out of memory writes nothing)."""
     current = read_status(run_dir) or {}
-    if current.get("status") in ENDED:
+    if current.get("status") in (*ENDED, "completed"):  # completed: a rerun that had not passed its end
         return
     write_status(run_dir, {**current, "status": "failed", "error": error, "final": current.get("final", {})})
 

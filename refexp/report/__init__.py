@@ -23,8 +23,9 @@ Three rooms, in the order a report is made (``build`` runs them):
 
 - ``reading/``: load (read runs) → group (seeds together, variant names) → reduce (one number per run) →
   plan (the declared comparison, the runs it leaves out) → setup (what the runs were).
-- ``statistics/``: stats (mean, t-interval, seed bands), paired (bootstrap differences against the baseline
-  over seeds and prompts, ``bootstrap``; Holm and the verdict, ``inference``), summary (a table's numbers and
+- ``statistics/``: stats (mean, t-interval over seeds or SFT starts, seed bands), paired (bootstrap differences
+  against the baseline over seeds and the prompts they share, ``bootstrap``; the verdict Holm's step-down
+  decides, beside simultaneous intervals, ``inference``), summary (a table's numbers and
   verdicts), own_change, metric_scores; with ``frontier_key`` or ``select``, frontier (accuracy against drift
   across that key, arms at matched drift) and selection (each arm at its setting chosen on validation,
   compared on test).

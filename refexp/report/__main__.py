@@ -30,11 +30,12 @@ def _parser() -> argparse.ArgumentParser:
                              "one other than the declared baseline makes the report exploratory; without a "
                              "declared comparison the default is fixed where a group is that, else the first group")
     parser.add_argument("--alpha", type=float, default=0.05,
-                        help="family-wise error rate of the verdicts (Holm over the comparisons against the "
-                             "baseline; default 0.05)")
+                        help="family-wise error rate of the verdicts (Holm's step-down over the comparisons "
+                             "against the baseline decides; default 0.05)")
     parser.add_argument("--equivalence-margin", type=float, default=None, metavar="M",
                         help="claim 'equivalent within ±M' where two one-sided tests put the difference inside "
-                             "(-M, +M) (default: no claim of no difference is made)")
+                             "(-M, +M) (default: the declared comparison block's equivalence_margin, else no claim "
+                             "of no difference is made)")
     parser.add_argument("--allow-mixed", action="store_true",
                         help="count in the verdict the runs outside the declared comparison (other seeds or "
                              "arms) and those from another refexp commit or thread count than most runs")

@@ -113,8 +113,9 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
     per algorithm, see ``summary.default_target``); the verdicts pair every group with the baseline the
     sweep's comparison block declares (``comparison``, else the runs' ``resolved_config.yaml``), or with
     ``baseline`` (a group label or a swept variant), else ``plan.default_baseline``'s (the report is then
-    exploratory), Holm-adjusted at
-    ``alpha`` over the family, with a claim of equivalence only within ``margin``; ``allow_mixed`` counts
+    exploratory), decided by Holm's step-down at
+    ``alpha`` over the family, with a claim of equivalence only within ``margin`` (None: the declared block's
+    ``equivalence_margin``, if any); ``allow_mixed`` counts
     the runs outside the plan (``plan.make_plan``). ``at_steps`` (default: the block's) adds, per step S,
     the accuracy at S, the gain after it and a verdict at S. Safe to call again on the same dir at any
     time. Raises ``NoRunsError`` (no run) before writing anything."""

@@ -7,6 +7,8 @@ Re-exported here so that every torchtitan import in refexp goes through ``refexp
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 from torchtitan.components.checkpointer.dcp import MODEL
@@ -17,6 +19,9 @@ from torchtitan.components.optimizer.optimizer import OptimizersContainer, Param
 from refexp.titan.dcp_reader import SafeFileSystemReader, checked_dcp_metadata
 
 __all__ = ["CheckpointManager", "LRSchedulersContainer", "OptimizersContainer", "ParamGroupConfig"]
+
+STEP_DIR = re.compile(r"step-(\d+)")
+"""The name of a checkpoint dir refexp writes (``fullmatch``: nothing before or after)."""
 
 
 class CheckpointManager(_TitanCheckpointManager):
@@ -42,5 +47,12 @@ class CheckpointManager(_TitanCheckpointManager):
         pass
 
     def purge_stale_checkpoints(self) -> None:
-        """torchtitan's pruning: all but the newest ``keep_latest_k`` ``step-N`` dirs (rank 0, in a thread)."""
-        super()._purge_stale_checkpoints()
+        """torchtitan's pruning, of refexp's own dirs only: all but the newest ``keep_latest_k`` directories named
+        exactly ``step-<N>`` (rank 0, in torchtitan's purge thread). torchtitan's matches any name containing
+        ``step-N`` (``re.search``), and would delete a user's ``step-4.keep`` or ``notes-step-1``."""
+        if not self._should_purge():
+            return
+        found = sorted((int(m.group(1)), path) for name in os.listdir(self.folder)
+                       if (m := STEP_DIR.fullmatch(name)) and os.path.isdir(path := os.path.join(self.folder, name)))
+        for _, path in found[: -self.keep_latest_k]:
+            self.purge_queue.put(path)

@@ -110,6 +110,10 @@ def hf_arch(model_cfg: ModelConfig, vocab_size: int | None) -> Arch:
         raise ConfigError(
             f"model.hf_assets_path={hf_dir!r}: llama3 needs head_dim == hidden_size // num_attention_heads"
         )
+    theta = float(_hf_rope_params(hf)["rope_theta"])
+    if model_cfg.rope_theta is not None and float(model_cfg.rope_theta) != theta:
+        raise ConfigError(f"model.rope_theta={model_cfg.rope_theta} is invalid: {hf_dir}/config.json says {theta:g}, "
+                          f"which its weights were trained with (expected null or {theta:g})")
     max_seq_len = model_cfg.max_seq_len or hf.get("max_position_embeddings") or 4096
     return Arch(
         dim=dim, n_layers=found["n_layers"], n_heads=n_heads, n_kv_heads=found["n_kv_heads"], head_dim=head_dim,

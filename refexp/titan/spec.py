@@ -67,6 +67,8 @@ def _apply_overrides(flavor: Arch, model_cfg: ModelConfig, vocab_size: int | Non
         )
     max_seq_len = model_cfg.max_seq_len or flavor.max_seq_len
     rope = dataclasses.replace(flavor.rope, dim=head_dim, max_seq_len=max_seq_len)
+    if model_cfg.rope_theta is not None:
+        rope = dataclasses.replace(rope, theta=model_cfg.rope_theta)
     return dataclasses.replace(
         flavor, dim=dim, n_layers=model_cfg.n_layers or flavor.n_layers, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=head_dim, ffn_hidden_dim=ffn, vocab_size=vocab, rope=rope,

@@ -33,7 +33,8 @@ class ComparisonPlan:
     """The declared baseline arm, else ``--baseline``, else ``default_baseline``'s."""
     alpha: float = 0.05
     margin: Optional[float] = None
-    """Equivalence margin (``--equivalence-margin``); None: no claim of no difference is made."""
+    """Equivalence margin (``--equivalence-margin``, else the declared block's ``equivalence_margin``); None: no
+    claim of no difference is made."""
     allow_mixed: bool = False
     excluded: dict[str, str] = field(default_factory=dict)
     """run name -> why it is left out of the verdict (or, with ``allow_mixed``, why it would have been)."""
@@ -105,6 +106,18 @@ def declared_block(runs: list[Run]) -> tuple[Optional[dict], list[str]]:
     return block, notes
 
 
+def declared_margin(block: dict) -> Optional[float]:
+    """The block's ``equivalence_margin`` (a positive number), read defensively: blocks written before the field
+    existed have none, and then no equivalence claim is made."""
+    value = block.get("equivalence_margin")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"comparison.equivalence_margin={value!r} is invalid: expected a number > 0 (the largest "
+                         f"difference called equivalent), or null")
+    return float(value)
+
+
 def commits(run: Run) -> tuple[str, ...]:
     """The refexp commits that computed the run, in order (a run resumed across versions has several)."""
     return tuple(dict.fromkeys(str(p.get("commit")) for p in provenances(run.status or {})))
@@ -131,6 +144,8 @@ def make_plan(runs: list[Run], *, baseline: Optional[str] = None, block: Optiona
         notes.append(f"--baseline {baseline} is not the declared baseline {block.get('baseline')}: exploratory")
         block = None
     why = "declared" if block is not None else "--baseline"
+    if margin is None and block is not None:
+        margin = declared_margin(block)
     if block is None and baseline is None:
         baseline, why = default_baseline(runs)
     plan = ComparisonPlan(block, baseline if block is None else str(block["baseline"]), alpha, margin, allow_mixed,

@@ -3,8 +3,16 @@
 Every run of a sweep is evaluated on the same held-out prompts, and two arms share a seed's randomness,
 so the difference is paired twice: by seed and by prompt. Each replicate resamples the outermost units
 (seeds) with replacement, then within each drawn unit its sub-units, down to the prompts, where the same
-prompt indices are drawn for both arms (so only the per-prompt differences matter). ``scipy.stats.bootstrap``
-resamples one level only, hence this module. The levels are generic (e.g. SFT start -> seed -> prompt).
+prompt indices are drawn for both arms (so only the per-prompt differences matter). The prompts are crossed
+with the seeds, not nested in them: one sample of the task's problems scores every run, so a prompt on which
+the arm beats the baseline in every seed is one draw of that sample, not one per seed. With ``shared_prompts``
+(what the report uses whenever its runs were scored on the same prompts, ``paired.unit_result``) one prompt
+draw per replicate serves every run: the two-way "pigeonhole" bootstrap of a crossed design (Owen 2007, Ann.
+Appl. Stat. 1:386), which resamples seeds and prompts independently and errs wide, never narrow (it counts the
+seed x prompt noise in both margins). Drawing prompts afresh in each run instead treats a prompt effect common
+to the seeds as independent across them and shrinks it by up to sqrt(seeds) (tests/test_inference.py
+simulates the design and measures both). ``scipy.stats.bootstrap`` resamples one level only, hence this module.
+The levels are generic (e.g. SFT start -> seed -> prompt).
 """
 
 from __future__ import annotations
@@ -189,13 +197,14 @@ def paired_hierarchical_bootstrap(tree: Tree, *, levels: Sequence[str] = ("seed"
     default levels; ``{start: {seed: (arm, baseline)}}`` with levels ("SFT start", "seed", "prompt")).
 
     Each of ``n_boot`` replicates resamples the outermost units with replacement, then within each drawn
-    unit its sub-units, then that run's prompts, the same prompt indices for both arms. With
-    ``shared_prompts`` one prompt draw per replicate serves every run (all runs must have the same prompts
-    in the same order): the prompts are then a sample crossed with the seeds, whose noise does not shrink
-    with more seeds. A level with one unit (one seed) is kept as is; ``BootstrapResult.note`` says so.
+    unit its sub-units, then the prompts, the same prompt indices for both arms. With ``shared_prompts``
+    (runs scored on the same prompts; all runs must hold them in the same order) one prompt draw per replicate
+    serves every run: the prompts are a sample crossed with the seeds, whose noise does not shrink with more
+    seeds (module doc; tests/test_inference.py measures the interval's coverage in that design with 3 seeds).
+    Without it each run's prompts are drawn afresh (prompts nested in runs), right only for runs scored on
+    different prompts. A level with one unit (one seed) is kept as is; ``BootstrapResult.note`` says so.
     Resampling prompts inside each drawn seed counts a run's own prompt noise twice (it is already in the
-    spread of the seed means), so where that noise dominates the interval errs wide (tests/test_inference.py
-    measures ~95% coverage when the seeds' spread dominates and ~100% when prompt noise does).
+    spread of the seed means), so where that noise dominates the interval errs wide.
     Degenerate data (all differences equal) give an interval collapsed onto the point, se 0, and p 1
     when that point is 0.
     """

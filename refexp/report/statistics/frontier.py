@@ -24,7 +24,7 @@ from refexp.record.overrides import swept_settings
 
 from refexp.report.reading.load import Run, _get
 from refexp.report.reading.plan import ComparisonPlan
-from refexp.report.statistics.inference import Verdict, family_verdicts
+from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
 from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
 from refexp.report.statistics.paired import Unit
 
@@ -167,17 +167,18 @@ def interpolated(pts: list[Point], x: float, log: bool, metric: str) -> tuple[fl
 
 
 def _seed_pair(a: list[Point], b: list[Point], x: float, log: bool, metric: str):
-    """(arm's scores, baseline's scores, arm - baseline) at x over the prompts both curves' runs scored."""
+    """(arm's scores, baseline's scores, arm - baseline, the prompt ids of the scores) at x over the prompts both
+    curves' runs scored."""
     va, sa, ia = interpolated(a, x, log, metric)
     vb, sb, ib = interpolated(b, x, log, metric)
     if sa is None or sb is None:
-        return None, None, va - vb
+        return None, None, va - vb, []
     pos_b = {i: k for k, i in enumerate(ib)}
     common = [(k, pos_b[i]) for k, i in enumerate(ia) if i in pos_b]
     if not common:
-        return None, None, va - vb
+        return None, None, va - vb, []
     sa, sb = sa[[k for k, _ in common]], sb[[k for _, k in common]]
-    return sa, sb, float(sa.mean() - sb.mean())
+    return sa, sb, float(sa.mean() - sb.mean()), [ia[k] for k, _ in common]
 
 
 @dataclass
@@ -238,7 +239,7 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
             per_seed = {s: _seed_pair(cs[label][s], cs[base][s], x, axis.log, metric) for s in seeds}
             out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", paired_result(per_seed)))
     out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=plan.alpha,
-                                   margin=plan.margin)
+                                   margin=plan.margin, bound=difference_bound(metric))
     out.text = _text(out, plan.alpha)
     return out
 

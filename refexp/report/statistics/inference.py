@@ -1,9 +1,14 @@
 """From bootstrap distributions to verdicts over a family of comparisons against one baseline.
 
-Holm's step-down adjustment decides which differences are separated from 0; the intervals printed with
-them are Bonferroni's simultaneous (1 - alpha/m) ones, which are never narrower than what Holm decides,
-so an interval never shows a separation the adjusted p-value does not. A claim of no difference is made
-only with an equivalence margin (two one-sided tests); everything else that includes 0 is "not separated".
+One rule decides: Holm's step-down over the family's m p-values (each the combined test's: the larger of the
+bootstrap's and the Student t's p, ``paired.BothLevelsResult``) says *higher* or *lower* where it rejects at
+alpha. The interval printed beside it is the simultaneous (Bonferroni, 1 - alpha/m) one, which covers all m
+differences at once; Holm rejects at alpha/(m - i) for the i-th smallest p, so it can reject where that interval
+still covers 0, and the verdict then says so. Where Holm does not reject, the verdict is *equivalent within ±m*
+when two one-sided tests at alpha/m put the difference inside the declared margin, else *inconclusive*. A
+degenerate t (the per-unit differences identical, so the t has no spread) tests nothing: it makes no claim, and
+the bootstrap alone does not make one either. An interval reaching beyond what the metric's difference can take
+(±1 for a difference of proportions) prints as *uninformative* with its degrees of freedom, not as numbers.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 from scipy.stats import norm
 from scipy.stats import t as student_t
+
+from refexp.record.metric_names import EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION
 
 from refexp.report.statistics.bootstrap import BootstrapResult
 
@@ -90,19 +97,35 @@ def students_t_df(result) -> Optional[int]:
     return int(df) if isinstance(df, (int, float)) and df >= 1 else None
 
 
-def verdict_word(interval: tuple[float, float], p_adjusted: float, alpha: float,
-                 equivalent: Optional[Equivalence] = None) -> str:
-    """"higher" / "lower" when the adjusted p-value is <= alpha and the adjusted interval lies on one side
-    of 0 (both, so that the printed interval and p-value never disagree), else "equivalent within ±m"
-    when the two one-sided tests say so, else "not separated"."""
-    lo, hi = interval
-    if p_adjusted <= alpha and lo > 0:
-        return "higher"
-    if p_adjusted <= alpha and hi < 0:
-        return "lower"
+HIGHER, LOWER, INCONCLUSIVE, DEGENERATE = "higher", "lower", "inconclusive", "degenerate t"
+"""The verdict words other than ``equivalent within ±m`` (``equivalent_word``)."""
+
+PROPORTIONS = (EVAL_ACCURACY, EVAL_RETENTION, EVAL_PREF_ACCURACY, EVAL_PASS_AT_K)
+"""Metrics that are a share of prompts (a mean of per-prompt scores in [0, 1]): a difference of two lies in
+[-1, 1]. ``eval/gold`` is not among them: under a gold reward model it is no share."""
+
+
+def difference_bound(metric: str) -> Optional[float]:
+    """The largest |arm - baseline| ``metric`` allows (1 for a share of prompts); None when unknown."""
+    return 1.0 if metric in PROPORTIONS else None
+
+
+def equivalent_word(margin: float) -> str:
+    return f"equivalent within ±{margin:g}"
+
+
+def verdict_word(point: float, p_adjusted: float, alpha: float, equivalent: Optional[Equivalence] = None,
+                 degenerate: bool = False) -> str:
+    """Holm decides: "higher" / "lower" (the sign of ``point``) where the Holm-adjusted p is <= alpha, else
+    "equivalent within ±m" where the two one-sided tests say so, else "inconclusive"; "degenerate t" (no claim)
+    whatever the p when the t has no spread."""
+    if degenerate:
+        return DEGENERATE
+    if p_adjusted <= alpha:
+        return HIGHER if point > 0 else LOWER
     if equivalent is not None and equivalent.equivalent:
-        return f"equivalent within ±{equivalent.margin:g}"
-    return "not separated"
+        return equivalent_word(equivalent.margin)
+    return INCONCLUSIVE
 
 
 @dataclass(frozen=True)
@@ -113,7 +136,7 @@ class Verdict:
     word: str
     result: BootstrapResult
     interval: tuple[float, float]
-    """Bonferroni-adjusted (1 - alpha/m) percentile interval."""
+    """The simultaneous (Bonferroni, 1 - alpha/m) percentile interval."""
     p_holm: float
     family_size: int
     alpha: float
@@ -124,19 +147,80 @@ class Verdict:
     equivalence: Optional[Equivalence]
     df: Optional[int] = None
     """The degrees of freedom ``mdd`` was computed with (None: normal approximation)."""
+    bound: Optional[float] = None
+    """The largest |difference| the metric allows (``difference_bound``); None: unknown."""
+
+    @property
+    def level(self) -> float:
+        """The simultaneous interval's coverage, 1 - alpha/m."""
+        return 1.0 - self.alpha / self.family_size
+
+    @property
+    def degenerate(self) -> bool:
+        return self.word == DEGENERATE
+
+    @property
+    def interval_covers_zero(self) -> bool:
+        """Holm rejected while the simultaneous interval still covers 0 (the two disagree)."""
+        return self.word in (HIGHER, LOWER) and self.interval[0] <= 0.0 <= self.interval[1]
+
+    @property
+    def uninformative(self) -> bool:
+        """The interval reaches beyond the difference the metric allows (e.g. past ±1 on a share of prompts)."""
+        return self.bound is not None and (self.interval[0] < -self.bound or self.interval[1] > self.bound)
+
+    @property
+    def interval_text(self) -> str:
+        """"[-0.031, +0.105]", or "uninformative (1 df)" when it reaches beyond the metric's range."""
+        if self.uninformative:
+            return f"uninformative ({self.df} df)" if self.df is not None else "uninformative"
+        return f"[{self.interval[0]:+.3f}, {self.interval[1]:+.3f}]"
+
+    @property
+    def p_text(self) -> str:
+        """The Holm-adjusted p as a table prints it ("—" for a degenerate t, which tests nothing)."""
+        return "—" if self.degenerate else f"{self.p_holm:.3g}"
+
+    @property
+    def phrase(self) -> str:
+        """The verdict as printed: "higher", "higher (Holm; the simultaneous interval covers 0)", "equivalent
+        within ±0.05", "inconclusive (interval [-0.031, +0.105])", "inconclusive (uninformative, 1 df)",
+        "degenerate t (3 identical per-seed differences): no claim"."""
+        if self.interval_covers_zero:
+            return f"{self.word} (Holm; the simultaneous interval covers 0)"
+        if self.word == INCONCLUSIVE:
+            if self.uninformative:
+                return f"inconclusive (uninformative{f', {self.df} df' if self.df is not None else ''})"
+            return f"inconclusive (interval {self.interval_text})"
+        if self.degenerate:
+            n, unit = _t_units(self.result)
+            return f"degenerate t ({n} identical per-{unit} differences): no claim"
+        return self.word
 
     def sentence(self, baseline: str) -> str:
-        """E.g. "ema - fixed: +0.178, Bonferroni 98.75% interval [+0.012, +0.330], Holm-adjusted p 0.052
-        (family of 4 comparisons against fixed, alpha 0.05): not separated. ..."."""
-        lo, hi = self.interval
-        level = 100.0 * (1.0 - self.alpha / self.family_size)
-        relation = {"higher": f"higher than {baseline}", "lower": f"lower than {baseline}",
-                    "not separated": f"not separated from {baseline}"}.get(self.word, self.word)
-        text = (f"{self.label} - {baseline}: {self.result.point:+.3f}, Bonferroni {level:.4g}% interval "
-                f"[{lo:+.3f}, {hi:+.3f}], Holm-adjusted p {self.p_holm:.3g} (family of {self.family_size} "
-                f"comparison{'s' if self.family_size != 1 else ''} against {baseline}, alpha {self.alpha:g}): "
-                f"{relation}.")
-        if self.equivalence is not None:
+        """E.g. "ema - fixed: +0.178, simultaneous (Bonferroni) 98.75% interval [+0.012, +0.330], Holm-adjusted p
+        0.052 (family of 4 comparisons against fixed, alpha 0.05): inconclusive. ..."."""
+        family = (f"family of {self.family_size} comparison{'s' if self.family_size != 1 else ''} against "
+                  f"{baseline}, alpha {self.alpha:g}")
+        text = (f"{self.label} - {baseline}: {self.result.point:+.3f}, simultaneous (Bonferroni) "
+                f"{100 * self.level:.4g}% interval {self.interval_text}, ")
+        if self.degenerate:
+            n, unit = _t_units(self.result)
+            text += (f"no Holm p ({family}): degenerate t: the {n} per-{unit} differences are identical, so the "
+                     f"Student-t test has no spread to test against and the bootstrap alone would decide; no "
+                     f"claim.")
+        else:
+            relation = {HIGHER: f"higher than {baseline}", LOWER: f"lower than {baseline}",
+                        INCONCLUSIVE: "inconclusive"}.get(self.word, self.word)
+            text += f"Holm-adjusted p {self.p_holm:.3g} ({family}): {relation}"
+            if self.interval_covers_zero:
+                text += (" by Holm's step-down, which decides; the simultaneous interval, which holds for all "
+                         f"{self.family_size} at once, still covers 0")
+            elif self.uninformative:
+                text += (f" (the interval reaches beyond the ±{self.bound:g} this difference can take"
+                         f"{f': Student t with {self.df} df' if self.df is not None else ''})")
+            text += "."
+        if self.equivalence is not None and not self.degenerate:  # a degenerate t decides no equivalence either
             e = self.equivalence
             text += (f" Equivalence margin ±{e.margin:g}: two one-sided tests at {e.alpha:.4g}, "
                      f"{100 * (1 - 2 * e.alpha):.4g}% interval [{e.interval[0]:+.3f}, {e.interval[1]:+.3f}]"
@@ -147,6 +231,13 @@ class Verdict:
         if self.result.note:
             text += f" Note: {self.result.note}."
         return text
+
+
+def _t_units(result) -> tuple[int, str]:
+    """(how many differences the Student t is over, their unit: "seed" or "start")."""
+    t_test = getattr(result, "seeds", result)
+    unit = str(getattr(t_test, "unit", "seed")).removeprefix("SFT ")
+    return len(getattr(t_test, "diffs", ())), unit
 
 
 def _units_text(result: BootstrapResult) -> str:
@@ -161,12 +252,15 @@ def _units_text(result: BootstrapResult) -> str:
     return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
 
 def family_verdicts(results: Mapping[str, BootstrapResult], *, alpha: float = 0.05,
-                    margin: Optional[float] = None, power: float = 0.8) -> dict[str, Verdict]:
+                    margin: Optional[float] = None, power: float = 0.8,
+                    bound: Optional[float] = None) -> dict[str, Verdict]:
     """The verdict of each comparison (label -> bootstrap of label - baseline) in one family of m.
 
-    Holm over the m bootstrap p-values; Bonferroni (1 - alpha/m) intervals; with ``margin``, two one-sided
-    tests at alpha/m each (so the family's equivalence claims hold together too); the detectable
-    difference at alpha/m, the level the interval is read at."""
+    Holm over the m p-values decides (``verdict_word``); a degenerate t (``result.degenerate``) enters with p 1,
+    counting in m and rejecting nothing. Simultaneous (Bonferroni, 1 - alpha/m) intervals; with ``margin``, two
+    one-sided tests at alpha/m each (so the family's equivalence claims hold together too); the detectable
+    difference at alpha/m, the level the interval is read at; ``bound``: the largest |difference| the metric
+    allows, beyond which an interval is uninformative."""
     m = len(results)
     if m == 0:
         return {}
@@ -176,7 +270,7 @@ def family_verdicts(results: Mapping[str, BootstrapResult], *, alpha: float = 0.
         interval = bonferroni_interval(r, alpha, m)
         tost = equivalence(r, margin, alpha / m) if margin is not None else None
         df = students_t_df(r)
-        out[label] = Verdict(label, verdict_word(interval, float(p_holm), alpha, tost), r, interval,
-                             float(p_holm), m, alpha, minimum_detectable_difference(r.se, alpha / m, power, df),
-                             power, tost, df)
+        word = verdict_word(r.point, float(p_holm), alpha, tost, bool(getattr(r, "degenerate", False)))
+        out[label] = Verdict(label, word, r, interval, float(p_holm), m, alpha,
+                             minimum_detectable_difference(r.se, alpha / m, power, df), power, tost, df, bound)
     return out

@@ -9,7 +9,7 @@ over the per-seed (per-start) differences (``paired.BothLevelsResult``), or that
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -38,13 +38,15 @@ def final_value(run: Run, metric: str) -> Optional[float]:
     return last(run, metric)
 
 
-def paired_result(per_unit: dict[Unit, tuple[Optional[np.ndarray], Optional[np.ndarray], float]]
+def paired_result(per_unit: dict[Unit, tuple[Optional[np.ndarray], Optional[np.ndarray], float, Sequence[int]]]
                   ) -> Optional[BothLevelsResult | SeedOnlyResult]:
     """``per_unit``: (SFT start, seed) -> (arm's scores [P] or None, baseline's scores [P] or None, arm - baseline
-    of the metric's values). The verdict table's paired result over those units (``paired.unit_result``: seeds,
-    or starts then seeds, then prompts, with the Student-t companion); the t alone without every unit's scores;
-    None with one start of fewer than 2 seeds."""
-    units = {u: ((a, b) if a is not None and b is not None else None, float(d)) for u, (a, b, d) in per_unit.items()}
+    of the metric's values, the prompt ids [P] of the scores). The verdict table's paired result over those units
+    (``paired.unit_result``: seeds, or starts then seeds, then prompts, one prompt draw for every unit when they
+    share their prompts, with the Student-t companion); the t alone without every unit's scores; None with one
+    start of fewer than 2 seeds."""
+    units = {u: ((a, b, ids) if a is not None and b is not None else None, float(d))
+             for u, (a, b, d, ids) in per_unit.items()}
     return unit_result(units)[0]
 
 

@@ -4,12 +4,12 @@ evaluation minus its step-0 evaluation, the SFT start it began from), with the v
 Every run is evaluated at step 0 and at the end on the same held-out prompts, so the change is paired by prompt
 within the run, and the runs of a group are replicates (SFT start, seed). The interval is the verdict table's
 (``paired.unit_result``): a hierarchical bootstrap over seeds (or starts, then seeds), then prompts, that must
-agree with Student's t over the per-seed (per-start) changes. One algorithm's groups form one Holm family, so
-"the run without a reference forgot" and "the fixed reference at beta 1 kept it" are read off one table with
-simultaneous intervals.
+agree with Student's t over the per-seed (per-start) changes, and the verdict is ``inference``'s (Holm's step-down
+decides; inconclusive is no claim of no change, which needs the equivalence margin). One algorithm's groups form
+one Holm family, so "the run without a reference forgot" is read off one table with simultaneous intervals.
 
 With several SFT starts the start is the unit of that interval (``paired``'s module doc): a change that every
-start shows but by different amounts stays unseparated with two starts. The same table within each start
+start shows but by different amounts stays inconclusive with two starts. The same table within each start
 (conditional on that start: seeds, then prompts) says what happened on each start the sweep trained from.
 """
 
@@ -22,7 +22,7 @@ from refexp.record.metric_names import EVAL_RETENTION
 
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run, sft_start_keys
-from refexp.report.statistics.inference import Verdict, family_verdicts
+from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
 from refexp.report.statistics.paired import Leaf, Unit, final_step, unit_result
 
 START = "its step-0 evaluation"
@@ -53,7 +53,8 @@ class OwnChanges:
 
 
 def run_change(run: Run, metric: str) -> Optional[tuple[Leaf, float]]:
-    """(the run's final and step-0 per-prompt scores over the prompts both scored, final - step-0 mean); None
+    """(the run's final and step-0 per-prompt scores over the prompts both scored and their ids, final - step-0
+    mean); None
     without a step-0 and a later final evaluation of ``metric`` with outcomes."""
     by_step = run.outcomes_of(metric)
     end = final_step(run, metric)
@@ -64,7 +65,7 @@ def run_change(run: Run, metric: str) -> Optional[tuple[Leaf, float]]:
     if not ids:
         return None
     a, b = [final[i] for i in ids], [start[i] for i in ids]
-    return (a, b), sum(a) / len(a) - sum(b) / len(b)
+    return (a, b, ids), sum(a) / len(a) - sum(b) / len(b)
 
 
 def own_changes(groups: list[Group], counts: Callable[[Run], bool], *, alpha: float, margin: Optional[float],
@@ -99,7 +100,7 @@ def _table(groups: list[Group], counts: Callable[[Run], bool], alpha: float, mar
     if not out.rows:
         return None
     out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=alpha,
-                                   margin=margin)
+                                   margin=margin, bound=difference_bound(metric))
     n = len(out.verdicts)
     parts = [f"Each group's final {metric} minus {START} (the SFT start it trained from), paired by prompt within "
              f"each run; family: {n} group{'s' * (n != 1)}, Holm-adjusted, alpha {alpha:g}."]
@@ -117,8 +118,12 @@ def _cell(oc: OwnChanges, label: str) -> str:
     if v is None:
         row = next((r for r in oc.rows if r.label == label), None)
         return "—" if row is None else (row.no_claim or "no claim")
-    word = {"lower": "fell", "higher": "rose"}.get(v.word, v.word)
-    return f"{v.result.point:+.3f} [{v.interval[0]:+.3f}, {v.interval[1]:+.3f}] {word}"
+    word = {"lower": "fell", "higher": "rose", "degenerate t": "degenerate t: no claim"}.get(v.word, v.word)
+    if v.interval_covers_zero:
+        word += " (Holm; the simultaneous interval covers 0)"
+    elif v.word == "inconclusive" and v.uninformative:
+        return f"{v.result.point:+.3f} {v.phrase}"
+    return f"{v.result.point:+.3f} {v.interval_text} {word}"
 
 
 def rows(oc: OwnChanges) -> list[list[str]]:
@@ -127,13 +132,13 @@ def rows(oc: OwnChanges) -> list[list[str]]:
     cells = []
     for r in oc.rows:
         v = oc.verdicts.get(r.label)
-        cells.append([r.label, str(len(r.units)), _cell(oc, r.label), "—" if v is None else f"{v.p_holm:.3g}",
+        cells.append([r.label, str(len(r.units)), _cell(oc, r.label), "—" if v is None else v.p_text,
                       *(_cell(inside, r.label) for inside in oc.within.values())])
     return cells
 
 
 def header(oc: OwnChanges) -> list[str]:
-    return (["group", "runs", f"Δ {oc.metric} from step 0 [Bonferroni interval]", "Holm p"]
+    return (["group", "runs", f"Δ {oc.metric} from step 0 [simultaneous interval]", "Holm p"]
             + [f"within SFT start {start}" for start in oc.within])
 
 
@@ -142,5 +147,6 @@ def summary(oc: OwnChanges) -> dict:
     return {"metric": oc.metric, "text": oc.text, "within": {s: summary(t) for s, t in oc.within.items()}, "rows": [
         {"group": r.label, "replicates": [list(u) for u in r.units], "no_claim": r.no_claim or None,
          **({"change": oc.verdicts[r.label].result.point, "interval": list(oc.verdicts[r.label].interval),
-             "p_holm": oc.verdicts[r.label].p_holm, "verdict": oc.verdicts[r.label].word}
+             "p_holm": oc.verdicts[r.label].p_holm, "verdict": oc.verdicts[r.label].word,
+             "verdict_text": oc.verdicts[r.label].phrase}
             if r.label in oc.verdicts else {})} for r in oc.rows]}

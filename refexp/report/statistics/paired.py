@@ -3,10 +3,12 @@
 Every arm of a sweep starts from an SFT checkpoint (its start), a seed fixes the batch order and the sampling noise,
 and every run is evaluated on the same held-out prompts, so arm - baseline is paired by (start, seed) and by
 prompt. The difference comes from ``bootstrap.paired_hierarchical_bootstrap`` on the per-prompt outcomes
-(``eval_outcomes.jsonl``): seeds, then prompts within seed, one prompt draw serving both arms of a pair. Runs
+(``eval_outcomes.jsonl``): seeds, then prompts, one prompt draw per replicate serving both arms of every pair
+when all the runs were scored on the same prompts (crossed with the seeds: ``crossed``), else each run's own. Runs
 written before that file existed fall back to the Student-t interval over the per-seed differences, labelled
 "seed-only" (it leaves out the prompts' noise). Verdicts are made over the family of comparisons against the
-baseline (``inference.family_verdicts``: Holm, Bonferroni intervals, TOST with a margin).
+baseline (``inference.family_verdicts``: Holm's step-down decides, beside simultaneous Bonferroni intervals; TOST at
+the equivalence margin; no claim where the t is degenerate).
 
 Several SFT starts (``sft.seed=0,1``): the seeds are nested in the starts, and a difference that one start's seeds
 agree on may reverse on another start, so the start, not the seed, is the independent unit (pseudoreplication:
@@ -23,6 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run, natural_key
 from refexp.report.reading.reduce import ACC
@@ -35,6 +39,10 @@ N_BOOT = 10000
 SEED_ONLY_NOTE = "seed-only: the prompts' noise is not included"
 START_LEVEL = "SFT start"
 """The name of the level above the seeds when a comparison spans several SFT starts."""
+DEGENERATE_SPREAD = 1e-9
+"""Per-unit differences that agree to within this are identical: a t over them has no spread to test against.
+Differences of accuracies on a 1/P grid (P prompts) that are equal on the grid differ by float rounding only
+(~1e-16), far below any grid step."""
 
 
 @dataclass(frozen=True)
@@ -66,14 +74,15 @@ def step_at(run: Run, step: int) -> Optional[int]:
     return max(before) if before else None
 
 
-def prompt_pair(arm: Run, base: Run, endpoint: Endpoint) -> Optional[tuple[list[float], list[float]]]:
-    """(arm's scores, baseline's scores) over the prompts both evaluations scored, in the arm's order."""
+def prompt_pair(arm: Run, base: Run, endpoint: Endpoint) -> Optional[tuple[list[float], list[float], list[int]]]:
+    """(arm's scores, baseline's scores, their prompt ids) over the prompts both evaluations scored, in the arm's
+    order."""
     sa, sb = endpoint.outcome_step(arm), endpoint.outcome_step(base)
     if sa is None or sb is None:
         return None
     a, b = arm.outcomes_of(endpoint.metric)[sa], base.outcomes_of(endpoint.metric)[sb]
     ids = [i for i in a if i in b]
-    return ([a[i] for i in ids], [b[i] for i in ids]) if ids else None
+    return ([a[i] for i in ids], [b[i] for i in ids], ids) if ids else None
 
 
 @dataclass(frozen=True)
@@ -125,6 +134,13 @@ class SeedOnlyResult:
     def method(self) -> str:
         return f"seed-only Student-t interval over {self.over} (no per-prompt outcomes)"
 
+    @property
+    def degenerate(self) -> bool:
+        """Two or more differences, all identical (to ``DEGENERATE_SPREAD``): e.g. 3 seeds whose accuracies on
+        200 prompts differ by +0.060 each. The t's standard error is then 0, its statistic infinite or 0/0, so
+        it tests nothing; its p-value is 1 (no evidence), and ``inference.verdict_word`` makes no claim."""
+        return len(self.diffs) >= 2 and max(self.diffs) - min(self.diffs) <= DEGENERATE_SPREAD
+
     def tail(self, threshold: float, side: str) -> float:
         """P(point + se·T <= threshold) ("below") or >= ("above"), T Student's t with n-1 df."""
         if self.se == 0:
@@ -136,6 +152,9 @@ class SeedOnlyResult:
 
     @property
     def p_value(self) -> float:
+        """Two-sided; 1 for a degenerate t (``degenerate``), which tests nothing."""
+        if self.degenerate:
+            return 1.0
         return min(1.0, 2.0 * min(self.tail(0.0, "below"), self.tail(0.0, "above")))
 
     def percentile_interval(self, alpha: float) -> tuple[float, float]:
@@ -149,7 +168,8 @@ class BothLevelsResult:
     """A difference that must clear two tests: the hierarchical bootstrap (the prompts' noise, which a seed-level
     test leaves out) and the Student-t test over the per-seed differences (the few seeds' own uncertainty: a
     percentile bootstrap of 3 top-level units is far narrower than t with 2 degrees of freedom). A direction is
-    claimed only where both reject (p = the larger p; interval = the hull of the two), a conservative test."""
+    claimed only where both reject (p = the larger p; interval = the hull of the two), a conservative test, and
+    never where the t is degenerate (``SeedOnlyResult.degenerate``: p 1)."""
 
     boot: BootstrapResult
     seeds: SeedOnlyResult
@@ -174,9 +194,15 @@ class BothLevelsResult:
         return self.boot.note
 
     @property
+    def degenerate(self) -> bool:
+        """The t has no spread (``SeedOnlyResult.degenerate``): the bootstrap alone would decide, so no claim."""
+        return self.seeds.degenerate
+
+    @property
     def method(self) -> str:
         return (f"{self.boot.method}, and a Student-t test over {self.seeds.over}; a difference counts only "
-                f"where both tests reject (the larger p, the hull of the two intervals)")
+                f"where both tests reject (the larger p, the hull of the two intervals; no claim where the t is "
+                f"degenerate)")
 
     def percentile_interval(self, alpha: float) -> tuple[float, float]:
         (a, b), (c, d) = self.boot.percentile_interval(alpha), self.seeds.percentile_interval(alpha)
@@ -216,20 +242,41 @@ class Comparison:
 
 Unit = tuple[str, int]
 """(SFT start, seed): the replicate a pair of runs (or one run's two evaluations) shares."""
-Leaf = Optional[tuple[Sequence[float], Sequence[float]]]
-"""(arm's per-prompt scores, baseline's) over the prompts both scored; None without per-prompt outcomes."""
+Leaf = Optional[tuple[Sequence[float], Sequence[float], Sequence[int]]]
+"""(arm's per-prompt scores [P], baseline's [P], the prompt ids [P] they are scores of) over the prompts both scored;
+None without per-prompt outcomes."""
+
+
+def crossed(leaves: Sequence[Leaf]) -> Optional[list[tuple[np.ndarray, np.ndarray]]]:
+    """Every leaf's (arm, baseline) scores in ascending prompt-id order when all of ``leaves`` are over the same
+    prompt ids (every run of a sweep scored on the same test prompts: the prompts are crossed with the starts and
+    seeds); None when some leaf is missing or the leaves' prompts differ (then they are nested in the runs)."""
+    if not leaves or any(leaf is None for leaf in leaves):
+        return None
+    order = [np.argsort(np.asarray(ids), kind="stable") for _, _, ids in leaves]
+    first = np.asarray(leaves[0][2])[order[0]]
+    if any(len(ids) != len(first) or not np.array_equal(np.asarray(ids)[o], first)
+           for (_, _, ids), o in zip(leaves, order)):
+        return None
+    return [(np.asarray(a, dtype=float)[o], np.asarray(b, dtype=float)[o]) for (a, b, _), o in zip(leaves, order)]
 
 
 def unit_result(units: dict[Unit, tuple[Leaf, float]]
                 ) -> tuple[Optional[BothLevelsResult | SeedOnlyResult], Optional[Estimate], str]:
     """(result, the seed-only t estimate, why no result) of paired differences over ``units``: (start, seed) ->
-    (the prompt pair, arm - baseline). One start: seeds, then prompts within seed, and the t over the per-seed
-    differences; several: starts, then seeds within start, then prompts, and the t over the per-start mean
-    differences (module doc). Without every unit's prompt pair, the t alone."""
+    (the prompt pair, arm - baseline). One start: seeds, then prompts, and the t over the per-seed differences;
+    several: starts, then seeds within start, then prompts, and the t over the per-start mean differences (module
+    doc). Units scored on the same prompts (every run of a sweep) share one prompt draw per replicate (``crossed``);
+    otherwise each run's prompts are drawn within it. Without every unit's prompt pair, the t alone."""
     keys = sorted(units, key=lambda u: (natural_key(u[0]), u[1]))
-    by_start: dict[str, dict[int, tuple[Leaf, float]]] = {}
-    for start, seed in keys:
-        by_start.setdefault(start, {})[seed] = units[(start, seed)]
+    leaves = [units[k][0] for k in keys]
+    pairs = crossed(leaves)
+    shared = pairs is not None
+    if not shared:
+        pairs = [None if leaf is None else (leaf[0], leaf[1]) for leaf in leaves]
+    by_start: dict[str, dict[int, tuple[Optional[tuple], float]]] = {}
+    for (start, seed), pair in zip(keys, pairs):
+        by_start.setdefault(start, {})[seed] = (pair, units[(start, seed)][1])
     if not by_start:
         return None, None, "no common seed"
     if len(by_start) == 1:
@@ -238,19 +285,21 @@ def unit_result(units: dict[Unit, tuple[Leaf, float]]
         seed_t = mean_ci(diffs)
         if len(diffs) < 2:  # the seed-to-seed spread is unknown: no test of a sweep's question
             return None, seed_t, "one paired seed"
-        t_test, tree = SeedOnlyResult(tuple(diffs)), {seed: leaf for seed, (leaf, _) in seeds.items()}
-        levels, leaves = ("seed", "prompt"), list(tree.values())
+        t_test, tree = SeedOnlyResult(tuple(diffs)), {seed: pair for seed, (pair, _) in seeds.items()}
+        levels = ("seed", "prompt")
     else:
         start_means = tuple(sum(d for _, d in seeds.values()) / len(seeds) for seeds in by_start.values())
         seed_t, t_test = mean_ci(start_means), SeedOnlyResult(start_means, unit=START_LEVEL)
         if all(len(seeds) == 1 for seeds in by_start.values()):  # a start is one run: starts, then prompts
             tree = {s: next(iter(seeds.values()))[0] for s, seeds in by_start.items()}
-            levels, leaves = (START_LEVEL, "prompt"), list(tree.values())
+            levels = (START_LEVEL, "prompt")
         else:
-            tree = {s: {seed: leaf for seed, (leaf, _) in seeds.items()} for s, seeds in by_start.items()}
-            levels, leaves = (START_LEVEL, "seed", "prompt"), [x for t in tree.values() for x in t.values()]
-    if all(leaf is not None for leaf in leaves):
-        boot = paired_hierarchical_bootstrap(tree, levels=levels, n_boot=N_BOOT)
+            tree = {s: {seed: pair for seed, (pair, _) in seeds.items()} for s, seeds in by_start.items()}
+            levels = (START_LEVEL, "seed", "prompt")
+    if all(pair is not None for pair in pairs):
+        # Shared prompts: one prompt draw per replicate serves every run (bootstrap.py), so a prompt x arm effect
+        # common to the seeds is resampled once per replicate, not averaged away across the seeds.
+        boot = paired_hierarchical_bootstrap(tree, levels=levels, n_boot=N_BOOT, shared_prompts=shared)
         return BothLevelsResult(boot, t_test), seed_t, ""
     return t_test, seed_t, ""
 
@@ -280,10 +329,12 @@ def design_text(c: Comparison) -> str:
     return f"{len(counts)} SFT start{'s' if len(counts) != 1 else ''} × {n} seed{'s' if hi != 1 else ''}"
 
 
-def judge(comparisons: list[Comparison], alpha: float, margin: Optional[float]) -> dict[str, Verdict]:
-    """The verdict of every comparison with a result, Holm-adjusted over them as one family."""
+def judge(comparisons: list[Comparison], alpha: float, margin: Optional[float],
+          bound: Optional[float] = None) -> dict[str, Verdict]:
+    """The verdict of every comparison with a result, Holm-adjusted over them as one family (``bound``: the
+    largest |difference| the endpoint's metric allows, ``inference.difference_bound``)."""
     return family_verdicts({c.label: c.result for c in comparisons if c.result is not None}, alpha=alpha,
-                           margin=margin)
+                           margin=margin, bound=bound)
 
 
 def verdict_text(algo: str, endpoint: Endpoint, baseline: str, kind: str, comparisons: list[Comparison],

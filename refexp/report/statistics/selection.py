@@ -18,7 +18,7 @@ from refexp.report.reading.load import Run
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.reading.reduce import change_from_start
 from refexp.report.statistics.frontier import Settings, common_settings, planned_runs, settings_of
-from refexp.report.statistics.inference import Verdict, family_verdicts
+from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
 from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
 
 
@@ -167,13 +167,13 @@ def _compare(sel: Selection, plan: ComparisonPlan) -> None:
                 continue
             got = aligned([final_scores(r, sel.metric), final_scores(b, sel.metric)])
             if got is None:
-                per_unit[unit] = (None, None, va - vb)
+                per_unit[unit] = (None, None, va - vb, [])
             else:
                 sa, sb = got[1]
-                per_unit[unit] = (sa, sb, float(sa.mean() - sb.mean()))
+                per_unit[unit] = (sa, sb, float(sa.mean() - sb.mean()), got[0])
         sel.results[f"{arm} ({c.chosen.shown})"] = paired_result(per_unit)
     sel.verdicts = family_verdicts({k: v for k, v in sel.results.items() if v is not None}, alpha=plan.alpha,
-                                   margin=plan.margin)
+                                   margin=plan.margin, bound=difference_bound(sel.metric))
     label = f"{sel.baseline} ({base.chosen.shown})"
     n = len(sel.verdicts)
     parts = [f"Each arm at its best ({sel.rule}): final {sel.metric}, paired against {label}. Family: {n} "

@@ -1,4 +1,4 @@
-"""Numbers across seeds: Student-t confidence intervals and per-step seed bands.
+"""Numbers across seeds (or SFT starts): Student-t confidence intervals and per-step seed bands.
 
 The t and normal quantiles come from ``scipy.stats``. Intervals here are over seeds only; paired
 differences that also carry the test prompts' sampling noise are ``bootstrap.py``'s.
@@ -7,8 +7,8 @@ differences that also carry the test prompts' sampling noise are ``bootstrap.py`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Hashable, Iterable, Optional, Sequence
 
 import numpy as np
 from scipy.stats import norm
@@ -45,13 +45,22 @@ class Estimate:
     eval_prompts: Optional[int] = None
     """Set when ``half_width`` includes the evaluation's binomial noise on this many prompts
     (``with_evaluation_noise``)."""
+    unit: str = "seed"
+    """What one of ``values`` is: a seed's run, or (``START_UNIT``) an SFT start's mean over its runs
+    (``replicate_ci``)."""
 
     def to_dict(self) -> dict:
         out = {"mean": _json_float(self.mean), "ci95_half_width": _json_float(self.half_width),
                "std": _json_float(self.std), "n": self.n, "values": [_json_float(v) for v in self.values]}
         if self.eval_prompts is not None:
             out["eval_prompts"] = self.eval_prompts
+        if self.unit != "seed":
+            out["unit"] = self.unit
         return out
+
+
+START_UNIT = "SFT start"
+"""``Estimate.unit`` of an interval over SFT starts."""
 
 
 def _json_float(x: Optional[float]) -> Optional[float]:
@@ -78,7 +87,7 @@ def with_evaluation_noise(est: Optional[Estimate], n_prompts: Optional[int], con
     z = float(norm.ppf(0.5 + confidence / 2.0))
     binomial = z * math.sqrt(p * (1.0 - p) / n_prompts)
     half = binomial if est.half_width is None else math.hypot(est.half_width, binomial)
-    return Estimate(est.mean, half, est.std, est.n, est.values, eval_prompts=n_prompts)
+    return replace(est, half_width=half, eval_prompts=n_prompts)
 
 
 def mean_ci(values: Iterable[Optional[float]], confidence: float = 0.95) -> Optional[Estimate]:
@@ -93,6 +102,22 @@ def mean_ci(values: Iterable[Optional[float]], confidence: float = 0.95) -> Opti
     std = float(np.std(vals, ddof=1))
     half = t_quantile(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n)
     return Estimate(mean, half, std, n, vals)
+
+
+def replicate_ci(values: Iterable[tuple[Hashable, Optional[float]]], confidence: float = 0.95) -> Optional[Estimate]:
+    """Mean ± Student-t CI over (SFT start, value) pairs (one per run; None values dropped) with the start as the
+    replicate: one start, ``mean_ci`` over the runs' values (its seeds); several, ``mean_ci`` over each start's mean
+    of its runs (n starts - 1 degrees of freedom, ``unit`` ``START_UNIT``). Seeds nested in a start share it, so
+    counting runs of different starts as independent replicates would make the interval too narrow
+    (pseudoreplication: Hurlbert 1984, Ecol. Monogr. 54:187; ``paired.py``'s module doc)."""
+    by_start: dict[Hashable, list[float]] = {}
+    for start, v in values:
+        if v is not None:
+            by_start.setdefault(start, []).append(float(v))
+    if len(by_start) <= 1:
+        return mean_ci(next(iter(by_start.values()), []), confidence)
+    est = mean_ci((float(np.mean(vs)) for vs in by_start.values()), confidence)
+    return replace(est, unit=START_UNIT)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from typing import Optional
 from refexp.report.reading.group import Group
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.reading.reduce import COLUMNS, GOLD, RETENTION, Column, start_accuracy, steps_to_target
-from refexp.report.statistics.inference import Verdict
+from refexp.report.statistics.inference import Verdict, difference_bound
 from refexp.report.statistics.paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
-from refexp.report.statistics.stats import Estimate, mean_ci, with_evaluation_noise
+from refexp.report.statistics.stats import Estimate, mean_ci, replicate_ci, with_evaluation_noise
 from refexp.report.writing.cells import cell_text
 
 
@@ -28,9 +28,10 @@ DEFAULT_TARGET_MARGIN = 0.05
 
 
 def column_estimate(column: Column, runs: list[Run]) -> Optional[Estimate]:
-    """Mean ± 95% CI of ``column`` over ``runs``; an accuracy column's interval also carries the binomial
-    noise of the held-out prompts every run was measured on (when they all say how many)."""
-    est = mean_ci(column.per_run(r) for r in runs)
+    """Mean ± 95% CI of ``column`` over ``runs`` (over their SFT starts' means when they come from several:
+    ``stats.replicate_ci``); an accuracy column's interval also carries the binomial noise of the held-out prompts
+    every run was measured on (when they all say how many)."""
+    est = replicate_ci((r.sft_start, column.per_run(r)) for r in runs)
     prompts = {r.eval_prompts for r in runs} - {None}
     return with_evaluation_noise(est, next(iter(prompts))) if column.binomial and len(prompts) == 1 else est
 
@@ -123,11 +124,11 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None, pl
         cells = {c.key: column_estimate(c, g.completed) for c in (*COLUMNS, *extra_columns)}
         to_target = None
         if target is not None:
-            per_run = [steps_to_target(r, target) for r in g.completed]
-            per_run = [s for s in per_run if s is not None]
+            per_run = [(r.sft_start, steps_to_target(r, target)) for r in g.completed]
+            per_run = [(start, s) for start, s in per_run if s is not None]
             if per_run:
-                reached = [s for s in per_run if math.isfinite(s)]
-                to_target = ToTarget(len(reached), len(per_run), mean_ci(reached))
+                reached = [(start, s) for start, s in per_run if math.isfinite(s)]
+                to_target = ToTarget(len(reached), len(per_run), replicate_ci(reached))
         rows.append(Row(g, cells, to_target))
     columns = [c for c in (*COLUMNS, *extra_columns) if any(row.cells[c.key] is not None for row in rows)]
     table = AlgoTable(algo, target, note, columns, rows)
@@ -221,7 +222,7 @@ def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: Comparis
         comparisons = [compare(row.group, base, ep, plan.counts) for row in others]
         for row, c in zip(others, comparisons):
             row.paired[ep.key] = c
-        table.verdicts[ep.key] = judge(comparisons, plan.alpha, plan.margin)
+        table.verdicts[ep.key] = judge(comparisons, plan.alpha, plan.margin, difference_bound(ep.metric))
         paragraphs.append(verdict_text(table.algo, ep, base.label, plan.kind, comparisons,
                                        table.verdicts[ep.key], plan.alpha))
     table.verdict = "\n\n".join(paragraphs)

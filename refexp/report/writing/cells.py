@@ -24,7 +24,8 @@ def _decimals(mean: float, half: Optional[float], kind: str) -> int:
 
 
 def cell_text(est: Optional[Estimate], kind: str = "num") -> str:
-    """"0.612 ± 0.034", "0.612 (n=1)", or "—" when no completed run logged the metric."""
+    """"0.612 ± 0.034", "0.612 (n=1)", "0.612 ± 0.310 (2 SFT starts)" (an interval over the starts' means), or "—"
+    when no completed run logged the metric."""
     if est is None:
         return "—"
     m, h = est.mean, est.half_width
@@ -38,4 +39,5 @@ def cell_text(est: Optional[Estimate], kind: str = "num") -> str:
     text = fmt.format(m) + unit
     if h is None:
         return text + " (n=1)"
-    return text + " ± " + fmt.format(h) + unit + (" (n=1)" if est.n == 1 else "")
+    over = f" ({est.n} {est.unit}s)" if est.unit != "seed" else ""
+    return text + " ± " + fmt.format(h) + unit + (" (n=1)" if est.n == 1 else over)

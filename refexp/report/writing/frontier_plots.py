@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from refexp.report.statistics.frontier import Axis, Curves
-from refexp.report.statistics.stats import mean_ci
+from refexp.report.statistics.stats import replicate_ci
 from refexp.report.writing.plots import STRATEGY_COLOURS, _figure, _save
 
 _SPARE = ("C4", "C5", "C6", "C8", "C9")
@@ -41,7 +41,8 @@ def plot_frontier_curves(path: Path, cs: Curves, axis: Axis, metric: str, key: s
         colour = _colour(strategy, used)
         xs, ys = [], []
         for value in sorted(by_value):
-            x, y = mean_ci(p.x for p in by_value[value]), mean_ci(p.y for p in by_value[value])
+            pts = by_value[value]  # the start is the replicate where the runs come from several
+            x, y = (replicate_ci((p.run.sft_start, p.x) for p in pts), replicate_ci((p.run.sft_start, p.y) for p in pts))
             ax.errorbar([x.mean], [y.mean], xerr=[x.half_width or 0.0], yerr=[y.half_width or 0.0], color=colour,
                         marker="o", markersize=4, capsize=3, linestyle="none")
             ax.annotate(f"{value:g}", (x.mean, y.mean), textcoords="offset points", xytext=(4, 4),

@@ -13,6 +13,7 @@ from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.frontier import DRIFT_AXIS, RETENTION_AXIS, MatchedDrift, curves, matched, planned_runs
 from refexp.report.statistics.selection import Selection, choose, setup_rows
 from refexp.report.writing.frontier_plots import plot_frontier_curves
+from refexp.report.writing.table import verdict_cell
 
 HOW_TO_READ = (
     "Each line is one arm across the frontier key's values (labelled at each point): the mean over its runs of "
@@ -20,10 +21,11 @@ HOW_TO_READ = (
     "table compares each arm with the baseline at two x values inside the range both arms' curves cover in "
     "every common replicate (SFT start and seed): per replicate, each arm's curve is interpolated between its "
     "two runs nearest that x (piecewise-linear in log kl/init; linear in retention), and the interpolated "
-    "per-prompt scores are bootstrapped (seeds, or SFT starts then seeds, then prompts), paired by start, seed "
-    "and prompt, together with Student's t over the per-seed (with several starts, per-start mean) differences "
-    "(a difference counts only where both reject); Bonferroni intervals and Holm-adjusted verdicts over the "
-    "table's family.")
+    "per-prompt scores are bootstrapped (seeds, or SFT starts then seeds, with one prompt resample for every "
+    "run), paired by start, seed and prompt, together with Student's t over the per-seed (with several starts, "
+    "per-start mean) differences (a difference counts only where both reject; a degenerate t makes no claim). "
+    "Holm's step-down over the table's family decides each verdict, beside its simultaneous (Bonferroni) "
+    "interval, as in the tables above (docs/runs.md, \"How to read a report\").")
 
 
 WITHIN_START = (
@@ -87,13 +89,12 @@ def _rows(m: MatchedDrift) -> list[list[str]]:
         if v is None:
             rows.append([r.arm, "—" if r.x is None else f"{r.x:.3g}", "—", "—", "—", r.no_claim or "no claim"])
         else:
-            rows.append([r.arm, f"{r.x:.3g}", f"{v.result.point:+.3f}", f"[{v.interval[0]:+.3f}, {v.interval[1]:+.3f}]",
-                         f"{v.p_holm:.3g}", v.word])
+            rows.append([r.arm, f"{r.x:.3g}", f"{v.result.point:+.3f}", v.interval_text, v.p_text, verdict_cell(v)])
     return rows
 
 
 def _header(m: MatchedDrift) -> list[str]:
-    return ["arm", f"matched {m.axis.key}", f"Δ {m.metric} vs {m.baseline}", "Bonferroni interval", "Holm p",
+    return ["arm", f"matched {m.axis.key}", f"Δ {m.metric} vs {m.baseline}", "simultaneous interval", "Holm p",
             "verdict"]
 
 
@@ -148,12 +149,13 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
         "matched": [{"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
             {"arm": r.arm, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,
              **({"difference": m.verdicts[r.label].result.point, "interval": list(m.verdicts[r.label].interval),
-                 "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word}
+                 "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word,
+                 "verdict_text": m.verdicts[r.label].phrase}
                 if r.label in m.verdicts else {})} for r in m.rows]} for m in fr.matched],
         "plots": {k: p.relative_to(sweep_dir).as_posix() for k, p in fr.plots.items()},
         "selection": None if sel is None else {
             "rule": sel.rule, "budgets": sel.budgets, "notes": sel.notes, "text": sel.text,
             "chosen": {a: (dict(c.chosen.settings) if c.chosen else None) for a, c in sel.choices.items()},
             "verdicts": {k: {"difference": v.result.point, "interval": list(v.interval), "p_holm": v.p_holm,
-                             "verdict": v.word} for k, v in sel.verdicts.items()}},
+                             "verdict": v.word, "verdict_text": v.phrase} for k, v in sel.verdicts.items()}},
     }

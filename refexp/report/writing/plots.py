@@ -14,8 +14,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from refexp.report.reading.group import Group
+from refexp.report.reading.load import sft_start_keys
 from refexp.report.reading.reduce import ACC, PREF_ACC, ref_cost
-from refexp.report.statistics.stats import mean_ci, seed_band
+from refexp.report.statistics.stats import replicate_ci, seed_band
 
 STRATEGY_COLOURS = {"fixed": "C0", "periodic_reset": "C1", "ema": "C2", "kl_triggered": "C3", "none": "C7"}
 """One colour per ``REFERENCE_STRATEGIES`` entry (tests/test_config_checks.py checks the keys); none is grey."""
@@ -72,7 +73,7 @@ def plot_vs_step(path: Path, algo: str, groups: list[Group], key: str, ylabel: s
     drawn = False
     for g in groups:
         runs = g.completed
-        band = seed_band([r.series(key) for r in runs])
+        band = seed_band(_replicate_series(runs, key))
         if band is None:
             continue
         colour, ls = st[g.label]
@@ -87,6 +88,16 @@ def plot_vs_step(path: Path, algo: str, groups: list[Group], key: str, ylabel: s
     return _save(fig, ax, path) if drawn else None
 
 
+def _replicate_series(runs: list, key: str) -> list:
+    """The (steps, values) series a band is taken over: each run's, or with several SFT starts each start's mean
+    over its runs (the start is the replicate, ``stats.replicate_ci``)."""
+    starts = sft_start_keys(runs)
+    if len(starts) <= 1:
+        return [r.series(key) for r in runs]
+    bands = [seed_band([r.series(key) for r in runs if r.sft_start == s]) for s in starts]
+    return [(b.steps, b.mean) for b in bands if b is not None]
+
+
 def _final_point(group: Group, acc_key: str):
     """(kl/init Estimate, accuracy Estimate) of the group's final evaluation across its completed seeds."""
     from refexp.report.reading.reduce import Column, last
@@ -95,7 +106,7 @@ def _final_point(group: Group, acc_key: str):
     # the table's interval: seeds and, for the task accuracy, the evaluation's binomial noise
     column = Column(acc_key, acc_key, lambda r: last(r, acc_key), binomial=acc_key == ACC)
     acc = column_estimate(column, group.completed)
-    return mean_ci(last(r, "kl/init") for r in group.completed), acc
+    return replicate_ci((r.sft_start, last(r, "kl/init")) for r in group.completed), acc
 
 
 def plot_frontier(path: Path, algo: str, groups: list[Group], acc_key: str = ACC) -> Optional[Path]:
@@ -123,7 +134,7 @@ def plot_ref_cost(path: Path, algo: str, groups: list[Group]) -> Optional[Path]:
     st = styles(groups)
     labels, means, errs, colours = [], [], [], []
     for g in groups:
-        est = mean_ci(ref_cost(r) for r in g.completed)
+        est = replicate_ci((r.sft_start, ref_cost(r)) for r in g.completed)
         if est is None:
             continue
         labels.append(g.label)

@@ -25,7 +25,8 @@ from refexp.report.writing.table import error_cell, header_and_cells
 HOW_TO_READ = (
     "Each row is one group of runs that differ only by seed; each cell is the mean across the group's "
     "completed seeds ± the half-width of a 95% Student-t confidence interval (t with n−1 degrees of "
-    "freedom × sample std / √n); \"(n=1)\" means one seed, so no seed interval. The accuracy columns' "
+    "freedom × sample std / √n); \"(n=1)\" means one seed, so no seed interval; with runs from several SFT starts "
+    "the interval is over the starts' means (\"(2 SFT starts)\"), a start being the replicate. The accuracy columns' "
     "intervals also carry the evaluation's binomial noise: every run is measured on one set of N held-out "
     "prompts, a sample of the task's problems that more seeds do not average away, so the half-width is "
     "√(t-part² + (1.96·√(p(1−p)/N))²) (one seed: the binomial part alone). These per-group intervals "
@@ -53,17 +54,20 @@ HOW_TO_READ = (
     "*acc@S* and *gain after S* (columns asked for with `--at-steps S`) are the held-out accuracy at the last "
     "evaluation at or before step S and the final accuracy minus it: a gain whose interval excludes 0 says the "
     "group kept improving after S. "
-    "*Δ … vs baseline (paired, Bonferroni …%)* is this group's final number minus the baseline group's, "
-    "paired by seed and by held-out prompt: a paired hierarchical percentile bootstrap (seeds, then prompts "
-    "within seed, one prompt draw for both runs of a pair) of the per-prompt scores in each run's "
-    "`eval_outcomes.jsonl`, so the interval carries the test prompts' noise as well as the seeds', and a "
-    "Student-t test over the per-seed differences, which a bootstrap of a few seeds understates: a difference "
-    "counts only where both reject (the larger p, the hull of the two intervals; one paired seed: no claim). The "
-    "interval is Bonferroni's simultaneous 1 − alpha/m one over the m comparisons against the baseline, "
-    "*Holm p* the Holm-adjusted p-value over those m, and the *verdict* says higher or lower only where "
-    "both exclude 0, else not separated (equivalent within ±m only with `--equivalence-margin`, by two "
-    "one-sided tests); each verdict sentence gives the smallest difference these seeds and prompts would "
-    "detect with 80% power. Runs written before `eval_outcomes.jsonl` existed fall back to the Student-t "
+    "*Δ … vs baseline (paired, simultaneous …%)* is this group's final number minus the baseline group's, "
+    "paired by seed and by held-out prompt: a paired hierarchical percentile bootstrap of the per-prompt scores "
+    "in each run's `eval_outcomes.jsonl` (seeds resampled, and one prompt resample per replicate serving every "
+    "run, since every run is scored on one set of test prompts), so the interval carries the test prompts' noise as well "
+    "as the seeds', and a Student-t test over the per-seed differences, which a bootstrap of a few seeds "
+    "understates: a difference counts only where both reject (the larger p, the hull of the two intervals; one "
+    "paired seed: no claim; identical per-seed differences: *degenerate t*, no claim). The *verdict* is decided "
+    "by Holm's step-down over the m comparisons against the baseline (*Holm p*, the Holm-adjusted p-value, "
+    "<= alpha): *higher* or *lower*; the interval is the simultaneous (Bonferroni) 1 − alpha/m one, and where "
+    "Holm rejects while it still covers 0 the verdict says so. Otherwise *equivalent within ±m* where two "
+    "one-sided tests put the difference inside the equivalence margin (`--equivalence-margin`, else the "
+    "comparison block's `equivalence_margin`), else *inconclusive*: not a claim of no difference. An interval "
+    "reaching past ±1 on a difference of shares of prompts prints as *uninformative (n df)*. Each verdict "
+    "sentence gives the smallest difference these seeds and prompts would detect with 80% power. Runs written before `eval_outcomes.jsonl` existed fall back to the Student-t "
     "interval over the per-seed differences, marked *seed-only* (the prompts' noise is not included); the "
     "*seed-only t 95%* column shows that interval for every group. With several SFT starts (`sft.seed=0,1`) "
     "the runs pair by start and seed, the seeds are nested in the starts (the bootstrap resamples starts, then "
@@ -72,7 +76,8 @@ HOW_TO_READ = (
     "that t has one degree of freedom and separates little, so each algorithm's table and verdicts are repeated "
     "*within each SFT start*, conditional on it (its seeds, then prompts): a difference there holds for that "
     "start. *What each group kept* is each group's final `eval/retention` minus its own step-0 evaluation, "
-    "paired by prompt within each run, with the verdict table's intervals, Holm over the algorithm's groups. "
+    "paired by prompt within each run, with the verdict table's intervals and rule, Holm over the algorithm's "
+    "groups. "
     "Runs outside the comparison the "
     "experiment declared (other seeds or arms), or from another refexp commit or thread count than most "
     "runs, are listed in the setup block and left out of the verdict (`--allow-mixed` counts them). "
@@ -80,7 +85,8 @@ HOW_TO_READ = (
     "completions' summed log-prob moved from its start; a *flag* names the groups where it fell with its "
     "interval below 0 (likelihood displacement). "
     "In the plots one colour is one strategy (line styles tell its groups apart) and bands are the 95% "
-    "interval of the mean across seeds, as in the table; on the accuracy-vs-drift plot (each group's "
+    "interval of the mean across seeds (across SFT starts' means where the runs come from several), as in the "
+    "table; on the accuracy-vs-drift plot (each group's "
     "final evaluation, 95% intervals on both axes), up and to the left is better: more accuracy for less "
     "drift. Failed and unfinished runs are left out of every number and listed at the end."
 )
@@ -274,7 +280,9 @@ def _comparison_dict(c, v, baseline: str) -> dict:
     if v is not None:
         out |= {"difference": v.result.point, "interval": list(v.interval), "interval_kind":
                 f"Bonferroni {1 - v.alpha / v.family_size:.6g}", "p_holm": v.p_holm, "p_unadjusted": v.result.p_value,
-                "verdict": v.word, "method": v.result.method, "family_size": v.family_size,
+                "verdict": v.word, "verdict_text": v.phrase, "degenerate_t": v.degenerate,
+                "interval_covers_zero": v.interval_covers_zero, "uninformative": v.uninformative,
+                "method": v.result.method, "family_size": v.family_size,
                 "detectable_difference_80": v.mdd, "seed_only": c.seed_only, "sentence": v.sentence(baseline)}
     return out
 

@@ -33,21 +33,29 @@ def seed_t_text(c: Optional[Comparison]) -> str:
     return text if text.startswith("-") else "+" + text
 
 
+def verdict_cell(v: Verdict) -> str:
+    """The verdict as a table cell, beside its interval: "higher", "higher (Holm; the simultaneous interval covers
+    0)", "equivalent within ±0.05", "inconclusive", "degenerate t: no claim"."""
+    if v.interval_covers_zero:
+        return v.phrase
+    return "degenerate t: no claim" if v.degenerate else v.word
+
+
 def paired_cells(c: Optional[Comparison], v: Optional[Verdict]) -> list[str]:
-    """Δ with its family-adjusted interval (marked "seed-only" without per-prompt outcomes), Holm p, verdict."""
+    """Δ with its simultaneous interval ("uninformative (1 df)" past the metric's range; marked "seed-only" without
+    per-prompt outcomes), Holm p, verdict."""
     if c is None:
         return ["—", "", "outside the comparison"]
     if v is None:
         return [c.no_claim, "", "no claim"]
-    lo, hi = v.interval
-    delta = f"{v.result.point:+.3f} [{lo:+.3f}, {hi:+.3f}]" + (" seed-only" if c.seed_only else "")
-    return [delta, f"{v.p_holm:.3g}", v.word]
+    delta = f"{v.result.point:+.3f} {v.interval_text}" + (" seed-only" if c.seed_only else "")
+    return [delta, v.p_text, verdict_cell(v)]
 
 
 def _family_level(table: AlgoTable, key: str) -> str:
-    """"Bonferroni 98.75%": the level of the endpoint's family intervals (1 - alpha/m)."""
+    """"simultaneous 98.75%": the level of the endpoint's family intervals (Bonferroni, 1 - alpha/m)."""
     v = next(iter(table.verdicts.get(key, {}).values()), None)
-    return f"Bonferroni {100 * (1 - v.alpha / v.family_size):.4g}%" if v else "no interval"
+    return f"simultaneous {100 * (1 - v.alpha / v.family_size):.4g}%" if v else "no interval"
 
 
 def target_text(t: Optional[ToTarget]) -> str:

@@ -1,0 +1,94 @@
+"""A checkpoint belongs to its run: its manifest records the run (config, run dir, the weights it started from), and
+a resume refuses another run's checkpoint, or one trained from other start weights, in one line naming both
+(refexp/components/run_identity.py, refexp/record/pins.py); ``checkpoint.folder`` stays inside the run dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from refexp.config import ConfigError
+from refexp.record.checkpoints import MANIFEST
+from refexp.record.pins import content_hash, pin, pin_mismatch
+from refexp.components.run_identity import foreign_checkpoint, run_identity
+from refexp.record.status import read_status
+from refexp.run import run
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_root, compose_tiny_run
+
+CONFIG = {"training": {"seed": 0, "steps": 4, "lr": 1e-3}, "reference": {"name": "fixed"}, "run_dir": "a"}
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_of_another_configuration_is_refused_naming_both_runs(tmp_path):
+    theirs = run_identity(CONFIG, tmp_path / "a")
+    other = {**CONFIG, "training": {**CONFIG["training"], "seed": 7}, "reference": {"name": "none"}}
+    problem = foreign_checkpoint(theirs, run_identity(other, tmp_path / "b"), "ckpt/step-6")
+    assert problem is not None and "\n" not in problem
+    assert str(tmp_path / "a") in problem and str(tmp_path / "b") in problem
+    assert "reference.name: 'fixed' -> 'none'" in problem and "training.seed: 0 -> 7" in problem
+    # what a resume may change (training.steps, the run dir) is the same run; so is a checkpoint from before identities
+    longer = {**CONFIG, "training": {**CONFIG["training"], "steps": 10}}
+    with pytest.warns(UserWarning, match="moved or copied"):
+        assert foreign_checkpoint(theirs, run_identity(longer, tmp_path / "moved"), "ckpt/step-6") is None
+    assert foreign_checkpoint(None, run_identity(other, tmp_path / "b"), "ckpt/step-6") is None
+
+
+def test_start_weights_are_pinned_by_content(tmp_path):
+    start = tmp_path / "sft" / "model"
+    start.mkdir(parents=True)
+    (start / ".metadata").write_bytes(b"meta")
+    (start / "__0_0.distcp").write_bytes(bytes(range(256)) * 8)
+    (start.parent / "sft.json").write_text("{}")  # not a weight file: it does not count
+    before = pin(start.parent)
+    (start.parent / "sft.json").write_text('{"changed": 1}')
+    assert content_hash(start.parent) == before["sha256"]
+    _flip_a_byte(start / "__0_0.distcp")
+    after = pin(start.parent)
+    problem = pin_mismatch({"start model": before}, {"start model": after})
+    assert problem is not None and before["sha256"][:16] in problem and after["sha256"][:16] in problem
+    assert pin_mismatch({"start model": before}, {"start model": before}) is None
+    assert pin_mismatch({}, {"start model": after}) is None  # recorded before pins
+    assert content_hash(tmp_path / "no-such-dir") is None
+
+
+@pytest.mark.parametrize("folder", ["/tmp/shared-checkpoints", "../elsewhere", "a/../../b", "."])
+def test_a_checkpoint_folder_outside_the_run_dir_is_refused(folder):
+    from refexp.config import to_object
+
+    with pytest.raises(ConfigError, match=r"checkpoint\.folder=.* is invalid: expected a relative path inside the run"):
+        to_object(compose_root(f"checkpoint.folder={folder}"))
+
+
+@pytest.mark.slow
+def test_a_resume_refuses_another_runs_checkpoint_and_other_start_weights(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    run(compose_tiny_run(a, *TINY_GRPO_OVERRIDES, "training.steps=2"))
+    manifest = json.loads((a / "checkpoint" / "step-2" / MANIFEST).read_text())
+    assert manifest["run"]["run_dir"] == str(a.resolve()) and manifest["run"]["pins"]["start model"]["sha256"]
+    assert read_status(a)["sft_start"]["sha256"] == manifest["run"]["pins"]["start model"]["sha256"]
+
+    shutil.copytree(a / "checkpoint", b / "checkpoint")  # run A's checkpoints in run B's dir
+    with pytest.raises(ConfigError, match=r"belongs to another run: .*run_dir='.*/a'.*this is run_dir='.*/b'.*"
+                                          r"training\.seed: 0 -> 7"):
+        run(compose_tiny_run(b, *TINY_GRPO_OVERRIDES, "training.steps=3", "training.seed=7"))
+
+    # The same run continued from another cache whose entry under the same key holds other weights
+    cache = Path(os.environ["REFEXP_CACHE"])
+    other = tmp_path / "other-cache"
+    shutil.copytree(cache, other, ignore=shutil.ignore_patterns("*.lock"))
+    key = read_status(a)["sft_start"]["key"]
+    _flip_a_byte(next((other / "sft" / key / "model").glob("*.distcp")))
+    status = (a / "status.json").read_bytes()
+    with pytest.raises(ConfigError, match=rf"the start model this run began from is {cache}/sft/{key} .*and it is "
+                                          rf"now {other}/sft/{key} .*other weights"):
+        run(compose_tiny_run(a, *TINY_GRPO_OVERRIDES, "training.steps=3", f"sft.cache_dir={other}"))
+    assert (a / "status.json").read_bytes() == status

@@ -1,0 +1,65 @@
+"""``RerunRecord``'s promotion, stopped at each of its writes: the run dir is either the completed run's record as it
+was, or a ``running`` run (resumable from its newest checkpoint); never ``completed`` over another run's rows
+(refexp/record/rerun.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import refexp.record.rerun as rerun_mod
+from refexp.record import layout
+from refexp.record.rerun import RECORD_FILES, RerunRecord, completed_end
+from refexp.record.status import RunStatus, open_status, read_status, write_status
+
+
+class Killed(Exception):
+    pass
+
+
+def _completed_run(run_dir) -> dict[str, bytes]:
+    run_dir.mkdir()
+    rows = "".join(json.dumps({"step": s, "x": s}) + "\n" for s in range(5))
+    for name in RECORD_FILES:
+        (run_dir / name).write_text(rows if name.endswith(".jsonl") else "training:\n  steps: 4\n")
+    write_status(run_dir, {"status": "completed", "last_step": 4, "final": {}})
+    return {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("stop_at", range(len(RECORD_FILES) + 1))
+def test_a_promotion_stopped_part_way_leaves_the_record_or_a_running_run(tmp_path, monkeypatch, stop_at):
+    run_dir = tmp_path / "run"
+    before = _completed_run(run_dir)
+    record = RerunRecord(run_dir, completed_end(read_status(run_dir)),
+                         on_promote=lambda: open_status(run_dir, RunStatus(steps=6)))
+    assert record.protected and record.dir == run_dir / layout.RERUN_DIR
+    with open(record.dir / layout.METRICS, "a") as f:  # the rerun's step past the end, in the copy
+        f.write(json.dumps({"step": 5, "x": 5}) + "\n")
+    real, calls = rerun_mod.os.replace, []
+
+    def replace(src, dst):
+        if len(calls) == stop_at:
+            raise Killed
+        calls.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(rerun_mod.os, "replace", replace)  # os's own: the status's atomic write is the first call
+    with pytest.raises(Killed):
+        record.promote()
+    changed = [p.name for p in run_dir.iterdir() if p.is_file() and p.read_bytes() != before.get(p.name)]
+    if stop_at == 0:
+        assert changed == []
+    else:  # the status went first
+        assert read_status(run_dir)["status"] == "running" and layout.STATUS in changed, changed
+
+
+def test_a_rerun_that_never_passes_the_end_changes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    before = _completed_run(run_dir)
+    record = RerunRecord(run_dir, 4)
+    (record.dir / layout.METRICS).write_text("")  # truncated, to be logged again
+    record.discard()
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    assert not (run_dir / layout.RERUN_DIR).exists()
+    assert completed_end({"status": "failed", "last_step": 3}) is None
