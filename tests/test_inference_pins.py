@@ -32,7 +32,7 @@ def test_the_bootstrap_verdict_interval_is_read_at_bonferronis_level():
         assert v.interval == pytest.approx(want, abs=0, rel=1e-12)
         unadjusted = np.quantile(reps, [0.025, 0.975])
         assert v.interval[0] < unadjusted[0] and v.interval[1] > unadjusted[1]
-        assert "Bonferroni 98.75% interval" in v.sentence("base")
+        assert "98.75% interval" in v.sentence("base")
 
 
 def test_positively_correlated_arms_get_a_narrower_paired_interval_than_an_unpaired_one():
