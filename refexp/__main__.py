@@ -19,6 +19,7 @@ def _app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from refexp.config import ConfigError, to_object
+    from refexp.record.cache_dirs import CorruptCacheEntry
 
     try:
         # The one place a dry run is dispatched, a sweep's jobs included: the memory plan from meta-device
@@ -36,7 +37,7 @@ def _app(cfg: DictConfig) -> float | None:
         from refexp.run import run_from_hydra  # imported late: `refexp --help` and config errors stay fast
 
         return run_from_hydra(cfg)
-    except ConfigError as e:  # bad input is the user's to fix: one line, no traceback (exit 2, as argparse)
+    except (ConfigError, CorruptCacheEntry) as e:  # bad input is the user's to fix: one line, no traceback (exit 2)
         print(f"refexp: error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -87,6 +87,9 @@ def test_a_resume_refuses_another_runs_checkpoint_and_other_start_weights(tmp_pa
     shutil.copytree(cache, other, ignore=shutil.ignore_patterns("*.lock"))
     key = read_status(a)["sft_start"]["key"]
     _flip_a_byte(next((other / "sft" / key / "model").glob("*.distcp")))
+    from refexp.record.cache_dirs import write_entry_manifest
+
+    write_entry_manifest(other / "sft" / key)  # another model, sealed as its writer would (else: refused as corrupt)
     status = (a / "status.json").read_bytes()
     with pytest.raises(ConfigError, match=rf"the start model this run began from is {cache}/sft/{key} .*and it is "
                                           rf"now {other}/sft/{key} .*other weights"):

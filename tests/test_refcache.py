@@ -95,7 +95,10 @@ def test_table_is_computed_once_and_reused_from_disk(pairs, tmp_path):
                                             num_rows=len(pairs))
     assert built and path.is_file()
     assert len(calls) == 3  # ceil(10 / 4) batched forwards for the whole set, nothing more
-    assert not [p for p in path.parent.iterdir() if p.name != path.name]  # no temp file left
+    from refexp.record.cache_dirs import manifest_path
+
+    # no temp file left; the table's manifest beside it
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, manifest_path(path).name])
 
     # a second run (a new process would do the same): read from disk, no forward at all
     def never():
@@ -194,5 +197,8 @@ def test_concurrent_writers_leave_one_complete_file(pairs, tmp_path):
     path = refcache.cache_file(tmp_path, "k")
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda _: refcache.save(table, path), range(8)))
-    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    from refexp.record.cache_dirs import manifest_path, verified_entry
+
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, manifest_path(path).name])
+    verified_entry(path, "reference log-probs")  # the table matches the manifest beside it
     torch.testing.assert_close(refcache.load(path).chosen_tok, table.chosen_tok, rtol=0, atol=0)

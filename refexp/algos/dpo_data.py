@@ -17,7 +17,7 @@ from refexp.components.context import RunContext
 from refexp.components.models import build_frozen
 from refexp.components.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.record.atomic import atomic_dir
-from refexp.record.cache_dirs import marker_check
+from refexp.record.cache_dirs import marker_check, verified_entry, write_entry_manifest
 from refexp.record.hashing import digest, stable_hash
 from refexp.reference.refcache import checkpoint_stamp
 from refexp.runtime import distributed as rdist
@@ -42,7 +42,9 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
     a = ctx.cfg.algo
     out = rdist.decided_by_rank0(lambda: pairs_dir(ctx.cache_dir, pairs_key(ctx, sft_dir)))  # file times: rank 0's
     # All ranks agree on rank 0's view: every rank must join the sharded forwards of generation.
-    if rdist.broadcast_object(not _pairs_saved(out)):
+    if rdist.broadcast_object(_pairs_saved(out)):
+        rdist.decided_by_rank0(lambda: verified_entry(out, "DPO pairs"))  # before any rank reads it
+    else:
         model = build_frozen(ctx, sft_dir)
         rows = sample_pairs(model, ctx.task, num_pairs=a.num_pairs, pair_seed=a.pair_seed,
                             max_new_tokens=ctx.task.max_new_tokens,
@@ -124,7 +126,8 @@ def _save_atomic(ds: datasets.Dataset, out: Path, meta: dict) -> None:
     """Write into a private temp dir, then rename it into place (a lost race keeps the winner's)."""
     with atomic_dir(out, is_complete=_pairs_saved) as tmp:
         ds.save_to_disk(str(tmp))
-        (tmp / "pairs.json").write_text(json.dumps(meta, indent=2))  # last: marks the set complete
+        (tmp / "pairs.json").write_text(json.dumps(meta, indent=2))  # marks the set complete
+        write_entry_manifest(tmp)  # last, before the rename publishes the entry
 
 
 # ---------------------------------------------------------------- pairs -> tensors

@@ -34,7 +34,7 @@ from refexp.components.rollout import build_engine
 from refexp.components.timing import now
 from refexp.config import ConfigError
 from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
-from refexp.record.cache_dirs import marker_check
+from refexp.record.cache_dirs import marker_check, verified_entry, write_entry_manifest
 from refexp.record.hashing import stable_hash
 from refexp.record.lock import FileLock
 from refexp.record.metrics import read_metrics
@@ -74,7 +74,7 @@ def ensure_rm(ctx: RunContext, sft_dir: Path) -> Path:
     """The reward model's cache dir (``hf/``, ``metrics.jsonl``, ``rm.json``), trained now unless cached; one process
     trains it at a time (the SFT stage's lock and atomic rename)."""
     out = ctx.cache_dir / "rm" / rm_fingerprint(ctx, sft_dir)
-    if _rm_cached(out):
+    if _rm_cached(out):  # verified by its readers: run_rm, and RewardModel before it loads the weights
         return out
     if ctx.dist.world_size > 1:  # it trains in one process: the ranks would wait on each other's collectives
         raise ConfigError(f"task.reward_model=rm: the reward model of these settings is not in the cache ({out}), and "
@@ -85,12 +85,14 @@ def ensure_rm(ctx: RunContext, sft_dir: Path) -> Path:
         if not _rm_cached(out):
             with atomic_dir(out, is_complete=_rm_cached) as tmp:
                 train_rm(ctx, sft_dir, Path(tmp))
+                write_entry_manifest(tmp)  # last, before the rename publishes the entry
     return out
 
 
 def run_rm(ctx: RunContext, sft_dir: Path) -> dict:
     """``algo=rm``: the reward model (cached or trained now), its curve logged to the run, its dir printed."""
     out = ensure_rm(ctx, sft_dir)
+    verified_entry(out, "reward model")
     for row in read_metrics(out):  # the curve, also when it was cached
         ctx.logger.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
     summary = read_rm_summary(out)
@@ -178,6 +180,7 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     positive_rate = float(torch.cat([train["labels"], val["labels"]]).mean())
     best = {"rm/val_loss": math.inf}
     best_state, best_step = None, 0
+    val_losses: list[float] = []
     gen = torch.Generator().manual_seed(a.seed)
     order: list[int] = []
     for step in range(1, a.steps + 1):
@@ -198,6 +201,12 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
                 best, best_step = {k: row[k] for k in ("rm/val_loss", "rm/val_accuracy")}, step
                 best_state = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
         log.log(row, step=step)
+        if "rm/val_loss" in row:
+            val_losses.append(row["rm/val_loss"])
+    if best_state is None:  # every held-out loss NaN or infinite: nothing to keep
+        log.close()
+        raise ConfigError(f"algo=rm: no held-out evaluation of the reward model gave a finite loss (rm/val_loss "
+                          f"{', '.join(f'{v:g}' for v in val_losses)}): its training diverged; lower rm.lr={a.lr:g}")
     model.load_state_dict(best_state)
     with quiet_transformers():
         model.save_pretrained(out_dir / "hf")  # safetensors, config.json (one label, pad id)

@@ -26,7 +26,7 @@ from refexp.components.rollout import build_engine, decode_capacity
 from refexp.components.timing import now
 from refexp.losses import sft_loss
 from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
-from refexp.record.cache_dirs import marker_check
+from refexp.record.cache_dirs import manifest_path, marker_check, verified_entry, write_entry_manifest
 from refexp.record.hashing import stable_hash
 from refexp.record.lock import FileLock
 from refexp.record.metric_names import EVAL_ACCURACY, EVAL_RETENTION
@@ -60,13 +60,17 @@ def ensure_sft(ctx: RunContext) -> Path:
     if not ctx.cfg.sft.enable:  # RootConfig's checks guarantee hf_assets_path is set
         return Path(ctx.cfg.model.hf_assets_path)
     if ctx.cfg.sft.checkpoint:  # a directory: config.check_start_weights
-        return Path(ctx.cfg.sft.checkpoint)
+        start = Path(ctx.cfg.sft.checkpoint)
+        if rdist.decided_by_rank0(lambda: manifest_path(start).is_file()):  # a copied cache entry: still whole?
+            rdist.decided_by_rank0(lambda: verified_entry(start, "SFT model"))
+        return start
     def look() -> tuple[Path, bool]:  # the key holds the data files' times: rank 0's view of both (NFS)
         out = ctx.cache_dir / "sft" / sft_fingerprint(ctx)
         return out, _sft_cached(out)
 
     out, cached = rdist.decided_by_rank0(look)
     if cached:
+        rdist.decided_by_rank0(lambda: verified_entry(out, "SFT model"))
         return out
     # Rank 0 takes the cross-process lock; all ranks then agree on whether training is needed.
     # (a job that finds it held waits for the holder's model; refexp/record/lock.py, also without flock)
@@ -79,7 +83,12 @@ def ensure_sft(ctx: RunContext) -> Path:
             with (atomic_dir(out, is_complete=_sft_cached) if ctx.dist.is_rank0 else nullcontext()) as tmp:
                 tmp = Path(rdist.broadcast_object(str(tmp) if tmp is not None else None))
                 train_sft(ctx, tmp)
+                rdist.barrier()  # every rank's files are written before rank 0 lists them
+                if ctx.dist.is_rank0:
+                    write_entry_manifest(tmp)  # last, before the rename publishes the entry
             rdist.barrier()
+        else:  # made by the job that held the lock while this one waited
+            rdist.decided_by_rank0(lambda: verified_entry(out, "SFT model"))
     return out
 
 

@@ -37,6 +37,7 @@ from refexp.record.checkpoints import checked_steps, complete_steps, manifest_ru
 from refexp.components.run_identity import foreign_checkpoint
 from refexp.runtime import distributed as rdist
 from refexp.titan.components import CheckpointManager
+from refexp.titan.dcp_reader import checked_dcp_metadata
 
 
 class TrainState:
@@ -78,10 +79,9 @@ class ReferenceState:
 
 def is_model_only(step_dir: str | os.PathLike) -> bool:
     """Whether a DCP checkpoint holds model weights only (torchtitan's ``last_save_model_only``): a
-    full one also holds refexp's ``train_state``."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    keys = FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata
+    full one also holds refexp's ``train_state``. ``.metadata`` is read by the restricted unpickler: a
+    crafted one is a ``ConfigError`` naming it (refexp/titan/dcp_reader.py)."""
+    keys = checked_dcp_metadata(step_dir).state_dict_metadata
     return not any(k.startswith("train_state") for k in keys)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Optional
 
@@ -186,7 +187,8 @@ class TaskConfig:
         check(not self.reward_weights or len(self.reward_weights) == len(self.reward_funcs), "task.reward_weights",
               self.reward_weights, f"empty or one weight per task.reward_funcs entry ({len(self.reward_funcs)})")
         for w in self.reward_weights:
-            check(isinstance(w, (int, float)) and not isinstance(w, bool), "task.reward_weights[]", w, "a number")
+            check(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w), "task.reward_weights[]",
+                  w, "a finite number")
 
     def val_share(self) -> float:
         """The share of training rows carved off as validation: ``val_fraction``, else the task's default

@@ -17,10 +17,13 @@ import hashlib
 import json
 import os
 import re
+import uuid
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from refexp.record.safe_pickle import UnsafePickle, read_dcp_metadata
 
 MANIFEST = "refexp-manifest.json"
 """The manifest's file name inside a ``step-N`` dir."""
@@ -37,31 +40,38 @@ def _files(step_dir: Path) -> list[Path]:
     return sorted(p for p in step_dir.rglob("*") if p.is_file() and not p.name.startswith(MANIFEST))
 
 
-def _checksums(paths: list[Path]) -> list[str]:
+def checksums_of(paths: list[Path]) -> list[str]:
+    """The sha256 of each file, hashed in parallel threads."""
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, max(1, len(paths)))) as pool:
         return list(pool.map(_sha256, paths))
 
 
 def write_manifest(step_dir: str | os.PathLike, *, checksums: bool, run: dict | None = None) -> None:
     """List every file of ``step_dir`` (relative path, size, and sha256 when ``checksums``) in its
-    manifest, written through a temporary name, fsynced and renamed: a reader sees all of it or none.
-    ``run``: the identity of the run that wrote it (``refexp/components/run_identity.py``), kept as ``run``."""
+    manifest (``publish_manifest``: a reader sees all of it or none). ``run``: the identity of the run that
+    wrote it (``refexp/components/run_identity.py``), kept as ``run``."""
     step_dir = Path(step_dir)
     paths = _files(step_dir)
-    sums = _checksums(paths) if checksums else [None] * len(paths)
+    sums = checksums_of(paths) if checksums else [None] * len(paths)
     files = {}
     for p, digest in zip(paths, sums):
         entry = {"size": p.stat().st_size}
         if digest is not None:
             entry["sha256"] = digest
         files[p.relative_to(step_dir).as_posix()] = entry
-    tmp = step_dir / f"{MANIFEST}.tmp"
+    publish_manifest(step_dir, files, run=run)
+
+
+def publish_manifest(step_dir: Path, files: dict, *, name: str = MANIFEST, run: dict | None = None) -> None:
+    """Write ``{"format", "files"}`` (and ``run`` when given) as ``step_dir/name`` through a temporary name,
+    fsynced and renamed."""
+    tmp = step_dir / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # two writers may seal one cache entry
     with open(tmp, "w") as f:
         json.dump({"format": FORMAT, "files": files, **({"run": run} if run is not None else {})}, f, indent=1,
                   sort_keys=True, default=str)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, step_dir / MANIFEST)
+    os.replace(tmp, step_dir / name)
     dir_fd = os.open(step_dir, os.O_RDONLY)  # the rename itself survives a crash once the dir is synced
     try:
         os.fsync(dir_fd)
@@ -82,17 +92,17 @@ def has_manifest(step_dir: str | os.PathLike) -> bool:
     return (Path(step_dir) / MANIFEST).is_file()
 
 
-def manifest_mismatch(step_dir: str | os.PathLike, *, checksums: bool) -> str | None:
+def manifest_mismatch(step_dir: str | os.PathLike, *, checksums: bool, name: str = MANIFEST) -> str | None:
     """None when every file the manifest lists has its size (and, with ``checksums`` and a manifest
     that records them, its sha256); else what is wrong, naming the first bad file. Files the manifest
     does not list are ignored (DCP reads only those ``.metadata`` names, and it is listed)."""
     step_dir = Path(step_dir)
     try:
-        files = json.loads((step_dir / MANIFEST).read_text())["files"]
+        files = json.loads((step_dir / name).read_text())["files"]
     except FileNotFoundError:
-        return f"no {MANIFEST}"
+        return f"no {name}"
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{MANIFEST} is unreadable ({type(e).__name__}: {e})"
+        return f"{name} is unreadable ({type(e).__name__}: {e})"
     to_hash = []
     for rel, entry in sorted(files.items()):
         p = step_dir / rel
@@ -102,7 +112,7 @@ def manifest_mismatch(step_dir: str | os.PathLike, *, checksums: bool) -> str | 
             return f"{rel} has {size} bytes, the manifest {entry['size']}"
         if checksums and "sha256" in entry:
             to_hash.append((rel, p, entry["sha256"]))
-    for (rel, _, want), got in zip(to_hash, _checksums([p for _, p, _ in to_hash])):
+    for (rel, _, want), got in zip(to_hash, checksums_of([p for _, p, _ in to_hash])):
         if got != want:
             return f"{rel} does not match its sha256 in the manifest (same size: overwritten in place)"
     return None
@@ -110,12 +120,14 @@ def manifest_mismatch(step_dir: str | os.PathLike, *, checksums: bool) -> str | 
 
 def dcp_structure_mismatch(step_dir: str | os.PathLike) -> str | None:
     """For a dir without a manifest: None when DCP's ``.metadata`` reads and every byte range it
-    references lies inside an existing file (a truncation shows; an overwrite in place does not)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
+    references lies inside an existing file (a truncation shows; an overwrite in place does not).
+    ``.metadata`` is read by the restricted unpickler (``record/safe_pickle.py``): a crafted one is refused
+    (a problem), not run."""
     step_dir = Path(step_dir)
     try:
-        storage = FileSystemReader(str(step_dir)).read_metadata().storage_data
+        storage = read_dcp_metadata(step_dir).storage_data
+    except UnsafePickle as e:
+        return str(e)
     except Exception as e:  # a truncated or garbled pickle raises anything from EOFError to UnpicklingError
         return f".metadata is unreadable ({type(e).__name__}: {e})"
     sizes: dict[str, int] = {}

@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import torch
 
 from refexp.record.atomic import torch_save_atomic
+from refexp.record.cache_dirs import verified_entry, write_entry_manifest
 from refexp.record.hashing import stable_hash
 from refexp.runtime import distributed as rdist
 from refexp.titan import latest_checkpoint_step
@@ -174,8 +175,10 @@ def cache_file(cache_dir: str | os.PathLike, key: str) -> Path:
 
 
 def save(table: RefLogps, path: Path) -> None:
-    """Write atomically: a private temp name, then ``os.replace`` (``refexp/record/atomic.py``)."""
+    """Write atomically: a private temp name, then ``os.replace`` (``refexp/record/atomic.py``); then its
+    manifest beside it (``refexp/record/cache_dirs.py``)."""
     torch_save_atomic(table.tensors(), path)
+    write_entry_manifest(path)
 
 
 def load(path: Path) -> RefLogps:
@@ -187,6 +190,7 @@ def load_or_compute(path: Path, compute_all: Callable[[], RefLogps], *, num_rows
     """The table at ``path``, or ``compute_all()`` (collective: every rank calls it) written there by
     rank 0. Returns ``(table, computed)``; all ranks follow rank 0's view of whether the file exists."""
     if rdist.broadcast_object(path.is_file()):
+        rdist.decided_by_rank0(lambda: verified_entry(path, "reference log-probs"))
         table = load(path)
         if len(table) != num_rows:
             raise RuntimeError(f"reference cache {path} has {len(table)} rows, expected {num_rows}; "

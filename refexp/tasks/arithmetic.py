@@ -40,7 +40,7 @@ import numpy as np
 
 from refexp.config import ConfigError, TaskConfig
 from refexp.record.atomic import atomic_dir
-from refexp.record.cache_dirs import marker_check
+from refexp.record.cache_dirs import marker_check, verified_entry, write_entry_manifest
 from refexp.record.hashing import stable_hash
 
 FORMAT_VERSION = 2
@@ -105,10 +105,13 @@ def load_arithmetic(cfg: TaskConfig, data_dir: str) -> datasets.DatasetDict:
     it loads the winner's.
     """
     final = os.path.join(data_dir, f"arithmetic-{arithmetic_fingerprint(cfg)}")
-    if not _dataset_saved(Path(final)):
+    if _dataset_saved(Path(final)):
+        verified_entry(final, "arithmetic data")
+    else:
         _check(cfg)  # before creating anything
         with atomic_dir(final, is_complete=_dataset_saved) as tmp:
             generate_arithmetic(cfg).save_to_disk(str(tmp))
+            write_entry_manifest(tmp)  # last, before the rename publishes the entry
     return datasets.load_from_disk(final)
 
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Optional
 
 import torch
 
 from refexp.config import ConfigError
+from refexp.record.cache_dirs import manifest_path, verified_entry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -124,6 +126,16 @@ def load_sequence_classifier(path: str, dtype: torch.dtype = torch.float32, devi
     return model.to(device), tokenizer
 
 
+def verify_if_cached(path: str) -> None:
+    """A reward model in refexp's cache (``<cache>/rm/<key>/hf``, the dir `refexp algo=rm` prints) is checked
+    against its entry's manifest before it is read (``record.cache_dirs.verified_entry``); another dir with a
+    manifest of its own too."""
+    for d in (Path(path), Path(path).parent):
+        if manifest_path(d).is_file() or (d / "rm.json").is_file():
+            verified_entry(d, "reward model")
+            return
+
+
 class RewardModel:
     """``reward_model(prompts, completions) -> list[float]``: a sequence classifier's logit of each text, scored
     in batches of ``batch_size`` under ``torch.inference_mode`` on ``device`` (with ``offload``: kept in host
@@ -133,6 +145,7 @@ class RewardModel:
                  offload: bool = False, prompts_rendered: bool = False):
         self.path, self.field_name, self.batch_size = path, field_name, batch_size
         self.device, self.offload, self.prompts_rendered = torch.device(device), offload, prompts_rendered
+        verify_if_cached(path)
         self.model, self.tokenizer = load_sequence_classifier(path, DTYPES[dtype], HOST if offload else self.device)
         self.model.eval().requires_grad_(False)
 

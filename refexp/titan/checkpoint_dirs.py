@@ -11,8 +11,9 @@ from pathlib import Path
 import torch.nn as nn
 
 from refexp.config import ConfigError, ModelConfig
-from refexp.record.checkpoints import complete_steps, newest_verified_step
+from refexp.record.checkpoints import complete_steps, dcp_structure_mismatch, newest_verified_step
 from refexp.runtime.distributed import decided_by_rank0
+from refexp.titan.dcp_reader import SafeFileSystemReader, checked_dcp_metadata
 from refexp.titan.hf_weights import load_hf_weights_
 
 
@@ -55,14 +56,30 @@ def dcp_dir(checkpoint_dir: str | os.PathLike) -> Path:
     )
 
 
+def check_dcp_dir(path: Path) -> None:
+    """``ConfigError`` in one line naming ``path`` unless its ``.metadata`` reads through the restricted unpickler
+    and every shard is as long as it says: a crafted file, a truncated or missing shard are named here, not
+    run or left to DCP's ``EOFError``."""
+    checked_dcp_metadata(path)
+    problem = dcp_structure_mismatch(path)
+    if problem is not None:
+        raise ConfigError(f"the DCP checkpoint {path} cannot be loaded: {problem}")
+
+
 def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> None:
     """Load model weights from a refexp model-only checkpoint, a run's ``checkpoint/step-N``, or a run dir
-    (``dcp_dir``: which one is rank 0's view, every rank reads the same folder)."""
+    (``dcp_dir``: which one is rank 0's view, every rank reads the same folder). Its ``.metadata`` is read
+    by the restricted unpickler (``titan/dcp_reader.py``): a crafted one is refused in one line, unrun."""
     import torch.distributed.checkpoint as dcp
 
-    path = decided_by_rank0(lambda: dcp_dir(checkpoint_dir))
+    def checked() -> Path:
+        path = dcp_dir(checkpoint_dir)
+        check_dcp_dir(path)
+        return path
+
+    path = decided_by_rank0(checked)
     state = model.state_dict()
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
     model.load_state_dict(state)
 
 

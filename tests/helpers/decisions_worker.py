@@ -33,16 +33,17 @@ def check_sft_cache_hit(workdir: Path):
     import refexp.algos.sft as sft
 
     trained = []
-    saved = (sft.sft_fingerprint, sft._sft_cached, sft.train_sft)
+    saved = (sft.sft_fingerprint, sft._sft_cached, sft.train_sft, sft.verified_entry)
     sft.sft_fingerprint = lambda ctx: f"key-{rank()}"
     sft._sft_cached = lambda out: rank() == 0
     sft.train_sft = lambda ctx, tmp: trained.append(str(tmp))
+    sft.verified_entry = lambda out, what: "its digest"  # no entry on disk to verify
     try:
         ctx = SimpleNamespace(cfg=SimpleNamespace(sft=SimpleNamespace(enable=True, checkpoint=None)),
                               cache_dir=workdir / "cache", dist=SimpleNamespace(is_rank0=rank() == 0))
         out = sft.ensure_sft(ctx)
     finally:
-        sft.sft_fingerprint, sft._sft_cached, sft.train_sft = saved
+        sft.sft_fingerprint, sft._sft_cached, sft.train_sft, sft.verified_entry = saved
     return {"dir": out.name, "trained": len(trained)}
 
 
@@ -53,15 +54,16 @@ def check_weights_kind(workdir: Path):
     from refexp.titan import checkpoint_dirs as cd
 
     loaded = []
-    saved = (cd.is_hf_dir, cd.load_hf_weights_, cd.dcp_dir, dcp.load)
+    saved = (cd.is_hf_dir, cd.load_hf_weights_, cd.dcp_dir, cd.check_dcp_dir, dcp.load)
     cd.is_hf_dir = lambda path: rank() == 1
     cd.load_hf_weights_ = lambda model, cfg, path: loaded.append(f"hf:{path}")
     cd.dcp_dir = lambda path: Path(path) / f"step-{rank()}"
-    dcp.load = lambda state, checkpoint_id: loaded.append(f"dcp:{Path(checkpoint_id).name}")
+    cd.check_dcp_dir = lambda path: None  # no checkpoint on disk to check
+    dcp.load = lambda state, storage_reader: loaded.append(f"dcp:{Path(storage_reader.path).name}")
     try:
         cd.load_weights(torch.nn.Linear(2, 2), None, workdir)
     finally:
-        cd.is_hf_dir, cd.load_hf_weights_, cd.dcp_dir, dcp.load = saved
+        cd.is_hf_dir, cd.load_hf_weights_, cd.dcp_dir, cd.check_dcp_dir, dcp.load = saved
     return loaded
 
 
