@@ -123,7 +123,7 @@ def test_gsm8k_needs_a_local_file():
     (["model=llama3_7b"], "model=llama3_7b is not an option of model/: expected one of llama3_8b, llama3_debug"),
     (["reference=frozen"], "reference=frozen is not an option of reference/: expected one of ema, fixed"),
     (["parallelism=tp", "parallelism.tensor_parallel_degree=3"],
-     "parallelism.tensor_parallel_degree=3 is invalid: it must divide model.n_heads=4"),
+     "parallelism.tensor_parallel_degree=3 is invalid: it must divide model.n_heads=8"),
     (["parallelism=fsdp", "parallelism.nproc_per_node=3", "parallelism.tensor_parallel_degree=2",
       "model.n_heads=2", "model.n_kv_heads=2"], "parallelism.data_parallel_replicate_degree=1 x parallelism.tensor_parallel_degree=2 = 2 is invalid: it must divide the world size 3"),
     (["training.stepz=3"], "training.stepz is not a field of TrainingConfig"),
