@@ -22,11 +22,13 @@ STEPS, PROMPTS = 10, 200
 BETAS = (0.01, 0.04, 0.2, 1.0)
 
 
-def block(arms: list[str], *, select: Optional[dict] = None, seeds=(0, 1, 2)) -> dict:
-    """A declared comparison over ``arms`` (baseline fixed) with ``algo.beta`` as the frontier key."""
-    return {"arm_key": "grpo_variant", "arms": list(arms), "baseline": "fixed", "seeds": list(seeds),
-            "metric": "eval/accuracy", "at_steps": [], "chosen_on_test": [], "frontier_key": "algo.beta",
-            "select": select or {"metric": "", "maximize": True, "floor": {}}}
+def block(arms: list[str], *, select: Optional[dict] = None, seeds=(0, 1, 2), gap: Optional[float] = 5.0) -> dict:
+    """A declared comparison over ``arms`` (baseline fixed) with ``algo.beta`` as the frontier key; ``gap`` its
+    ``frontier_gap`` (5: ``BETAS``' widest step is bridged; None: the block declares none)."""
+    out = {"arm_key": "grpo_variant", "arms": list(arms), "baseline": "fixed", "seeds": list(seeds),
+           "metric": "eval/accuracy", "at_steps": [], "chosen_on_test": [], "frontier_key": "algo.beta",
+           "select": select or {"metric": "", "maximize": True, "floor": {}}}
+    return out if gap is None else {**out, "frontier_gap": gap}
 
 
 def ranking(seed: int) -> np.ndarray:
