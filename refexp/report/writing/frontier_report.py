@@ -158,6 +158,8 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
         "selection": None if sel is None else {
             "rule": sel.rule, "budgets": sel.budgets, "notes": sel.notes, "text": sel.text,
             "chosen": {a: (dict(c.chosen.settings) if c.chosen else None) for a, c in sel.choices.items()},
+            "test_from_selected_runs": True,
+            "optimism": {a: c.optimism for a, c in sel.choices.items()},
             "verdicts": {k: {"difference": v.result.point, "interval": list(v.interval), "p_holm": v.p_holm,
                              "verdict": v.word, "verdict_text": v.phrase} for k, v in sel.verdicts.items()}},
     }
