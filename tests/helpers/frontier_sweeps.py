@@ -38,12 +38,13 @@ def ranking(seed: int) -> np.ndarray:
 
 def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: float, decl: dict,
               val: Optional[float] = None, extra: Optional[dict] = None, overrides: tuple = (),
-              retained: Optional[tuple[int, int]] = None, start_extra: Optional[dict] = None) -> Path:
+              retained: Optional[tuple[int, int]] = None, start_extra: Optional[dict] = None,
+              kl_per_prompt: Optional[list[float]] = None) -> Path:
     """A completed run of ``arm`` at ``beta`` whose final test evaluation solves the ``solved`` easiest prompts
     of its seed (``eval/accuracy`` = solved / PROMPTS), with final ``kl/init`` = ``kl``, ``val/accuracy`` =
     ``val``, any ``extra`` final metrics and any further ``overrides``. ``retained`` = (at step 0, at the end):
     how many of the seed's easiest retention prompts its ``eval/retention`` evaluations solve; ``start_extra``:
-    metrics logged at step 0 too."""
+    metrics logged at step 0 too; ``kl_per_prompt``: the final ``kl/init``'s per-prompt contributions (mean ``kl``)."""
     run_dir = root / "-".join([arm, f"{beta:g}", str(seed), *overrides])
     (run_dir / layout.HYDRA_DIR).mkdir(parents=True)
     (run_dir / layout.HYDRA_DIR / "overrides.yaml").write_text(
@@ -71,7 +72,10 @@ def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: 
     retention = [EvalOutcomes("retain_eval", "eval/retention", ids, k.tolist()) for k in kept]
     if retention:
         append_outcomes(run_dir, 0, retention[:1])
-    append_outcomes(run_dir, STEPS, [EvalOutcomes("eval", "eval/accuracy", ids, scores.tolist()), *retention[1:]])
+    drift = ([EvalOutcomes("eval", "kl/init", list(range(len(kl_per_prompt))), list(kl_per_prompt))]
+             if kl_per_prompt is not None else [])
+    append_outcomes(run_dir, STEPS, [EvalOutcomes("eval", "eval/accuracy", ids, scores.tolist()), *retention[1:],
+                                     *drift])
     write_status(run_dir, {"status": "completed", "algo": "grpo", "seed": seed, "steps": STEPS, "last_step": STEPS,
                            "final": final, "provenances": [{"commit": "abc"}]})
     return run_dir

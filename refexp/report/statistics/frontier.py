@@ -7,7 +7,8 @@ points (x, accuracy), x its final drift (``kl/init``) or its final ``eval/retent
 them piecewise-linearly in log x (linearly for retention, a share), sorted by x. Against the baseline arm, at
 values of x inside the range both arms' curves cover in every common replicate (``common_range``), each
 replicate's interpolated accuracy is a weighted sum of two runs' per-prompt scores, so the paired bootstrap over
-starts, seeds and prompts (``metric_scores``) resamples the interpolation itself, paired by start, seed and prompt.
+starts, seeds and prompts (``metric_scores``) resamples the interpolation itself, paired by start, seed and prompt;
+where the runs logged their x per prompt, each replicate resamples the x-values too (``drift_resample``).
 The comparisons of one axis form one Holm family.
 
 A matched point is compared only where no curve extrapolates across a gap: in every replicate, the two runs either
@@ -32,7 +33,8 @@ from refexp.report.reading.load import Run, _get
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
 from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
-from refexp.report.statistics.paired import Unit
+from refexp.report.statistics.drift_resample import drift_shift, shifted
+from refexp.report.statistics.paired import BothLevelsResult, Unit
 
 RETENTION = EVAL_RETENTION
 """The skill RL does not train, measured on held-out prompts: the frontier's second axis when runs log it."""
@@ -232,6 +234,8 @@ class MatchedRow:
     label: str
     result: object = None
     no_claim: str = ""
+    x_resampled: bool = False
+    """Whether the bootstrap resampled every run's x too (its per-prompt contributions were logged)."""
 
 
 @dataclass
@@ -284,7 +288,14 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
                 out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", no_claim=why))
                 continue
             per_seed = {s: _seed_pair(cs[label][s], cs[base][s], x, axis.log, metric) for s in seeds}
-            out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", paired_result(per_seed)))
+            result = paired_result(per_seed)
+            resampled = False
+            if isinstance(result, BothLevelsResult):  # the x-values' own sampling error (drift_resample.py)
+                shift = drift_shift(cs[label], cs[base], seeds, x, axis.log, axis.key, result.boot.n_boot)
+                if shift is not None:
+                    result, resampled = BothLevelsResult(shifted(result.boot, shift), result.seeds), True
+            out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", result,
+                                       x_resampled=resampled))
     out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=plan.alpha,
                                    margin=plan.margin, bound=difference_bound(metric))
     out.text = _text(out, plan.alpha)
@@ -318,7 +329,14 @@ def _text(m: MatchedDrift, alpha: float) -> str:
             f"interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'}; a point is compared only where, in every "
             f"replicate, each curve's two runs around it are within a factor {m.gap:g} in the frontier key). Family: {n} "
             f"comparison{'s' * (n != 1)}, Holm-adjusted, alpha {alpha:g}.")
-    parts = [head] + [m.verdicts[r.label].sentence(m.baseline) for r in m.rows if r.label in m.verdicts]
+    compared = [r for r in m.rows if r.label in m.verdicts]
+    if compared:
+        n_x = sum(r.x_resampled for r in compared)
+        head += (f" The bootstrap resamples each run's {m.axis.key} prompt by prompt too." if n_x == len(compared)
+                 else f" {m.axis.key} taken as exact (no per-prompt {m.axis.key} logged)." if n_x == 0 else
+                 f" {m.axis.key} resampled prompt by prompt in {n_x} of {len(compared)} comparisons (the others' "
+                 f"runs logged no per-prompt {m.axis.key}: taken as exact).")
+    parts = [head] + [m.verdicts[r.label].sentence(m.baseline) for r in compared]
     unclaimed = [f"{r.label} ({r.no_claim or 'fewer than 2 replicates'})" for r in m.rows if r.result is None]
     if unclaimed:
         parts.append("No claim: " + "; ".join(unclaimed) + ".")

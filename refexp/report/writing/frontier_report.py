@@ -24,7 +24,8 @@ HOW_TO_READ = (
     "two runs are within the declared gap of the frontier key (comparison.frontier_gap; otherwise the row says "
     "\"not matched\" and where the baseline has no run), and the interpolated "
     "per-prompt scores are bootstrapped (seeds, or SFT starts then seeds, with one prompt resample for every "
-    "run), paired by start, seed and prompt, together with Student's t over the per-seed (with several starts, "
+    "run; where the runs logged their drift per prompt, each run's x is resampled too), paired by start, seed and "
+    "prompt, together with Student's t over the per-seed (with several starts, "
     "per-start mean) differences (a difference counts only where both reject; a degenerate t makes no claim). "
     "Holm's step-down over the table's family decides each verdict, beside its simultaneous (Bonferroni) "
     "interval, as in the tables above (docs/runs.md, \"How to read a report\").")
@@ -149,7 +150,7 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
         "within_sft_start": {s: summary(inside, sweep_dir) for s, inside in fr.within.items()},
         "key": fr.key, "metric": fr.metric,
         "matched": [{"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
-            {"arm": r.arm, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,
+            {"arm": r.arm, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None, "x_resampled": r.x_resampled,
              **({"difference": m.verdicts[r.label].result.point, "interval": list(m.verdicts[r.label].interval),
                  "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word,
                  "verdict_text": m.verdicts[r.label].phrase}
