@@ -103,9 +103,13 @@ def test_fixed_reference_kl_ref_equals_kl_init_on_the_same_prompts(tmp_path):
         strategy, anchor = build_strategy(ctx, sft_dir)
         assert anchor.shared is strategy  # fixed on the start checkpoint: no second copy
         prompts = ctx.task.eval.select(range(8))["prompt"]
+        per_prompt = {}
         with anchor.logprobs() as ref_fn:
             kl_init = kl_to_anchor(policy.model, {"kl/init": ref_fn}, ctx.task, 8,
-                                   seed=ctx.cfg.training.seed)["kl/init"]
+                                   seed=ctx.cfg.training.seed, per_prompt=per_prompt)["kl/init"]
+        # each prompt's linearised contribution (eval_outcomes.jsonl's kl/init scores) averages to the KL
+        assert len(per_prompt["kl/init"]) == 8 and len(set(per_prompt["kl/init"])) > 1
+        assert sum(per_prompt["kl/init"]) / 8 == pytest.approx(kl_init)
         keys = [(ctx.cfg.training.seed, KL_INIT_KEY, i) for i in range(8)]
         r = sampler.generate(policy.model, ctx.task.tokenizer, prompts, max_new_tokens=ctx.task.max_new_tokens,
                              keys=keys)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from refexp.report import build_report
-from refexp.report.statistics.frontier import Point, common_range, matched_values, weights
+from refexp.report.statistics.frontier import DEFAULT_FRONTIER_GAP, Point, common_range, matched_values, weights
 from refexp.report.statistics.paired import START_LEVEL
 from tests.helpers.frontier_sweeps import BETAS, PROMPTS, block, write_run
 
@@ -44,12 +44,12 @@ def test_the_common_range_is_what_every_common_seed_of_both_arms_covers():
     np.testing.assert_allclose(matched_values(0.2, 0.8, log=False), [0.4, 0.6])
 
 
-def frontier_sweep(root, select=None):
+def frontier_sweep(root, select=None, gap=5.0, kl_noise=None):
     """fixed: kl/init 0.1..100 across beta. ema: the same drift, 19, 20, 21 prompts more at each beta in seeds 0,
     1, 2 (it dominates). drifter: half a decade more drift at every beta and 9, 10, 11 prompts more, i.e. on
     fixed's own accuracy-vs-drift line on average: ahead at every beta, level at every drift. (Seeds differ, so
     the Student t over them has a spread: identical per-seed differences make a degenerate t, no claim.)"""
-    decl = block(["fixed", "ema", "drifter"], select=select)
+    decl = block(["fixed", "ema", "drifter"], select=select, gap=gap)
     for seed in (0, 1, 2):
         for beta in BETAS:
             i = LEVEL[beta]
@@ -57,7 +57,12 @@ def frontier_sweep(root, select=None):
             for arm, shift, more in (("fixed", 0.0, 0), ("ema", 0.0, 19 + seed), ("drifter", 0.5, 9 + seed)):
                 kl = 10 ** (i - 1 + shift)
                 solved = 60 + 20 * i + 2 * seed + more
-                write_run(root, arm, beta, seed, solved=solved, kl=kl, decl=decl, val=solved / PROMPTS, extra=ret(kl))
+                per_prompt = None
+                if kl_noise is not None:  # 256 prompts' contributions, mean exactly kl, relative spread kl_noise
+                    z = np.random.default_rng([seed, i, len(arm)]).standard_normal(256)
+                    per_prompt = (kl * (1 + kl_noise * (z - z.mean()) / z.std())).tolist()
+                write_run(root, arm, beta, seed, solved=solved, kl=kl, decl=decl, val=solved / PROMPTS, extra=ret(kl),
+                          kl_per_prompt=per_prompt)
 
 
 def test_matched_drift_separates_a_dominating_arm_and_not_one_that_only_drifts_more(tmp_path):
@@ -91,6 +96,57 @@ def test_matched_drift_separates_a_dominating_arm_and_not_one_that_only_drifts_m
     assert "## Frontier across algo.beta" in md and "| drifter | 2.15 |" in md
     assert "report_plots/frontier_kl_init.png" in md and "## Each arm at its best" in md
     assert "one per algo.beta: the arms are compared at matched drift" in report.tables["grpo"].verdict
+
+
+def _drifter_widths(root, kl_noise):
+    frontier_sweep(root, kl_noise=kl_noise)
+    drift = next(m for m in build_report(root).frontier.matched if m.axis.key == "kl/init")
+    rows = [r for r in drift.rows if r.arm == "drifter"]
+    return rows, drift, [drift.verdicts[r.label].result.boot.se for r in rows]
+
+
+def test_the_matched_bootstrap_resamples_each_runs_drift_where_it_was_logged_per_prompt(tmp_path):
+    """The same sweep with each run's kl/init logged per prompt (256 prompts, a relative spread of 6 per prompt,
+    0.375 on the mean, about 0.16 decades): the drifter's points are read between runs, where a shift in x moves
+    the curve (0.1 accuracy per decade), so its bootstrap widens (from about 0.0075 to 0.015); without per-prompt
+    drift the x-values are exact, and the text says which."""
+    exact_rows, exact, exact_se = _drifter_widths(tmp_path / "exact", None)
+    rows, noisy, noisy_se = _drifter_widths(tmp_path / "noisy", 6.0)
+    assert not any(r.x_resampled for r in exact_rows) and all(r.x_resampled for r in rows)
+    assert all(n > 1.5 * e for n, e in zip(noisy_se, exact_se))
+    assert [noisy.verdicts[r.label].result.point for r in rows] == pytest.approx(
+        [exact.verdicts[r.label].result.point for r in exact_rows])  # the point estimate is unchanged
+    assert "kl/init taken as exact (no per-prompt kl/init logged)" in exact.text
+    assert "The bootstrap resamples each run's kl/init prompt by prompt too" in noisy.text
+
+
+def test_a_matched_point_across_a_gap_in_beta_wider_than_declared_is_not_matched(tmp_path):
+    """With the default ``frontier_gap`` (2.5), ema's points (kl/init 1 and 10) lie on runs of both curves and are
+    compared; the drifter's (10^(1/3), 10^(7/6)) lie between fixed's runs at beta 0.2 and 0.04, and 0.04 and 0.01
+    (5x and 4x apart): no claim, the row says where the baseline has no run, and the family holds only ema's two."""
+    frontier_sweep(tmp_path, gap=None)
+    report = build_report(tmp_path)
+    drift = next(m for m in report.frontier.matched if m.axis.key == "kl/init")
+    assert drift.gap == DEFAULT_FRONTIER_GAP == 2.5
+    ema = [r for r in drift.rows if r.arm == "ema"]
+    assert all(r.result is not None and drift.verdicts[r.label].word == "higher" for r in ema)
+    drifter = [r for r in drift.rows if r.arm == "drifter"]
+    assert [r.result for r in drifter] == [None, None]
+    assert drifter[0].no_claim.startswith("not matched: the baseline has no run between β 0.2 and 0.04")
+    assert drifter[1].no_claim.startswith("not matched: the baseline has no run between β 0.04 and 0.01")
+    assert len(drift.verdicts) == 2 and all(v.family_size == 2 for v in drift.verdicts.values())
+    assert "not matched: the baseline has no run between β 0.2 and 0.04" in report.markdown_path.read_text()
+    assert "not matched" in report.summary_path.read_text()
+
+
+def test_a_frontier_gap_that_is_no_ratio_is_refused(tmp_path):
+    decl = {**block(["fixed", "ema"]), "frontier_gap": 1.0}
+    for seed in (0, 1):
+        for beta in BETAS:
+            for arm in ("fixed", "ema"):
+                write_run(tmp_path, arm, beta, seed, solved=100, kl=beta, decl=decl)
+    with pytest.raises(ValueError, match="comparison.frontier_gap is 1.0: it must be a number > 1"):
+        build_report(tmp_path)
 
 
 def test_no_frontier_section_without_a_frontier_key(tmp_path):

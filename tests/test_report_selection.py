@@ -4,6 +4,9 @@ and the rule's config checks."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 from refexp.config import ComparisonConfig, ConfigError, SelectionConfig
@@ -42,8 +45,26 @@ def test_the_choice_reads_validation_where_test_would_choose_otherwise(tmp_path)
     assert v.result.point == pytest.approx(10 / PROMPTS) and v.word == "higher"
     setup = dict(report.setup["grpo"])
     assert setup["selection rule"].startswith("per arm, the setting with the highest mean final val/accuracy")
-    assert setup["chosen for fixed"] == "algo.beta=0.2 (0.710); 4 settings tried"
-    assert "| chosen for ema | algo.beta=0.2 (0.710); 4 settings tried |" in report.markdown_path.read_text()
+    assert setup["chosen for fixed"].startswith("algo.beta=0.2 (0.710); 4 settings tried; validation-minus-test")
+    assert "| chosen for ema | algo.beta=0.2 (0.710); 4 settings tried;" in report.markdown_path.read_text()
+
+
+def test_the_tuned_table_says_test_comes_from_the_winning_runs_and_estimates_the_optimism(tmp_path):
+    """fixed's setting at beta b: validation VAL[b] + 0.01 (mean over seeds), test (TEST_SOLVED[b] + 1) / PROMPTS;
+    ema's test 10 prompts more. The optimism is the winner's (beta 0.2) gap above the other three betas' mean gap."""
+    sweep(tmp_path)
+    report = build_report(tmp_path)
+    sel = report.frontier.selection
+    for arm, more in (("fixed", 1), ("ema", 11)):
+        gaps = {b: VAL[b] + 0.01 - (TEST_SOLVED[b] + more) / PROMPTS for b in VAL}
+        want = gaps[0.2] - np.mean([g for b, g in gaps.items() if b != 0.2])
+        assert sel.choices[arm].optimism == pytest.approx(want)
+    assert "Test is read from the runs that won on validation, not from fresh seeds" in sel.text
+    assert "(settings searched per arm: fixed 4, ema 4)" in sel.text
+    assert f"fixed {sel.choices['fixed'].optimism:+.3f}, ema {sel.choices['ema'].optimism:+.3f}." in sel.text
+    got = json.loads(report.summary_path.read_text())["frontier"]["selection"]
+    assert got["test_from_selected_runs"] is True
+    assert got["optimism"]["fixed"] == pytest.approx(sel.choices["fixed"].optimism)
 
 
 def test_a_floor_excludes_a_setting_and_an_unlogged_floor_is_said(tmp_path):
@@ -76,6 +97,8 @@ def test_test_is_read_for_the_chosen_runs_only(tmp_path, monkeypatch):
             return real(run, metric)
         return wrapped
 
+    # the optimism estimate reads every setting's test mean, after the choices: left out here
+    monkeypatch.setattr(selection, "optimism", lambda *a: None)
     monkeypatch.setattr(selection, "final_value", spy(value))
     monkeypatch.setattr(selection, "final_scores", spy(scores))
     report = build_report(tmp_path)

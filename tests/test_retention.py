@@ -11,9 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from refexp.components.evaluation import pass_at_k
+from refexp.components.evaluation import kl_influence, pass_at_k
 from refexp.config import ConfigError, TaskConfig, to_object
 from refexp.tasks import build_task, task_fingerprint
 from tests.helpers.configs import compose_root
@@ -93,6 +94,23 @@ def test_bad_pass_k_settings_name_the_field(override, field):
 
 
 @pytest.mark.slow
+def test_kl_influence_averages_to_the_token_weighted_kl_and_resamples_like_it():
+    """Each prompt's linearised contribution: their mean is sum(kl) / sum(tokens), and over 256 prompts the spread
+    of a resample's mean is the spread of the resampled ratio itself (to first order, within 5%)."""
+    kl, tokens = [1.0, 4.0, 0.5, 2.5], [2.0, 4.0, 1.0, 3.0]
+    scores = kl_influence(kl, tokens)
+    assert sum(scores) / len(scores) == pytest.approx(sum(kl) / sum(tokens))
+    assert kl_influence([0.3, 0.6], [3.0, 3.0]) == pytest.approx([0.1, 0.2])  # equal lengths: each prompt's own KL
+    assert kl_influence([], []) == []
+    rng = np.random.default_rng(0)
+    tok = rng.integers(5, 40, size=256).astype(float)
+    kl = tok * rng.gamma(2.0, 0.05, size=256) * (1 + tok / 40)  # longer completions drift more per token
+    scores = np.array(kl_influence(kl.tolist(), tok.tolist()))
+    draws = rng.integers(0, 256, size=(4000, 256))
+    exact = kl[draws].sum(1) / tok[draws].sum(1)
+    assert scores[draws].mean(1).std() == pytest.approx(exact.std(), rel=0.05)
+
+
 def test_debug_fast_logs_retention_and_pass_at_k_with_per_prompt_outcomes(tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "refexp", "algo=grpo", "debug=fast", "training.num_threads=1",
@@ -103,14 +121,15 @@ def test_debug_fast_logs_retention_and_pass_at_k_with_per_prompt_outcomes(tmp_pa
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 1, 2, 3]
-    assert all({"eval/retention", "val/retention", "eval/pass_at_k"} <= set(r) for r in evals)
+    assert all({"eval/retention", "val/retention", "eval/pass_at_k", "kl/init_retain"} <= set(r) for r in evals)
     outcomes = [json.loads(line) for line in (run_dir / "eval_outcomes.jsonl").read_text().splitlines()]
     by_metric = {(o["step"], o["metric"]): o for o in outcomes}
     for r in evals:
-        for metric, split, n in (("eval/retention", "retain_eval", 16), ("eval/pass_at_k", "eval", 6)):
+        for metric, split, n in (("eval/retention", "retain_eval", 16), ("eval/pass_at_k", "eval", 6),
+                                 ("kl/init", "eval", 8), ("kl/init_retain", "retain_eval", 8)):
             o = by_metric[(r["step"], metric)]
             assert o["split"] == split and o["prompt_ids"] == list(range(n))
-            assert sum(o["scores"]) / n == pytest.approx(r[metric])
+            assert sum(o["scores"]) / n == pytest.approx(r[metric], abs=1e-9)
         # pass@2 of 4 samples takes the values 1 - C(4-c, 2)/C(4, 2): 0, 1/2, 5/6, 1
         assert all(min(abs(s - v) for v in (0, 0.5, 5 / 6, 1)) < 1e-9 for s in by_metric[(r["step"],
                                                                                            "eval/pass_at_k")]["scores"])

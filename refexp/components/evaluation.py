@@ -24,6 +24,12 @@
   differ by the policy, not by sampling noise. Completions are sampled, and every model's log-probs
   are taken, at the run's sampling temperature (GRPO's ``algo.temperature``; 1 for DPO), so a model
   equal to the policy is at KL 0 at any temperature.
+  Each prompt's linearised contribution (``kl_influence``; their mean is ``kl/init``) goes to
+  ``eval_outcomes.jsonl``, so a report can resample the drift measurement prompt by prompt.
+- ``kl/init_retain`` (when ``task.rl_ops`` leaves out some of ``task.ops``): the same on the first
+  ``eval.kl_prompts`` held-out prompts of the skills RL does not train (``Task.retain_eval``), sampled with the
+  same keys: drift where no reward pulls the policy, beside ``eval/retention``. Per prompt in
+  ``eval_outcomes.jsonl`` too.
 - ``kl/ref`` (only when the caller passes a reference, DPO): the same estimate on the *same* samples
   against the current reference. GRPO logs its own ``kl/ref`` on the training batch instead.
 - ``eval/logp_correct`` (only when asked, DPO): the policy's mean per-sequence log-prob (summed over
@@ -53,8 +59,8 @@ from refexp import titan
 from refexp.components.context import RunContext
 from refexp.components.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.losses.kl import masked_sum, sequence_kl
-from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_GOLD, EVAL_PASS_AT_K, EVAL_RETENTION, VAL_ACCURACY,
-                                        VAL_GOLD, VAL_RETENTION)
+from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_GOLD, EVAL_PASS_AT_K, EVAL_RETENTION, KL_INIT,
+                                        KL_INIT_RETAIN, VAL_ACCURACY, VAL_GOLD, VAL_RETENTION)
 from refexp.record.outcomes import EvalOutcomes
 from refexp.reference.anchor import InitAnchor
 from refexp.reference.offload import model_device
@@ -67,7 +73,8 @@ EVAL_SAMPLES = "samples/eval"
 ``samples.jsonl`` rows and a W&B table, never a number)."""
 EVAL_OUTCOMES, VAL_OUTCOMES = "outcomes/eval", "outcomes/val"
 OUTCOMES = {EVAL_ACCURACY: EVAL_OUTCOMES, VAL_ACCURACY: VAL_OUTCOMES, EVAL_RETENTION: "outcomes/retain_eval",
-            VAL_RETENTION: "outcomes/retain_val", EVAL_PASS_AT_K: "outcomes/pass_at_k"}
+            VAL_RETENTION: "outcomes/retain_val", EVAL_PASS_AT_K: "outcomes/pass_at_k", KL_INIT: "outcomes/kl_init",
+            KL_INIT_RETAIN: "outcomes/kl_init_retain"}
 """The metrics keys of an evaluation's per-prompt scores, by metric (``EvalOutcomes``; ``MetricLogger`` writes
 them to ``eval_outcomes.jsonl`` only: not a metric, not sent to W&B)."""
 EVAL_GOLD_OUTCOMES, VAL_GOLD_OUTCOMES = "outcomes/eval_gold", "outcomes/val_gold"
@@ -214,27 +221,55 @@ def sampled_pass_at_k(model, task, num_prompts: int, *, k: int, n: int, seed: in
 @torch.no_grad()
 def kl_to_anchor(policy, anchors: Mapping[str, LogprobFn], task, num_prompts: int, *,
                  seed: int, temperature: float = 1.0, batch_size: int = EVAL_BATCH_SIZE, parallel_dims=None,
-                 engine: RolloutEngine | None = None) -> dict[str, float]:
+                 engine: RolloutEngine | None = None, split: str = "eval",
+                 per_prompt: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Mean per-token k3 KL(policy || anchor) for every ``name -> fn`` of ``anchors``, over one set of
-    completions sampled from the policy (by ``engine``, None: the built-in one on ``policy``): ``{name: kl}``.
-    Each ``fn`` is called with ``temperature=``, so the anchors' log-probs are tempered like the policy's.
-    The prompts are split over the data-parallel ranks of ``parallel_dims`` (None: this process does them
-    all). Collective."""
+    completions sampled from the policy (by ``engine``, None: the built-in one on ``policy``) on the first
+    ``num_prompts`` rows of ``task.<split>``: ``{name: kl}``. Each ``fn`` is called with ``temperature=``, so the
+    anchors' log-probs are tempered like the policy's. The prompts are split over the data-parallel ranks of
+    ``parallel_dims`` (None: this process does them all). ``per_prompt`` receives, for every name, each prompt's
+    linearised contribution (``kl_influence``), in order, on every rank. Collective."""
     engine = engine or BuiltinEngine(policy, task.tokenizer)
-    n = min(num_prompts, len(task.eval))
+    data = getattr(task, split)
+    n = min(num_prompts, len(data))
     ids, real = padded_share(parallel_dims, n)
-    prompts = task.eval.select(ids)["prompt"]
+    prompts = data.select(ids)["prompt"]
     kl_sum, tok_sum = dict.fromkeys(anchors, 0.0), 0
+    mine_kl: dict[str, list[float]] = {name: [] for name in anchors}  # this rank's real prompts, in order
+    mine_tok: list[float] = []
     for sl in _batches(len(prompts), batch_size):
         keys = [(seed, KL_INIT_KEY, i) for i in ids[sl]]  # the prompt's index: the same sample on any rank
         r = engine.generate(prompts[sl], max_new_tokens=task.max_new_tokens, temperature=temperature, keys=keys)
         pol = titan.token_logprobs(policy, r.tokens_BT, temperature=temperature)
-        mask = r.mask_BT & _real_rows(sl, real).to(r.mask_BT.device)[:, None]
+        keep = _real_rows(sl, real).to(r.mask_BT.device)
+        mask = r.mask_BT & keep[:, None]
         for name, fn in anchors.items():
-            kl_sum[name] += float(sequence_kl(pol, fn(r.tokens_BT, temperature=temperature), mask).sum())
+            kl_B = sequence_kl(pol, fn(r.tokens_BT, temperature=temperature), mask)
+            kl_sum[name] += float(kl_B.sum())
+            mine_kl[name] += kl_B[keep].tolist()
         tok_sum += int(mask.sum())
+        mine_tok += mask.sum(-1)[keep].tolist()
     *kl_sums, tok_sum = _global_sums(parallel_dims, model_device(policy), *kl_sum.values(), tok_sum)
-    return {name: s / max(1, tok_sum) for name, s in zip(kl_sum, kl_sums)}
+    out = {name: s / max(1, tok_sum) for name, s in zip(kl_sum, kl_sums)}
+    if per_prompt is not None:
+        device = model_device(policy)
+        tokens = _all_scores(parallel_dims, device, ids, mine_tok, n)
+        for name in anchors:
+            per_prompt[name] = kl_influence(_all_scores(parallel_dims, device, ids, mine_kl[name], n), tokens)
+    return out
+
+
+def kl_influence(kl: list[float], tokens: list[float]) -> list[float]:
+    """Each prompt's linearised contribution to the token-weighted mean R = sum(kl) / sum(tokens) (``kl`` [n]: the
+    prompt's summed KL, ``tokens`` [n]: its completion tokens): R + (kl_i - R tokens_i) / mean(tokens). Their mean
+    is R exactly, and the mean of a resample of them varies as the ratio estimator does to first order (its
+    delta-method variance: Cochran 1977, "Sampling Techniques", §6.4), so a report can resample a run's drift
+    prompt by prompt like any per-prompt score."""
+    total = sum(tokens)
+    if not kl or total <= 0:
+        return [0.0] * len(kl)
+    ratio, mean_tok = sum(kl) / total, total / len(tokens)
+    return [ratio + (k - ratio * t) / mean_tok for k, t in zip(kl, tokens)]
 
 
 @torch.inference_mode()
@@ -275,6 +310,11 @@ def reference_logprobs(strategy: ReferenceStrategy):
         if built:
             strategy.release_model()
             gc.collect()
+
+
+def _kl_outcomes(split: str, metric: str, scores: list[float]) -> EvalOutcomes:
+    """A KL's per-prompt linearised contributions (``kl_influence``) as outcomes: their mean is the metric."""
+    return EvalOutcomes(split, metric, list(range(len(scores))), scores)
 
 
 def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
@@ -319,11 +359,21 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     # the fixed reference on the start checkpoint is the anchor (InitAnchor.shared): its kl/ref is kl/init
     ref_is_anchor = measure_ref and reference is anchor.shared
     with ExitStack() as stack:
-        fns = {"kl/init": stack.enter_context(anchor.logprobs())}
+        init = stack.enter_context(anchor.logprobs())
+        fns = {KL_INIT: init}
         if measure_ref and not ref_is_anchor:
             fns["kl/ref"] = stack.enter_context(reference_logprobs(reference))
+        per_prompt: dict[str, list[float]] = {}
         out.update(kl_to_anchor(policy, fns, ctx.task, ecfg.kl_prompts, seed=ctx.cfg.training.seed,
-                                temperature=temperature, parallel_dims=pd, engine=engine))
+                                temperature=temperature, parallel_dims=pd, engine=engine, per_prompt=per_prompt))
+        out[OUTCOMES[KL_INIT]] = _kl_outcomes("eval", KL_INIT, per_prompt[KL_INIT])
+        retain = getattr(ctx.task, "retain_eval", None)
+        if retain is not None and len(retain):  # the skill RL does not sample: drift where no reward pulls
+            per_prompt = {}
+            out.update(kl_to_anchor(policy, {KL_INIT_RETAIN: init}, ctx.task, ecfg.kl_prompts,
+                                    seed=ctx.cfg.training.seed, temperature=temperature, parallel_dims=pd,
+                                    engine=engine, split="retain_eval", per_prompt=per_prompt))
+            out[OUTCOMES[KL_INIT_RETAIN]] = _kl_outcomes("retain_eval", KL_INIT_RETAIN, per_prompt[KL_INIT_RETAIN])
     if ref_is_anchor:
         out["kl/ref"] = out["kl/init"]
     if with_logp_correct:

@@ -16,8 +16,9 @@ class EvalConfig:
     """kl/init and eval/accuracy every this many steps (and at step 0 and the end)."""
     num_prompts: int = 200
     """Held-out prompts for greedy accuracy."""
-    kl_prompts: int = 64
-    """Held-out prompts for kl/init (completions sampled from the policy)."""
+    kl_prompts: int = 256
+    """Held-out prompts for kl/init, and for kl/init_retain on the retained skills' (completions sampled from the
+    policy): the frontier's x, so enough that its sampling error is small beside the drift between betas."""
     pass_k: int = 8
     """``eval/pass_at_k``'s k: the chance that at least one of k completions sampled at the training temperature
     (GRPO's ``algo.temperature``, else 1) is correct, on the first ``pass_k_prompts`` held-out prompts; a policy

@@ -104,6 +104,10 @@ class ComparisonConfig:
     frontier_key: str = ""
     """A swept key varied within every arm (``algo.beta``): the report draws each arm's accuracy against its
     drift (``kl/init``) across this key's values, and compares arms at matched drift; empty: no frontier."""
+    frontier_gap: Optional[float] = None
+    """The widest ratio (larger / smaller) of ``frontier_key`` values between the two runs a matched point is
+    interpolated between; a point across a wider gap is "not matched" (refexp/report/statistics/frontier.py).
+    None: its ``DEFAULT_FRONTIER_GAP`` (2.5)."""
     select: SelectionConfig = field(default_factory=SelectionConfig)
     """The rule that picks each arm's best hyper-parameters on validation, then compared on test (its metric
     empty: the report makes no tuned comparison)."""
@@ -144,5 +148,7 @@ class ComparisonConfig:
               "a number > 0 in the metric's units (0.05 for accuracy), or null: no equivalence claim")
         check(self.frontier_key not in (self.arm_key, SEED_KEY), "comparison.frontier_key", self.frontier_key,
               "a swept key other than comparison.arm_key and the seed (algo.beta), or empty")
+        check(self.frontier_gap is None or self.frontier_gap > 1, "comparison.frontier_gap", self.frontier_gap,
+              "a ratio > 1 (2.5: runs at beta 1 and 0.4 bridge a matched point, 1 and 0.2 do not), or null")
         check(all(isinstance(s, int) and s >= 0 for s in self.at_steps), "comparison.at_steps", self.at_steps,
               "steps >= 0")

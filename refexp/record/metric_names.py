@@ -25,6 +25,7 @@ EVAL_PREF_MARGIN = "eval/pref_margin"
 LOGPS_CHOSEN_DELTA = "logps/chosen_delta"
 REF_VERSION = "ref/version"
 KL_INIT = "kl/init"
+KL_INIT_RETAIN = "kl/init_retain"
 KL_REF = "kl/ref"
 REWARDS_ACCURACIES = "rewards/accuracies"
 REWARDS_MARGINS = "rewards/margins"
@@ -129,7 +130,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("sft/wall_s", "seconds the SFT stage trained", "`algo=sft`: final value only (W&B summary)"),
     Metric("sft/dir", "the SFT model's directory in the cache", "`algo=sft`: final value only (W&B summary)"),
     Metric(KL_INIT, "KL(policy ‖ frozen SFT model), mean per-token k3 on the first `eval.kl_prompts` held-out "
-           "prompts, one sampled completion each", _EVAL, summary="last"),
+           "prompts, one sampled completion each; each prompt's linearised contribution (their mean is the value) "
+           "in `eval_outcomes.jsonl`", _EVAL, summary="last"),
+    Metric(KL_INIT_RETAIN, "the same on the first `eval.kl_prompts` held-out prompts of the skills RL does not "
+           "train (`task.ops` minus `task.rl_ops`, where RL does not sample): drift beside `eval/retention`; per "
+           "prompt in `eval_outcomes.jsonl`", f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops`",
+           summary="last"),
     Metric(KL_REF, "KL(policy ‖ current reference), mean per-token k3 on the policy's own samples (absent when "
            "reference-free). GRPO: the training batch's completions; DPO: the `kl/init` samples, before that "
            "step's reference update", f"GRPO: every step; DPO: {_EVAL}", "GRPO: `kl`", summary="last"),

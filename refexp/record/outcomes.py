@@ -4,7 +4,8 @@ strategies on one task) can be compared prompt by prompt, not only by their mean
 One line per evaluation and metric: ``{step, split, metric, prompt_ids, scores}``; ``prompt_ids[i]`` is the
 row of the split (the ``Task`` attribute: ``eval``, ``val``, ``retain_eval``, ``retain_val``) that scored
 ``scores[i]``, and the mean of ``scores`` is the logged metric (``eval/accuracy``, ``val/accuracy``,
-``eval/retention``, ``val/retention``, ``eval/pass_at_k``: refexp/components/evaluation.py). Written by rank 0, never sent
+``eval/retention``, ``val/retention``, ``eval/pass_at_k``, and ``kl/init``, ``kl/init_retain`` whose scores are each
+prompt's linearised contribution to the token-weighted KL: refexp/components/evaluation.py). Written by rank 0, never sent
 to W&B.
 """
 

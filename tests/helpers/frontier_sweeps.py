@@ -22,11 +22,13 @@ STEPS, PROMPTS = 10, 200
 BETAS = (0.01, 0.04, 0.2, 1.0)
 
 
-def block(arms: list[str], *, select: Optional[dict] = None, seeds=(0, 1, 2)) -> dict:
-    """A declared comparison over ``arms`` (baseline fixed) with ``algo.beta`` as the frontier key."""
-    return {"arm_key": "grpo_variant", "arms": list(arms), "baseline": "fixed", "seeds": list(seeds),
-            "metric": "eval/accuracy", "at_steps": [], "chosen_on_test": [], "frontier_key": "algo.beta",
-            "select": select or {"metric": "", "maximize": True, "floor": {}}}
+def block(arms: list[str], *, select: Optional[dict] = None, seeds=(0, 1, 2), gap: Optional[float] = 5.0) -> dict:
+    """A declared comparison over ``arms`` (baseline fixed) with ``algo.beta`` as the frontier key; ``gap`` its
+    ``frontier_gap`` (5: ``BETAS``' widest step is bridged; None: the block declares none)."""
+    out = {"arm_key": "grpo_variant", "arms": list(arms), "baseline": "fixed", "seeds": list(seeds),
+           "metric": "eval/accuracy", "at_steps": [], "chosen_on_test": [], "frontier_key": "algo.beta",
+           "select": select or {"metric": "", "maximize": True, "floor": {}}}
+    return out if gap is None else {**out, "frontier_gap": gap}
 
 
 def ranking(seed: int) -> np.ndarray:
@@ -36,12 +38,13 @@ def ranking(seed: int) -> np.ndarray:
 
 def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: float, decl: dict,
               val: Optional[float] = None, extra: Optional[dict] = None, overrides: tuple = (),
-              retained: Optional[tuple[int, int]] = None, start_extra: Optional[dict] = None) -> Path:
+              retained: Optional[tuple[int, int]] = None, start_extra: Optional[dict] = None,
+              kl_per_prompt: Optional[list[float]] = None) -> Path:
     """A completed run of ``arm`` at ``beta`` whose final test evaluation solves the ``solved`` easiest prompts
     of its seed (``eval/accuracy`` = solved / PROMPTS), with final ``kl/init`` = ``kl``, ``val/accuracy`` =
     ``val``, any ``extra`` final metrics and any further ``overrides``. ``retained`` = (at step 0, at the end):
     how many of the seed's easiest retention prompts its ``eval/retention`` evaluations solve; ``start_extra``:
-    metrics logged at step 0 too."""
+    metrics logged at step 0 too; ``kl_per_prompt``: the final ``kl/init``'s per-prompt contributions (mean ``kl``)."""
     run_dir = root / "-".join([arm, f"{beta:g}", str(seed), *overrides])
     (run_dir / layout.HYDRA_DIR).mkdir(parents=True)
     (run_dir / layout.HYDRA_DIR / "overrides.yaml").write_text(
@@ -69,7 +72,10 @@ def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: 
     retention = [EvalOutcomes("retain_eval", "eval/retention", ids, k.tolist()) for k in kept]
     if retention:
         append_outcomes(run_dir, 0, retention[:1])
-    append_outcomes(run_dir, STEPS, [EvalOutcomes("eval", "eval/accuracy", ids, scores.tolist()), *retention[1:]])
+    drift = ([EvalOutcomes("eval", "kl/init", list(range(len(kl_per_prompt))), list(kl_per_prompt))]
+             if kl_per_prompt is not None else [])
+    append_outcomes(run_dir, STEPS, [EvalOutcomes("eval", "eval/accuracy", ids, scores.tolist()), *retention[1:],
+                                     *drift])
     write_status(run_dir, {"status": "completed", "algo": "grpo", "seed": seed, "steps": STEPS, "last_step": STEPS,
                            "final": final, "provenances": [{"commit": "abc"}]})
     return run_dir

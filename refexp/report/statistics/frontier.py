@@ -7,8 +7,15 @@ points (x, accuracy), x its final drift (``kl/init``) or its final ``eval/retent
 them piecewise-linearly in log x (linearly for retention, a share), sorted by x. Against the baseline arm, at
 values of x inside the range both arms' curves cover in every common replicate (``common_range``), each
 replicate's interpolated accuracy is a weighted sum of two runs' per-prompt scores, so the paired bootstrap over
-starts, seeds and prompts (``metric_scores``) resamples the interpolation itself, paired by start, seed and prompt.
+starts, seeds and prompts (``metric_scores``) resamples the interpolation itself, paired by start, seed and prompt;
+where the runs logged their x per prompt, each replicate resamples the x-values too (``drift_resample``).
 The comparisons of one axis form one Holm family.
+
+A matched point is compared only where no curve extrapolates across a gap: in every replicate, the two runs either
+curve is interpolated between at that x must have frontier-key values (β) within a factor ``frontier_gap`` of each
+other (the comparison block's, else ``DEFAULT_FRONTIER_GAP``). Otherwise the row makes no claim and says "not
+matched: the baseline has no run between β a and b" -- a straight line across a wide gap in β is a guess at a curve
+that bends, not a measurement of it.
 """
 
 from __future__ import annotations
@@ -26,12 +33,17 @@ from refexp.report.reading.load import Run, _get
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
 from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
-from refexp.report.statistics.paired import Unit
+from refexp.report.statistics.drift_resample import drift_shift, shifted
+from refexp.report.statistics.paired import BothLevelsResult, Unit
 
 RETENTION = EVAL_RETENTION
 """The skill RL does not train, measured on held-out prompts: the frontier's second axis when runs log it."""
 MATCHED_FRACTIONS = (1 / 3, 2 / 3)
 """Where in the common range (in log x for drift) the arms are compared: two interior points."""
+DEFAULT_FRONTIER_GAP = 2.5
+"""The widest ratio of frontier-key values (larger / smaller) between the two runs a curve is interpolated between
+at a matched point, when the comparison block declares no ``frontier_gap``: a 1-2-5 grid of β (1, 0.5, 0.2, 0.1)
+is dense enough, a β 1 -> 0.2 step is not."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,36 @@ def matched_values(lo: float, hi: float, log: bool) -> list[float]:
     return [lo + f * (hi - lo) for f in MATCHED_FRACTIONS]
 
 
+def frontier_gap(plan: ComparisonPlan) -> float:
+    """The comparison block's ``frontier_gap`` (a number > 1), else ``DEFAULT_FRONTIER_GAP``; read defensively, since
+    blocks written before the field lack it."""
+    value = (plan.block or {}).get("frontier_gap")
+    if value is None:
+        return DEFAULT_FRONTIER_GAP
+    try:
+        gap = float(value)
+    except (TypeError, ValueError):
+        gap = float("nan")
+    if not gap > 1:
+        raise ValueError(f"comparison.frontier_gap is {value!r}: it must be a number > 1 (the widest ratio of "
+                         f"frontier-key values, e.g. beta, between two runs a matched point lies between)")
+    return gap
+
+
+def unbridged(pts: list[Point], x: float, log: bool, gap: float) -> Optional[tuple[float, float]]:
+    """(a, b), the frontier-key values of the two runs of ``pts`` (sorted by x) that the curve at ``x`` is
+    interpolated between, when they are farther apart than a factor ``gap`` (or not both positive, so no ratio);
+    None when x lies on a run or between two runs within the gap."""
+    w = weights([p.x for p in pts], x, log)
+    used = [p.value for p, wi in zip(pts, w) if wi > 1e-12]
+    if len(used) < 2:
+        return None
+    a, b = used
+    if a > 0 and b > 0 and max(a, b) / min(a, b) <= gap * (1 + 1e-9):
+        return None
+    return a, b
+
+
 def interpolated(pts: list[Point], x: float, log: bool, metric: str) -> tuple[float, Optional[np.ndarray], list]:
     """(the curve's accuracy at x, the interpolated per-prompt scores over ``ids`` or None, ``ids``)."""
     w = weights([p.x for p in pts], x, log)
@@ -192,6 +234,8 @@ class MatchedRow:
     label: str
     result: object = None
     no_claim: str = ""
+    x_resampled: bool = False
+    """Whether the bootstrap resampled every run's x too (its per-prompt contributions were logged)."""
 
 
 @dataclass
@@ -204,6 +248,8 @@ class MatchedDrift:
     rows: list[MatchedRow] = field(default_factory=list)
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     text: str = ""
+    gap: float = DEFAULT_FRONTIER_GAP
+    """The widest ratio of frontier-key values a matched point may be interpolated across (``frontier_gap``)."""
 
 
 def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> Optional[MatchedDrift]:
@@ -214,7 +260,8 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
     cs = curves(runs, plan, axis, metric)
     if not cs:
         return None
-    out = MatchedDrift(axis, metric, plan.baseline)
+    gap = frontier_gap(plan)
+    out = MatchedDrift(axis, metric, plan.baseline, gap=gap)
     arm_of = {label: plan.arm(next(iter(by_seed.values()))[0].run) for label, by_seed in cs.items()}
     bases = [label for label, arm in arm_of.items() if arm == plan.baseline]
     arms = list(plan.block["arms"])
@@ -236,21 +283,60 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
             continue
         lo, hi, seeds = rng
         for x in matched_values(lo, hi, axis.log):
+            why = _not_matched(cs, base, label, seeds, x, axis.log, gap, plan.block["frontier_key"])
+            if why:
+                out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", no_claim=why))
+                continue
             per_seed = {s: _seed_pair(cs[label][s], cs[base][s], x, axis.log, metric) for s in seeds}
-            out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", paired_result(per_seed)))
+            result = paired_result(per_seed)
+            resampled = False
+            if isinstance(result, BothLevelsResult):  # the x-values' own sampling error (drift_resample.py)
+                shift = drift_shift(cs[label], cs[base], seeds, x, axis.log, axis.key, result.boot.n_boot)
+                if shift is not None:
+                    result, resampled = BothLevelsResult(shifted(result.boot, shift), result.seeds), True
+            out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", result,
+                                       x_resampled=resampled))
     out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=plan.alpha,
                                    margin=plan.margin, bound=difference_bound(metric))
     out.text = _text(out, plan.alpha)
     return out
 
 
+def _not_matched(cs: Curves, base: str, label: str, seeds: list[Unit], x: float, log: bool, gap: float,
+                 key: str) -> str:
+    """Why the point x is not matched (the first replicate whose baseline, else arm, curve bridges a gap wider than
+    ``gap`` there), or "" when it is."""
+    for who, curve in (("the baseline", base), (label, label)):
+        for s in seeds:
+            got = unbridged(cs[curve][s], x, log, gap)
+            if got is not None:
+                a, b = sorted(got, reverse=True)
+                where = "" if len(seeds) == 1 else f" in replicate {s[0] + ', ' if s[0] else ''}seed {s[1]}"
+                return (f"not matched: {who} has no run between {_short(key)} {a:g} and {b:g}{where} (runs more "
+                        f"than {gap:g}x apart)")
+    return ""
+
+
+def _short(key: str) -> str:
+    """``algo.beta`` -> β; another key as it is."""
+    return "β" if key.rsplit(".", 1)[-1] == "beta" else key
+
+
 def _text(m: MatchedDrift, alpha: float) -> str:
     n = len(m.verdicts)
     head = (f"{m.metric} at matched {m.axis.key}, each arm against {m.baseline} at two values inside the range "
             f"both cover in every common replicate (SFT start and seed; each one's curve across {m.axis.key} "
-            f"interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'}). Family: {n} "
+            f"interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'}; a point is compared only where, in every "
+            f"replicate, each curve's two runs around it are within a factor {m.gap:g} in the frontier key). Family: {n} "
             f"comparison{'s' * (n != 1)}, Holm-adjusted, alpha {alpha:g}.")
-    parts = [head] + [m.verdicts[r.label].sentence(m.baseline) for r in m.rows if r.label in m.verdicts]
+    compared = [r for r in m.rows if r.label in m.verdicts]
+    if compared:
+        n_x = sum(r.x_resampled for r in compared)
+        head += (f" The bootstrap resamples each run's {m.axis.key} prompt by prompt too." if n_x == len(compared)
+                 else f" {m.axis.key} taken as exact (no per-prompt {m.axis.key} logged)." if n_x == 0 else
+                 f" {m.axis.key} resampled prompt by prompt in {n_x} of {len(compared)} comparisons (the others' "
+                 f"runs logged no per-prompt {m.axis.key}: taken as exact).")
+    parts = [head] + [m.verdicts[r.label].sentence(m.baseline) for r in compared]
     unclaimed = [f"{r.label} ({r.no_claim or 'fewer than 2 replicates'})" for r in m.rows if r.result is None]
     if unclaimed:
         parts.append("No claim: " + "; ".join(unclaimed) + ".")

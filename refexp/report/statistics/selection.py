@@ -3,8 +3,16 @@ chosen configurations compared on test with the verdict table's paired statistic
 
 A setting is an arm's values of the swept keys other than ``arm_key`` and the seed (beta; a reset interval;
 EMA's alpha). Per arm, the setting with the best mean final validation metric over its seeds wins, among those
-whose validation floors hold; the test metric is read for the chosen settings alone. An arm tuned over more
+whose validation floors hold; the verdict reads the test metric for the chosen settings alone. An arm tuned over more
 settings is favoured by the maximum it takes, so the number tried per arm is stated and unequal budgets flagged.
+
+Test is read from the very runs that won on validation, not from fresh seeds of the chosen setting, so it carries
+a winner's curse: a run whose seed happened to help it on validation is likely helped on test too (the two splits
+share the run's noise), and the maximum over settings picks such runs. The report says so, and estimates by how
+much per arm (``optimism``, read after every choice is made, so no test number reaches a choice): the winner's mean validation-minus-test gap above its runners-up's mean gap. The
+validation excess is what selecting the maximum added on validation (the runners-up's gap measures the splits'
+difference without selection); test shares at most that much of it, so it is an upper guide to the bias of the
+test number, not a correction (Cawley & Talbot 2010, JMLR 11:2079, on selection bias in model selection).
 """
 
 from __future__ import annotations
@@ -48,6 +56,9 @@ class Choice:
     arm: str
     candidates: list[Candidate]
     chosen: Optional[Candidate]
+    optimism: Optional[float] = None
+    """The chosen setting's mean final validation-minus-test gap minus its runners-up's mean gap (``optimism``);
+    None without a runner-up that logged both."""
 
 
 @dataclass
@@ -134,6 +145,8 @@ def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
         if len(tied) > 1:
             sel.notes.append(f"{arm}: {', '.join(tied)} tie on {metric}; the first in setting order is chosen")
         sel.choices[arm] = Choice(arm, cands, best)
+    for c in sel.choices.values():  # after every choice: the runners-up's test numbers never reach one
+        c.optimism = optimism(c, metric, sel.metric)
     if unlogged:
         sel.notes.append(f"floor on {', '.join(sorted(unlogged))} not applied where no run logged it")
     budgets = set(sel.budgets.values())
@@ -145,6 +158,39 @@ def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
             sel.notes.append(f"{arm}: no setting {'met the floor' if c.candidates else 'completed'}; not compared")
     _compare(sel, plan)
     return sel
+
+
+def gap(c: Candidate, val_metric: str, test_metric: str) -> Optional[float]:
+    """The candidate's mean final ``val_metric`` minus its mean final ``test_metric`` (None: one is not logged)."""
+    val, test = _mean(c.runs, val_metric), _mean(c.runs, test_metric)
+    return None if val is None or test is None else val - test
+
+
+def optimism(choice: Choice, val_metric: str, test_metric: str) -> Optional[float]:
+    """The winner's validation-minus-test gap above the mean gap of the arm's other settings that logged both
+    (module doc); None without a winner or a runner-up."""
+    if choice.chosen is None:
+        return None
+    won = gap(choice.chosen, val_metric, test_metric)
+    others = [g for g in (gap(c, val_metric, test_metric) for c in choice.candidates if c is not choice.chosen)
+              if g is not None]
+    return None if won is None or not others else won - float(np.mean(others))
+
+
+def curse_text(sel: Selection) -> str:
+    """The sentence that says test comes from the runs that won on validation, and the per-arm optimism."""
+    budgets = ", ".join(f"{a} {n}" for a, n in sel.budgets.items())
+    est = [f"{a} {c.optimism:+.3f}" for a, c in sel.choices.items() if c.optimism is not None]
+    none = [a for a, c in sel.choices.items() if c.chosen is not None and c.optimism is None]
+    text = (f"Test is read from the runs that won on validation, not from fresh seeds of the chosen settings "
+            f"(settings searched per arm: {budgets}), so each arm's test number is biased upward by the selection "
+            f"wherever validation and test share a run's noise.")
+    if est:
+        text += (" The winner's validation-minus-test gap above its runners-up', an upper guide to that bias: "
+                 + ", ".join(est) + ".")
+    if none:
+        text += f" Not estimable without a runner-up: {', '.join(none)}."
+    return text
 
 
 def _compare(sel: Selection, plan: ComparisonPlan) -> None:
@@ -182,7 +228,7 @@ def _compare(sel: Selection, plan: ComparisonPlan) -> None:
     unclaimed = [k for k, v in sel.results.items() if v is None]
     if unclaimed:
         parts.append("No claim (fewer than 2 paired seeds): " + "; ".join(unclaimed) + ".")
-    sel.text = " ".join(parts)
+    sel.text = " ".join(parts + [curse_text(sel)])
 
 
 def setup_rows(sel: Selection) -> list[tuple[str, str]]:
@@ -192,5 +238,6 @@ def setup_rows(sel: Selection) -> list[tuple[str, str]]:
         chosen = (f"{c.chosen.shown} ({c.chosen.score:.3f})" if c.chosen and c.chosen.score is not None
                   else "none chosen")
         n = len(c.candidates)
-        rows.append((f"chosen for {arm}", f"{chosen}; {n} setting{'s' * (n != 1)} tried"))
+        bias = "" if c.optimism is None else f"; validation-minus-test gap above runners-up' {c.optimism:+.3f}"
+        rows.append((f"chosen for {arm}", f"{chosen}; {n} setting{'s' * (n != 1)} tried{bias}"))
     return rows + [("selection note", n) for n in sel.notes]

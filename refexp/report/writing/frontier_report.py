@@ -20,9 +20,12 @@ HOW_TO_READ = (
     "the final x and the final test metric, 95% intervals on both axes. Higher at equal x is better. The matched "
     "table compares each arm with the baseline at two x values inside the range both arms' curves cover in "
     "every common replicate (SFT start and seed): per replicate, each arm's curve is interpolated between its "
-    "two runs nearest that x (piecewise-linear in log kl/init; linear in retention), and the interpolated "
+    "two runs nearest that x (piecewise-linear in log kl/init; linear in retention), compared only where those "
+    "two runs are within the declared gap of the frontier key (comparison.frontier_gap; otherwise the row says "
+    "\"not matched\" and where the baseline has no run), and the interpolated "
     "per-prompt scores are bootstrapped (seeds, or SFT starts then seeds, with one prompt resample for every "
-    "run), paired by start, seed and prompt, together with Student's t over the per-seed (with several starts, "
+    "run; where the runs logged their drift per prompt, each run's x is resampled too), paired by start, seed and "
+    "prompt, together with Student's t over the per-seed (with several starts, "
     "per-start mean) differences (a difference counts only where both reject; a degenerate t makes no claim). "
     "Holm's step-down over the table's family decides each verdict, beside its simultaneous (Bonferroni) "
     "interval, as in the tables above (docs/runs.md, \"How to read a report\").")
@@ -147,7 +150,7 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
         "within_sft_start": {s: summary(inside, sweep_dir) for s, inside in fr.within.items()},
         "key": fr.key, "metric": fr.metric,
         "matched": [{"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
-            {"arm": r.arm, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,
+            {"arm": r.arm, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None, "x_resampled": r.x_resampled,
              **({"difference": m.verdicts[r.label].result.point, "interval": list(m.verdicts[r.label].interval),
                  "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word,
                  "verdict_text": m.verdicts[r.label].phrase}
@@ -156,6 +159,8 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
         "selection": None if sel is None else {
             "rule": sel.rule, "budgets": sel.budgets, "notes": sel.notes, "text": sel.text,
             "chosen": {a: (dict(c.chosen.settings) if c.chosen else None) for a, c in sel.choices.items()},
+            "test_from_selected_runs": True,
+            "optimism": {a: c.optimism for a, c in sel.choices.items()},
             "verdicts": {k: {"difference": v.result.point, "interval": list(v.interval), "p_holm": v.p_holm,
                              "verdict": v.word, "verdict_text": v.phrase} for k, v in sel.verdicts.items()}},
     }
