@@ -91,7 +91,7 @@ def test_the_8b_plan_prints_each_phase_and_its_peak_is_the_rollout(capsys):
     P = plan["parameters"] * 8 / 4  # fp32 over 8 ranks
     assert plan["unsharded model for decoding"] == P * 2
     assert plan["fused gate/up weights"] == 2 * 14336 * 4096 * 32 * 2
-    assert plan["generation KV cache"] == 25 * 512 * 32 * 2 * 1024 * 2  # ceil(200 eval prompts / 8) rows
+    assert plan["generation KV cache"] == 32 * 512 * 32 * 2 * 1024 * 2  # 256 kl/init prompts / 8 ranks: the largest
     resident = plan["parameters"] + plan["optimizer state"] + plan["reference"] + plan["kl/init anchor"]
     on_top = sum(plan[k] for k in ("unsharded model for decoding", "fused gate/up weights", "generation KV cache",
                                    "KV cache while copied", "decode logits and sampling"))
@@ -116,9 +116,9 @@ def test_decoding_paths_without_the_fused_copy_plan_none():
     static = dry_run(compose_root(*LLAMA_8X, *DONE_WHEN, "rollout.static_decode=true"))
     assert static["fused gate/up weights"] == 0 < plain["fused gate/up weights"]
     assert static["KV cache while copied"] < plain["KV cache while copied"]
-    # its K/V buffers are kept between generations: row buckets 8 (kl/init's 8 rows), 16 (the step's) and 32
-    # (eval/accuracy's 25 rows, padded), 512 slots, 32 layers x 2 x 1024 in bf16
-    assert static["static-decode KV buffers"] == (8 + 16 + 32) * 512 * 32 * 2 * 1024 * 2
+    # its K/V buffers are kept between generations: row buckets 16 (the step's) and 32 (kl/init's 32 rows, and
+    # eval/accuracy's 25 padded), 512 slots, 32 layers x 2 x 1024 in bf16
+    assert static["static-decode KV buffers"] == (16 + 32) * 512 * 32 * 2 * 1024 * 2
     assert static["generation KV cache"] == 0
     # and the weights its step reads, at fixed addresses for its CUDA graphs: the whole model in bf16, every phase
     assert static["static-decode weights"] == plain["unsharded model for decoding"] and "static-decode weights" not in plain

@@ -41,12 +41,35 @@ def test_a_committed_report_says_which_version_rendered_it(report_dir):
         assert version == REPORT_VERSION, (f"{report_dir}: rendered by report version {version}, the code is at "
                                            f"{REPORT_VERSION}: render it again (refexp-report SWEEP)")
         return
-    top = f"> **{not_kept.notice(version)}**\n\n"
-    assert (report_dir / "report.md").read_text().startswith(top), f"{report_dir}/report.md lacks the notice"
+    top = f"> **{not_kept.notice(version)}**"
+    first = (report_dir / "report.md").read_text().split("\n\n", 1)[0]
+    assert first == top or first.startswith(top + " "), f"{report_dir}/report.md lacks the notice"
     if (report_dir / "report.html").is_file():
-        assert f'<body>\n<p class="not-kept"><strong>{not_kept.notice(version)}</strong></p>\n<h1>' in (
-            report_dir / "report.html").read_text()
+        assert f'<body>\n<p class="not-kept"><strong>{not_kept.notice(version)}' in (report_dir / "report.html").read_text()
     assert summary["runs_kept"] is False
+
+
+@pytest.mark.parametrize("report_dir", COMMITTED, ids=lambda p: p.relative_to(ROOT / "docs").as_posix())
+def test_no_committed_report_prints_an_interval_past_the_range_of_a_difference_of_proportions(report_dir):
+    """Every interval a committed report prints is on a proportion; one past ±1 (a t over 1 or 2 df) prints as
+    "uninformative", in the old reports through the marker's reprint (their notice says how many)."""
+    for name in ("report.md", "report.html"):
+        if (report_dir / name).is_file():
+            text = (report_dir / name).read_text()
+            assert not_kept.reprint_out_of_range(text)[1] == 0, f"{report_dir}/{name} prints an interval past ±1"
+
+
+def test_the_reprint_replaces_only_intervals_past_plus_minus_1_and_the_notice_counts_them_once(tmp_path):
+    text, n = not_kept.reprint_out_of_range("a [-48.444, +47.812] b [−0.316, +0.105] c [+0.2, 1.5]")
+    assert (text, n) == ("a uninformative b [−0.316, +0.105] c uninformative", 2)
+    old = tmp_path / "old"
+    shutil.copytree(ROOT / "docs" / "quickstart", old)
+    (old / "report.md").write_text("# r\n\ncell -0.316 [-48.444, +47.812] not separated\n")
+    for _ in range(2):  # marking again keeps the count of the intervals reprinted the first time
+        not_kept.mark_not_kept(old)
+        md = (old / "report.md").read_text()
+        assert md.startswith(f"> **{not_kept.notice(0)}** 1 intervals reaching past ±1") and md.count("> **") == 1
+        assert md.endswith("cell -0.316 uninformative not separated\n")
 
 
 def test_a_fresh_report_records_the_current_version_and_commit(tmp_path, monkeypatch):

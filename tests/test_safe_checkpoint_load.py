@@ -140,7 +140,8 @@ def test_a_metadata_planted_in_a_shared_sft_cache_entry_is_refused_unrun(tmp_pat
     from refexp.run import run
     from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
-    sft = ("sft.steps=3", "sft.eval_every=3", "sft.seed=12")
+    # its own stage: test_sft_temporaries trains seeds 11 and 12 in the same session cache
+    sft = ("sft.steps=3", "sft.eval_every=3", "sft.seed=22")
     sft_dir = Path(run(compose_tiny_run(tmp_path / "a", "algo=sft", *sft))["sft/dir"])
     monkeypatch.setattr(sft_mod, "train_sft", lambda *a, **k: pytest.fail("the cached SFT model was rebuilt"))
     marker = tmp_path / "ran"

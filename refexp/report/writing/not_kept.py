@@ -5,7 +5,11 @@ number existed), written through ``refexp.report.version.rendered_by`` as a fres
     python -m refexp.report.writing.not_kept docs/quickstart docs/frontier_grpo ...
 
 Such a report cannot be rendered again, so it is marked rather than edited by hand: its numbers and words are
-those of the rules in force when it was rendered. Marking again replaces the notice, never stacks it.
+those of the rules in force when it was rendered, but for one mechanical reprint the notice names: an interval on a
+difference of proportions that reaches past ±1 (a t over 1 or 2 degrees of freedom) says nothing a reader can use,
+so it is printed as "uninformative", as a current report prints it (``statistics.inference.Verdict.interval_text``).
+Every interval in a committed report is on a proportion (accuracy, retention, preference accuracy, pass@k).
+Marking again replaces the notice, never stacks it.
 """
 
 from __future__ import annotations
@@ -20,8 +24,27 @@ from refexp.record.atomic import write_text_atomic
 from refexp.report.version import rendered_by
 
 NOTICE = "Rendered by report version {version} under the rules then in force; runs not kept."
-_MD_NOTICE = re.compile(r"\A> \*\*Rendered by report version \d+ under the rules then in force; runs not kept\.\*\*\n\n")
+REPRINTED = ("{n} intervals reaching past ±1 on a difference of proportions are reprinted as \"uninformative\", "
+             "as the current report code prints them.")
+_MD_NOTICE = re.compile(r"\A> \*\*Rendered by report version \d+ under the rules then in force; runs not kept\.\*\*"
+                        r"( \d+ intervals reaching past [^\n]*)?\n\n")
 _HTML_NOTICE = re.compile(r'<p class="not-kept"><strong>Rendered by report version \d+ [^<]*</strong></p>\n')
+_INTERVAL = re.compile(r"\[([+\-−]?\d+\.\d+), ([+\-−]?\d+\.\d+)\]")
+
+
+def reprint_out_of_range(text: str) -> tuple[str, int]:
+    """``text`` with every interval "[a, b]" whose bound lies past ±1 replaced by "uninformative", and how many."""
+    count = 0
+
+    def reprint(match: re.Match) -> str:
+        nonlocal count
+        low, high = (float(g.replace("−", "-")) for g in match.groups())
+        if low < -1 or high > 1:
+            count += 1
+            return "uninformative"
+        return match.group(0)
+
+    return _INTERVAL.sub(reprint, text), count
 
 
 def notice(version: int) -> str:
@@ -49,15 +72,20 @@ def mark_not_kept(report_dir: Path) -> int:
     write_text_atomic(paths["summary.json"], json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
     md = _MD_NOTICE.sub("", paths["report.md"].read_text(encoding="utf-8"), count=1)
-    write_text_atomic(paths["report.md"], f"> **{notice(version)}**\n\n" + md, encoding="utf-8")
+    md, reprinted = reprint_out_of_range(md)
+    prior = re.search(r"\A> \*\*[^\n]*? (\d+) intervals reaching past", paths["report.md"].read_text(encoding="utf-8"))
+    reprinted += int(prior.group(1)) if prior else 0  # marked before: those intervals already read "uninformative"
+    extra = " " + REPRINTED.format(n=reprinted) if reprinted else ""
+    write_text_atomic(paths["report.md"], f"> **{notice(version)}**{extra}\n\n" + md, encoding="utf-8")
     if not paths["report.html"].is_file():
         return version
     page = _HTML_NOTICE.sub("", paths["report.html"].read_text(encoding="utf-8"), count=1)
+    page, _ = reprint_out_of_range(page)
     head, body, rest = page.partition("<body>")
     if not body:
         raise ValueError(f"{paths['report.html']}: no <body> tag to put the notice after")
     write_text_atomic(paths["report.html"], head + body + "\n" + f'<p class="not-kept"><strong>'
-                      f'{html.escape(notice(version))}</strong></p>\n' + rest.removeprefix("\n"), encoding="utf-8")
+                      f'{html.escape(notice(version) + extra)}</strong></p>\n' + rest.removeprefix("\n"), encoding="utf-8")
     return version
 
 
