@@ -30,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 from refexp import titan
 from refexp.components.context import RunContext
 from refexp.components.metric_logger import MetricLogger
-from refexp.components.run_identity import run_identity
+from refexp.algos.sft_checks import sft_start_record
+from refexp.components.run_identity import START, run_identity, start_pins
 from refexp.config import ConfigError, RootConfig, to_object
 from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.config.root import generation_budget
@@ -394,33 +395,6 @@ def cpu_record() -> dict:
     """What ``status.json`` says of this process's CPU use (``RunStatus.cpus``): torch's intra-op threads and the
     cores it may run on."""
     return {"threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0))}
-
-
-START = "start model"
-"""The pin (``refexp/record/pins.py``) of the model every algorithm starts from (``ensure_sft``'s dir)."""
-
-
-def start_pins(cfg: RootConfig, sft_dir: Path) -> dict:
-    """``{role: pin}`` of the models the run starts from: ``sft_dir`` and, when set, ``checkpoint.initial_load_path``
-    and ``reference.checkpoint`` (``refexp/components/run_identity.py`` checks them at a resume)."""
-    from refexp.record.pins import pin
-
-    pins = {START: pin(sft_dir)}
-    for role, path in (("checkpoint.initial_load_path", cfg.checkpoint.initial_load_path),
-                       ("reference.checkpoint", getattr(cfg.reference, "checkpoint", None))):
-        if path:
-            pins[role] = pin(path)
-    return pins
-
-
-def sft_start_record(sft_dir: Path, summary: dict, sha256: str | None = None) -> dict:
-    """What ``status.json`` says of the run's start (``RunStatus.sft_start``): the directory's name, the sha256 of
-    its weights (``refexp/record/pins.py``) and, for an SFT stage's output, the accuracies its ``sft.json``
-    (``summary``) recorded, whether it converged and what falls short of a converged start
-    (``refexp/algos/sft_checks.py``)."""
-    return {"key": sft_dir.name, "sha256": sha256, "val_accuracy": summary.get("val_accuracy"),
-            "eval_accuracy": summary.get("eval_accuracy"), "converged": summary.get("converged"),
-            "warnings": list(summary.get("warnings") or [])}
 
 
 def wandb_run_info(cfg: RootConfig) -> dict:

@@ -1,5 +1,5 @@
-"""The memory plan's activation formula (``memory_plan.block_activation_elems``) against a count of what autograd
-saves for backward in one decoder block: every tensor a ``saved_tensors_hooks`` pack hook sees while the second
+"""The memory plan's activation formula (``memory_activations.block_activation_elems``) against a count of what
+autograd saves for backward in one decoder block: every tensor a ``saved_tensors_hooks`` pack hook sees while the second
 block of a 2-block model runs forward, once per storage, parameters and buffers (RoPE tables) left out, per
 token. Qwen3-0.6B's block (queries 2048 wide against dim 1024, QK-norm) and a Llama block with grouped KV heads
 (4 query heads per KV head, as Llama-3.1-8B), at a small vocabulary."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from refexp import titan
-from refexp.cli.memory_plan import block_activation_elems
+from refexp.cli.memory_activations import block_activation_elems
 from refexp.cli.memory_shapes import model_shapes
 from refexp.config import ModelConfig, ParallelismConfig, TrainingConfig
 

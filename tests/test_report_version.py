@@ -45,7 +45,8 @@ def test_a_committed_report_says_which_version_rendered_it(report_dir):
     first = (report_dir / "report.md").read_text().split("\n\n", 1)[0]
     assert first == top or first.startswith(top + " "), f"{report_dir}/report.md lacks the notice"
     if (report_dir / "report.html").is_file():
-        assert f'<body>\n<p class="not-kept"><strong>{not_kept.notice(version)}' in (report_dir / "report.html").read_text()
+        page = (report_dir / "report.html").read_text()
+        assert f'<body>\n<p class="not-kept"><strong>{not_kept.notice(version)}' in page
     assert summary["runs_kept"] is False
 
 

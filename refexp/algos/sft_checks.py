@@ -10,6 +10,7 @@ where on that curve depends on the machine's rounding (docs/headroom-task.md).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 START_BAND = 0.05
@@ -46,3 +47,13 @@ def start_warnings(summary: dict, *, ceiling: Optional[float], steps_cap: int) -
     if ceiling is not None and retention is not None and retention < RETENTION_FLOOR:
         out.append(f"SFT start outside its band: retention {retention:.3f}, below {RETENTION_FLOOR}")
     return out
+
+
+def sft_start_record(sft_dir: Path, summary: dict, sha256: Optional[str] = None) -> dict:
+    """What ``status.json`` says of the run's start (``RunStatus.sft_start``): the directory's name, the sha256 of
+    its weights (``refexp/record/pins.py``) and, for an SFT stage's output, the accuracies its ``sft.json``
+    (``summary``) recorded, whether it converged and what falls short of a converged start (``converged``,
+    ``start_warnings``)."""
+    return {"key": sft_dir.name, "sha256": sha256, "val_accuracy": summary.get("val_accuracy"),
+            "eval_accuracy": summary.get("eval_accuracy"), "converged": summary.get("converged"),
+            "warnings": list(summary.get("warnings") or [])}

@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from refexp.choices import MOVING_STRATEGIES
+from refexp.cli.memory_activations import activation_elems_per_token, logit_bytes, shared_attention_bytes
 from refexp.cli.memory_shapes import Shapes, layout, model_shapes
 
 GIB = 2**30
@@ -187,63 +188,6 @@ def generations(cfg, dp: int) -> list[Generation]:
     n = per_rank(cfg.eval.kl_prompts)
     out.append(Generation("kl/init's", n, full, n))
     return out
-
-
-def _shared_attention(cfg, s: Shapes, shared_rows: int, shared_len: int, compute: int, tp: int) -> tuple[float, str]:
-    """Bytes and description of the shared-prompt attention's own memory for one training chunk (see the
-    module docstring)."""
-    a, task = cfg.algo, cfg.task
-    if not getattr(a, "share_prompt", False):
-        return 0, "prompts not shared"
-    from refexp.algos.shared_prompt import attention_way
-
-    per_prompt = a.group_size if a.name == "grpo" else 2  # GRPO's group, DPO's chosen and rejected
-    N, T = shared_rows * per_prompt, task.max_prompt_len + (getattr(a, "max_new_tokens", None) or task.max_new_tokens)
-    if attention_way(N, T, shared_rows, shared_len) == "mask":
-        return shared_rows * shared_len ** 2, f"dense mask: {shared_rows} x {shared_len}^2 booleans"
-    ac = cfg.activation_checkpoint
-    if ac.mode == "full":
-        layers = 1  # the block being recomputed
-    elif ac.mode == "selective" and ac.selective_ac_option != "op":
-        layers = s.n_layers - s.n_layers // int(ac.selective_ac_option) + 1
-    else:
-        layers = s.n_layers
-    elems = N * T * (2 * s.q_width + 2 * s.kv_dim) - shared_rows * shared_len * (s.q_width + 2 * s.kv_dim)
-    return elems * layers * compute / tp, (f"{N} usual rows x {T} tokens gathered for causal attention, "
-                                           f"{layers} layer{'s' if layers > 1 else ''} kept")
-
-
-def block_activation_elems(s: Shapes) -> int:
-    """Elements one decoder block keeps for backward per token without checkpointing (see the module docstring)."""
-    q, kv = s.q_width, s.kv_dim
-    norms = 2 * (3 * s.dim + 1)  # attention_norm, ffn_norm: input, normalised input, matmul input, rstd
-    sdpa = 2 * q + 2 * kv + s.n_heads  # queries, keys, values, output, log-sum-exp
-    qk_norm = 2 * q + 2 * kv + s.n_heads + s.n_kv_heads if s.qk_norm else 0  # inputs, outputs, rstd per head
-    return norms + sdpa + qk_norm + 4 * s.ffn
-
-
-def _activation_elems_per_token(s: Shapes, ac) -> tuple[int, int]:
-    """(elements kept per token for all blocks, elements of one block's full set), see the module docstring."""
-    full_block = block_activation_elems(s)
-    if ac.mode == "full":
-        return s.n_layers * s.dim, full_block
-    if ac.mode == "selective" and ac.selective_ac_option == "op":
-        return s.n_layers * (2 * s.dim + 2 * s.q_width + 2 * s.kv_dim + 2 * s.ffn), full_block
-    if ac.mode == "selective":  # every N-th block fully checkpointed
-        n = int(ac.selective_ac_option)
-        checkpointed = s.n_layers // n
-        return checkpointed * s.dim + (s.n_layers - checkpointed) * full_block, full_block
-    return s.n_layers * full_block, 0
-
-
-def _logit_bytes(tokens: int, s: Shapes, compute: int, tp: int, *, backward: bool) -> float:
-    """The logits of ``tokens`` tokens (compute dtype; with ``backward`` also their gradient) and the float32
-    chunk of the log-softmax (two of them in backward: the recomputed chunk and its gradient)."""
-    from refexp.titan.logprobs import FP32_CHUNK_ELEMENTS
-
-    v = s.vocab / tp
-    chunk = min(tokens * v, max(FP32_CHUNK_ELEMENTS, v)) * 4
-    return tokens * v * compute * (2 if backward else 1) + chunk * (2 if backward else 1)
 
 
 def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: int) -> list[Item]:
@@ -390,10 +334,10 @@ def plan(cfg) -> Plan:
     out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
 
     rows, length = _training_rows(cfg, dp)
-    kept, one_block = _activation_elems_per_token(s, cfg.activation_checkpoint)
+    kept, one_block = activation_elems_per_token(s, cfg.activation_checkpoint)
     tokens = rows * length
     blocks = 2 * s.block_params * compute / tp if wrapped else 0
-    shared, shared_how = _shared_attention(cfg, s, rows, length, compute, tp)
+    shared, shared_how = shared_attention_bytes(cfg, s, rows, length, compute, tp)
     out.phases["policy training"] = [
         Item("gradients", s.params * master / split, f"same as the parameters ({cfg.training.dtype})"),
         Item("FSDP unsharded blocks", blocks, "2 blocks in the compute dtype" if wrapped else "not FSDP-wrapped"),
@@ -402,7 +346,7 @@ def plan(cfg) -> Plan:
         _reduce_scatter_item(cfg, s, wrapped=wrapped, master=master, split=split, tp=tp),
         Item("activations", tokens * (kept + one_block) * compute / tp,
              f"{rows} rows x {length} tokens, activation_checkpoint={cfg.activation_checkpoint.mode}"),
-        Item("logits and log-probs", _logit_bytes(tokens, s, compute, tp, backward=True),
+        Item("logits and log-probs", logit_bytes(tokens, s, compute, tp, backward=True),
              f"{tokens} tokens x {s.vocab} vocab, and their gradient"),
         Item("shared-prompt attention", shared, shared_how),
     ]
@@ -412,7 +356,7 @@ def plan(cfg) -> Plan:
              "reference.offload: its shards, for the forward" if live_ref and ref_cfg.offload else "stays put"),
         Item("reference unsharded units", (2 * s.block_params + s.head_params) * compute / tp
              if wrapped and live_ref else 0, "2 blocks and the lm_head unit" if wrapped and live_ref else "none"),
-        Item("reference logits", _logit_bytes(tokens, s, compute, tp, backward=False) if live_ref else 0,
+        Item("reference logits", logit_bytes(tokens, s, compute, tp, backward=False) if live_ref else 0,
              f"{tokens} tokens, no graph" if live_ref else "no live reference forward"),
     ]
     ckpt = s.params * master + s.params * 8

@@ -17,7 +17,7 @@ from typing import Mapping, Optional
 
 from refexp.config.diff import _resumable, changed_fields, flatten
 from refexp.record.hashing import stable_hash
-from refexp.record.pins import pin_mismatch
+from refexp.record.pins import pin, pin_mismatch
 
 
 def run_identity(resolved: Mapping, run_dir: str | Path, pins: Optional[Mapping] = None) -> dict:
@@ -50,3 +50,18 @@ def foreign_checkpoint(recorded: Optional[Mapping], current: Mapping, step_dir: 
         warnings.warn(f"[refexp] resuming checkpoint {step_dir}, written by {theirs}, in {ours}: the same "
                       f"configuration (a run dir moved or copied)", stacklevel=2)
     return None
+
+
+START = "start model"
+"""The pin (``refexp/record/pins.py``) of the model every algorithm starts from (``ensure_sft``'s dir)."""
+
+
+def start_pins(cfg, sft_dir: Path) -> dict:
+    """``{role: pin}`` of the models the run (``cfg``, its RootConfig) starts from: ``sft_dir`` and, when set,
+    ``checkpoint.initial_load_path`` and ``reference.checkpoint`` (``foreign_checkpoint`` checks them at a resume)."""
+    pins = {START: pin(sft_dir)}
+    for role, path in (("checkpoint.initial_load_path", cfg.checkpoint.initial_load_path),
+                       ("reference.checkpoint", getattr(cfg.reference, "checkpoint", None))):
+        if path:
+            pins[role] = pin(path)
+    return pins

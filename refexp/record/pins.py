@@ -14,10 +14,10 @@ files, sizes and names included; tokenizers, configs and logs do not. Hashing re
 from __future__ import annotations
 
 import hashlib
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping, Optional
+
+from refexp.record.checkpoints import checksums_of
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".distcp")
 DCP_METADATA = ".metadata"
@@ -34,17 +34,6 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def file_hashes(paths: list[Path]) -> list[str]:
-    """The sha256 of each file, in parallel threads (hashlib releases the GIL)."""
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, max(1, len(paths)))) as pool:
-        return list(pool.map(_sha256, paths))
-
-
 def content_hash(model_dir: str | Path) -> Optional[str]:
     """The sha256 (hex) over each weight file's path relative to ``model_dir``, size and sha256; None when
     ``model_dir`` holds no weight file (a Hub id, a missing dir)."""
@@ -53,7 +42,7 @@ def content_hash(model_dir: str | Path) -> Optional[str]:
     if not files:
         return None
     h = hashlib.sha256()
-    for p, digest in zip(files, file_hashes(files)):
+    for p, digest in zip(files, checksums_of(files)):
         h.update(f"{p.relative_to(d).as_posix()}\t{p.stat().st_size}\t{digest}\n".encode())
     return h.hexdigest()
 

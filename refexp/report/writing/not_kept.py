@@ -27,7 +27,7 @@ NOTICE = "Rendered by report version {version} under the rules then in force; ru
 REPRINTED = ("{n} intervals reaching past ±1 on a difference of proportions are reprinted as \"uninformative\", "
              "as the current report code prints them.")
 _MD_NOTICE = re.compile(r"\A> \*\*Rendered by report version \d+ under the rules then in force; runs not kept\.\*\*"
-                        r"( \d+ intervals reaching past [^\n]*)?\n\n")
+                        r"(?: (\d+) intervals reaching past [^\n]*)?\n\n")
 _HTML_NOTICE = re.compile(r'<p class="not-kept"><strong>Rendered by report version \d+ [^<]*</strong></p>\n')
 _INTERVAL = re.compile(r"\[([+\-−]?\d+\.\d+), ([+\-−]?\d+\.\d+)\]")
 
@@ -71,10 +71,10 @@ def mark_not_kept(report_dir: Path) -> int:
     summary = {**rendered_by(version, commit), **summary, "runs_kept": False}
     write_text_atomic(paths["summary.json"], json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
-    md = _MD_NOTICE.sub("", paths["report.md"].read_text(encoding="utf-8"), count=1)
-    md, reprinted = reprint_out_of_range(md)
-    prior = re.search(r"\A> \*\*[^\n]*? (\d+) intervals reaching past", paths["report.md"].read_text(encoding="utf-8"))
-    reprinted += int(prior.group(1)) if prior else 0  # marked before: those intervals already read "uninformative"
+    md = paths["report.md"].read_text(encoding="utf-8")
+    prior = _MD_NOTICE.match(md)  # marked before: the intervals it counted already read "uninformative"
+    md, reprinted = reprint_out_of_range(_MD_NOTICE.sub("", md, count=1))
+    reprinted += int(prior.group(1)) if prior and prior.group(1) else 0
     extra = " " + REPRINTED.format(n=reprinted) if reprinted else ""
     write_text_atomic(paths["report.md"], f"> **{notice(version)}**{extra}\n\n" + md, encoding="utf-8")
     if not paths["report.html"].is_file():
@@ -84,8 +84,8 @@ def mark_not_kept(report_dir: Path) -> int:
     head, body, rest = page.partition("<body>")
     if not body:
         raise ValueError(f"{paths['report.html']}: no <body> tag to put the notice after")
-    write_text_atomic(paths["report.html"], head + body + "\n" + f'<p class="not-kept"><strong>'
-                      f'{html.escape(notice(version) + extra)}</strong></p>\n' + rest.removeprefix("\n"), encoding="utf-8")
+    marked = f'<p class="not-kept"><strong>{html.escape(notice(version) + extra)}</strong></p>\n'
+    write_text_atomic(paths["report.html"], head + body + "\n" + marked + rest.removeprefix("\n"), encoding="utf-8")
     return version
 
 
