@@ -21,19 +21,22 @@ KEY_FIELDS = {
     "peak_mem_mib_ac_full": ("measured_over_plan", "planned_mib", "measure"),
     "grpo_3steps_s": ("gen_share", "ref_fwd_share", "policy_share"),
     "rollout_logprob_diff": ("max", "compute_dtype"),
-    "gen_tokens_per_s_16": ("seconds", "compiles_timed"),
-    "gen_tokens_per_s_128": ("seconds", "compiles_timed"),
+    "gen_tokens_per_s_16": ("seconds", "compiles_timed", "stop_check_every", "attention_kernels"),
+    "gen_tokens_per_s_128": ("seconds", "compiles_timed", "stop_check_every", "attention_kernels"),
     "gen_tokens_per_s_16_static": ("compiles_timed", "graphs_recorded_timed", "graphs_skipped_timed", "capture_s",
-                                   "after_step_weights_moved", "graphs_recorded_after_step", "after_step_over_timed"),
+                                   "after_step_weights_moved", "graphs_recorded_after_step", "after_step_over_timed",
+                                   "attention_kernels"),
     "gen_tokens_per_s_128_static": ("compiles_timed", "graphs_recorded_timed", "graphs_skipped_timed", "capture_s",
                                     "after_step_weights_moved", "graphs_recorded_after_step",
-                                    "after_step_over_timed"),
+                                    "after_step_over_timed", "attention_kernels"),
 }
 
 
 def _fmt(x) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
+    if isinstance(x, (list, tuple)):  # e.g. attention kernel names: one token, so a row stays split()-able
+        return ",".join(map(_fmt, x)) or "none"
     return str(x)
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from refexp.config import RolloutConfig
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
 sys.path.insert(0, str(BENCH))
@@ -49,6 +51,7 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
     assert table[0] == f"== {gpu_table.TITLE} ==" and table[-1].startswith(f"== ok {len(figs)}, error 0")
     for row, (name, fig) in zip(table[2:-1], figs.items()):
         assert row.split()[:2] == [name, gpu_table._fmt(fig["value"])], row
+    table_rows = {row.split()[0]: row for row in table[2:-1]}
     for name, fig in figs.items():
         assert fig.get("error") is None and fig.get("skipped") is None, (name, fig)
         assert _finite(fig["value"]) and fig["value"] > 0, (name, fig)
@@ -77,6 +80,15 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
         eager, static = figs[f"gen_tokens_per_s_{rows}"], figs[f"gen_tokens_per_s_{rows}_static"]
         assert eager["rows"] == static["rows"] == rows and static["static_decode"] is True
         assert eager["generated_tokens"] == static["generated_tokens"] == rows * gpu_smoke.TOY.new_tokens
+        for name in (f"gen_tokens_per_s_{rows}", f"gen_tokens_per_s_{rows}_static"):
+            fig = figs[name]  # decoded as a GPU run decodes: padded prompts, its stop-check interval
+            assert fig["stop_check_every"] == RolloutConfig().stop_check_interval("cuda") > 1
+            assert fig["prompt_lens"]["min"] < fig["prompt_lens"]["max"] == gpu_smoke.TOY.prompt_len
+            # the profiler's attention operators: SDPA and the backend it dispatched to
+            assert "aten::scaled_dot_product_attention" in fig["attention_kernels"], fig["attention_kernels"]
+            assert any(k.startswith("aten::_scaled_dot_product_") for k in fig["attention_kernels"])
+            assert fig["profiled_compiles"] == 0
+            assert f"attention_kernels={','.join(fig['attention_kernels'])}" in table_rows[name]
         assert all(_finite(static[k]) and static[k] >= 0 for k in COUNTS) and _finite(static["capture_s"])
         # the timed generation and the one after a training step replay what the first recorded, on weights
         # that stayed put (the FSDP-wrapped bf16 policy's kept copy; CUDA graphs themselves exist only on CUDA)
@@ -88,12 +100,14 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
 def test_the_figure_table_shows_a_value_with_its_key_fields_and_a_missing_one_with_its_reason():
     figs = {"gen_tokens_per_s_16_static": {"value": 1234.5678, "unit": "tokens/s", "compiles_timed": 0,
                                            "compiles_first": 3, "capture_s": 41.0, "seconds": 2.0,
-                                           "graphs_recorded_timed": 0, "after_step_weights_moved": False},
+                                           "graphs_recorded_timed": 0, "after_step_weights_moved": False,
+                                           "attention_kernels": ["aten::sdpa", "fmha_cutlassF"]},
             "peak_mem_mib_ac_none": {"value": None, "error": "OutOfMemoryError: CUDA out of\nmemory " + "x" * 200},
             "train_mfu": {"value": None, "skipped": "out of time: 0 s of the budget left"}}
     lines = gpu_table.figure_table(figs, {"ok": 1, "error": 1, "skipped": 1}).splitlines()
     assert lines[2].split() == ["gen_tokens_per_s_16_static", "1235", "tokens/s", "compiles_timed=0",
-                                "graphs_recorded_timed=0", "capture_s=41", "after_step_weights_moved=False"]
+                                "graphs_recorded_timed=0", "capture_s=41", "after_step_weights_moved=False",
+                                "attention_kernels=aten::sdpa,fmha_cutlassF"]
     assert lines[3].split()[:5] == ["peak_mem_mib_ac_none", "-", "ERROR:", "OutOfMemoryError:", "CUDA"]
     assert len(lines[3]) < 160  # one line, the error cut short (gpu_check.json has all of it)
     assert "SKIPPED: out of time" in lines[4] and lines[-1] == "== ok 1, error 1, skipped 1 =="
