@@ -19,6 +19,10 @@ KEY_FIELDS = {
     "ref_forward_ratio": ("flop_ratio",),
     "peak_mem_mib_ac_none": ("measured_over_plan", "planned_mib", "measure"),
     "peak_mem_mib_ac_full": ("measured_over_plan", "planned_mib", "measure"),
+    "grpo_step_s": ("gen_share", "ref_fwd_share", "policy_share", "forward_s", "backward_s", "optimizer_s"),
+    **{f"mem_{phase}_mib": ("planned_mib", "over_plan", "over_step_start_mib", "measure")
+       for phase in ("rollout", "ref_forward", "train_forward", "train_backward", "optimizer")},
+    "grpo_step_logprob_diff": ("max", "compute_dtype"),
     "grpo_3steps_s": ("gen_share", "ref_fwd_share", "policy_share"),
     "rollout_logprob_diff": ("max", "compute_dtype"),
     "gen_tokens_per_s_16": ("seconds", "compiles_timed", "stop_check_every", "attention_kernels"),

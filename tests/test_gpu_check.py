@@ -21,6 +21,7 @@ sys.path.insert(0, str(BENCH))
 
 import gpu_adapters  # noqa: E402
 import gpu_check  # noqa: E402
+import gpu_probe_grpo_step  # noqa: E402
 import gpu_smoke  # noqa: E402
 import gpu_table  # noqa: E402
 
@@ -67,6 +68,19 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
     assert figs["peak_mem_mib_ac_full"]["plan_mib"]["activations"] < figs["peak_mem_mib_ac_none"]["plan_mib"][
         "activations"]
 
+    step = figs["grpo_step_s"]  # one in-process GRPO step at the toy shape, split by phase
+    assert (step["prompts"], step["group_size"]) == gpu_probe_grpo_step.ROWS[True]
+    assert step["gen_share"] + step["ref_fwd_share"] + step["policy_share"] == pytest.approx(1, abs=1e-3)
+    assert all(step[k] > 0 for k in ("gen_s", "ref_fwd_s", "policy_s", "forward_s", "backward_s", "optimizer_s"))
+    assert step["forward_s"] + step["backward_s"] + step["optimizer_s"] <= step["policy_s"] * 1.05
+    for name in gpu_probe_grpo_step.PHASE_FIGURES.values():  # each phase's peak beside its plan line
+        mem = figs[name]
+        assert mem["measure"] == "rss_hwm" and "over_plan" not in mem and mem["planned_mib"] > 0, (name, mem)
+        assert f"planned_mib={gpu_table._fmt(mem['planned_mib'])}" in table_rows[name]
+    assert figs["mem_train_backward_mib"]["planned_line"] == "policy training peak"
+    diff = figs["grpo_step_logprob_diff"]
+    assert diff["compute_dtype"] == "bfloat16" and diff["max"] >= diff["value"] > 0
+
     grpo = figs["grpo_3steps_s"]
     assert [s["step"] for s in grpo["per_step"]] == [1, 2, 3]
     for s in grpo["per_step"]:  # the parts add up to the step, and each part took time
@@ -111,6 +125,31 @@ def test_the_figure_table_shows_a_value_with_its_key_fields_and_a_missing_one_wi
     assert lines[3].split()[:5] == ["peak_mem_mib_ac_none", "-", "ERROR:", "OutOfMemoryError:", "CUDA"]
     assert len(lines[3]) < 160  # one line, the error cut short (gpu_check.json has all of it)
     assert "SKIPPED: out of time" in lines[4] and lines[-1] == "== ok 1, error 1, skipped 1 =="
+
+
+def test_the_grpo_step_is_planned_at_its_own_shape_and_each_phase_reads_the_plans_lines():
+    """The in-process GRPO step's config is the plan's: 16 x 8 rows of 128 + 128 tokens at the Qwen3-0.6B shape on
+    a GPU (the plan fits an H200), and each phase's planned peak is made of the dry-run plan's printed lines."""
+    import torch
+
+    from refexp.cli.dry_run import plan_lines
+
+    gpu = gpu_smoke.Bench(gpu_smoke.parse_args([]), torch.device("cuda"))  # nothing runs: the plan is meta-only
+    cfg = gpu_adapters.plan_config(gpu_probe_grpo_step.overrides(gpu))
+    assert (cfg.algo.prompts_per_step, cfg.algo.group_size, cfg.task.max_prompt_len, cfg.task.max_new_tokens,
+            cfg.model.flavor, cfg.reference.name) == (16, 8, 128, 128, "0.6B", "fixed")
+    planned = {k: b for k, (b, _) in gpu_adapters.planned_phase_peaks(cfg).items()}
+    assert list(planned) == list(gpu_probe_grpo_step.PHASE_FIGURES)
+    assert 40 * 2**30 < planned["training backward"] < 139 * 2**30  # the H200's memory
+    lines = {what: b for what, b, _ in plan_lines(cfg)}
+    assert planned["rollout"] == lines["rollout peak"] and planned["training backward"] == lines["policy training peak"]
+    assert planned["reference forward"] == lines["reference forward peak"]
+    # forward: no gradients yet; the optimizer: what stays resident and the gradients, no activations
+    assert planned["training forward"] == pytest.approx(lines["policy training peak"] - lines["gradients"]
+                                                        - lines["lm_head unit reduce-scatter"])
+    resident = sum(lines[k] for k in ("parameters", "optimizer state", "reference", "kl/init anchor"))
+    assert planned["optimizer"] == pytest.approx(resident + lines["gradients"])
+    assert planned["optimizer"] < planned["reference forward"] < planned["rollout"] < planned["training forward"]
 
 
 def test_after_a_failed_preflight_collective_the_steps_run_in_float32():
