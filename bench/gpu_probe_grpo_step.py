@@ -11,14 +11,16 @@ is the step alone at the shape the plan is for. A first step pays kernel selecti
     reference forward and the rest (old log-probs, loss, backward, optimizer) over it (gpu_adapters.phase_split of
     the step's own metrics); ``forward_s``, ``backward_s``, ``optimizer_s``: the policy update's parts, from hooks
     (the policy's top-level forward in training mode, ``optimizer_step``'s call and return).
-``mem_rollout_mib``, ``mem_ref_forward_mib``, ``mem_train_forward_mib``, ``mem_train_backward_mib``, ``mem_optimizer_mib``
+``mem_rollout_mib``, ``mem_ref_forward_mib``, ``mem_train_forward_mib``, ``mem_train_backward_mib``,
+``mem_optimizer_mib``
     The peak of each phase of that step (CUDA: ``max_memory_allocated``, reset at each phase's start; CPU: the
     process's peak RSS, VmHWM reset through /proc/self/clear_refs, which counts the interpreter and libraries too),
     beside the plan's line for it (``planned_mib``, ``planned_line``: gpu_adapters.planned_phase_peaks) and, on
     CUDA, ``over_plan`` = measured / planned; ``over_step_start_mib``: the peak less what was in use when the step
-    began (allocated, or RSS), what the phase added. The rollout phase is the generation (and its rewards), the reference
-    forward ends with ``_reference_logprobs``, the training forward with the policy's forward (advantages before
-    it), the backward where ``optimizer_step`` starts (clipping and AdamW are the optimizer's).
+    began (allocated, or RSS), what the phase added. The rollout phase ends when the engine's generation returns,
+    the reference forward with ``_reference_logprobs`` (the rewards and row chunks before it), the training forward
+    with the policy's forward (the advantages before it), the backward where ``optimizer_step`` starts (clipping
+    and AdamW are the optimizer's).
 ``grpo_step_logprob_diff``
     The step's ``rollout/logprob_diff``: the mean over completion tokens of |sampler's log-prob - trainer's| on the
     same tokens and weights, in the compute dtype; ``max``: ``rollout/logprob_diff_max``.
@@ -163,6 +165,11 @@ def build_step(bench, cfg, work: Path):
                                         "answer": [""] * len(prompts)})
     task = Task(name="random", tokenizer=bench.tokenizer(), train=train, eval=train, max_new_tokens=s.new_tokens,
                 reward=C.content_blind_reward, max_prompt_len=s.prompt_len)
+    if bench.device.type == "cuda" and bench.args.mixed_precision == "float32":
+        # gpu_check's fallback after the preflight's NCCL collective failed: the step's one-rank collectives on gloo
+        from refexp.runtime import distributed as rdist
+
+        rdist.init_distributed(bench.device, backend="gloo")
     ctx = C.make_context(cfg, task, work, bench.device)
     model = bench.build(trainable=True)
     t = cfg.training

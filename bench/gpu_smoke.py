@@ -572,8 +572,8 @@ class Bench:
 
     def engine(self, static: bool):
         """The rollout engine a GRPO run builds (``rollout.build_engine``) over the policy: it checks for stop every
-        ``gpu_run_stop_check_every()`` tokens and, with ``static``, pads its cache to a fixed capacity (the longest prompt +
-        the new tokens, as ``rollout.decode_capacity`` does for a run)."""
+        ``gpu_run_stop_check_every()`` tokens and, with ``static``, pads its cache to a fixed capacity (the longest
+        prompt + the new tokens, as ``rollout.decode_capacity`` does for a run)."""
         from refexp.components.rollout import build_engine
         from refexp.config import RolloutConfig
 
