@@ -1,8 +1,9 @@
 """What bench/gpu_check.py's probes read from refexp, in one place, so that each can follow refexp's interfaces
 as they change (a memory plan with a line per phase, a compile counter of the static decode step).
 
-- ``plan_lines(overrides)``: ``refexp.cli.dry_run.plan_lines`` of a config composed as ``refexp dry_run=true ...`` composes
-  it, as ``{line: bytes}``;
+- ``plan_config(overrides)``: the RootConfig ``refexp dry_run=true ...`` composes; ``plan_lines(overrides)``:
+  ``refexp.cli.dry_run.plan_lines`` of it, as ``{line: bytes}``; ``planned_phase_peaks(cfg)``: the plan's peak per
+  phase of a GRPO step, its training phase split into forward / backward / optimizer;
 - ``planned_training_peak(lines)``: the plan's peak of a policy-training step (the phase line when the plan has
   one, else the whole plan's peak);
 - ``compile_count()``: graphs compiled so far in this process (``torch._dynamo``'s counter);
@@ -24,20 +25,50 @@ PEAK = "per-rank peak estimate"
 TRAINING_PHASE_LINES = ("policy training peak", "policy training", "peak: policy training", "training phase")
 
 
-def plan_lines(overrides: list[str]) -> dict[str, float]:
-    """``{line: bytes}`` of the per-rank plan ``refexp dry_run=true <overrides>`` prints (meta-device models)."""
+def plan_config(overrides: list[str]):
+    """The validated RootConfig ``refexp dry_run=true <overrides>`` plans (data paths may stay unset)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from refexp.cli.dry_run import fill_data_paths
-    from refexp.cli.dry_run import plan_lines as printed_lines
     from refexp.config import register_configs, to_object
 
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         dcfg = compose("config", overrides=["dry_run=true", *overrides])
-    return {what: float(b) for what, b, _ in printed_lines(to_object(fill_data_paths(dcfg)))}
+    return to_object(fill_data_paths(dcfg))
+
+
+def plan_lines(overrides: list[str]) -> dict[str, float]:
+    """``{line: bytes}`` of the per-rank plan ``refexp dry_run=true <overrides>`` prints (meta-device models)."""
+    from refexp.cli.dry_run import plan_lines as printed_lines
+
+    return {what: float(b) for what, b, _ in printed_lines(plan_config(overrides))}
+
+
+TRAINING = "policy training"
+GRADIENTS, REDUCE_SCATTER = "gradients", "lm_head unit reduce-scatter"
+
+
+def planned_phase_peaks(cfg) -> dict[str, tuple[float, str]]:
+    """``{phase: (bytes, how)}``: ``refexp.cli.memory_plan.plan(cfg)``'s phase peaks (rollout, reference forward)
+    and its training phase split the way a step passes through it: ``training forward`` holds the activations
+    and logits but no gradients yet (the peak less the gradients and the lm_head unit's reduce-scatter buffer),
+    ``training backward`` is the plan's training peak, ``optimizer`` what stays resident plus the gradients (the
+    optimizer's own temporaries are not in the plan)."""
+    from refexp.cli.memory_plan import plan
+
+    p = plan(cfg)
+    resident = sum(i.bytes for i in p.resident)
+    training = {i.what: i.bytes for i in p.phases[TRAINING]}
+    peak = p.phase_peak(TRAINING)
+    return {"rollout": (p.phase_peak("rollout"), "rollout peak"),
+            "reference forward": (p.phase_peak("reference forward"), "reference forward peak"),
+            "training forward": (peak - training[GRADIENTS] - training[REDUCE_SCATTER],
+                                 f"{TRAINING} peak - {GRADIENTS} - {REDUCE_SCATTER}"),
+            "training backward": (peak, f"{TRAINING} peak"),
+            "optimizer": (resident + training[GRADIENTS], f"held in every phase + {GRADIENTS}")}
 
 
 def planned_training_peak(lines: dict[str, float]) -> tuple[float, str]:

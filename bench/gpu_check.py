@@ -9,6 +9,7 @@ time a step does not use goes to the later ones):
 | ``preflight`` | ``gpu_preflight.py`` | versions, clocks, refexp.tasks, a 1-rank collective (failed: the rest in float32), deterministic cumsum |
 | ``train`` | ``gpu_smoke.py --only ...`` | ``matmul_bf16_tflops``, ``train_tokens_per_s``, ``train_mfu``, ``ref_forward_ratio`` |
 | ``memory`` | ``gpu_probe_memory.py`` | ``peak_mem_mib_ac_none``, ``peak_mem_mib_ac_full`` (each against the dry-run plan) |
+| ``grpo_step`` | ``gpu_probe_grpo_step.py`` | ``grpo_step_s`` (one in-process GRPO step at 0.6B shape: generation / reference / policy shares), ``mem_*_mib`` (each phase's peak beside its plan line), ``grpo_step_logprob_diff`` |
 | ``grpo`` | ``gpu_probe_grpo.py`` | ``grpo_3steps_s`` (generation / reference forward / policy split), ``rollout_logprob_diff`` |
 | ``decode`` | ``gpu_smoke.py --only ...`` | ``gen_tokens_per_s_{16,128}`` and ``..._static`` (compile counts, capture seconds) |
 
@@ -58,12 +59,19 @@ class Step:
 
 
 STEPS = (
-    # versions, clocks, a 1-rank collective, deterministic cumsum: a failed collective runs the rest in float32
+    # versions, clocks, a 1-rank collective, deterministic cumsum: a failed collective runs the rest in float32;
+    # weight 0.7 of 12.2 keeps its ~18 s box (of 315 s) now that grpo_step shares the budget
     Step("preflight", "gpu_preflight.py", ("preflight_versions", "preflight_refexp_tasks", "preflight_collectives",
-                                           "preflight_deterministic_cumsum"), weight=0.6),
+                                           "preflight_deterministic_cumsum"), weight=0.7),
     Step("train", "gpu_smoke.py", ("matmul_bf16_tflops", "train_tokens_per_s", "train_mfu", "ref_forward_ratio"),
          weight=2.0, smoke_only=True),
     Step("memory", "gpu_probe_memory.py", ("peak_mem_mib_ac_none", "peak_mem_mib_ac_full"), weight=1.5),
+    # one GRPO step in process at the 0.6B shape: time shares, memory by phase against the plan, log-prob mismatch;
+    # bfloat16 at toy size too, so the mismatch is the CUDA path's dtype
+    Step("grpo_step", "gpu_probe_grpo_step.py", ("grpo_step_s", "mem_rollout_mib", "mem_ref_forward_mib",
+                                                 "mem_train_forward_mib", "mem_train_backward_mib", "mem_optimizer_mib",
+                                                 "grpo_step_logprob_diff"), weight=1.5,
+         toy_args=("--mixed-precision", "bfloat16")),
     # at toy size on CPU too, the log-prob difference is the bfloat16 one (the CUDA code path, a 1-rank mesh)
     Step("grpo", "gpu_probe_grpo.py", ("grpo_3steps_s", "rollout_logprob_diff"), weight=3.0,
          toy_args=("--mixed-precision", "bfloat16")),

@@ -11,7 +11,7 @@
 # --wheels    the wheel folder (default: .gpu_wheels/ at the repo root, where gpu_wheels.sh puts it)
 # --deps      install into DIR and keep it (default: a temporary folder, removed at the end), for reruns:
 #             PYTHONPATH=$PWD:DIR python bench/gpu_smoke.py --only FIGURE...
-# --steps     only these of gpu_check.py's steps (train, memory, grpo, decode), comma-separated
+# --steps     only these of gpu_check.py's steps (preflight, train, memory, grpo_step, grpo, decode), comma-separated
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

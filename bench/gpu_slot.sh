@@ -38,7 +38,7 @@ try:
     done = json.load(open(sys.argv[1]))["steps"]
 except (OSError, ValueError, KeyError):
     done = {}
-for name in ("preflight", "train", "memory", "grpo"):
+for name in ("preflight", "train", "memory", "grpo_step", "grpo"):
     rec = done.get(name)
     if rec is not None and (rec.get("skipped") or rec.get("timed_out") or rec.get("rc")):
         steps.append(name)

@@ -30,9 +30,14 @@ whether refexp's torchtitan layer imports). Then one line per figure, in this or
     ``token_logprobs`` under ``inference_mode`` on the training batch; the policy runs forward + backward on
     the same batch. Value: frozen forward seconds / policy forward+backward seconds (about 1/3 in FLOPs).
 ``gen_tokens_per_s_16``, ``gen_tokens_per_s_128``
-    ``refexp.components.sampler.generate`` (the KV-cache decode GRPO samples with) from the policy: 16 and 128 rows of
-    distinct random prompts, temperature 1. EOS is outside the model's vocabulary, so every row decodes
-    exactly ``new_tokens`` tokens. Generated tokens per second of the whole call (prefill included).
+    The rollout engine a GRPO run builds (``refexp.components.rollout.build_engine``: the KV-cache decode of
+    ``refexp.components.sampler``) over the policy: 16 and 128 rows of distinct random prompts of mixed lengths
+    (half of ``prompt_len`` to ``prompt_len``, left-padded by the sampler as a run's are: ``prompt_lens``),
+    temperature 1, a stop check every ``stop_check_every`` tokens (a GPU run's interval, on CPU too). EOS is
+    outside the model's vocabulary, so every row decodes exactly ``new_tokens`` tokens. Generated tokens per
+    second of the whole call (prefill included). ``attention_kernels``: the attention operators and kernels
+    ``torch.profiler`` saw in a short untimed generation of the same prompts after the timed one (on CUDA: which
+    SDPA backend the padded prompts got, e.g. flash or memory-efficient).
 ``gen_tokens_per_s_16_static``, ``gen_tokens_per_s_128_static``
     The same generations with ``static_decode=True`` (``rollout.static_decode``: fixed-shape decode steps,
     captured as CUDA graphs by ``torch.compile(mode="reduce-overhead")`` on CUDA, eager on CPU). A first
@@ -70,6 +75,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -128,6 +134,7 @@ DEPENDENCIES = ("torchtitan", "spmd_types", "tyro", "docstring_parser", "hydra",
                 "pyarrow", "pandas", "xxhash", "tokenizers", "transformers", "huggingface_hub", "safetensors",
                 "jinja2", "rich", "tqdm", "yaml", "numpy")
 GEN_ROWS = (16, 128)
+ATTENTION_NAME = re.compile(r"attention|attn|fmha|flash|sdpa", re.IGNORECASE)
 
 
 @dataclass
@@ -319,6 +326,31 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, sizes, reps: int) ->
         out[n] = 2.0 * n**3 * reps / (now(device) - t0) / 1e12
         del a, b, c
     return out
+
+
+def gpu_run_stop_check_every() -> int:
+    """The stop-check interval of a run on CUDA (``RolloutConfig.stop_check_interval``): the decode figures check
+    for stop as a GPU run does, on CPU too, so that the toy runs the GPU's code path."""
+    from refexp.config import RolloutConfig
+
+    return RolloutConfig().stop_check_interval("cuda")
+
+
+def mixed_length_prompts(rows: int, longest: int, vocab: int, *, seed: int) -> list[str]:
+    """``rows`` distinct random prompts of mixed lengths, from half of ``longest`` to ``longest`` (the first row
+    has ``longest``): the sampler left-pads them (``tasks.batching.encode_prompts``), so the prefill attends
+    under a padding mask as a run's does."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(max(1, longest // 2), longest + 1, (rows,), generator=g).tolist()
+    lens[0] = longest
+    texts = C.random_texts(rows, longest, vocab, seed=seed, eos_outside=True)
+    return [" ".join(t.split()[:n]) for t, n in zip(texts, lens)]
+
+
+def attention_kernel_names(names) -> list[str]:
+    """The distinct profiler event names that are attention operators or kernels (SDPA and its backends:
+    flash, memory-efficient (``fmha``), cuDNN, math), sorted."""
+    return sorted({n for n in names if ATTENTION_NAME.search(n)})
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -538,30 +570,39 @@ class Bench:
             fn()
         return (now(self.device) - t0) / reps
 
-    def fig_gen(self, rows: int, static: bool = False) -> dict:
-        from refexp.components.sampler import generate
+    def engine(self, static: bool):
+        """The rollout engine a GRPO run builds (``rollout.build_engine``) over the policy: it checks for stop every
+        ``gpu_run_stop_check_every()`` tokens and, with ``static``, pads its cache to a fixed capacity (the longest
+        prompt + the new tokens, as ``rollout.decode_capacity`` does for a run)."""
+        from refexp.components.rollout import build_engine
+        from refexp.config import RolloutConfig
 
         s = self.sizes
-        model, tok = self.policy()[0], self.tokenizer()
+        cfg = RolloutConfig(stop_check_every=gpu_run_stop_check_every(), static_decode=static)
+        return build_engine(cfg, self.policy()[0], self.tokenizer(), capacity=s.prompt_len + s.new_tokens)
+
+    def fig_gen(self, rows: int, static: bool = False) -> dict:
+        s = self.sizes
         if not self._gen_warm:  # the first decode pays for kernel selection and cache allocation
             warm = C.random_texts(2, s.prompt_len, s.vocab, seed=1, eos_outside=True)
-            generate(model, tok, warm, max_new_tokens=2, keys=[(0, 0, i, 0) for i in range(2)])
+            self.engine(False).generate(warm, max_new_tokens=2, keys=[(0, 0, i, 0) for i in range(2)])
             self._gen_warm = True
-        prompts = C.random_texts(rows, s.prompt_len, s.vocab, seed=rows, eos_outside=True)
+        prompts = mixed_length_prompts(rows, s.prompt_len, s.vocab, seed=rows)
         keys = [(0, 1, i, 0) for i in range(rows)]
+        engine = self.engine(static)
         extra = {}
         if static:  # the first generation of this shape compiles and records the graphs
             install_cudagraph_counter()
             install_step_weight_recorder()
             compiled, graphs = compile_count(), cudagraph_counts()
             t0 = now(self.device)
-            generate(model, tok, prompts, max_new_tokens=s.new_tokens, keys=keys, static_decode=True)
+            engine.generate(prompts, max_new_tokens=s.new_tokens, keys=keys)
             extra["warmup_s"] = _round(now(self.device) - t0)
             extra["compiles_first"] = compile_count() - compiled
             extra.update({f"graphs_{k}_first": v for k, v in counts_since(graphs).items()})
         compiled, graphs = compile_count(), cudagraph_counts()
         t0 = now(self.device)
-        rollout = generate(model, tok, prompts, max_new_tokens=s.new_tokens, keys=keys, static_decode=static)
+        rollout = engine.generate(prompts, max_new_tokens=s.new_tokens, keys=keys)
         seconds = now(self.device) - t0
         n = rollout.num_completion_tokens
         if static:  # compiling and recording: what the first generation took beyond the second
@@ -569,28 +610,44 @@ class Bench:
             # a timed generation that records (or skips) graphs measures recording, not replay
             extra.update({f"graphs_{k}_timed": v for k, v in counts_since(graphs).items()})
         extra["compiles_timed"] = compile_count() - compiled  # > 0: the timed generation recompiled
+        extra.update(self._attention_kernels(engine, prompts, keys))
         extra["compiles_in_process"] = compile_count()
         if static:  # the decode module's own count per bucket, first-step and capture seconds
             from refexp.titan import static_decode_stats
 
-            extra.update(self._gen_after_train_step(prompts, keys, seconds))
+            extra.update(self._gen_after_train_step(engine, prompts, keys, seconds))
             extra["static_decode_stats"] = static_decode_stats()
+        lens = [len(p.split()) for p in prompts]
         return {"value": _round(n / seconds), "unit": "tokens/s", "rows": rows, "prompt_len": s.prompt_len,
-                "new_tokens": s.new_tokens, "generated_tokens": n, "seconds": _round(seconds),
-                "static_decode": static, **extra}
+                "prompt_lens": {"min": min(lens), "max": max(lens), "distinct": len(set(lens))},
+                "stop_check_every": engine.stop_check_every, "new_tokens": s.new_tokens, "generated_tokens": n,
+                "seconds": _round(seconds), "static_decode": static, **extra}
 
-    def _gen_after_train_step(self, prompts: list[str], keys: list, timed_s: float) -> dict:
+    def _attention_kernels(self, engine, prompts: list[str], keys: list) -> dict:
+        """The attention operators and kernels that ran, from ``torch.profiler``, in a short untimed generation
+        of the same prompts (one stop-check interval of new tokens: the prefill, the decode steps) after
+        the timed one, so the profiler does not slow the figure: ``attention_kernels`` (sorted names; a CUDA
+        graph's replay shows its kernels, not its operators) and ``profiled_compiles`` (> 0: it compiled)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        compiled = compile_count()
+        with profile(activities=activities) as prof:
+            engine.generate(prompts, max_new_tokens=engine.stop_check_every, keys=keys)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        return {"attention_kernels": attention_kernel_names(e.key for e in prof.key_averages()),
+                "profiled_compiles": compile_count() - compiled}
+
+    def _gen_after_train_step(self, engine, prompts: list[str], keys: list, timed_s: float) -> dict:
         """A third static generation after one training step, as in a run (training moves FSDP's gathered
         weights; the static path reads a kept copy, refexp/titan/static_weights.py): whether the step's weight
         addresses moved, the graphs recorded / re-recorded / skipped, and its seconds against the timed one's."""
-        from refexp.components.sampler import generate
-
-        model, tok = self.policy()[0], self.tokenizer()
         addresses = step_weight_addresses()
         self.train_step(self.policy(), 3000)
         compiled, graphs = compile_count(), cudagraph_counts()
         t0 = now(self.device)
-        rollout = generate(model, tok, prompts, max_new_tokens=self.sizes.new_tokens, keys=keys, static_decode=True)
+        rollout = engine.generate(prompts, max_new_tokens=self.sizes.new_tokens, keys=keys)
         seconds = now(self.device) - t0
         return {"after_step_tokens_per_s": _round(rollout.num_completion_tokens / seconds),
                 "after_step_over_timed": _round(seconds / timed_s),

@@ -19,21 +19,28 @@ KEY_FIELDS = {
     "ref_forward_ratio": ("flop_ratio",),
     "peak_mem_mib_ac_none": ("measured_over_plan", "planned_mib", "measure"),
     "peak_mem_mib_ac_full": ("measured_over_plan", "planned_mib", "measure"),
+    "grpo_step_s": ("gen_share", "ref_fwd_share", "policy_share", "forward_s", "backward_s", "optimizer_s"),
+    **{f"mem_{phase}_mib": ("planned_mib", "over_plan", "over_step_start_mib", "measure")
+       for phase in ("rollout", "ref_forward", "train_forward", "train_backward", "optimizer")},
+    "grpo_step_logprob_diff": ("max", "compute_dtype"),
     "grpo_3steps_s": ("gen_share", "ref_fwd_share", "policy_share"),
     "rollout_logprob_diff": ("max", "compute_dtype"),
-    "gen_tokens_per_s_16": ("seconds", "compiles_timed"),
-    "gen_tokens_per_s_128": ("seconds", "compiles_timed"),
+    "gen_tokens_per_s_16": ("seconds", "compiles_timed", "stop_check_every", "attention_kernels"),
+    "gen_tokens_per_s_128": ("seconds", "compiles_timed", "stop_check_every", "attention_kernels"),
     "gen_tokens_per_s_16_static": ("compiles_timed", "graphs_recorded_timed", "graphs_skipped_timed", "capture_s",
-                                   "after_step_weights_moved", "graphs_recorded_after_step", "after_step_over_timed"),
+                                   "after_step_weights_moved", "graphs_recorded_after_step", "after_step_over_timed",
+                                   "attention_kernels"),
     "gen_tokens_per_s_128_static": ("compiles_timed", "graphs_recorded_timed", "graphs_skipped_timed", "capture_s",
                                     "after_step_weights_moved", "graphs_recorded_after_step",
-                                    "after_step_over_timed"),
+                                    "after_step_over_timed", "attention_kernels"),
 }
 
 
 def _fmt(x) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
+    if isinstance(x, (list, tuple)):  # e.g. attention kernel names: one token, so a row stays split()-able
+        return ",".join(map(_fmt, x)) or "none"
     return str(x)
 
 

@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from refexp.config import RolloutConfig
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
 sys.path.insert(0, str(BENCH))
 
 import gpu_adapters  # noqa: E402
 import gpu_check  # noqa: E402
+import gpu_probe_grpo_step  # noqa: E402
 import gpu_smoke  # noqa: E402
 import gpu_table  # noqa: E402
 
@@ -49,6 +52,7 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
     assert table[0] == f"== {gpu_table.TITLE} ==" and table[-1].startswith(f"== ok {len(figs)}, error 0")
     for row, (name, fig) in zip(table[2:-1], figs.items()):
         assert row.split()[:2] == [name, gpu_table._fmt(fig["value"])], row
+    table_rows = {row.split()[0]: row for row in table[2:-1]}
     for name, fig in figs.items():
         assert fig.get("error") is None and fig.get("skipped") is None, (name, fig)
         assert _finite(fig["value"]) and fig["value"] > 0, (name, fig)
@@ -64,6 +68,19 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
     assert figs["peak_mem_mib_ac_full"]["plan_mib"]["activations"] < figs["peak_mem_mib_ac_none"]["plan_mib"][
         "activations"]
 
+    step = figs["grpo_step_s"]  # one in-process GRPO step at the toy shape, split by phase
+    assert (step["prompts"], step["group_size"]) == gpu_probe_grpo_step.ROWS[True]
+    assert step["gen_share"] + step["ref_fwd_share"] + step["policy_share"] == pytest.approx(1, abs=1e-3)
+    assert all(step[k] > 0 for k in ("gen_s", "ref_fwd_s", "policy_s", "forward_s", "backward_s", "optimizer_s"))
+    assert step["forward_s"] + step["backward_s"] + step["optimizer_s"] <= step["policy_s"] * 1.05
+    for name in gpu_probe_grpo_step.PHASE_FIGURES.values():  # each phase's peak beside its plan line
+        mem = figs[name]
+        assert mem["measure"] == "rss_hwm" and "over_plan" not in mem and mem["planned_mib"] > 0, (name, mem)
+        assert f"planned_mib={gpu_table._fmt(mem['planned_mib'])}" in table_rows[name]
+    assert figs["mem_train_backward_mib"]["planned_line"] == "policy training peak"
+    diff = figs["grpo_step_logprob_diff"]
+    assert diff["compute_dtype"] == "bfloat16" and diff["max"] >= diff["value"] > 0
+
     grpo = figs["grpo_3steps_s"]
     assert [s["step"] for s in grpo["per_step"]] == [1, 2, 3]
     for s in grpo["per_step"]:  # the parts add up to the step, and each part took time
@@ -77,6 +94,15 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
         eager, static = figs[f"gen_tokens_per_s_{rows}"], figs[f"gen_tokens_per_s_{rows}_static"]
         assert eager["rows"] == static["rows"] == rows and static["static_decode"] is True
         assert eager["generated_tokens"] == static["generated_tokens"] == rows * gpu_smoke.TOY.new_tokens
+        for name in (f"gen_tokens_per_s_{rows}", f"gen_tokens_per_s_{rows}_static"):
+            fig = figs[name]  # decoded as a GPU run decodes: padded prompts, its stop-check interval
+            assert fig["stop_check_every"] == RolloutConfig().stop_check_interval("cuda") > 1
+            assert fig["prompt_lens"]["min"] < fig["prompt_lens"]["max"] == gpu_smoke.TOY.prompt_len
+            # the profiler's attention operators: SDPA and the backend it dispatched to
+            assert "aten::scaled_dot_product_attention" in fig["attention_kernels"], fig["attention_kernels"]
+            assert any(k.startswith("aten::_scaled_dot_product_") for k in fig["attention_kernels"])
+            assert fig["profiled_compiles"] == 0
+            assert f"attention_kernels={','.join(fig['attention_kernels'])}" in table_rows[name]
         assert all(_finite(static[k]) and static[k] >= 0 for k in COUNTS) and _finite(static["capture_s"])
         # the timed generation and the one after a training step replay what the first recorded, on weights
         # that stayed put (the FSDP-wrapped bf16 policy's kept copy; CUDA graphs themselves exist only on CUDA)
@@ -88,15 +114,42 @@ def test_toy_gpu_check_writes_every_figure_finite_and_positive(tmp_path):
 def test_the_figure_table_shows_a_value_with_its_key_fields_and_a_missing_one_with_its_reason():
     figs = {"gen_tokens_per_s_16_static": {"value": 1234.5678, "unit": "tokens/s", "compiles_timed": 0,
                                            "compiles_first": 3, "capture_s": 41.0, "seconds": 2.0,
-                                           "graphs_recorded_timed": 0, "after_step_weights_moved": False},
+                                           "graphs_recorded_timed": 0, "after_step_weights_moved": False,
+                                           "attention_kernels": ["aten::sdpa", "fmha_cutlassF"]},
             "peak_mem_mib_ac_none": {"value": None, "error": "OutOfMemoryError: CUDA out of\nmemory " + "x" * 200},
             "train_mfu": {"value": None, "skipped": "out of time: 0 s of the budget left"}}
     lines = gpu_table.figure_table(figs, {"ok": 1, "error": 1, "skipped": 1}).splitlines()
     assert lines[2].split() == ["gen_tokens_per_s_16_static", "1235", "tokens/s", "compiles_timed=0",
-                                "graphs_recorded_timed=0", "capture_s=41", "after_step_weights_moved=False"]
+                                "graphs_recorded_timed=0", "capture_s=41", "after_step_weights_moved=False",
+                                "attention_kernels=aten::sdpa,fmha_cutlassF"]
     assert lines[3].split()[:5] == ["peak_mem_mib_ac_none", "-", "ERROR:", "OutOfMemoryError:", "CUDA"]
     assert len(lines[3]) < 160  # one line, the error cut short (gpu_check.json has all of it)
     assert "SKIPPED: out of time" in lines[4] and lines[-1] == "== ok 1, error 1, skipped 1 =="
+
+
+def test_the_grpo_step_is_planned_at_its_own_shape_and_each_phase_reads_the_plans_lines():
+    """The in-process GRPO step's config is the plan's: 16 x 8 rows of 128 + 128 tokens at the Qwen3-0.6B shape on
+    a GPU (the plan fits an H200), and each phase's planned peak is made of the dry-run plan's printed lines."""
+    import torch
+
+    from refexp.cli.dry_run import plan_lines
+
+    gpu = gpu_smoke.Bench(gpu_smoke.parse_args([]), torch.device("cuda"))  # nothing runs: the plan is meta-only
+    cfg = gpu_adapters.plan_config(gpu_probe_grpo_step.overrides(gpu))
+    assert (cfg.algo.prompts_per_step, cfg.algo.group_size, cfg.task.max_prompt_len, cfg.task.max_new_tokens,
+            cfg.model.flavor, cfg.reference.name) == (16, 8, 128, 128, "0.6B", "fixed")
+    planned = {k: b for k, (b, _) in gpu_adapters.planned_phase_peaks(cfg).items()}
+    assert list(planned) == list(gpu_probe_grpo_step.PHASE_FIGURES)
+    assert 40 * 2**30 < planned["training backward"] < 139 * 2**30  # the H200's memory
+    lines = {what: b for what, b, _ in plan_lines(cfg)}
+    assert planned["rollout"] == lines["rollout peak"] and planned["training backward"] == lines["policy training peak"]
+    assert planned["reference forward"] == lines["reference forward peak"]
+    # forward: no gradients yet; the optimizer: what stays resident and the gradients, no activations
+    assert planned["training forward"] == pytest.approx(lines["policy training peak"] - lines["gradients"]
+                                                        - lines["lm_head unit reduce-scatter"])
+    resident = sum(lines[k] for k in ("parameters", "optimizer state", "reference", "kl/init anchor"))
+    assert planned["optimizer"] == pytest.approx(resident + lines["gradients"])
+    assert planned["optimizer"] < planned["reference forward"] < planned["rollout"] < planned["training forward"]
 
 
 def test_after_a_failed_preflight_collective_the_steps_run_in_float32():
