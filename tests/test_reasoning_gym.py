@@ -13,7 +13,11 @@ from refexp.config import ConfigError, TaskConfig
 from refexp.tasks import build_task
 from refexp.tasks import reasoning_gym as gym
 from refexp.tasks.tokenizer import TextTokenizer
-from tests.helpers.tiny_qwen3 import chat_tokenizer
+from refexp.record.metrics import read_metrics
+from refexp.record.samples import read_samples
+from refexp.run import run
+from tests.helpers.configs import compose_tiny_run
+from tests.helpers.tiny_qwen3 import MODEL
 
 reasoning_gym = pytest.importorskip("reasoning_gym", reason="the optional extra pip install -e '.[gym]' (in .[test])")
 
@@ -23,10 +27,9 @@ SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok") / "chat"
-    chat_tokenizer(path)
-    return str(path)
+def tokenizer_dir(hf_dir):
+    """The tiny Qwen3's dir (tests/conftest.py): a byte-level BPE tokenizer with a ChatML-shaped chat template."""
+    return str(hf_dir)
 
 
 def _cfg(tokenizer_dir, **kw) -> TaskConfig:
@@ -133,3 +136,24 @@ def test_the_task_fingerprint_follows_the_dataset_and_its_config(tokenizer_dir):
     assert task_fingerprint(_cfg(tokenizer_dir, dataset_kwargs={**SMALL, "max_digits": 2})) != base
     assert task_fingerprint(_cfg(tokenizer_dir, retention_datasets=[])) != base
     assert TextTokenizer.from_dir(tokenizer_dir).chat_template is not None
+
+
+@pytest.mark.slow
+def test_grpo_on_a_reasoning_gym_dataset_logs_reward_retention_and_readable_samples(hf_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = compose_tiny_run(
+        run_dir, *MODEL, f"model.hf_assets_path={hf_dir}", "sft.enable=false", "task=reasoning_gym",
+        "task.dataset=chain_sum", "+task.dataset_kwargs={min_terms: 2, max_terms: 2, max_digits: 1}",
+        "task.retention_datasets=[{name: basic_arithmetic, min_terms: 2, max_terms: 2, max_digits: 1}]",
+        "task.system_prompt=''", "task.num_train=40", "task.num_eval=8", "task.max_prompt_len=200",
+        "task.max_new_tokens=8", "algo=grpo", "algo.prompts_per_step=2", "algo.group_size=2", "training.steps=2",
+        "eval.num_prompts=4", "eval.kl_prompts=2", "eval.log_samples=2")
+    final = run(cfg)
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2] and final["step"] == 2
+    assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows[1:])
+    for key in ("eval/accuracy", "eval/retention", "kl/init", "kl/init_retain"):
+        assert key in rows[0] and key in rows[-1], key
+    samples = read_samples(run_dir)
+    assert samples and all(s["prompt"].startswith("<|im_start|>user\n") for s in samples)
+    assert all(json.loads(s["answer"])["dataset"] == "chain_sum" for s in samples)

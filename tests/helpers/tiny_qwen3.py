@@ -23,9 +23,8 @@ MODEL = ["model=qwen3_debug", "model.max_seq_len=256", "model.dim=null", "model.
          "model.n_heads=null", "model.n_kv_heads=null"]
 
 
-def chat_tokenizer(path):
-    """A byte-level BPE tokenizer (any text encodes) with ``CHAT_TEMPLATE``, saved to ``path`` (created);
-    returns the ``tokenizers.Tokenizer``."""
+def qwen3_checkpoint(path):
+    """A tiny Qwen3 in HF format, a BPE tokenizer with a chat template, and two eos ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -39,12 +38,6 @@ def chat_tokenizer(path):
     hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>",
                                                   chat_template=CHAT_TEMPLATE)
     hf_tok.save_pretrained(path)
-    return tok
-
-
-def qwen3_checkpoint(path):
-    """A tiny Qwen3 in HF format, a BPE tokenizer with a chat template, and two eos ids."""
-    tok = chat_tokenizer(path)
     eos, im_end = tok.token_to_id("<eos>"), tok.token_to_id("<|im_end|>")
     cfg = transformers.Qwen3Config(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
