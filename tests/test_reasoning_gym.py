@@ -64,12 +64,13 @@ def test_a_space_too_small_for_the_sizes_is_refused(tokenizer_dir, tmp_path):
 def test_the_reward_is_the_datasets_own_scorer_on_the_tagged_answer(tokenizer_dir, tmp_path):
     task = build_task(_cfg(tokenizer_dir, dataset="basic_arithmetic", retention_datasets=["chain_sum"]),
                       str(tmp_path))
-    own = reasoning_gym.create_dataset("basic_arithmetic", **SMALL)
-    retained = reasoning_gym.create_dataset("chain_sum")
-    for rows, scorer in ((task.eval, own), (task.retain_eval, retained)):
+    for rows, name, kwargs in ((task.eval, "basic_arithmetic", SMALL), (task.retain_eval, "chain_sum", {})):
         record = json.loads(rows["answer"][0])
-        entry = {"answer": record["answer"], "metadata": record["metadata"]}
+        # the record names its entry: item `index` of the dataset of `seed`, regenerated here by reasoning-gym
+        scorer = reasoning_gym.create_dataset(name, seed=record["seed"], size=record["index"] + 1, **kwargs)
+        entry = scorer[record["index"]]
         oracle = entry["answer"]
+        assert (record["dataset"], record["answer"], entry["question"]) == (name, oracle, rows["question"][0])
         # correct; wrong but containing the oracle (basic_arithmetic's scorer gives partial credit, chain_sum's
         # compares numbers); wrong; untagged (reasoning-gym's extraction finds no answer)
         for completion, answer in ((f"so <answer>{oracle}</answer>", oracle), (f"<answer>{oracle}0</answer>", oracle + "0"),
@@ -79,6 +80,16 @@ def test_the_reward_is_the_datasets_own_scorer_on_the_tagged_answer(tokenizer_di
         assert task.reward(f"<answer>{oracle}</answer>", rows["answer"][0]) == 1.0
     partial = json.loads(task.eval["answer"][0])["answer"]
     assert 0 < task.reward(f"<answer>{partial}0</answer>", task.eval["answer"][0]) < 1  # the scorer's partial credit
+
+
+def test_the_reward_scores_the_entry_as_drawn_not_a_json_copy(tokenizer_dir, tmp_path):
+    """arc_agi's scorer reads tuples from the metadata, which JSON gives back as lists: its own oracle would score
+    0.05 from a JSON copy of the entry."""
+    task = build_task(_cfg(tokenizer_dir, dataset="arc_agi", dataset_kwargs={}, num_train=2, num_eval=2,
+                           val_fraction=0, retention_datasets=[], chat_template=False, system_prompt=None,
+                           max_prompt_len=100000), str(tmp_path), algo="grpo")
+    for row in task.eval:
+        assert task.reward(f"<answer>{json.loads(row['answer'])['answer']}</answer>", row["answer"]) == 1.0
 
 
 def test_an_answer_prefill_ends_every_prompt_and_is_read_with_the_completion(tokenizer_dir, tmp_path):

@@ -11,8 +11,10 @@
   (the content of the last ``<answer>...</answer>``; None without one, which every scorer gives 0) and the
   dataset's own scorer, in [0, 1] (some give partial credit, e.g. the base scorer ``len(oracle)/len(answer)`` for
   an answer containing the oracle).
-- ``answer`` column: the JSON of what the scorer reads, ``{"dataset", "answer", "metadata"}`` (the row's
-  reasoning-gym entry without its question, which no scorer reads), so the reward needs nothing but the row;
+- ``answer`` column: ``{"dataset", "answer", "seed", "index"}`` as JSON: the oracle answer, and where the entry the
+  scorer reads comes from (item ``index`` of the dataset of that ``seed``, with the task's config). The reward looks
+  the entry up in memory (kept as drawn), never from the JSON: a scorer may read metadata that JSON does not carry
+  back unchanged (tuples, integer keys: arc_agi's and rearc's score their own oracle 0.05 after a round trip).
   ``completion`` (the SFT demonstration): ``<answer>ORACLE</answer>`` less a prefill that begins it; ``question``:
   the question text.
 
@@ -101,13 +103,14 @@ def render_prompt(question: str, system: Optional[str], tokenizer, prefill: str 
     return render_chat(messages, tokenizer, add_generation_prompt=True) + prefill
 
 
-def answer_record(dataset: str, entry: dict) -> str:
-    """The ``answer`` column of one entry: the JSON the reward reads back (``score``)."""
-    try:
-        return json.dumps({"dataset": dataset, "answer": entry["answer"], "metadata": entry["metadata"]})
-    except TypeError as e:  # the scorer reads the metadata back, so it must survive the Arrow string column
-        raise ConfigError(f"reasoning-gym dataset {dataset!r} is not supported: its entries' metadata is not "
-                          f"JSON ({e})") from e
+EntryKey = tuple[str, int, int]
+"""``(dataset, seed, index)``: item ``index`` of the dataset of that seed."""
+
+
+def answer_record(key: EntryKey, entry: dict) -> str:
+    """The ``answer`` column of the entry ``key`` names: its oracle answer and ``key``, as JSON."""
+    dataset, seed, index = key
+    return json.dumps({"dataset": dataset, "answer": entry["answer"], "seed": seed, "index": index})
 
 
 def demonstration(entry: dict, prefill: str = "") -> str:
@@ -116,15 +119,17 @@ def demonstration(entry: dict, prefill: str = "") -> str:
     return f"{ANSWER_TAGS[0]}{entry['answer']}{ANSWER_TAGS[1]}".removeprefix(prefill)
 
 
-def make_reward(datasets: dict[str, Any], prefill: str = "") -> Callable[[str, str], float]:
+def make_reward(datasets: dict[str, Any], entries: dict[EntryKey, dict], prefill: str = ""
+                ) -> Callable[[str, str], float]:
     """``reward(completion, answer_record)``: the scorer of the record's dataset (``datasets``: name -> a built
-    dataset, the trained one and the retained ones) on reasoning-gym's extraction of the answer the model wrote,
-    ``prefill`` (the end of its prompt) + the completion."""
+    dataset, the trained one and the retained ones) on the record's entry (``entries``: every entry drawn) and
+    reasoning-gym's extraction of the answer the model wrote, ``prefill`` (the end of its prompt) + the completion."""
     from reasoning_gym.utils import extract_answer
 
     def reward(completion: str, answer: str) -> float:
         record = json.loads(answer)
-        entry, dataset = {"answer": record["answer"], "metadata": record["metadata"]}, datasets[record["dataset"]]
+        name = record["dataset"]
+        entry, dataset = entries[(name, record["seed"], record["index"])], datasets[name]
         try:
             return float(dataset.score_answer(extract_answer(prefill + completion), entry))
         except Exception:  # model output is arbitrary: a scorer that cannot read it has read a wrong answer

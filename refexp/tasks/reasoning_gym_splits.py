@@ -58,13 +58,16 @@ class Draws:
         self.seen: set[str] = set()
         self.built: dict[str, Any] = {}
         """name -> a dataset of that name (its ``score_answer`` is what the reward calls)."""
+        self.entries: dict[gym.EntryKey, dict] = {}
+        """Every entry drawn, by ``(name, seed, index)`` (what the reward scores against)."""
 
     def rows(self, name: str, kwargs: dict[str, Any], n: int, block: int, field: str) -> list[dict]:
         """``n`` rows of dataset ``name`` with new questions, from the seeds of ``block``."""
         if n == 0:
             return []
         draws = MAX_DRAWS_PER_ROW * n
-        ds = gym.create(name, kwargs, seed=self.seed + block * SEED_STRIDE, size=draws, field=field)
+        seed = self.seed + block * SEED_STRIDE
+        ds = gym.create(name, kwargs, seed=seed, size=draws, field=field)
         self.built.setdefault(name, ds)
         out = []
         for i in range(draws):
@@ -72,8 +75,9 @@ class Draws:
             if entry["question"] in self.seen:
                 continue
             self.seen.add(entry["question"])
+            self.entries[(name, seed, i)] = entry
             out.append({"prompt": entry["question"], "completion": gym.demonstration(entry, self.prefill),
-                        "answer": gym.answer_record(name, entry), "question": entry["question"]})
+                        "answer": gym.answer_record((name, seed, i), entry), "question": entry["question"]})
             if len(out) == n:
                 return out
         raise ConfigError(f"{field}={name!r} with config {kwargs!r} is too small for the sizes asked: {draws} draws "
@@ -132,4 +136,4 @@ def gym_splits(task_cfg: TaskConfig, tokenizer: TextTokenizer, hf_cache: str
 
     train, test, val = render(train), render(test), render(val)
     retained = {k: render(ds) for k, ds in retained.items()}
-    return train, test, val, retained, gym.make_reward(draws.built, task_cfg.answer_prefill)
+    return train, test, val, retained, gym.make_reward(draws.built, draws.entries, task_cfg.answer_prefill)
