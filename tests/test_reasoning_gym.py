@@ -73,8 +73,9 @@ def test_the_reward_is_the_datasets_own_scorer_on_the_tagged_answer(tokenizer_di
         assert (record["dataset"], record["answer"], entry["question"]) == (name, oracle, rows["question"][0])
         # correct; wrong but containing the oracle (basic_arithmetic's scorer gives partial credit, chain_sum's
         # compares numbers); wrong; untagged (reasoning-gym's extraction finds no answer)
-        for completion, answer in ((f"so <answer>{oracle}</answer>", oracle), (f"<answer>{oracle}0</answer>", oracle + "0"),
-                                   ("<answer>x</answer>", "x"), (oracle, None)):
+        for completion, answer in ((f"so <answer>{oracle}</answer>", oracle),
+                                   (f"<answer>{oracle}0</answer>", oracle + "0"), ("<answer>x</answer>", "x"),
+                                   (oracle, None)):
             want = scorer.score_answer(answer, entry)
             assert task.reward(completion, rows["answer"][0]) == want, (completion, want)
         assert task.reward(f"<answer>{oracle}</answer>", rows["answer"][0]) == 1.0

@@ -59,8 +59,8 @@ class TaskConfig:
     val_fraction: Optional[float] = None
     """Share of the training rows carved off (seeded by ``data_seed``) as ``Task.val``, the split that SFT
     stopping and model selection read (never the held-out test split). None = the task's default:
-    ``DEFAULT_VAL_FRACTION`` for the generated tasks, arithmetic and reasoning_gym (three splits out of the box), none for a
-    data file (set ``val_path`` or a share) and for ``preference``; 0 = no validation split."""
+    ``DEFAULT_VAL_FRACTION`` for the generated tasks, arithmetic and reasoning_gym (three splits out of the box),
+    none for a data file (set ``val_path`` or a share) and for ``preference``; 0 = no validation split."""
     demo_slip: float = 0.0
     """arithmetic ``+``: the share of training demonstrations of sums whose ones column carries that forget
     that carry in the tens digit (``018+025=0033``), a systematic demonstrator error on the same problems
