@@ -34,6 +34,7 @@ REQUIRED = {
     ("model", "qwen3_0.6b"): [f"model.hf_assets_path={SOME_DIR}"],
     ("model", "llama3_8b"): [f"model.hf_assets_path={SOME_DIR}"],
     ("task", "gsm8k"): ["task.train_path=/x.jsonl", "task.tokenizer_path=/tok"],
+    ("task", "reasoning_gym"): ["task.dataset=basic_arithmetic", "task.tokenizer_path=/tok"],
     # Pairs only: DPO from a pretrained checkpoint (the SFT stage would need demonstrations).
     ("task", "preference"): ["task.preference_path=/x.jsonl", "task.tokenizer_path=/tok", "algo=dpo",
                              "sft.enable=false", f"model.hf_assets_path={SOME_DIR}"],

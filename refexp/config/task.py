@@ -10,8 +10,12 @@ from refexp.choices import ARITHMETIC_OPS
 
 from .errors import check, one_of, positive_int
 
-TASK_NAMES = ("arithmetic", "gsm8k", "preference")
+TASK_NAMES = ("arithmetic", "gsm8k", "preference", "reasoning_gym")
 """The ``task/`` options' names."""
+GENERATED_TASKS = ("arithmetic", "reasoning_gym")
+"""Tasks that generate their problems (no data files); they carve a validation split by default."""
+GYM_FIELDS = ("dataset", "dataset_kwargs", "retention_datasets", "answer_prefill")
+"""The fields only ``task=reasoning_gym`` reads."""
 DEFAULT_VAL_FRACTION = 0.025
 """The embedded task's validation share: 500 of its 20,000 generated training problems."""
 
@@ -20,11 +24,13 @@ DEFAULT_VAL_FRACTION = 0.025
 class TaskConfig:
     """Where prompts, answers and the verifiable reward come from. The defaults are the embedded
     arithmetic task (``task/arithmetic.yaml``); ``task/gsm8k.yaml`` and ``task/preference.yaml`` set the
-    real-data fields."""
+    real-data fields, ``task/reasoning_gym.yaml`` the reasoning-gym ones."""
 
     name: str = "arithmetic"
     """arithmetic (embedded, generated) | gsm8k (data of the GSM8K schema: question + worked solution) |
-    preference (only preference pairs from ``preference_path``: no reward, no verifier; DPO-family only)."""
+    preference (only preference pairs from ``preference_path``: no reward, no verifier; DPO-family only) |
+    reasoning_gym (a reasoning-gym dataset, generated, scored by its own verifier; the optional extra
+    ``pip install -e '.[gym]'``; ``refexp/tasks/reasoning_gym.py``)."""
     digits: int = 3
     """arithmetic: digits of each (zero-padded) operand."""
     ops: list[str] = field(default_factory=lambda: ["+", "-"])
@@ -36,7 +42,7 @@ class TaskConfig:
     ``eval/accuracy`` and ``val/accuracy`` come from these operators' problems only; the others' held-out problems
     measure what RL keeps of the SFT stage (``eval/retention``, ``val/retention``)."""
     num_train: int = 20000
-    """arithmetic: generated training problems."""
+    """arithmetic, reasoning_gym: generated training problems (the validation split is carved off them)."""
     num_eval: int = 500
     """Held-out problems (split off the training file when ``eval_path`` is None); for ``preference``, held-out
     pairs split off ``preference_path`` (seeded by ``data_seed``) when ``eval_path`` is None."""
@@ -53,14 +59,29 @@ class TaskConfig:
     val_fraction: Optional[float] = None
     """Share of the training rows carved off (seeded by ``data_seed``) as ``Task.val``, the split that SFT
     stopping and model selection read (never the held-out test split). None = the task's default:
-    ``DEFAULT_VAL_FRACTION`` for the embedded arithmetic task (three splits out of the box), none for a
-    data file (set ``val_path`` or a share) and for ``preference``; 0 = no validation split."""
+    ``DEFAULT_VAL_FRACTION`` for the generated tasks, arithmetic and reasoning_gym (three splits out of the box),
+    none for a data file (set ``val_path`` or a share) and for ``preference``; 0 = no validation split."""
     demo_slip: float = 0.0
     """arithmetic ``+``: the share of training demonstrations of sums whose ones column carries that forget
     that carry in the tens digit (``018+025=0033``), a systematic demonstrator error on the same problems
     at every run (seeded by ``data_seed``). Only SFT's demonstrations carry it: the reward, DPO's chosen side and
     the validation/test answers stay correct, so continued SFT converges to the slip while a verifiable
     reward can go beyond it (``docs/headroom-task.md``)."""
+    dataset: Optional[str] = None
+    """reasoning_gym: the dataset RL trains on, a name ``reasoning_gym.create_dataset`` knows (``basic_arithmetic``,
+    ``chain_sum``, ``leg_counting``, ...)."""
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    """reasoning_gym: the dataset's config fields (``create_dataset(dataset, **dataset_kwargs)``, e.g.
+    ``{max_terms: 2, max_digits: 1}``; its ``seed`` and ``size`` come from ``data_seed``, ``num_train``,
+    ``num_eval``); empty = the dataset's defaults."""
+    retention_datasets: list[Any] = field(default_factory=list)
+    """reasoning_gym: datasets RL does not train, whose held-out rows measure what RL keeps of the start
+    (``eval/retention``, ``val/retention``, ``kl/init_retain``): each a name or ``{name: NAME, <config fields>}``;
+    ``num_eval`` rows split evenly over them. Empty = no retention measured."""
+    answer_prefill: str = ""
+    """reasoning_gym: text written at the start of the assistant's turn, after the prompt (``<answer>``: the model
+    starts inside the tags the reward reads, which SmolLM2-135M-Instruct never writes on its own); the reward reads
+    it + the completion. Empty = none (the model writes the whole answer)."""
     preference_path: Optional[str] = None
     """DPO on a preference dataset (any form ``train_path`` takes): prompt/chosen/rejected strings or chat
     ``messages``."""
@@ -115,7 +136,8 @@ class TaskConfig:
     the user message and the assistant turn opened (``apply_chat_template(add_generation_prompt=True)``);
     false = the task's plain format (``Question: ...\nAnswer:`` for gsm8k)."""
     system_prompt: Optional[str] = None
-    """With ``chat_template``: a leading system message of every prompt; None = none."""
+    """With ``chat_template``: a leading system message of every prompt; None = none (reasoning_gym: None =
+    reasoning-gym's default system prompt, which asks for ``<answer>...</answer>``; "" = none)."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """With ``chat_template``: extra variables of the template (``{enable_thinking: false}`` for Qwen3; on the
     command line a new key takes Hydra's ``+``: ``+task.chat_template_kwargs.enable_thinking=false``)."""
@@ -142,6 +164,8 @@ class TaskConfig:
         positive_int("task.max_new_tokens", self.max_new_tokens)
         check(self.val_fraction is None or (isinstance(self.val_fraction, (int, float)) and 0 <= self.val_fraction < 1),
               "task.val_fraction", self.val_fraction, "None (the task's default) or a number in [0, 1)")
+        if self.name == "reasoning_gym":
+            self._check_gym()
         check(isinstance(self.demo_slip, (int, float)) and 0 <= self.demo_slip <= 1, "task.demo_slip",
               self.demo_slip, "a number in [0, 1]")
         check(not self.demo_slip or (self.name == "arithmetic" and "+" in self.ops), "task.demo_slip",
@@ -195,7 +219,7 @@ class TaskConfig:
         (0 with a ``val_path``, which is the validation split itself)."""
         if self.val_fraction is not None:
             return float(self.val_fraction)
-        return DEFAULT_VAL_FRACTION if self.name == "arithmetic" and self.val_path is None else 0.0
+        return DEFAULT_VAL_FRACTION if self.name in GENERATED_TASKS and self.val_path is None else 0.0
 
     def embedded_prompt_tokens(self) -> Optional[int]:
         """The token count of every prompt of the embedded task (``042+317=``: two operands of ``digits``,
@@ -208,6 +232,25 @@ class TaskConfig:
     def has_validation(self) -> bool:
         """Whether the task has a validation split (``Task.val``): ``val_path``, or a non-zero ``val_share()``."""
         return self.val_path is not None or bool(self.val_share())
+
+    def _check_gym(self) -> None:
+        """The reasoning-gym fields' shapes; the names and configs are checked against the library when the task is
+        built (``refexp.tasks.reasoning_gym.create``)."""
+        check(isinstance(self.dataset, str) and self.dataset != "", "task.dataset", self.dataset,
+              "a reasoning-gym dataset name (e.g. basic_arithmetic) when task.name=reasoning_gym")
+        check(isinstance(self.dataset_kwargs, dict), "task.dataset_kwargs", self.dataset_kwargs,
+              "a mapping of the dataset's config fields")
+        check(isinstance(self.answer_prefill, str), "task.answer_prefill", self.answer_prefill, "text ('' for none)")
+        names = []
+        for spec in self.retention_datasets:
+            name = spec if isinstance(spec, str) else spec.get("name") if isinstance(spec, dict) else None
+            check(isinstance(name, str) and name != "", "task.retention_datasets[]", spec,
+                  "a dataset name or a mapping {name: NAME, <config fields>}")
+            check(name != self.dataset, "task.retention_datasets[]", spec,
+                  f"a dataset other than task.dataset={self.dataset!r} (retention measures what RL does not train)")
+            names.append(name)
+        check(len(set(names)) == len(names), "task.retention_datasets", list(self.retention_datasets),
+              "each dataset once")
 
     def _check_preference(self) -> None:
         """``preference`` reads pairs only: a field for questions, answers or their reward would be silently unused."""
@@ -236,14 +279,16 @@ def ignored_fields(name: str, preference_path: Optional[str]) -> dict[str, str]:
     """The fields of ``task=<name>`` that it does not read, each with why. Not listed: ``num_train`` and ``num_eval``
     beside a data file or ``eval_path`` — sizes that presets set for every task (the tests' TINY)."""
     ignored: dict[str, str] = {}
+    if name != "reasoning_gym":
+        ignored.update(dict.fromkeys(GYM_FIELDS, "only task=reasoning_gym reads reasoning-gym datasets"))
     if name != "arithmetic":
         ignored.update(dict.fromkeys(("digits", "ops", "rl_ops"),
                                      "only the embedded arithmetic task generates problems"))
     if name != "gsm8k":
         ignored.update(dict.fromkeys(("question_column", "answer_column"), "only GSM8K-format data has them"))
-    if name == "arithmetic":
+    if name in GENERATED_TASKS:
         ignored.update(dict.fromkeys(("train_path", "eval_path", "val_path", "eval_split", "val_split"),
-                                     "the embedded task generates its problems (task.val_fraction sizes its "
+                                     f"task={name} generates its problems (task.val_fraction sizes its "
                                      "validation split)"))
         if preference_path is None:
             ignored.update(dict.fromkeys(("dataset_config", "train_split"),

@@ -2,8 +2,10 @@
 
 ``build_task(cfg.task, cache_dir, algo=...)`` is the one entry point: the embedded arithmetic task
 (generated and cached, character tokenizer), GSM8K-format data from local files, folders or the Hub
-(HF tokenizer from ``task.tokenizer_path``), or preference pairs only (``task.name=preference``: its
-``train`` and ``eval`` rows are ``prompt``/``chosen``/``rejected`` pairs, and it has no reward).
+(HF tokenizer from ``task.tokenizer_path``), a reasoning-gym dataset (``task.name=reasoning_gym``, generated,
+scored by the dataset's own verifier: ``refexp.tasks.reasoning_gym``), or preference pairs only
+(``task.name=preference``: its ``train`` and ``eval`` rows are ``prompt``/``chosen``/``rejected`` pairs, and it has
+no reward).
 Otherwise every split has ``prompt``/``completion``/``answer`` columns, and
 ``Task.reward(completion_text, answer)`` (the verifier) scores decoded model output: the task's own reward never
 raises; a ``task.reward`` hook that does is named with its sample by ``Task.verify``. ``Task.score`` is the reward
@@ -25,6 +27,7 @@ from refexp.tasks.arithmetic import load_arithmetic, rows_of_ops
 from refexp.tasks.chat import chat_rows, configure_chat
 from refexp.tasks.fingerprint import task_fingerprint
 from refexp.tasks.preference import load_preference
+from refexp.tasks.reasoning_gym_splits import gym_splits
 from refexp.tasks.reward_sum import BatchReward
 from refexp.tasks.rewards import exact_match_reward, gsm8k_reward, load_reward, no_reward
 from refexp.tasks.splits import check_lengths, gsm8k_splits, preference_splits, val_split
@@ -121,6 +124,7 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
     tokenizer = _tokenizer(task_cfg)
     configure_chat(tokenizer, task_cfg)
     hf_cache = os.path.join(cache_dir, "hf-datasets")
+    retained: dict[str, Optional[datasets.Dataset]] = {}  # reasoning_gym's retained datasets' rows, rendered
     if task_cfg.name == "arithmetic":
         splits = load_arithmetic(task_cfg, os.path.join(cache_dir, "data"))
         train, held_out, reward = splits["train"], splits["test"], exact_match_reward
@@ -130,18 +134,24 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
     elif task_cfg.name == "preference":  # pairs rendered as they load (refexp.tasks.preference)
         train, held_out = preference_splits(task_cfg, tokenizer, hf_cache)
         reward = no_reward
+    elif task_cfg.name == "reasoning_gym":  # prompts rendered as they are drawn, the retained datasets' too
+        train, held_out, val, retained, reward = gym_splits(task_cfg, tokenizer, hf_cache)
     else:  # TaskConfig.__post_init__ already rejects other names
-        raise ConfigError(f"task.name={task_cfg.name!r} is invalid: expected one of arithmetic, gsm8k, preference")
-    train, val = val_split(task_cfg, train, hf_cache)
+        raise ConfigError(f"task.name={task_cfg.name!r} is invalid: expected one of arithmetic, gsm8k, preference, "
+                          f"reasoning_gym")
+    if task_cfg.name != "reasoning_gym":  # which carves its validation split itself
+        train, val = val_split(task_cfg, train, hf_cache)
     skills = _skill_splits(task_cfg, train, held_out, val)
-    # Before the length checks, which count the rendered prompts. Preference chats are rendered as they load.
-    if task_cfg.chat_template and task_cfg.name != "preference":
+    # Before the length checks, which count the rendered prompts. Preference and reasoning-gym prompts are rendered
+    # as they load.
+    if task_cfg.chat_template and task_cfg.name not in ("preference", "reasoning_gym"):
         train, held_out, val = (None if ds is None else chat_rows(ds, tokenizer, task_cfg.name)
                                 for ds in (train, held_out, val))
         skills = {k: None if ds is None else chat_rows(ds, tokenizer, task_cfg.name) for k, ds in skills.items()}
     if task_cfg.reward is not None:
         reward = load_reward(task_cfg.reward)
-    check_lengths(task_cfg, tokenizer, {"train": train, "eval": held_out, **({"val": val} if val is not None else {})},
+    measured = {"train": train, "eval": held_out, "val": val, **retained}
+    check_lengths(task_cfg, tokenizer, {k: ds for k, ds in measured.items() if ds is not None},
                   algo, max_seq_len=max_seq_len, new_tokens=new_tokens)
     if skills:  # every skill's rows above; the RL stage reads only its own skills' in train / val / eval
         sft_train, sft_val = train, val
@@ -163,6 +173,7 @@ def build_task(task_cfg: TaskConfig, cache_dir: str, *, algo: str = "sft", max_s
         preference=preference,
         val=val,
         **skills,
+        **retained,
     )
 
 

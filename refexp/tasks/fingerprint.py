@@ -15,6 +15,7 @@ from typing import Optional
 from refexp.config import TaskConfig
 from refexp.record.hashing import stable_hash
 from refexp.tasks.arithmetic import arithmetic_fingerprint
+from refexp.tasks.reasoning_gym import version as gym_version
 
 
 def task_fingerprint(task_cfg: TaskConfig) -> str:
@@ -24,6 +25,10 @@ def task_fingerprint(task_cfg: TaskConfig) -> str:
         key["arithmetic"] = arithmetic_fingerprint(task_cfg)
         if task_cfg.retained_ops():  # which rows RL prompts, DPO pairs and eval/accuracy read (added only then)
             key["rl_ops"] = sorted(set(task_cfg.rl_ops))
+    elif task_cfg.name == "reasoning_gym":  # the generator's version, what it is asked for and the split seeds
+        key["reasoning_gym"] = [gym_version(), task_cfg.dataset, task_cfg.dataset_kwargs, task_cfg.retention_datasets,
+                                task_cfg.num_train, task_cfg.num_eval, task_cfg.data_seed, task_cfg.system_prompt,
+                                task_cfg.chat_template, task_cfg.answer_prefill]
     else:
         key.update(
             train=_path_identity(task_cfg.train_path),

@@ -1,0 +1,139 @@
+"""Disjoint splits of reasoning-gym datasets (``task=reasoning_gym``).
+
+Item ``i`` of a reasoning-gym dataset of seed ``s`` is generated from ``Random(s + i)``, so datasets of seeds ``s``
+and ``s + 1`` share all but one item. Each split therefore draws from its own block of seeds, ``SEED_STRIDE`` apart
+(far more than any split's draws), and every split skips a question already drawn by an earlier one (or by
+itself): a small problem space repeats questions from distinct seeds. The blocks, from ``task.data_seed``:
+
+=====================  =========================================================================================
+block                  rows
+=====================  =========================================================================================
+0: test                ``task.num_eval`` of ``task.dataset`` (drawn first: it does not depend on ``num_train``)
+1: train               ``task.num_train`` of ``task.dataset``; ``refexp.tasks.splits.val_split`` carves the
+                       validation rows off them (``task.val_fraction``)
+2 + 2k: retained test  ``task.num_eval`` rows over the ``task.retention_datasets`` (split evenly), dataset k's
+3 + 2k: retained val   as many rows as the validation split has, the same way
+=====================  =========================================================================================
+
+``gym_splits`` renders the prompts (``refexp.tasks.reasoning_gym.render_prompt``) and builds the reward.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any, Optional
+
+import datasets
+
+from refexp.config import ConfigError, TaskConfig
+from refexp.tasks import reasoning_gym as gym
+from refexp.tasks.splits import val_split
+from refexp.tasks.tokenizer import TextTokenizer
+
+SEED_STRIDE = 10**9
+"""Seeds between two blocks: a block draws at most ``MAX_DRAWS_PER_ROW`` times its rows, far fewer."""
+MAX_DRAWS_PER_ROW = 20
+"""Draws allowed per wanted row before a split gives up on finding new questions (the space is too small)."""
+
+
+def retention_specs(task_cfg: TaskConfig) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, config)`` of each ``task.retention_datasets`` entry (a name, or ``{name: ..., <config>}``)."""
+    out = []
+    for spec in task_cfg.retention_datasets:
+        if isinstance(spec, str):
+            out.append((spec, {}))
+        else:
+            spec = dict(spec)
+            out.append((spec.pop("name"), spec))
+    return out
+
+
+class Draws:
+    """Rows drawn from reasoning-gym datasets, each question at most once across every split drawn."""
+
+    def __init__(self, seed: int, prefill: str = "") -> None:
+        self.seed = seed
+        self.prefill = prefill
+        self.seen: set[str] = set()
+        self.built: dict[str, Any] = {}
+        """name -> a dataset of that name (its ``score_answer`` is what the reward calls)."""
+        self.entries: dict[gym.EntryKey, dict] = {}
+        """Every entry drawn, by ``(name, seed, index)`` (what the reward scores against)."""
+
+    def rows(self, name: str, kwargs: dict[str, Any], n: int, block: int, field: str) -> list[dict]:
+        """``n`` rows of dataset ``name`` with new questions, from the seeds of ``block``."""
+        if n == 0:
+            return []
+        draws = MAX_DRAWS_PER_ROW * n
+        seed = self.seed + block * SEED_STRIDE
+        ds = gym.create(name, kwargs, seed=seed, size=draws, field=field)
+        self.built.setdefault(name, ds)
+        out = []
+        for i in range(draws):
+            entry = ds[i]
+            if entry["question"] in self.seen:
+                continue
+            self.seen.add(entry["question"])
+            self.entries[(name, seed, i)] = entry
+            out.append({"prompt": entry["question"], "completion": gym.demonstration(entry, self.prefill),
+                        "answer": gym.answer_record((name, seed, i), entry), "question": entry["question"]})
+            if len(out) == n:
+                return out
+        raise ConfigError(f"{field}={name!r} with config {kwargs!r} is too small for the sizes asked: {draws} draws "
+                          f"gave {len(out)} new questions of the {n} wanted (every split's questions are distinct); "
+                          f"lower task.num_train / task.num_eval or widen the dataset's config")
+
+
+def generate(task_cfg: TaskConfig) -> tuple[datasets.Dataset, datasets.Dataset, Draws]:
+    """``(train, test, draws)`` of ``task.dataset``: test drawn first, then train (validation is carved off train
+    by the caller); ``draws`` continues with the retention splits (``retention``)."""
+    draws = Draws(task_cfg.data_seed, task_cfg.answer_prefill)
+    name, kwargs = task_cfg.dataset, dict(task_cfg.dataset_kwargs)
+    test = draws.rows(name, kwargs, task_cfg.num_eval, 0, "task.dataset")
+    train = draws.rows(name, kwargs, task_cfg.num_train, 1, "task.dataset")
+    return datasets.Dataset.from_list(train), datasets.Dataset.from_list(test), draws
+
+
+def retention(task_cfg: TaskConfig, draws: Draws, n_val: int) -> dict[str, datasets.Dataset | None]:
+    """``retain_eval`` (``task.num_eval`` rows) and ``retain_val`` (``n_val`` rows; None when 0) over the
+    ``task.retention_datasets``, split evenly (the first taking the remainder), interleaved by a seeded shuffle;
+    {} when none is listed."""
+    specs = retention_specs(task_cfg)
+    if not specs:
+        return {}
+    out: dict[str, datasets.Dataset | None] = {}
+    for key, n, offset in (("retain_eval", task_cfg.num_eval, 2), ("retain_val", n_val, 3)):
+        rows = []
+        for k, (name, kwargs) in enumerate(specs):
+            share = n // len(specs) + (k < n % len(specs))
+            rows += draws.rows(name, kwargs, share, offset + 2 * k, "task.retention_datasets[]")
+        random.Random(f"{task_cfg.data_seed}/{key}").shuffle(rows)
+        out[key] = datasets.Dataset.from_list(rows) if rows else None
+    return out
+
+
+def gym_splits(task_cfg: TaskConfig, tokenizer: TextTokenizer, hf_cache: str
+               ) -> tuple[datasets.Dataset, datasets.Dataset, Optional[datasets.Dataset],
+                          dict[str, Optional[datasets.Dataset]], Callable[[str, str], float]]:
+    """``(train, test, val, retention, reward)`` of ``task=reasoning_gym``: the rows of ``generate`` with the
+    validation split carved off train (``task.val_fraction``), ``retention``'s ``retain_eval`` / ``retain_val``, every
+    prompt rendered (with the tokenizer's chat template when ``task.chat_template``), and the reward that scores
+    them all (``refexp.tasks.reasoning_gym.make_reward``)."""
+    train, test, draws = generate(task_cfg)
+    train, val = val_split(task_cfg, train, hf_cache)
+    retained = retention(task_cfg, draws, 0 if val is None else len(val))
+    system = gym.system_prompt(task_cfg.system_prompt)
+    renderer = tokenizer if task_cfg.chat_template else None
+    if renderer is not None:
+        tokenizer.system_prompt = system  # the task's system message wherever this tokenizer renders a chat
+
+    def render(ds: Optional[datasets.Dataset]) -> Optional[datasets.Dataset]:
+        if ds is None:
+            return None
+        return ds.map(lambda row: {"prompt": gym.render_prompt(row["question"], system, renderer,
+                                                               task_cfg.answer_prefill)}, keep_in_memory=True)
+
+    train, test, val = render(train), render(test), render(val)
+    retained = {k: render(ds) for k, ds in retained.items()}
+    return train, test, val, retained, gym.make_reward(draws.built, draws.entries, task_cfg.answer_prefill)
