@@ -16,6 +16,8 @@ import re
 import sys
 from pathlib import Path
 
+from refexp.cli.compose import CommandLine, hydra_initialized, parse_command_line
+
 NOT_A_RUN = ("--help", "-h", "--hydra-help", "--version", "-sc", "--shell-completion", "--info", "-i")
 """Flags after which Hydra does not compose the job's config: nothing to check."""
 
@@ -46,12 +48,13 @@ def precheck(argv: list[str], config_dir: str) -> None:
     """Compose and validate the single run ``argv`` describes; exit 2 with one line when it is invalid."""
     if any(a.split("=")[0] in NOT_A_RUN for a in argv):
         return
-    precheck_search(argv, config_dir)
+    command_line = parse_command_line(argv)
+    if command_line.config_path is not None:
+        return  # another primary config dir: Hydra reports its own errors
+    precheck_search(command_line, config_dir)
     if any(a in ("-m", "--multirun") for a in argv):
         return
-    # Hydra's own settings (hydra.run.dir=..., hydra/launcher=...) are not the job's config
-    overrides = [a for a in argv if not a.startswith(("-", "hydra", "+hydra", "~hydra")) and "=" in a]
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -59,9 +62,9 @@ def precheck(argv: list[str], config_dir: str) -> None:
     from refexp.config.model import planned_world_size, resolve_shard_degree
 
     try:
-        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
-        check_run_dirs(argv, config_dir, cfg.get("run_dir"))
+        with hydra_initialized(config_dir, command_line):
+            cfg = compose(command_line.config_name, overrides=command_line.job_overrides)
+        check_run_dirs(command_line, config_dir, cfg.get("run_dir"))
         if cfg.get("dry_run"):
             return  # a plan needs no data paths (refexp/cli/dry_run.py validates what it needs)
         obj = to_object(cfg)
@@ -77,16 +80,16 @@ def precheck(argv: list[str], config_dir: str) -> None:
         fail(hydra_message_line("\n".join(str(c) for c in reversed(causes))))
 
 
-def check_run_dirs(argv: list[str], config_dir: str, run_dir: str | None) -> None:
+def check_run_dirs(command_line: CommandLine, config_dir: str, run_dir: str | None) -> None:
     """Exit 2 with one line naming the path when the run's directories (``hydra.run.dir``, where Hydra
     writes ``.hydra/``, and ``run_dir`` when set) cannot be made or written (Hydra would print a traceback),
     or are being written by another process (``refexp/run.py`` takes their lock).
     Creates the missing parents (Hydra would), never the run dir itself (its name may hold a timestamp)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
 
     try:
-        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            hydra_dir = compose("config", overrides=[a for a in argv if not a.startswith("-") and "=" in a],
+        with hydra_initialized(config_dir, command_line):
+            hydra_dir = compose(command_line.config_name, overrides=command_line.overrides,
                                 return_hydra_config=True).hydra.run.dir
     except Exception:  # Hydra reports its own errors
         hydra_dir = None
@@ -119,12 +122,12 @@ def run_dir_problem(path: Path) -> str | None:
     return None
 
 
-def precheck_search(argv: list[str], config_dir: str) -> None:
+def precheck_search(command_line: CommandLine, config_dir: str) -> None:
     """Exit 2 with one line when ``argv`` is a search whose task has no validation split
     (``refexp.config.check_search_validation``). Composed from the overrides every trial shares (a swept
     value, ``a=1,2`` or ``choice(...)``, is each trial's own); a search that sweeps the validation fields
     themselves, or a command line Hydra will reject anyway, is left to the trials and to Hydra."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -132,9 +135,10 @@ def precheck_search(argv: list[str], config_dir: str) -> None:
     from refexp.config.search import VALIDATION_FIELDS
 
     try:
-        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-") and "=" in a])
-        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            cfg = compose("config", overrides=[o.input_line for o in parsed if not o.is_sweep_override()],
+        parsed = OverridesParser.create().parse_overrides(command_line.overrides)
+        with hydra_initialized(config_dir, command_line):
+            cfg = compose(command_line.config_name,
+                          overrides=[o.input_line for o in parsed if not o.is_sweep_override()],
                           return_hydra_config=True)
         sweeper = str(cfg.hydra.sweeper.get("_target_", ""))
         swept = {o.key_or_group for o in parsed if o.is_sweep_override()} | set(cfg.hydra.sweeper.get("params") or {})
