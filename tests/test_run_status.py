@@ -49,6 +49,30 @@ def test_running_status_of_a_gone_process_is_stale_in_the_report(tmp_path):
     assert "stale" in stale_reason(other, now=time.time() + 3600)
 
 
+def test_a_killed_runs_pid_given_to_another_process_reads_stale(tmp_path):
+    """kill -9, then the pid reused: the heartbeat's process start (/proc/PID/stat field 22) tells them apart."""
+    from refexp.record.lock import process_start
+
+    open_status(tmp_path, RunStatus(algo="grpo", steps=10))
+    st = read_status(tmp_path)
+    assert st["heartbeat"]["pid_start"] == process_start(os.getpid()) is not None
+    reused = {**st, "heartbeat": {**st["heartbeat"], "pid_start": st["heartbeat"]["pid_start"] - 1}}
+    (tmp_path / "status.json").write_text(json.dumps(reused))  # this live pid, another process's start
+    run_ = load_run(tmp_path, tmp_path)
+    assert run_.state == "stale" and f"pid {os.getpid()}" in run_.problem
+    unrecorded = {**st, "heartbeat": {k: v for k, v in st["heartbeat"].items() if k != "pid_start"}}
+    assert stale_reason(unrecorded) is None  # written before starts were recorded: the pid alone decides
+
+
+@pytest.mark.parametrize("pid", ["abc", "12x", -1, [1]])
+def test_a_heartbeat_whose_pid_is_not_a_pid_reads_stale_in_the_report(tmp_path, pid):
+    open_status(tmp_path, RunStatus(algo="grpo", steps=10))
+    st = read_status(tmp_path)
+    (tmp_path / "status.json").write_text(json.dumps({**st, "heartbeat": {**st["heartbeat"], "pid": pid}}))
+    run_ = load_run(tmp_path, tmp_path)
+    assert run_.state == "stale" and run_.problem.startswith("stale: its process") and "\n" not in run_.problem
+
+
 def test_beat_renews_only_a_running_status_this_process_wrote(tmp_path):
     open_status(tmp_path, RunStatus(steps=10))
     first = read_status(tmp_path)["heartbeat"]

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional
 
 from refexp.record import layout
 from refexp.record.atomic import json_default, write_text_atomic
-from refexp.record.lock import HEARTBEAT_S, describe_owner, owner_alive
+from refexp.record.lock import HEARTBEAT_S, describe_owner, owner_alive, process_start
 
 ENDED = ("failed", "preempted")
 _SET_AT_THE_END = ("traceback", "ended", "wall_s", "provenances", "heartbeat", "sft_start")
@@ -145,7 +145,9 @@ def run_dir_busy(run_dir: str | Path, owner: dict) -> str:
 
 
 def new_heartbeat(step: int = 0) -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "step": int(step)}
+    """``pid_start``: when the pid's process started (``lock.process_start``), so a reused pid reads as gone."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+            "time": time.time(), "step": int(step)}
 
 
 _LAST_BEAT: dict[str, float] = {}
