@@ -23,7 +23,7 @@ import torch
 
 from refexp.config import ConfigError
 from refexp.record.cache_dirs import manifest_path, verified_entry
-from refexp.tasks.reward_model_weights import weights_problem
+from refexp.tasks.reward_model_weights import quiet_transformers, weights_problem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -97,23 +97,6 @@ def reward_model_inputs(tokenizer, texts: list[str], device) -> dict[str, torch.
         input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, :len(r)] = 1
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
-
-
-@contextmanager
-def quiet_transformers():
-    """transformers' warnings and progress bars off while a checkpoint loads (a fresh head's "newly initialized"
-    notice, a loading bar per model), its settings restored after."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def load_sequence_classifier(path: str, dtype: torch.dtype = torch.float32, device="cpu", num_labels: int = 1):

@@ -3,18 +3,36 @@
 
 transformers' ``from_pretrained`` gives a sequence classifier whose checkpoint lacks the head (a causal LM's
 export with a classifier's config.json) a freshly initialised ``score`` head and only warns, a warning refexp
-silences while loading (``tasks/reward_model.quiet_transformers``): GRPO would then optimise a random reward.
+silences while loading (``quiet_transformers`` below): GRPO would then optimise a random reward.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from typing import Optional
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 """The weight files transformers' ``from_pretrained`` reads from a local dir (one file or an indexed set)."""
+
+
+@contextmanager
+def quiet_transformers():
+    """transformers' warnings and progress bars off while a checkpoint loads (a fresh head's "newly initialized"
+    notice, a loading bar per model), its settings restored after."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def stored_tensor_names(path: str) -> Optional[set[str]]:
@@ -45,8 +63,6 @@ def head_weight_names(path: str) -> Optional[list[str]]:
     transformers cannot build the config (an architecture it does not know)."""
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    from refexp.tasks.reward_model import quiet_transformers
 
     try:
         with quiet_transformers():
