@@ -1,5 +1,5 @@
-"""The task's tokenizer against the start model, before any build (refexp.components.tokenizer_start.py): another size is
-one error naming both sizes and files; the same size with another vocabulary, a warning naming both."""
+"""The task's tokenizer against the start model, before any build (refexp/components/tokenizer_start.py): another
+size is one error naming both sizes and files; the same size with another vocabulary, a warning naming both."""
 
 from __future__ import annotations
 
