@@ -333,7 +333,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     except BaseException as e:
         rdist.note_run_failed()
         status.stopped(e, preempted=isinstance(e, stop_signals.Preempted), last_step=logger.last_step,
-                       traceback=traceback.format_exc(limit=20))
+                       traceback=traceback.format_exc(limit=20), where=run_dir)
         raise
     finally:
         if heartbeat is not None:
