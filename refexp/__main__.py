@@ -40,6 +40,16 @@ def _app(cfg: DictConfig) -> float | None:
     except (ConfigError, CorruptCacheEntry) as e:  # bad input is the user's to fix: one line, no traceback (exit 2)
         print(f"refexp: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Exception as e:
+        from refexp.record.disk_full import describe_error, disk_full
+
+        where = cfg.get("run_dir")  # filled in by run_from_hydra
+        if not disk_full(e, where):
+            raise
+        # a full disk is the machine's, not a bug: one line (status.json says the same), exit 1 like a failed run
+        print(f"refexp: error: {describe_error(e, where)}; free space, then rerun the same run dir to resume",
+              file=sys.stderr)
+        sys.exit(1)
 
 
 def main() -> None:

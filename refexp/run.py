@@ -295,6 +295,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     import datasets
 
     from refexp.tasks import build_task
+    from refexp.components.tokenizer_start import check_tokenizer_against_start
 
     datasets.disable_progress_bars()  # one tqdm line per saved split drowns the run's own output
     cache_dir = Path(os.path.expanduser(cfg.sft.cache_dir))
@@ -302,6 +303,9 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     task = build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths) if info.is_rank0 else None
     rdist.barrier()
     task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths)  # other ranks read rank 0's cache
+    check_tokenizer_against_start(task.tokenizer, cfg.task.tokenizer_path, sft_checkpoint=cfg.sft.checkpoint,
+                                  hf_assets_path=cfg.model.hf_assets_path, model_vocab_size=cfg.model.vocab_size,
+                                  warn=info.is_rank0)  # every rank: each raises the same error, none waits
 
     resolved = resolved_container(dcfg)
     status = RunStatus(algo=cfg.algo.name, reference=cfg.reference.name, seed=cfg.training.seed,
@@ -329,7 +333,7 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     except BaseException as e:
         rdist.note_run_failed()
         status.stopped(e, preempted=isinstance(e, stop_signals.Preempted), last_step=logger.last_step,
-                       traceback=traceback.format_exc(limit=20))
+                       traceback=traceback.format_exc(limit=20), where=run_dir)
         raise
     finally:
         if heartbeat is not None:

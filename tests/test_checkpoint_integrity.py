@@ -139,6 +139,30 @@ def test_checkpoints_from_before_manifests_load_with_a_warning(tmp_path, dense_r
     _assert_equal_to(tmp_path, uninterrupted)
 
 
+def test_a_damaged_checkpoint_from_before_manifests_is_refused_naming_it(tmp_path, dense_reward, monkeypatch):
+    """No manifest anywhere and the newest checkpoint's bytes damaged in place (its sizes intact): the weights it
+    loads are not finite, and the resume says which checkpoint, not a NonFiniteError at the first update."""
+    import torch
+
+    from refexp.titan.components import CheckpointManager
+
+    run(compose_tiny_run(tmp_path, *CKPT, f"training.steps={K}"))
+    for manifest in (tmp_path / "checkpoint").glob(f"step-*/{MANIFEST}"):
+        manifest.unlink()
+    load = CheckpointManager.load
+
+    def damaged(self, step=-1):  # what a bit flip in an exponent loads as
+        loaded = load(self, step=step)
+        with torch.no_grad():
+            next(iter(self.states["model"].model[0].parameters())).view(-1)[0] = float("nan")
+        return loaded
+
+    monkeypatch.setattr(CheckpointManager, "load", damaged)
+    with pytest.raises(ConfigError, match=rf"checkpoint {tmp_path / 'checkpoint' / f'step-{K}'} \(no {MANIFEST}: "
+                                          rf"written before manifests, unverified\) loaded non-finite weights"):
+        _rerun_with_warnings(tmp_path, f"training.steps={N}")
+
+
 def test_a_checkpoint_newer_than_a_manifested_one_without_its_manifest_is_skipped(tmp_path, dense_reward):
     """What a kill between DCP's ``.metadata`` and the manifest leaves."""
     run(compose_tiny_run(tmp_path, *CKPT, f"training.steps={K}"))

@@ -183,6 +183,26 @@ def test_bad_reward_model_dirs_are_named_before_any_model_is_built(hf_dir, chat_
         to_object(compose_root("algo=rm", "parallelism=fsdp", "parallelism.nproc_per_node=2"))
 
 
+def test_a_reward_model_dir_without_its_head_or_any_weights_is_refused_before_any_build(hf_dir, chat_rm, tmp_path):
+    """A causal LM's export with a classifier's config.json would load with a random score head (transformers
+    only warns, and refexp silences it); a config with no weight file at all is refused too."""
+    import shutil
+
+    from refexp.tasks.sources import check_sources
+
+    check_sources(TaskConfig(reward_model=str(chat_rm)))  # the head is there
+    headless = tmp_path / "headless"
+    shutil.copytree(hf_dir, headless)
+    (headless / "config.json").write_text((chat_rm / "config.json").read_text())
+    with pytest.raises(ConfigError, match=r"task.reward_model=.*headless.* has no weights for its classifier head "
+                                          r"\(score.weight\)"):
+        check_sources(TaskConfig(reward_model=str(headless)))
+    bare = tmp_path / "bare"
+    shutil.copytree(chat_rm, bare, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    with pytest.raises(ConfigError, match=r"task.gold_reward_model=.*bare.* has no weight files \(model.safetensors"):
+        check_sources(TaskConfig(gold_reward_model=str(bare)))
+
+
 def test_the_dry_run_plan_counts_the_reward_model(chat_rm):
     from refexp.cli.dry_run import dry_run
     from refexp.tasks.reward_model import reward_model_parameters

@@ -23,7 +23,7 @@ from refexp.record.status import RunStatus, close_run_status, open_status, read_
 from refexp.report.reading.load import load_run
 from refexp.run import run
 from refexp.runtime.stop_signals import Preempted, installed
-from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_tiny_run
 
 
 def _dead_pid() -> int:
@@ -47,6 +47,30 @@ def test_running_status_of_a_gone_process_is_stale_in_the_report(tmp_path):
     other = {**st, "heartbeat": {**st["heartbeat"], "host": "elsewhere", "time": time.time()}}
     assert stale_reason(other) is None  # another host: a recent heartbeat is alive
     assert "stale" in stale_reason(other, now=time.time() + 3600)
+
+
+def test_a_killed_runs_pid_given_to_another_process_reads_stale(tmp_path):
+    """kill -9, then the pid reused: the heartbeat's process start (/proc/PID/stat field 22) tells them apart."""
+    from refexp.record.lock import process_start
+
+    open_status(tmp_path, RunStatus(algo="grpo", steps=10))
+    st = read_status(tmp_path)
+    assert st["heartbeat"]["pid_start"] == process_start(os.getpid()) is not None
+    reused = {**st, "heartbeat": {**st["heartbeat"], "pid_start": st["heartbeat"]["pid_start"] - 1}}
+    (tmp_path / "status.json").write_text(json.dumps(reused))  # this live pid, another process's start
+    run_ = load_run(tmp_path, tmp_path)
+    assert run_.state == "stale" and f"pid {os.getpid()}" in run_.problem
+    unrecorded = {**st, "heartbeat": {k: v for k, v in st["heartbeat"].items() if k != "pid_start"}}
+    assert stale_reason(unrecorded) is None  # written before starts were recorded: the pid alone decides
+
+
+@pytest.mark.parametrize("pid", ["abc", "12x", -1, [1]])
+def test_a_heartbeat_whose_pid_is_not_a_pid_reads_stale_in_the_report(tmp_path, pid):
+    open_status(tmp_path, RunStatus(algo="grpo", steps=10))
+    st = read_status(tmp_path)
+    (tmp_path / "status.json").write_text(json.dumps({**st, "heartbeat": {**st["heartbeat"], "pid": pid}}))
+    run_ = load_run(tmp_path, tmp_path)
+    assert run_.state == "stale" and run_.problem.startswith("stale: its process") and "\n" not in run_.problem
 
 
 def test_beat_renews_only_a_running_status_this_process_wrote(tmp_path):
@@ -99,6 +123,54 @@ def test_full_disk_at_a_save_reports_the_save_and_ends_the_status(tmp_path, dens
         run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "checkpoint.interval=1"))
     got = read_status(tmp_path)
     assert got["status"] == "failed" and "checkpoint/step-1" in got["error"], got
+
+
+TORCH_FULL = ("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0: "
+              "file write failed")
+"""What torch.save says on a full disk: no errno, no "No space left on device"."""
+
+
+def test_a_full_disk_is_named_as_the_cause_whatever_error_it_shows_up_as(tmp_path, monkeypatch):
+    from refexp.record import disk_full
+    from refexp.record.disk_full import describe_error
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "metrics.jsonl")
+        except OSError as e:
+            raise RuntimeError("writing the metrics failed") from e
+    except RuntimeError as e:
+        wrapped = e
+    assert describe_error(wrapped).startswith("No space left on device: RuntimeError: writing the metrics failed")
+    torch_error = RuntimeError(TORCH_FULL)
+    assert describe_error(torch_error, tmp_path) == f"RuntimeError: {TORCH_FULL}"  # room left: another failure
+    monkeypatch.setattr(disk_full, "free_bytes", lambda where: 0)
+    assert describe_error(torch_error, tmp_path) == (f"No space left on device (the file system of {tmp_path} is "
+                                                     f"full): RuntimeError: {TORCH_FULL}")
+    assert describe_error(ValueError("x"), tmp_path) == "ValueError: x"
+
+
+_FULL_AT_SAVE = ("import sys, refexp.components.checkpoint as c, refexp.record.disk_full as d\n"
+                 "def save(self, step, **kw):\n"
+                 f"    raise RuntimeError({TORCH_FULL!r})\n"
+                 "c.Checkpointer.save = save\n"
+                 "d.free_bytes = lambda where: 0\n"
+                 "from refexp.__main__ import main\n"
+                 "sys.argv = ['refexp', *sys.argv[1:]]\n"
+                 "main()\n")
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_checkpoint_save_is_one_line_and_the_status_names_it(tmp_path):
+    out = subprocess.run([sys.executable, "-c", _FULL_AT_SAVE, *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES,
+                          "checkpoint.interval=1", f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("refexp: error:") or "Traceback" in ln]
+    assert out.returncode == 1 and lines == [lines[0]], out.stderr[-3000:]
+    assert lines[0].startswith(f"refexp: error: No space left on device (the file system of {tmp_path} is full): "
+                               f"RuntimeError: [enforce fail"), lines[0]
+    got = read_status(tmp_path)
+    assert got["status"] == "failed" and got["error"].startswith("No space left on device"), got["error"]
 
 
 # ---------------------------------------------------------------- reruns of a finished run

@@ -7,7 +7,9 @@ surface as one line naming the field and what would be valid, whether the run wo
 its config (``--cfg job``). Sweeps (``-m``) are left to Hydra: a job's bad values are recorded in its
 ``status.json`` and the sweep goes on. One check covers a sweep too: a search (``hparams_search``, any
 sweeper that selects on the jobs' results) needs a validation split (``precheck_search``), since it must
-never select on test. A run dir that cannot be made or written is named in one line too (``check_run_dirs``).
+never select on test. A run dir or sweep dir that cannot be made or written (a name too long, a place no one
+may write) is named in one line too (``check_run_dirs``, ``check_sweep_dir``), and so is an override Hydra's
+grammar cannot read or would sweep in a single run (``check_override_syntax``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+
+from refexp.cli.compose import CommandLine, hydra_initialized, parse_command_line
 
 NOT_A_RUN = ("--help", "-h", "--hydra-help", "--version", "-sc", "--shell-completion", "--info", "-i")
 """Flags after which Hydra does not compose the job's config: nothing to check."""
@@ -46,12 +50,16 @@ def precheck(argv: list[str], config_dir: str) -> None:
     """Compose and validate the single run ``argv`` describes; exit 2 with one line when it is invalid."""
     if any(a.split("=")[0] in NOT_A_RUN for a in argv):
         return
-    precheck_search(argv, config_dir)
-    if any(a in ("-m", "--multirun") for a in argv):
+    command_line = parse_command_line(argv)
+    if command_line.config_path is not None:
+        return  # another primary config dir: Hydra reports its own errors
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    check_override_syntax(command_line.overrides, multirun=multirun)
+    precheck_search(command_line, config_dir)
+    if multirun:
+        check_sweep_dir(command_line, config_dir)
         return
-    # Hydra's own settings (hydra.run.dir=..., hydra/launcher=...) are not the job's config
-    overrides = [a for a in argv if not a.startswith(("-", "hydra", "+hydra", "~hydra")) and "=" in a]
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -59,9 +67,9 @@ def precheck(argv: list[str], config_dir: str) -> None:
     from refexp.config.model import planned_world_size, resolve_shard_degree
 
     try:
-        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
-        check_run_dirs(argv, config_dir, cfg.get("run_dir"))
+        with hydra_initialized(config_dir, command_line):
+            cfg = compose(command_line.config_name, overrides=command_line.job_overrides)
+        check_run_dirs(command_line, config_dir, cfg.get("run_dir"))
         if cfg.get("dry_run"):
             return  # a plan needs no data paths (refexp/cli/dry_run.py validates what it needs)
         obj = to_object(cfg)
@@ -77,16 +85,16 @@ def precheck(argv: list[str], config_dir: str) -> None:
         fail(hydra_message_line("\n".join(str(c) for c in reversed(causes))))
 
 
-def check_run_dirs(argv: list[str], config_dir: str, run_dir: str | None) -> None:
+def check_run_dirs(command_line: CommandLine, config_dir: str, run_dir: str | None) -> None:
     """Exit 2 with one line naming the path when the run's directories (``hydra.run.dir``, where Hydra
     writes ``.hydra/``, and ``run_dir`` when set) cannot be made or written (Hydra would print a traceback),
     or are being written by another process (``refexp/run.py`` takes their lock).
     Creates the missing parents (Hydra would), never the run dir itself (its name may hold a timestamp)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
 
     try:
-        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            hydra_dir = compose("config", overrides=[a for a in argv if not a.startswith("-") and "=" in a],
+        with hydra_initialized(config_dir, command_line):
+            hydra_dir = compose(command_line.config_name, overrides=command_line.overrides,
                                 return_hydra_config=True).hydra.run.dir
     except Exception:  # Hydra reports its own errors
         hydra_dir = None
@@ -104,10 +112,69 @@ def check_run_dirs(argv: list[str], config_dir: str, run_dir: str | None) -> Non
                 fail(run_dir_busy(d, owner))
 
 
+def check_override_syntax(overrides: list[str], *, multirun: bool) -> None:
+    """Exit 2 with one line for an override Hydra's grammar cannot read (an unquoted value with a character it
+    does not take: a non-ASCII letter, a space), or, in a single run, one Hydra reads as a list of values to sweep
+    (an unquoted ','); Hydra would print several lines and exit 1. Either is valid quoted: ``key='value'``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        key, _, value = override.partition("=")
+        quoted = f"{key}='{value}'"
+        try:
+            parsed = parser.parse_override(override)
+        except HydraException:
+            fail(f"{override} is not an override Hydra can read: an unquoted value holds ASCII letters, digits and "
+                 f"_-+./:@ (no ',', space or non-ASCII letter); quote it: {quoted}")
+        if not multirun and parsed.is_sweep_override():
+            fail(f"{override} is a list of values to sweep (its ','), not one value: quote it ({quoted}) for one value "
+                 f"holding a comma, or add -m to sweep")
+
+
+def check_sweep_dir(command_line: CommandLine, config_dir: str) -> None:
+    """Exit 2 with one line naming the path when a sweep's dir (``hydra.sweep.dir``) cannot be made or written
+    (Hydra would print a traceback once its first job starts)."""
+    from hydra import compose
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(command_line.overrides)
+        with hydra_initialized(config_dir, command_line):
+            sweep_dir = compose(command_line.config_name, return_hydra_config=True,
+                                overrides=[o.input_line for o in parsed if not o.is_sweep_override()]).hydra.sweep.dir
+    except Exception:  # Hydra reports its own errors
+        return
+    problem = run_dir_problem(Path(str(sweep_dir)))
+    if problem:
+        fail(f"cannot use the sweep dir {sweep_dir}: {problem}")
+
+
+def name_problem(path: Path) -> str | None:
+    """Why the file system refuses the name ``path`` (a component longer than NAME_MAX, the whole longer than
+    PATH_MAX, as the nearest existing ancestor's file system states them), else None."""
+    import os
+
+    existing = next((p for p in [path, *path.parents] if os.path.isdir(p)), Path("/"))
+    name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            return (f"its name {part[:24]}... is {len(os.fsencode(part))} bytes, longer than the {name_max} a name "
+                    f"may have here: expected a shorter name")
+    if len(os.fsencode(str(path.absolute()))) >= path_max:
+        return f"the path is longer than the {path_max} bytes a path may have here: expected a shorter path"
+    return None
+
+
 def run_dir_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be a run dir (not a directory, or its parent cannot be written), else None."""
+    """Why ``path`` cannot be a run dir (a name too long, not a directory, or its parent cannot be written),
+    else None."""
     import tempfile
 
+    too_long = name_problem(path)
+    if too_long:
+        return too_long
     if path.exists() and not path.is_dir():
         return "it exists and is not a directory"
     where = path if path.is_dir() else path.parent
@@ -119,12 +186,12 @@ def run_dir_problem(path: Path) -> str | None:
     return None
 
 
-def precheck_search(argv: list[str], config_dir: str) -> None:
+def precheck_search(command_line: CommandLine, config_dir: str) -> None:
     """Exit 2 with one line when ``argv`` is a search whose task has no validation split
     (``refexp.config.check_search_validation``). Composed from the overrides every trial shares (a swept
     value, ``a=1,2`` or ``choice(...)``, is each trial's own); a search that sweeps the validation fields
     themselves, or a command line Hydra will reject anyway, is left to the trials and to Hydra."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -132,9 +199,10 @@ def precheck_search(argv: list[str], config_dir: str) -> None:
     from refexp.config.search import VALIDATION_FIELDS
 
     try:
-        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-") and "=" in a])
-        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            cfg = compose("config", overrides=[o.input_line for o in parsed if not o.is_sweep_override()],
+        parsed = OverridesParser.create().parse_overrides(command_line.overrides)
+        with hydra_initialized(config_dir, command_line):
+            cfg = compose(command_line.config_name,
+                          overrides=[o.input_line for o in parsed if not o.is_sweep_override()],
                           return_hydra_config=True)
         sweeper = str(cfg.hydra.sweeper.get("_target_", ""))
         swept = {o.key_or_group for o in parsed if o.is_sweep_override()} | set(cfg.hydra.sweeper.get("params") or {})

@@ -33,11 +33,13 @@ from typing import Any
 import torch
 
 from refexp.config import CheckpointConfig, ConfigError
-from refexp.record.checkpoints import checked_steps, complete_steps, manifest_run, write_manifest
+from refexp.record.checkpoints import (MANIFEST, checked_steps, complete_steps, has_manifest, manifest_run,
+                                       write_manifest)
 from refexp.components.run_identity import foreign_checkpoint
 from refexp.runtime import distributed as rdist
 from refexp.titan.components import CheckpointManager
 from refexp.titan.dcp_reader import checked_dcp_metadata
+from refexp.titan.unwrap import local_tensor
 
 
 class TrainState:
@@ -109,7 +111,7 @@ class Checkpointer:
         (``RunContext.completed_at``): ``save`` keeps that run's checkpoints until this one passes it.
         ``identity``: this run's (``refexp/components/run_identity.py``), written into every manifest and checked
         against the checkpoint a resume chooses."""
-        self.cfg = cfg
+        self.cfg, self.model = cfg, model
         self.identity = identity
         self.completed_at = completed_at
         self.folder = Path(run_dir) / cfg.folder
@@ -163,8 +165,23 @@ class Checkpointer:
             raise choice
         if choice is None or not self.manager.load(step=choice):
             return False
+        if not has_manifest(self._dir(choice)):  # written before manifests: only its sizes were checked
+            self._refuse_non_finite(choice)
         self.last_good = choice
         return True
+
+    def _refuse_non_finite(self, step: int) -> None:
+        """``ConfigError`` on every rank, naming the checkpoint, when the unverified ``step-N`` just loaded gave
+        the model a non-finite weight: bytes damaged in place, which its sizes cannot show, would otherwise end
+        the run at its first update with a NonFiniteError that names no file."""
+        bad = next((name for name, t in self.model.state_dict().items()
+                    if t.is_floating_point() and not torch.isfinite(local_tensor(t)).all()), None)
+        device = next((p.device for p in self.model.parameters()), torch.device("cpu"))
+        if rdist.any_rank(bad is not None, device):
+            where = f" ({bad})" if bad else " (on another rank)"
+            raise ConfigError(f"checkpoint {self._dir(step)} (no {MANIFEST}: written before manifests, unverified) "
+                              f"loaded non-finite weights{where}: its files are damaged. Move it away to resume "
+                              f"from the checkpoint before it")
 
     def _step_to_resume(self) -> int | None:
         """``load_step`` (an error unless it verifies), else the newest full checkpoint that verifies (a

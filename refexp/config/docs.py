@@ -33,9 +33,10 @@ docstrings, not this page (tests/test_options_doc.py fails when the two disagree
 
 Every field below is set on the command line as `<group>.<field>=<value>` (`training.steps=500`,
 `reference.reset_every=20`); a group's option, which sets several fields at once, is chosen as `<group>=<option>`
-(`model=qwen3_0.6b`, `reference=ema`; the options are the YAML files under `conf/<group>/`). `refexp <overrides>
---cfg job` prints the composed config, `--info defaults` which file each group's values come from. A bad value
-fails before any model is built, naming the field.
+(`model=qwen3_0.6b`, `reference=ema`; the options are the YAML files under `conf/<group>/`, and under
+`DIR/<group>/` of a config dir outside the package given as `--config-dir DIR` or `hydra.searchpath=[file://DIR]`).
+`refexp <overrides> --cfg job` prints the composed config, `--info defaults` which file each group's values come
+from. A bad value fails before any model is built, naming the field; an unknown option, listing those found.
 """
 
 

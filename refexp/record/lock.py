@@ -1,4 +1,5 @@
-"""One writer at a time: an exclusive lock file that names its owner (host, pid, start time).
+"""One writer at a time: an exclusive lock file that names its owner (host, pid, start time, the pid's process
+start from ``/proc``).
 
 Used for a run dir (``refexp/run.py``: a second launch into a running run dir fails at once, naming the
 owner) and for an SFT cache entry (``refexp/algos/sft.py``: a second job waits for the first's model).
@@ -7,9 +8,9 @@ Where the file system has ``fcntl.flock`` the lock is the kernel's: it is freed 
 however it exits, so a lock file found unlocked is a dead owner's and is taken over (with a warning when
 it still names that owner). On file systems without it (some network and FUSE mounts: ``flock`` fails
 with ENOLCK, EOPNOTSUPP or ENOSYS) the lock is the file itself, created with ``O_CREAT|O_EXCL``; its
-owner is alive while it is this host's and its pid runs, or another host's and its heartbeat (the
-file's modification time, touched every ``HEARTBEAT_S`` by a thread while held) is newer than
-``STALE_AFTER_S``. Taking over a stale lock there is best effort: two processes taking over the same
+owner is alive while it is this host's and its pid runs the process that took the lock (``process_start``), or
+another host's and its heartbeat (the file's modification time, touched every ``HEARTBEAT_S`` by a thread while
+held) is newer than ``STALE_AFTER_S``. Taking over a stale lock there is best effort: two processes taking over the same
 stale lock in the same instant may both succeed.
 """
 
@@ -55,7 +56,8 @@ def held_by(path: str | os.PathLike) -> Optional[dict]:
 
 
 def this_owner() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+            "pid_start": process_start(os.getpid())}
 
 
 def describe_owner(owner: dict) -> str:
@@ -67,21 +69,45 @@ def describe_owner(owner: dict) -> str:
     return f"host {owner.get('host', '?')}, pid {owner['pid']}{when}"
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists (a reused pid reads as alive)."""
+def process_start(pid) -> Optional[int]:
+    """When this host's process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22,
+    proc(5)): with the pid it names one process, where the pid alone may have been given to another since.
+    None where there is no ``/proc`` (macOS) or no such process."""
     try:
-        os.kill(int(pid), 0)
+        text = Path(f"/proc/{int(pid)}/stat").read_text()
+        # field 2, the command name, is in parentheses and may hold spaces: field 3 starts after the last ')'
+        return int(text.rsplit(")", 1)[1].split()[22 - 3])
+    except (OSError, ValueError, TypeError, IndexError):
+        return None
+
+
+def pid_alive(pid, started: Optional[int] = None) -> bool:
+    """Whether process ``pid`` of this host exists and, when its start (``process_start``) was recorded as
+    ``started``, is the same process (a pid given to another process since reads as gone). A value that is
+    not a pid reads as gone."""
+    try:
+        pid = int(pid)
+    except (TypeError, ValueError):
+        return False
+    if pid <= 0:  # os.kill(0 or -N, 0) asks after a process group, not a process
+        return False
+    try:
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
+    if isinstance(started, int) and not isinstance(started, bool):
+        now = process_start(pid)
+        return now is None or now == started
     return True
 
 
 def owner_alive(owner: dict, heartbeat: float, *, now: Optional[float] = None) -> bool:
-    """This host's owner: its pid runs; another host's: its ``heartbeat`` (a time) is recent."""
+    """This host's owner: its pid runs, and is the process that started at ``owner["pid_start"]`` when that was
+    recorded; another host's: its ``heartbeat`` (a time) is recent."""
     if owner.get("host") == socket.gethostname() and owner.get("pid"):
-        return pid_alive(owner["pid"])
+        return pid_alive(owner["pid"], owner.get("pid_start"))
     return (time.time() if now is None else now) - heartbeat < STALE_AFTER_S
 
 

@@ -32,7 +32,8 @@ from typing import Any, Mapping, Optional
 
 from refexp.record import layout
 from refexp.record.atomic import json_default, write_text_atomic
-from refexp.record.lock import HEARTBEAT_S, describe_owner, owner_alive
+from refexp.record.disk_full import describe_error
+from refexp.record.lock import HEARTBEAT_S, describe_owner, owner_alive, process_start
 
 ENDED = ("failed", "preempted")
 _SET_AT_THE_END = ("traceback", "ended", "wall_s", "provenances", "heartbeat", "sft_start")
@@ -77,10 +78,12 @@ class RunStatus:
     def to_json(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None or k not in _SET_AT_THE_END}
 
-    def stopped(self, error: BaseException, *, preempted: bool, last_step: int, traceback: str) -> None:
-        """The run ended with ``error`` (``preempted``: by a stop signal, after saving a checkpoint)."""
+    def stopped(self, error: BaseException, *, preempted: bool, last_step: int, traceback: str,
+                where: str | Path | None = None) -> None:
+        """The run ended with ``error`` (``preempted``: by a stop signal, after saving a checkpoint); a full disk
+        under ``where`` (the run dir) is named as its cause (``record.disk_full``)."""
         self.status = "preempted" if preempted else "failed"
-        self.error, self.traceback, self.last_step = f"{type(error).__name__}: {error}", traceback, last_step
+        self.error, self.traceback, self.last_step = describe_error(error, where), traceback, last_step
 
 
 def read_status_file(run_dir: str | Path) -> tuple[Optional[dict], Optional[str]]:
@@ -145,7 +148,9 @@ def run_dir_busy(run_dir: str | Path, owner: dict) -> str:
 
 
 def new_heartbeat(step: int = 0) -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "step": int(step)}
+    """``pid_start``: when the pid's process started (``lock.process_start``), so a reused pid reads as gone."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+            "time": time.time(), "step": int(step)}
 
 
 _LAST_BEAT: dict[str, float] = {}

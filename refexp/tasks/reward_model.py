@@ -23,6 +23,7 @@ import torch
 
 from refexp.config import ConfigError
 from refexp.record.cache_dirs import manifest_path, verified_entry
+from refexp.tasks.reward_model_weights import quiet_transformers, weights_problem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -41,8 +42,9 @@ def is_reward_model_entry(entry: str) -> bool:
 
 
 def check_reward_model_dir(field_name: str, path: str) -> None:
-    """ConfigError naming ``field_name`` unless ``path`` is a sequence-classification checkpoint with one label
-    and a tokenizer: reads config.json only, before any model is built."""
+    """ConfigError naming ``field_name`` unless ``path`` is a sequence-classification checkpoint with one label,
+    a tokenizer and its head's weights: reads config.json and the weight files' names only, before any model is
+    built (``tasks/reward_model_weights.py``)."""
     expected = ("an HF AutoModelForSequenceClassification checkpoint dir with num_labels=1 and its tokenizer "
                 "(e.g. the hf/ dir `refexp algo=rm` prints)")
     if not os.path.isdir(path):
@@ -65,6 +67,9 @@ def check_reward_model_dir(field_name: str, path: str) -> None:
     if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
         raise ConfigError(f"{field_name}={path!r} has no tokenizer (tokenizer.json / tokenizer_config.json): "
                           f"expected {expected}")
+    problem = weights_problem(path)
+    if problem:
+        raise ConfigError(f"{field_name}={path!r} has {problem}: expected {expected}")
 
 
 def reward_model_texts(tokenizer, prompts: list[str], completions: list[str], *, prompts_rendered: bool) -> list[str]:
@@ -92,23 +97,6 @@ def reward_model_inputs(tokenizer, texts: list[str], device) -> dict[str, torch.
         input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, :len(r)] = 1
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
-
-
-@contextmanager
-def quiet_transformers():
-    """transformers' warnings and progress bars off while a checkpoint loads (a fresh head's "newly initialized"
-    notice, a loading bar per model), its settings restored after."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def load_sequence_classifier(path: str, dtype: torch.dtype = torch.float32, device="cpu", num_labels: int = 1):
