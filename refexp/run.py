@@ -200,12 +200,24 @@ def check_rerun_steps(cfg: RootConfig, run_dir: Path) -> None:
     (its LR schedule would end before the checkpoint's step) and must not touch that run's record."""
     earlier = read_status(run_dir) or {}
     heartbeat = earlier.get("heartbeat") if isinstance(earlier.get("heartbeat"), dict) else {}
-    reached = max(int(earlier.get("last_step") or 0), int(heartbeat.get("step") or 0))
+    reached = max(_recorded_step(run_dir, "last_step", earlier.get("last_step")),
+                  _recorded_step(run_dir, "heartbeat.step", heartbeat.get("step")))
     if cfg.algo.name not in ("sft", "rm") and reached > cfg.training.steps:  # sft's and rm's steps are their stage's
         done = "completed" if earlier.get("status") == "completed" else "reached"
         raise ConfigError(f"run_dir={str(run_dir)!r} holds a run that {done} {reached} steps, and rerunning a run "
                           f"dir resumes it: training.steps={cfg.training.steps} is fewer. To continue it use "
                           f"training.steps >= {reached}, or use a new run_dir")
+
+
+def _recorded_step(run_dir: Path, field: str, value) -> int:
+    """A step count read from the run dir's status.json; a value that is not a whole number (a hand edit, a
+    damaged record) is refused in one line rather than guessed at, since the rerun guard above depends on it."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)) or not str(value).strip().isdigit():
+        raise ConfigError(f"{run_dir / 'status.json'}: {field} is {value!r}, not a step count (a whole number "
+                          f">= 0): the record is damaged; use a new run_dir, or repair or remove that file")
+    return int(str(value).strip())
 
 
 class RunDirBusy(ConfigError):

@@ -34,3 +34,15 @@ def test_a_killed_runs_heartbeat_step_refuses_a_rerun_with_fewer_steps(tmp_path)
         run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=10"))
     assert status.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [layout.STATUS]  # nothing else written
+
+
+@pytest.mark.parametrize("step", ["forty", "4x", -3, [40]])
+def test_a_heartbeat_step_that_is_not_a_step_count_is_refused_in_one_line_naming_the_file(tmp_path, step):
+    damaged = {"status": "running", "algo": "grpo", "steps": 60, "last_step": None,
+               "heartbeat": {"host": socket.gethostname(), "pid": _dead_pid(), "time": time.time() - 5, "step": step}}
+    status = layout.path(tmp_path, layout.STATUS)
+    status.write_text(json.dumps(damaged))
+    before = status.read_bytes()
+    with pytest.raises(ConfigError, match=r"status\.json: heartbeat\.step is .*not a step count"):
+        run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=10"))
+    assert status.read_bytes() == before
