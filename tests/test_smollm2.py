@@ -96,6 +96,18 @@ def test_a_converted_entry_is_reused_without_a_network(smollm2_dir, monkeypatch,
     assert resolve_pretrained(cfg) and cfg.model.hf_assets_path == str(smollm2_dir)
 
 
+@pytest.mark.slow
+def test_the_dry_run_plans_the_converted_checkpoints_shapes(smollm2_dir, capsys):
+    """``refexp dry_run=true model=smollm2_135m`` plans the 134.5M-parameter model of the converted config.json
+    (the preset's debugmodel flavor would plan 6M), with its 49,152-wide logits, and names the checkpoint."""
+    from refexp.cli.dry_run import dry_run
+
+    dry_run(compose_root("dry_run=true", "model=smollm2_135m", "algo=grpo"))
+    out = capsys.readouterr().out
+    assert "model llama3 smollm2_135m, 1 process" in out
+    assert "0.135B x 4 B" in out and "x 49152 vocab" in out
+
+
 def test_a_set_hf_assets_path_wins_and_nothing_is_fetched(monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # a fetch would fail
     cfg = compose_root("model=smollm2_135m", "algo=grpo", f"model.hf_assets_path={CONF_DIR}")

@@ -41,8 +41,10 @@ def _row(what: str, b: float, how: str) -> str:
 def format_plan(cfg, p: Plan) -> str:
     world, rep, shard, tp = layout(cfg)
     where = f"{world} ranks: {rep} replicate x {shard} shard x {tp} TP" if world > 1 else "1 process"
+    # model.pretrained's shapes are its converted config.json's: its flavor (debugmodel) only names the family
+    model = cfg.model.pretrained or cfg.model.flavor
     out = [f"refexp dry run: {cfg.algo.name} x reference={cfg.reference.name}, model {cfg.model.name} "
-           f"{cfg.model.flavor}, {where}, device {p.device}, compute {p.compute}",
+           f"{model}, {where}, device {p.device}, compute {p.compute}",
            "held in every phase:", *(_row(i.what, i.bytes, i.how) for i in p.resident)]
     for name, items in p.phases.items():
         out += [f"{name}, on top:", *(_row(i.what, i.bytes, i.how) for i in items)]
