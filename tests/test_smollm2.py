@@ -88,6 +88,43 @@ def test_the_export_after_a_training_step_loads_in_transformers_and_generates(sm
 
 
 @pytest.mark.slow
+def test_a_grpo_run_from_smollm2_samples_readable_text_and_exports_a_model_transformers_generates_with(
+        smollm2_dir, tmp_path):
+    """``refexp algo=grpo model=smollm2_135m task=gsm8k ...`` for one step: prompts rendered with SmolLM2's chat
+    template, completions decoded by its tokenizer in samples.jsonl, and the exported policy (tied) loads in
+    transformers and generates."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from refexp.record.metrics import read_metrics
+    from refexp.run import run
+
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {a} + {b}?", "answer": f"#### {a + b}"}) + "\n"
+                            for a, b in ((12, 7), (3, 5), (10, 4), (21, 9))))
+    run_dir = tmp_path / "run"
+    run(compose_root(
+        "algo=grpo", "model=smollm2_135m", "task=gsm8k", f"task.train_path={data}", f"task.eval_path={data}",
+        "task.chat_template=true", "task.max_prompt_len=64", "task.max_new_tokens=8", "training.steps=1",
+        "algo.prompts_per_step=2", "algo.group_size=2", "eval.num_prompts=2", "eval.kl_prompts=2", "eval.every=1",
+        "logger=none", "logger.progress=false", "training.num_threads=1", "checkpoint.enable=false",
+        "checkpoint.last_save_in_hf=true", f"run_dir={run_dir}"))
+    rows = read_metrics(run_dir)
+    assert any("reward/mean" in r for r in rows) and any("kl/init" in r for r in rows)
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["prompt"].startswith("<|im_start|>system\n") for s in samples)
+    assert any(any(c.isalnum() for c in s["completion"]) for s in samples)  # words, not byte soup
+
+    out = run_dir / "checkpoint" / "hf"
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 + 7?"}],
+                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    generated = reloaded.generate(**prompt, max_new_tokens=8, do_sample=False)
+    assert tokenizer.decode(generated[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+@pytest.mark.slow
 def test_a_converted_entry_is_reused_without_a_network(smollm2_dir, monkeypatch, tmp_path_factory):
     """Once converted, the cache entry is what model.pretrained resolves to, with pip unable to fetch anything."""
     monkeypatch.setenv("PIP_NO_INDEX", "1")
