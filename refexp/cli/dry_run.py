@@ -2,6 +2,8 @@
 
 The models are built on the meta device (shapes only: no checkpoint, no data, no accelerator), so the plan
 of an 8-GPU 8B run prints in seconds on a laptop. Data paths, which only a real run reads, may stay unset.
+A ``model.pretrained`` checkpoint's shapes are its converted config.json's, so a dry run fetches and converts it
+on first use, as the run would (refexp/components/pretrained.py).
 What is counted in each phase (rollout, policy training, reference forward) and why: refexp/cli/memory_plan.py.
 """
 
@@ -21,7 +23,7 @@ PEAK = "per-rank peak estimate"
 def fill_data_paths(cfg: DictConfig) -> DictConfig:
     """A copy of ``cfg`` whose unset ``task.*_path`` values hold a placeholder: a plan reads no data, so
     the task's "where is the data" checks must not stop it (``model.hf_assets_path`` stays as given:
-    unset, the preset's flavor gives the shapes)."""
+    unset, the preset's flavor gives the shapes, or ``model.pretrained``'s converted checkpoint, ``dry_run``)."""
     out = copy.deepcopy(cfg)
     ignored = ignored_fields(out.task.name, out.task.get("preference_path"))  # must stay unset
     for key in list(out.task.keys()):
@@ -39,8 +41,10 @@ def _row(what: str, b: float, how: str) -> str:
 def format_plan(cfg, p: Plan) -> str:
     world, rep, shard, tp = layout(cfg)
     where = f"{world} ranks: {rep} replicate x {shard} shard x {tp} TP" if world > 1 else "1 process"
+    # model.pretrained's shapes are its converted config.json's: its flavor (debugmodel) only names the family
+    model = cfg.model.pretrained or cfg.model.flavor
     out = [f"refexp dry run: {cfg.algo.name} x reference={cfg.reference.name}, model {cfg.model.name} "
-           f"{cfg.model.flavor}, {where}, device {p.device}, compute {p.compute}",
+           f"{model}, {where}, device {p.device}, compute {p.compute}",
            "held in every phase:", *(_row(i.what, i.bytes, i.how) for i in p.resident)]
     for name, items in p.phases.items():
         out += [f"{name}, on top:", *(_row(i.what, i.bytes, i.how) for i in items)]
@@ -69,8 +73,12 @@ def plan_lines(cfg) -> list[tuple[str, float, str]]:
 
 def dry_run(dcfg: DictConfig) -> dict:
     """Validate what a plan needs (data paths may stay unset), print the plan, return ``{line: bytes}``."""
+    from refexp.components.pretrained import resolve_pretrained
     from refexp.config import to_object
 
+    to_object(fill_data_paths(dcfg))  # the config's own checks before anything is fetched
+    # model.pretrained's shapes are its converted config.json's: fetched and converted on first use, as a run would
+    resolve_pretrained(dcfg)
     cfg = to_object(fill_data_paths(dcfg))
     print(format_plan(cfg, plan(cfg)))
     return {what: b for what, b, _ in plan_lines(cfg)}

@@ -57,7 +57,8 @@ class SFTConfig:
 
     enable: bool = True
     """False skips the stage: the policy, the reference and the ``kl/init`` anchor all start from the
-    pretrained checkpoint ``model.hf_assets_path`` (which must then be set; nothing to do for ``algo=sft``)."""
+    pretrained checkpoint ``model.hf_assets_path`` (which must then be set, or ``model.pretrained``; nothing to do
+    for ``algo=sft``)."""
     steps: int = 4000
     """Step cap; training stops earlier at a validation plateau or at ``target_accuracy``."""
     min_steps: int = 1000

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from refexp.choices import PRETRAINED_CHECKPOINTS
+
 from .errors import ConfigError, check, one_of, positive_int
 
 
@@ -39,6 +41,10 @@ class ModelConfig:
     flavor's frequency scaling is kept; it only touches wavelengths far beyond a short task's sequences."""
     hf_assets_path: Optional[str] = None
     """HF checkpoint directory (config.json, *.safetensors, tokenizer.json) to start from."""
+    pretrained: Optional[str] = None
+    """A checkpoint refexp fetches and converts itself when ``model.hf_assets_path`` is unset (``PretrainedCheckpoint``:
+    smollm2_135m): on first use, into the cache (``sft.cache_dir``), whose dir then becomes ``model.hf_assets_path``
+    (refexp/components/pretrained.py). A set ``model.hf_assets_path`` (a local copy of the converted dir) wins."""
     attn_backend: str = "sdpa"
     """sdpa on CPU (flex has no CPU backward, docs/torchtitan-notes.md §3); flex or varlen on GPUs."""
     embedding_init_std: Optional[float] = None
@@ -56,6 +62,8 @@ class ModelConfig:
         if self.dim is not None and self.n_heads is not None:
             check(self.dim % self.n_heads == 0, "model.dim", self.dim, f"a multiple of model.n_heads={self.n_heads}")
         one_of("model.attn_backend", self.attn_backend, ("sdpa", "flex", "varlen"))
+        if self.pretrained is not None:
+            one_of("model.pretrained", self.pretrained, PRETRAINED_CHECKPOINTS)
 
 
 @dataclass

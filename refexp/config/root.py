@@ -275,9 +275,12 @@ def check_sequence_fits(cfg: RootConfig) -> None:
 def check_start_weights(cfg: RootConfig) -> None:
     """The weights a run starts from are named and on disk. Not for a dry run, which plans from shapes
     alone (refexp/cli/dry_run.py) and whose paths may be another machine's."""
-    if not cfg.sft.enable and not cfg.model.hf_assets_path:
+    # model.pretrained names weights the run fetches and converts itself before anything reads
+    # model.hf_assets_path (refexp/components/pretrained.py), so either one names the start.
+    if not cfg.sft.enable and not cfg.model.hf_assets_path and not cfg.model.pretrained:
         raise ConfigError("sft.enable=false needs model.hf_assets_path: a pretrained HF checkpoint dir for "
-                          "the policy, the reference and the kl/init anchor to start from (or sft.enable=true)")
+                          "the policy, the reference and the kl/init anchor to start from (or model.pretrained, "
+                          "or sft.enable=true)")
     # A pretrained-size flavor needs its weights: OmegaConf does not let a preset's `???` override the
     # schema's None, so the requirement is checked here rather than by a MISSING default.
     if cfg.model.flavor != "debugmodel" and not cfg.model.hf_assets_path:
