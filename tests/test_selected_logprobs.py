@@ -109,3 +109,30 @@ def test_a_selection_of_the_wrong_shape_or_dtype_is_refused():
         titan.token_logprobs(model, tokens, select_BT=select[:, 1:])
     with pytest.raises(ValueError, match="select_BT"):
         titan.token_logprobs(model, tokens, select_BT=select.long())
+
+
+@pytest.mark.parametrize("attention", [None, "mask", "rows"])  # usual rows; shared prompts either way
+def test_row_logprobs_with_a_selection_equal_the_unselected(attention):
+    """``row_logprobs(select=True)``: the completion mask, or its shared columns (``SharedPrompt.selection``),
+    selects; the result in the usual layout is the same."""
+    from functools import partial
+
+    from refexp.algos.shared_prompt import row_logprobs, share_groups
+
+    model, G, p, c = _model(), 3, 4, 6
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(1, V, (2 * G, p + c), generator=g)
+    tokens[:, :p] = torch.randint(1, V, (2, p), generator=g).repeat_interleave(G, 0)
+    mask = torch.zeros(2 * G, p + c - 1, dtype=torch.bool)
+    for i in range(2 * G):
+        mask[i, p - 1:p - 1 + c - i % 3] = True  # ragged completions (the rest is padding)
+    shared = None if attention is None else share_groups(tokens, mask, G, pad_id=0, attention=attention)
+    if shared is not None:
+        sel = shared.selection(mask)
+        assert int(sel.sum()) == int(mask.sum()) and sel.numel() > int(sel.sum())
+    lp = partial(titan.token_logprobs, model, temperature=0.7, with_entropy=True)
+    with torch.no_grad():
+        want = row_logprobs(lp, tokens, mask, shared)
+        got = row_logprobs(lp, tokens, mask, shared, select=True)
+    for w, x in zip(want, got):
+        torch.testing.assert_close(x, torch.where(mask, w, 0.0), atol=1e-6, rtol=1e-6)
