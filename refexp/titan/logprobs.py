@@ -122,6 +122,11 @@ def _vocab_parallel_logprobs(logits_BTV: DTensor, targets_BT: torch.Tensor, temp
     return logp_BT, entropy_BT
 
 
+SELECT_POSITIONS = True
+"""Whether ``token_logprobs(select_BT=...)`` runs the output layer at the selected positions only. False: at
+every position, the result zeroed off the selection (the same values; ``bench/bench_step.py --full-logits``
+measures what the selection saves)."""
+
 FP32_CHUNK_ELEMENTS = 2**25
 """Elements of one float32 chunk of the log-softmax (128 MiB): rows [B, T, V] are processed
 ceil(B*T*V / this) rows at a time. A batch that fits in one chunk runs as a single piece."""
@@ -192,6 +197,7 @@ def token_logprobs(model: nn.Module, tokens_BT: torch.LongTensor, *, temperature
         if select_BT.dtype != torch.bool or tuple(select_BT.shape) != tuple(targets_BT.shape):
             raise ValueError(f"select_BT: expected a bool tensor of shape {tuple(targets_BT.shape)} ([B, T-1]), "
                              f"got {select_BT.dtype} {tuple(select_BT.shape)}")
+    if select_BT is not None and SELECT_POSITIONS:
         out = _selected_forward(model, tokens_BT, positions_BT, allowed_BTT, select_BT, temperature, with_entropy)
         if isinstance(out, tuple):
             return out if with_entropy else out[0]
@@ -202,7 +208,7 @@ def token_logprobs(model: nn.Module, tokens_BT: torch.LongTensor, *, temperature
         logp_BT, entropy_BT = _vocab_parallel_logprobs(out_BTV, targets_BT, temperature, with_entropy)
     else:
         logp_BT, entropy_BT = _chunked_logprobs(out_BTV, targets_BT, temperature, with_entropy)
-    if select_BT is not None:  # the TP fallback of ``_selected_forward``: same values, zero off the selection
+    if select_BT is not None:  # TP (``_selected_forward``) or not SELECT_POSITIONS: the same values, 0 off the selection
         zero = torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device)
         logp_BT = torch.where(select_BT, logp_BT, zero)
         entropy_BT = None if entropy_BT is None else torch.where(select_BT, entropy_BT, zero)
