@@ -103,6 +103,29 @@ def test_forward_and_backward_never_hold_logits_beyond_one_chunk(monkeypatch):
     assert 0 < seen.rows <= 4, f"a tensor of {seen.rows} rows x V: logits beyond one chunk of 4 positions"
 
 
+def test_backward_keeps_no_logits_when_there_are_several_chunks(monkeypatch):
+    """Each chunk is checkpointed: what autograd saves for backward holds no [*, V] tensor (the chunk's logits
+    are recomputed in backward), while one piece (nothing to recompute) keeps its own."""
+    model, (tokens, select) = _model(), _batch()
+
+    def saved_logit_rows() -> int:
+        rows = []
+
+        def pack(t):
+            if t.dim() >= 1 and t.shape[-1] == V and tuple(t.shape) != (D, V) and tuple(t.shape) != (V, D):
+                rows.append(t.numel() // V)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lp = titan.token_logprobs(model, tokens, temperature=0.7, select_BT=select)
+        lp.sum().backward()
+        return sum(rows)
+
+    assert saved_logit_rows() >= int(select.sum())  # one piece: its logits kept for backward
+    monkeypatch.setattr(titan_logprobs, "FP32_CHUNK_ELEMENTS", 4 * V)
+    assert saved_logit_rows() == 0
+
+
 def test_a_selection_of_the_wrong_shape_or_dtype_is_refused():
     model, (tokens, select) = _model(), _batch()
     with pytest.raises(ValueError, match=r"select_BT: expected a bool tensor of shape \(5, 12\)"):
