@@ -3,7 +3,7 @@ with ``--full-logits`` (logits at every position, as before ``titan.token_logpro
 in alternating whole processes (full, selected, full, selected, ...), each under ``flock`` of a lock file so
 that heavy jobs sharing the machine do not run at once. Prints each process's JSON line (``output_layer``
 says which), then the medians of step time, policy forward+backward, reference forward and peak RSS, and
-the ratios selected / full.
+the ratios selected / full (of the medians, and the median of each adjacent pair's ratio).
 
     python bench/bench_output_layer.py --repeats 3 -- --algo grpo --vocab 49152 --prompts 4 --group 4 \\
         --prompt-len 64 --new-tokens 64 --steps 3 --warmup 1 --threads 1
@@ -49,14 +49,22 @@ def main(argv=None) -> dict:
             print(json.dumps(row), flush=True)
             rows[arm].append(row)
 
+    def value(row, key):
+        return row[key] if "." not in key else row["phases_s"][key.split(".")[1]]
+
     def med(arm, key):
-        return statistics.median(r[key] if "." not in key else r["phases_s"][key.split(".")[1]] for r in rows[arm])
+        return statistics.median(value(r, key) for r in rows[arm])
 
     keys = ("step_s", "phases.policy_fwd_bwd", "phases.reference_fwd", "phases.generation", "peak_rss_timed_mb")
     summary = {"bench": "output_layer", "repeats": args.repeats, "bench_step_args": step_args,
                **{arm: {k: round(med(arm, k), 4) for k in keys} for arm in rows},
                "selected_over_full": {k: round(med("selected", k) / med("full", k), 4) if med("full", k) else None
-                                      for k in keys}}
+                                      for k in keys},
+               # each selected process against the full one run just before it: less exposed to the load of
+               # other jobs drifting over the whole measurement than the ratio of medians
+               "paired_ratio_median": {k: round(statistics.median(value(s, k) / value(f, k) for f, s in
+                                                                  zip(rows["full"], rows["selected"])), 4)
+                                       for k in keys}}
     print(json.dumps(summary), flush=True)
     return summary
 
