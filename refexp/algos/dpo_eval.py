@@ -85,7 +85,8 @@ class DPOEval:
         batch, shared = pack(self.ctx, self.pairs, [self.ids[i] for i in share])
         B = batch.num_pairs
         with torch.inference_mode():
-            logp = pair_logprobs(partial(titan.token_logprobs, self.policy.model), batch, shared, select=True)  # [2B, T-1]
+            logp = pair_logprobs(partial(titan.token_logprobs, self.policy.model), batch, shared,
+                                 select=True)  # [2B, T-1]
             total = masked_sum(logp[:B], batch.mask_BT[:B], dim=-1)[:real].sum().double()
         return float(rdist.dp_sum(self.ctx.parallel_dims, total.reshape(1))) / max(1, len(self.ids))
 

@@ -208,7 +208,7 @@ def token_logprobs(model: nn.Module, tokens_BT: torch.LongTensor, *, temperature
         logp_BT, entropy_BT = _vocab_parallel_logprobs(out_BTV, targets_BT, temperature, with_entropy)
     else:
         logp_BT, entropy_BT = _chunked_logprobs(out_BTV, targets_BT, temperature, with_entropy)
-    if select_BT is not None:  # TP (``_selected_forward``) or not SELECT_POSITIONS: the same values, 0 off the selection
+    if select_BT is not None:  # TP (``_selected_forward``) or not SELECT_POSITIONS: same values, 0 off the selection
         zero = torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device)
         logp_BT = torch.where(select_BT, logp_BT, zero)
         entropy_BT = None if entropy_BT is None else torch.where(select_BT, entropy_BT, zero)
