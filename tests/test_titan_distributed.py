@@ -52,7 +52,8 @@ def results_2x2(tmp_path_factory):
 def test_matches_single_process(results, layout, name, check):
     """logprobs_grads: log-probs, entropies and gradients (``_selected``: computed only at a selection of
     positions, ``select_BT``; under TP that is the vocab-parallel full path, zeroed off the selection);
-    lerp: EMA step and exact reset (also right after a forward with fsdp_reshard_after_forward=never, when FSDP holds full weights);
+    lerp: EMA step and exact reset (also right after a forward with fsdp_reshard_after_forward=never, when FSDP
+    holds full weights);
     shared_rows: prompt sharing through gathered usual rows (``titan.CausalRows``), log-probs and gradients
     (``_selected``: the output layer only at the completion columns);
     decode: KV-cache decoding (TP: each rank caches its own heads); generate: greedy and sampled
