@@ -64,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--compile", action="store_true", help="per-block torch.compile of policy and reference")
+    p.add_argument("--full-logits", action="store_true",
+                   help="the output layer at every position, as before select_BT (titan.logprobs.SELECT_POSITIONS "
+                        "= False): what computing logits only at completion tokens saves (bench/bench_output_layer.py)")
     p.add_argument("--what-if-fused-adamw", action="store_true",
                    help="replace refexp's foreach AdamW by torch's fused CPU kernel (an experiment, see README)")
     p.add_argument("--workdir", default=None, help="init checkpoint + refcache (default: a temporary dir)")
@@ -198,6 +201,10 @@ class Bench:
     def __init__(self, args, algo: str, reference: str, precompute: bool):
         C.set_threads(args.threads)
         C.quiet_warnings()
+        if args.full_logits:
+            from refexp.titan import logprobs
+
+            logprobs.SELECT_POSITIONS = False
         self.args, self.algo = args, algo
         t0 = time.perf_counter()
         self.ctx, self.policy, self.strategy, self.step_fn, self.shape, self.meta = build(args, algo, reference,
@@ -275,7 +282,7 @@ class Bench:
             "bench": "step", "algo": self.algo, "reference": strategy.name,
             "precompute_ref": bool(getattr(ctx.cfg.algo, "precompute_ref", False)) and self.algo == "dpo",
             "loss": ctx.cfg.algo.loss_type if self.algo == "dpo" else "grpo", "beta": ctx.cfg.algo.beta,
-            "share_prompt": bool(ctx.cfg.algo.share_prompt),
+            "share_prompt": bool(ctx.cfg.algo.share_prompt), "output_layer": "full" if a.full_logits else "selected",
             "shape": {"dim": a.dim, "layers": a.layers, "heads": a.heads, "ffn": a.ffn, "vocab": a.vocab},
             "batch": ({"prompts": a.prompts, "group": a.group, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens}
                       if self.algo == "grpo" else

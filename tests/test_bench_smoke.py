@@ -48,6 +48,17 @@ def test_bench_step_prints_one_line_per_configuration(tmp_path, capsys):
     assert by[("grpo", "none", False)]["ref_params_resident"] == 0
 
 
+def test_bench_output_layer_alternates_full_and_selected_processes(capsys):
+    """Two whole processes (full logits, then the selection), their medians and ratios (no lock: a test)."""
+    import bench_output_layer
+
+    out = bench_output_layer.main(["--repeats", "1", "--lock", "", "--", *TINY_BENCH_ARGS, *BATCH, "--algo", "grpo"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert [r.get("output_layer") for r in lines[:2]] == ["full", "selected"] and lines[2] == out
+    assert out["full"]["step_s"] > 0 and out["selected"]["peak_rss_timed_mb"] > 0
+    assert out["selected_over_full"]["step_s"] > 0 and out["paired_ratio_median"]["step_s"] > 0
+
+
 def test_bench_decode_measures_every_path_on_the_same_tokens(capsys):
     import bench_decode
 

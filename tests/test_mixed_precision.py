@@ -79,16 +79,23 @@ def test_bf16_frozen_copy_of_the_same_weights_gives_kl_exactly_zero():
 # ---------------------------------------------------------------- end to end, one process
 @pytest.fixture
 def forward_dtypes(monkeypatch):
-    """The dtype of every model forward's logits during a run."""
+    """The dtype of every model forward's logits during a run: the full logits', or, where only selected
+    positions go through the output layer (``select_BT``), the final hidden states' it takes (its output's)."""
     seen: set[torch.dtype] = set()
-    original = titan_logprobs._forward
+    original, selected = titan_logprobs._forward, titan_logprobs._selected_logprobs
 
     def recording(*args, **kwargs):
         out = original(*args, **kwargs)
-        seen.add(out.dtype)
+        if out.dim() == 3:  # [B, T, V] logits, not the selection's log-probs [K]
+            seen.add(out.dtype)
         return out
 
+    def recording_selected(h_BTD, *args, **kwargs):
+        seen.add(h_BTD.dtype)
+        return selected(h_BTD, *args, **kwargs)
+
     monkeypatch.setattr(titan_logprobs, "_forward", recording)
+    monkeypatch.setattr(titan_logprobs, "_selected_logprobs", recording_selected)
     return seen
 
 

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Started by path with the repository root on PYTHONPATH (it imports tests.helpers.models).
 WORKER = ROOT / "tests" / "helpers" / "titan_dist_worker.py"
 TOL = 1e-5
-CHECKS = ("logprobs_grads", "shared_rows", "lerp", "lerp_unresharded", "decode", "generate", "hf_roundtrip")
+CHECKS = ("logprobs_grads", "logprobs_grads_selected", "shared_rows", "shared_rows_selected", "lerp",
+          "lerp_unresharded", "decode", "generate", "hf_roundtrip")
 CHECKS_2X2 = ("decode", "generate", "hf_roundtrip")  # 4 processes: only what FSDP x TP adds
 
 
@@ -49,9 +50,12 @@ def results_2x2(tmp_path_factory):
 @pytest.mark.parametrize("name", ["llama3", "qwen3"])
 @pytest.mark.parametrize("check", CHECKS)
 def test_matches_single_process(results, layout, name, check):
-    """logprobs_grads: log-probs, entropies and gradients; lerp: EMA step and exact reset (also
-    right after a forward with fsdp_reshard_after_forward=never, when FSDP holds full weights);
-    shared_rows: prompt sharing through gathered usual rows (``titan.CausalRows``), log-probs and gradients;
+    """logprobs_grads: log-probs, entropies and gradients (``_selected``: computed only at a selection of
+    positions, ``select_BT``; under TP that is the vocab-parallel full path, zeroed off the selection);
+    lerp: EMA step and exact reset (also right after a forward with fsdp_reshard_after_forward=never, when FSDP
+    holds full weights);
+    shared_rows: prompt sharing through gathered usual rows (``titan.CausalRows``), log-probs and gradients
+    (``_selected``: the output layer only at the completion columns);
     decode: KV-cache decoding (TP: each rank caches its own heads); generate: greedy and sampled
     completions token for token; hf_roundtrip: export_hf into an
     indexed file set and load_hf_weights_ back, each rank reading only its own shards."""

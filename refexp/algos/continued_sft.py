@@ -42,7 +42,7 @@ class ContinuedSFTStep:
         model.train()
         nll_sum = torch.zeros((), device=ctx.device)
         for sl in row_chunks(tokens.shape[0], ctx.cfg.training.micro_batch_size):
-            logp = titan.token_logprobs(model, tokens[sl])
+            logp = titan.token_logprobs(model, tokens[sl], select_BT=target[sl])  # the loss reads only these
             loss, _ = sft_loss(logp, target[sl])
             n_chunk = target[sl].sum().to(torch.float32)
             (loss * n_chunk / n_global).backward()

@@ -114,7 +114,7 @@ class DPOStep:
         ([b]: each pair's summed NLL times ``nll_scale``), whose means the chunk weights sum exactly.
         """
         a, mask, B = self.a, batch.mask_BT, batch.num_pairs
-        logp = pair_logprobs(partial(titan.token_logprobs, self.policy.model), batch, shared)  # [2b, T-1]
+        logp = pair_logprobs(partial(titan.token_logprobs, self.policy.model), batch, shared, select=True)  # [2b, T-1]
         seq_B = masked_sum(logp, mask, dim=-1)  # [2b] summed over completion tokens
         chosen_nll = None
         if a.uses_chosen_nll:

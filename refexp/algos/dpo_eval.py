@@ -45,8 +45,8 @@ def heldout_pair_metrics(ctx: RunContext, policy: Policy, strategy: ReferenceStr
         for start in range(0, len(ids), a.pairs_per_step):
             batch, shared = pack(ctx, pairs, ids[start:start + a.pairs_per_step])
             B, mask = batch.num_pairs, batch.mask_BT
-            logp = pair_logprobs(partial(titan.token_logprobs, policy.model), batch, shared)  # [2B, T-1]
-            ref_logp = None if ref_fn is None else pair_logprobs(ref_fn, batch, shared)
+            logp = pair_logprobs(partial(titan.token_logprobs, policy.model), batch, shared, select=True)  # [2B, T-1]
+            ref_logp = None if ref_fn is None else pair_logprobs(ref_fn, batch, shared, select=True)
             b = min(B, real - start)  # real pairs at the front of this batch; the rest is padding
             if b <= 0:
                 continue
@@ -85,7 +85,8 @@ class DPOEval:
         batch, shared = pack(self.ctx, self.pairs, [self.ids[i] for i in share])
         B = batch.num_pairs
         with torch.inference_mode():
-            logp = pair_logprobs(partial(titan.token_logprobs, self.policy.model), batch, shared)  # [2B, T-1]
+            logp = pair_logprobs(partial(titan.token_logprobs, self.policy.model), batch, shared,
+                                 select=True)  # [2B, T-1]
             total = masked_sum(logp[:B], batch.mask_BT[:B], dim=-1)[:real].sum().double()
         return float(rdist.dp_sum(self.ctx.parallel_dims, total.reshape(1))) / max(1, len(self.ids))
 

@@ -30,7 +30,7 @@ def pack(ctx: RunContext, pairs: datasets.Dataset, ids: list[int]) -> tuple[Pair
 def reference_rows(ctx: RunContext, strategy: ReferenceStrategy, pairs: datasets.Dataset, ids: list[int]) -> RefLogps:
     """The reference's log-probs of pairs ``ids``: one ``inference_mode`` forward."""
     batch, shared = pack(ctx, pairs, ids)
-    return RefLogps.from_logprobs(pair_logprobs(strategy.logprobs, batch, shared), batch.mask_BT)
+    return RefLogps.from_logprobs(pair_logprobs(strategy.logprobs, batch, shared, select=True), batch.mask_BT)
 
 
 def reference_sums(ref: RefLogps | None) -> tuple:

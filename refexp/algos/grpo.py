@@ -99,7 +99,7 @@ class GRPOStep:
         t1 = now(self.ctx.device)
         tokens, mask = rollouts.tokens_NT, rollouts.mask_NT
         with self.strategy.resident():  # reference.offload: one move to the device for all chunks
-            ref_logp = _cat_rows([row_logprobs(self.strategy.logprobs, tokens[sl], mask[sl], shared,
+            ref_logp = _cat_rows([row_logprobs(self.strategy.logprobs, tokens[sl], mask[sl], shared, select=True,
                                                temperature=self.a.temperature) for sl, shared in chunks])
         return ref_logp, now(self.ctx.device) - t1
 
@@ -169,7 +169,7 @@ class GRPOStep:
         chunk_metrics, weights, ent_sum, logps = [], [], torch.zeros((), device=tokens.device), []
         for sl, shared in chunks:
             m_c = mask[sl]
-            logp, entropy = row_logprobs(partial(titan.token_logprobs, model), tokens[sl], m_c, shared,
+            logp, entropy = row_logprobs(partial(titan.token_logprobs, model), tokens[sl], m_c, shared, select=True,
                                          temperature=a.temperature, with_entropy=True)
             ratio_base, token_weight = old_logp[sl], None
             if self.ratio_vs_trainer:

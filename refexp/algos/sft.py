@@ -267,9 +267,10 @@ def _sft_update(ctx: RunContext, model, optimizers, schedulers, step: int):
     rows = ctx.task.demonstrations.select(sft_batch(ctx, step))
     tokens, mask = pack_sequences(ctx.task.tokenizer, rows["prompt"], rows["completion"], add_eos=True)
     tokens, mask = tokens.to(ctx.device), mask.to(ctx.device)
-    logp = titan.token_logprobs(model, tokens)
-    # mask[:, t] marks token t as a completion token; its log-prob sits at logp[:, t-1].
+    # mask[:, t] marks token t as a completion token; its log-prob sits at logp[:, t-1]. Only those
+    # columns go through the output layer (``select_BT``): the loss reads no others.
     target = mask[:, 1:]
+    logp = titan.token_logprobs(model, tokens, select_BT=target)
     loss, _ = sft_loss(logp, target)
     # FSDP sums gradients over ranks (docs/torchtitan-notes.md §5): weight the local mean by this
     # rank's share of the global target tokens so the update equals the single-process one.

@@ -53,6 +53,14 @@ class SharedPrompt:
         return {"positions_BT": self.positions_US,
                 "allowed_BTT": self.allowed_USS if self.rows is None else self.rows}
 
+    def selection(self, mask_NT: torch.Tensor) -> torch.Tensor:
+        """bool [U, S-1]: the shared columns that hold a column of ``mask_NT`` (the usual layout's [N, T-1]),
+        for ``titan.token_logprobs``' ``select_BT``; ``scatter`` reads only these."""
+        U, S = self.tokens_US.shape
+        out = torch.zeros(U, S - 1, dtype=torch.bool, device=mask_NT.device)
+        out[self.group_N[:, None].expand_as(self.src_NT)[mask_NT], self.src_NT[mask_NT]] = True
+        return out
+
     def scatter(self, shared_US: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
         """Per-column values [U, S-1] (log-probs, entropies) back in the usual layout [N, T-1], 0 off the mask."""
         out = shared_US[self.group_N].gather(1, self.src_NT)
@@ -211,12 +219,17 @@ def share_groups(tokens_NT: torch.Tensor, mask_NT: torch.Tensor, group_size: int
 
 
 def row_logprobs(logprobs_fn, tokens_NT: torch.Tensor, mask_NT: torch.Tensor, shared: SharedPrompt | None,
-                 **kwargs):
+                 *, select: bool = False, **kwargs):
     """``logprobs_fn(tokens_NT, **kwargs)`` (``titan.token_logprobs`` bound to a model, or a reference
     strategy's ``logprobs``), computed on the shared rows when ``shared`` is given and returned in the
-    usual layout [N, T-1] (0 off ``mask_NT``). Tuples (log-probs, entropy) and None pass through."""
+    usual layout [N, T-1] (0 off ``mask_NT``). Tuples (log-probs, entropy) and None pass through.
+    ``select``: also pass ``select_BT`` (``mask_NT``, or its shared columns), so the output layer runs only
+    at the masked positions (``titan.token_logprobs``); ``logprobs_fn`` must then take ``select_BT``, and
+    the result is 0 off ``mask_NT`` either way."""
     if shared is None:
-        return logprobs_fn(tokens_NT, **kwargs)
+        return logprobs_fn(tokens_NT, **kwargs, **({"select_BT": mask_NT} if select else {}))
+    if select:
+        kwargs["select_BT"] = shared.selection(mask_NT)
     out = logprobs_fn(shared.tokens_US, **kwargs, **shared.forward_kwargs())
     if out is None:
         return None
@@ -225,6 +238,8 @@ def row_logprobs(logprobs_fn, tokens_NT: torch.Tensor, mask_NT: torch.Tensor, sh
     return shared.scatter(out, mask_NT)
 
 
-def pair_logprobs(logprobs_fn, batch: PairBatch, shared: SharedPrompt | None) -> torch.Tensor | None:
-    """Token log-probs [2B, T-1] of a DPO batch in its ``[chosen; rejected]`` layout."""
-    return row_logprobs(logprobs_fn, batch.tokens_BT, batch.mask_BT, shared)
+def pair_logprobs(logprobs_fn, batch: PairBatch, shared: SharedPrompt | None, *, select: bool = False
+                  ) -> torch.Tensor | None:
+    """Token log-probs [2B, T-1] of a DPO batch in its ``[chosen; rejected]`` layout (``select``: as
+    ``row_logprobs``')."""
+    return row_logprobs(logprobs_fn, batch.tokens_BT, batch.mask_BT, shared, select=select)

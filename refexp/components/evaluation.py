@@ -240,11 +240,12 @@ def kl_to_anchor(policy, anchors: Mapping[str, LogprobFn], task, num_prompts: in
     for sl in _batches(len(prompts), batch_size):
         keys = [(seed, KL_INIT_KEY, i) for i in ids[sl]]  # the prompt's index: the same sample on any rank
         r = engine.generate(prompts[sl], max_new_tokens=task.max_new_tokens, temperature=temperature, keys=keys)
-        pol = titan.token_logprobs(policy, r.tokens_BT, temperature=temperature)
+        # the output layer only at completion tokens (``select_BT``): the KL reads no others
+        pol = titan.token_logprobs(policy, r.tokens_BT, temperature=temperature, select_BT=r.mask_BT)
         keep = _real_rows(sl, real).to(r.mask_BT.device)
         mask = r.mask_BT & keep[:, None]
         for name, fn in anchors.items():
-            kl_B = sequence_kl(pol, fn(r.tokens_BT, temperature=temperature), mask)
+            kl_B = sequence_kl(pol, fn(r.tokens_BT, temperature=temperature, select_BT=r.mask_BT), mask)
             kl_sum[name] += float(kl_B.sum())
             mine_kl[name] += kl_B[keep].tolist()
         tok_sum += int(mask.sum())
@@ -288,7 +289,7 @@ def logp_correct(policy, task, num_prompts: int, *, batch_size: int = EVAL_BATCH
     for sl in _batches(len(rows), batch_size):
         tokens, completion = pack_sequences(task.tokenizer, rows["prompt"][sl], rows["completion"][sl], add_eos=True)
         mask = completion[:, 1:].to(device)  # completion token t+1 is predicted at log-prob column t
-        logp = titan.token_logprobs(policy, tokens.to(device))
+        logp = titan.token_logprobs(policy, tokens.to(device), select_BT=mask)
         keep = _real_rows(sl, real).to(device)
         total += float(masked_sum(logp, mask, dim=-1)[keep].sum())
         tokens_total += int(mask[keep].sum())

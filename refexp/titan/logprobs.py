@@ -6,15 +6,24 @@ Otherwise the float32 log-softmax runs over chunks of rows (``FP32_CHUNK_ELEMENT
 the model's own logits (bf16 under mixed precision) no float32 [B, T, V] tensor exists at once: in a
 differentiable call each chunk is recomputed in backward instead of keeping its float32 copy.
 The entropy is a metric: always computed without gradient.
+
+With ``select_BT`` (the positions a loss or a metric reads, e.g. completion tokens) the output layer runs
+only there: the trunk (embeddings, layers, final norm) once, then the output projection on the selected
+positions' hidden states in chunks of ``FP32_CHUNK_ELEMENTS``, so no [B, T, V] logits exist; in a
+differentiable call each chunk's logits are recomputed in backward (``torch.utils.checkpoint``). TRL's
+GRPO/DPO trainers likewise take logits of completion tokens only (``logits_to_keep``).
 """
 
 from __future__ import annotations
 
 import math
 
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torchtitan.models.common import ScaledDotProductAttention
@@ -113,6 +122,11 @@ def _vocab_parallel_logprobs(logits_BTV: DTensor, targets_BT: torch.Tensor, temp
     return logp_BT, entropy_BT
 
 
+SELECT_POSITIONS = True
+"""Whether ``token_logprobs(select_BT=...)`` runs the output layer at the selected positions only. False: at
+every position, the result zeroed off the selection (the same values; ``bench/bench_step.py --full-logits``
+measures what the selection saves)."""
+
 FP32_CHUNK_ELEMENTS = 2**25
 """Elements of one float32 chunk of the log-softmax (128 MiB): rows [B, T, V] are processed
 ceil(B*T*V / this) rows at a time. A batch that fits in one chunk runs as a single piece."""
@@ -159,7 +173,7 @@ def _chunked_logprobs(out_BTV: torch.Tensor, targets_BT: torch.Tensor, temperatu
 
 def token_logprobs(model: nn.Module, tokens_BT: torch.LongTensor, *, temperature: float = 1.0,
                    with_entropy: bool = False, positions_BT: torch.Tensor | None = None,
-                   allowed_BTT: torch.Tensor | None = None):
+                   allowed_BTT: torch.Tensor | None = None, select_BT: torch.Tensor | None = None):
     """Next-token log-probabilities of a batch, float32 [B, T-1].
 
     ``logp_BT[:, t] = log p(tokens[:, t+1] | tokens[:, :t+1])`` under softmax(logits / temperature).
@@ -169,15 +183,117 @@ def token_logprobs(model: nn.Module, tokens_BT: torch.LongTensor, *, temperature
     never gathered; otherwise the float32 log-softmax runs in chunks of rows. With ``with_entropy``
     also returns the entropy [B, T-1] of the same tempered next-token distribution (no gradient: a
     metric). Returns log-probs, never logits.
+
+    ``select_BT`` (bool [B, T-1]): compute only where True (0 elsewhere, in log-probs and entropy); the
+    output layer then runs on the selected positions only (``_selected_logprobs``). Values at the selected
+    positions are those of the full computation.
     """
     if _outside_inference_mode(model):
         with torch.inference_mode(False), torch.no_grad():
             return token_logprobs(model, tokens_BT, temperature=temperature, with_entropy=with_entropy,
-                                  positions_BT=positions_BT, allowed_BTT=allowed_BTT)
-    out_BTV = _forward(model, tokens_BT, positions_BT, allowed_BTT)[:, :-1]
+                                  positions_BT=positions_BT, allowed_BTT=allowed_BTT, select_BT=select_BT)
     targets_BT = tokens_BT[:, 1:]
+    if select_BT is not None:
+        if select_BT.dtype != torch.bool or tuple(select_BT.shape) != tuple(targets_BT.shape):
+            raise ValueError(f"select_BT: expected a bool tensor of shape {tuple(targets_BT.shape)} ([B, T-1]), "
+                             f"got {select_BT.dtype} {tuple(select_BT.shape)}")
+    if select_BT is not None and SELECT_POSITIONS:
+        out = _selected_forward(model, tokens_BT, positions_BT, allowed_BTT, select_BT, temperature, with_entropy)
+        if isinstance(out, tuple):
+            return out if with_entropy else out[0]
+    else:
+        out = _forward(model, tokens_BT, positions_BT, allowed_BTT)
+    out_BTV = out[:, :-1]
     if isinstance(out_BTV, DTensor):
         logp_BT, entropy_BT = _vocab_parallel_logprobs(out_BTV, targets_BT, temperature, with_entropy)
     else:
         logp_BT, entropy_BT = _chunked_logprobs(out_BTV, targets_BT, temperature, with_entropy)
+    if select_BT is not None:  # TP (``_selected_forward``) or not SELECT_POSITIONS: same values, 0 off the selection
+        zero = torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device)
+        logp_BT = torch.where(select_BT, logp_BT, zero)
+        entropy_BT = None if entropy_BT is None else torch.where(select_BT, entropy_BT, zero)
     return (logp_BT, entropy_BT) if with_entropy else logp_BT
+
+
+def _chunk_logprobs(h_KD: torch.Tensor, weight_VD: torch.Tensor, bias_V: torch.Tensor | None,
+                    targets_K: torch.Tensor, temperature: float, entropy_out: list | None) -> torch.Tensor:
+    """log p(target) [K] of K positions' final hidden states [K, D] through the output layer, float32.
+
+    ``entropy_out``: a one-slot list the entropy [K] (no gradient) is put in on the first call only, so
+    checkpoint's recomputation in backward does not compute it again."""
+    out_KV = F.linear(h_KD, weight_VD, bias_V)
+    logp_K = _target_logprobs(out_KV, targets_K, temperature)
+    if entropy_out is not None and not entropy_out:
+        entropy_out.append(_entropy(out_KV.detach(), temperature))
+    return logp_K
+
+
+def _selected_logprobs(h_BTD: torch.Tensor, weight_VD: torch.Tensor, bias_V: torch.Tensor | None,
+                       targets_BT: torch.Tensor, select_BT: torch.Tensor, temperature: float,
+                       with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) [K] at the K True positions of ``select_BT`` (row-major order) from the final
+    hidden states h [B, T, D] (T = select's T-1 columns) and the output layer's weight [V, D].
+
+    Positions go ``FP32_CHUNK_ELEMENTS // V`` at a time through the output layer and the float32
+    log-softmax; when there is more than one chunk and a gradient is wanted each chunk is checkpointed,
+    so backward recomputes its [chunk, V] logits instead of keeping them."""
+    h_KD, targets_K = h_BTD[select_BT], targets_BT[select_BT]
+    K, V = h_KD.shape[0], weight_VD.shape[0]
+    rows = max(1, FP32_CHUNK_ELEMENTS // V)
+    recompute = K > rows and torch.is_grad_enabled() and (h_KD.requires_grad or weight_VD.requires_grad)
+    logps, ents = [], []
+    for i in range(0, max(K, 1), rows):
+        box = [] if with_entropy else None
+        args = (h_KD[i:i + rows], weight_VD, bias_V, targets_K[i:i + rows], temperature, box)
+        logps.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute
+                     else _chunk_logprobs(*args))
+        if with_entropy:
+            ents.append(box[0])
+    return torch.cat(logps), torch.cat(ents) if with_entropy else None
+
+
+@contextmanager
+def _output_layer_replaced(lm_head: nn.Module, forward):
+    """``lm_head``'s forward replaced by ``forward`` within the block. An instance attribute shadows the
+    class's ``forward`` while ``nn.Module.__call__`` still runs the module's hooks around it, so FSDP
+    unshards the weight for it and registers its backward on the result as it does for the logits."""
+    lm_head.forward = forward
+    try:
+        yield
+    finally:
+        del lm_head.forward
+
+
+def _selected_forward(model: nn.Module, tokens_BT: torch.Tensor, positions_BT, allowed_BTT,
+                      select_BT: torch.Tensor, temperature: float, with_entropy: bool):
+    """``token_logprobs`` with the output layer applied at ``select_BT``'s positions only: (log-probs,
+    entropy or None) [B, T-1], 0 off the selection; or, where it falls back, the full logits [B, T, V].
+
+    The model's own forward runs (its hooks, FSDP's unsharding, attention masks) with the output layer
+    replaced by ``_selected_logprobs`` on its input, the final hidden states. Under tensor parallelism the
+    output layer is vocabulary-sharded (DTensor weight and hooks that turn its output into a Shard(-1)
+    DTensor): there the replacement calls the layer itself and ``token_logprobs`` goes on with the
+    vocab-parallel path over all positions (correct, not cheaper), from the logits returned.
+    """
+    lm_head = decoder_of(model).lm_head
+    layer_forward = type(lm_head).forward
+    targets_BT = tokens_BT[:, 1:]
+    entropy: list = []
+
+    def forward(h_BTD):
+        weight, bias = lm_head.weight, lm_head.bias
+        if isinstance(h_BTD, DTensor) or isinstance(weight, DTensor):  # tensor parallel: the full logits
+            return layer_forward(lm_head, h_BTD)
+        logp_K, ent_K = _selected_logprobs(h_BTD[:, :-1], weight, bias, targets_BT, select_BT, temperature,
+                                           with_entropy)
+        entropy.append(ent_K)
+        return logp_K
+
+    with _output_layer_replaced(lm_head, forward):
+        out = _forward(model, tokens_BT, positions_BT, allowed_BTT)
+    if isinstance(out, DTensor) or out.dim() != 1:
+        return out  # full logits (TP): ``token_logprobs`` goes on as without a selection
+    zeros = torch.zeros(select_BT.shape, dtype=out.dtype, device=out.device)
+    logp_BT = zeros.masked_scatter(select_BT, out)
+    entropy_BT = zeros.masked_scatter(select_BT, entropy[0]) if with_entropy else None
+    return logp_BT, entropy_BT

@@ -11,6 +11,7 @@ the final numbers crosses processes. Rank 0 writes {check: max abs error} to OUT
 raises is recorded as its error message instead.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -52,21 +53,50 @@ def build(cfg, par=None, dims=None, seed=0, requires_grad=True):
                              requires_grad=requires_grad)
 
 
-def check_logprobs_and_grads(cfg, par, dims) -> float:
+@contextlib.contextmanager
+def _counting_selected(calls: list):
+    """Record each call of ``titan.logprobs._selected_logprobs`` (the output layer at selected positions only)."""
+    from refexp.titan import logprobs as titan_logprobs
+
+    inner = titan_logprobs._selected_logprobs
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return inner(*args, **kwargs)
+
+    titan_logprobs._selected_logprobs = counted
+    try:
+        yield
+    finally:
+        titan_logprobs._selected_logprobs = inner
+
+
+def check_logprobs_and_grads(cfg, par, dims, selected: bool = False) -> float:
     """Same log-probs, entropies and gradients as one process. Data-parallel ranks each take half
-    the batch and normalise by the global token count (docs/torchtitan-notes.md §5); TP ranks all take the whole batch."""
+    the batch and normalise by the global token count (docs/torchtitan-notes.md §5); TP ranks all take the whole batch.
+    ``selected``: the distributed model computes only at a selection of positions (``select_BT``: the output
+    layer at those positions under FSDP, the vocab-parallel full path under TP), compared with one process's
+    full log-probs zeroed off the selection."""
     ref, model = build(cfg), build(cfg, par, dims)
     # Tied embeddings (qwen3) stay one parameter through TP and FSDP.
     assert len(list(model.parameters())) == len(list(ref.parameters())), "parameter count changed"
     tokens = batch()
+    select = torch.arange(tokens.shape[1] - 1)[None, :] >= torch.arange(tokens.shape[0])[:, None] * 2
     lp_ref, ent_ref = titan.token_logprobs(ref, tokens, temperature=0.7, with_entropy=True)
+    if selected:
+        lp_ref, ent_ref = torch.where(select, lp_ref, 0.0), torch.where(select, ent_ref, 0.0)
     (-lp_ref.sum() / lp_ref.numel()).backward()
     if par.tensor_parallel_degree > 1:
         rows = slice(None)
     else:
         half = tokens.shape[0] // dims.world_size
         rows = slice(dist.get_rank() * half, (dist.get_rank() + 1) * half)
-    lp, ent = titan.token_logprobs(model, tokens[rows], temperature=0.7, with_entropy=True)
+    calls = []
+    with _counting_selected(calls):
+        lp, ent = titan.token_logprobs(model, tokens[rows], temperature=0.7, with_entropy=True,
+                                       select_BT=select[rows] if selected else None)
+    # the output layer at the selection itself under FSDP; TP falls back to the vocab-parallel full logits
+    assert len(calls) == (1 if selected and par.tensor_parallel_degree == 1 else 0), calls
     (-lp.sum() / lp_ref.numel()).backward()
     err = max((lp - lp_ref[rows]).abs().max().item(), (ent - ent_ref[rows]).abs().max().item())
     ref_grads = {canonical_name(n): p.grad for n, p in ref.named_parameters()}
@@ -75,9 +105,10 @@ def check_logprobs_and_grads(cfg, par, dims) -> float:
     return err
 
 
-def check_shared_rows(cfg, par, dims) -> float:
+def check_shared_rows(cfg, par, dims, selected: bool = False) -> float:
     """Prompt sharing through ``titan.CausalRows`` (gathered usual rows, causal attention): the same log-probs
-    and gradients as one process's usual layout. Data-parallel ranks each take one of the two groups."""
+    and gradients as one process's usual layout. Data-parallel ranks each take one of the two groups.
+    ``selected``: the output layer only at the completion columns (``row_logprobs(select=True)``)."""
     from functools import partial
 
     from refexp.algos.shared_prompt import row_logprobs, share_groups
@@ -94,7 +125,7 @@ def check_shared_rows(cfg, par, dims) -> float:
     (-lp_ref.sum() / mask.sum()).backward()
     rows = slice(None) if par.tensor_parallel_degree > 1 else slice(dist.get_rank() * G, (dist.get_rank() + 1) * G)
     shared = share_groups(tokens[rows], mask[rows], G, pad_id=0, attention="rows")
-    lp = row_logprobs(partial(titan.token_logprobs, model), tokens[rows], mask[rows], shared)
+    lp = row_logprobs(partial(titan.token_logprobs, model), tokens[rows], mask[rows], shared, select=selected)
     (-lp.sum() / mask.sum()).backward()
     err = (lp - lp_ref[rows]).abs().max().item()
     ref_grads = {canonical_name(n): q.grad for n, q in ref.named_parameters()}
@@ -239,7 +270,9 @@ def run_checks(workdir: str, only: set[str] | None = None) -> dict:
                 cfg = dataclasses.replace(cfg, n_kv_heads=4)
             checks = {
                 "logprobs_grads": lambda: check_logprobs_and_grads(cfg, par, dims),
+                "logprobs_grads_selected": lambda: check_logprobs_and_grads(cfg, par, dims, selected=True),
                 "shared_rows": lambda: check_shared_rows(cfg, par, dims),
+                "shared_rows_selected": lambda: check_shared_rows(cfg, par, dims, selected=True),
                 "lerp": lambda: check_lerp(cfg, par, dims),
                 "lerp_unresharded": lambda: check_lerp(
                     cfg, dataclasses.replace(par, fsdp_reshard_after_forward="never"), dims),
