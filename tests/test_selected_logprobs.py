@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from refexp import titan
 from refexp.titan import logprobs as titan_logprobs
 from refexp.titan.unwrap import canonical_name
+from tests.helpers.grouped_rows import grouped_ragged_rows
 from tests.helpers.models import tiny_model_config
 
 pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
@@ -143,12 +144,7 @@ def test_row_logprobs_with_a_selection_equal_the_unselected(attention):
     from refexp.algos.shared_prompt import row_logprobs, share_groups
 
     model, G, p, c = _model(), 3, 4, 6
-    g = torch.Generator().manual_seed(2)
-    tokens = torch.randint(1, V, (2 * G, p + c), generator=g)
-    tokens[:, :p] = torch.randint(1, V, (2, p), generator=g).repeat_interleave(G, 0)
-    mask = torch.zeros(2 * G, p + c - 1, dtype=torch.bool)
-    for i in range(2 * G):
-        mask[i, p - 1:p - 1 + c - i % 3] = True  # ragged completions (the rest is padding)
+    tokens, mask = grouped_ragged_rows(2, G, p, c, V)  # ragged completions, shared prompts
     shared = None if attention is None else share_groups(tokens, mask, G, pad_id=0, attention=attention)
     if shared is not None:
         sel = shared.selection(mask)

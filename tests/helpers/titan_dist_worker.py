@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from refexp import titan
 from refexp.config import ParallelismConfig
 from refexp.titan.unwrap import canonical_name
+from tests.helpers.grouped_rows import grouped_ragged_rows
 from tests.helpers.models import tiny_model_config
 
 V = 15  # odd: uneven vocab shards under TP and FSDP
@@ -115,12 +116,7 @@ def check_shared_rows(cfg, par, dims, selected: bool = False) -> float:
 
     ref, model = build(cfg), build(cfg, par, dims)
     G, p, c = 4, 3, 6
-    g = torch.Generator().manual_seed(2)
-    tokens = torch.randint(1, V, (2 * G, p + c), generator=g)
-    tokens[:, :p] = torch.randint(1, V, (2, p), generator=g).repeat_interleave(G, 0)
-    mask = torch.zeros(2 * G, p + c - 1, dtype=torch.bool)
-    for i in range(2 * G):
-        mask[i, p - 1:p - 1 + c - i % 3] = True  # ragged completions (the rest is padding)
+    tokens, mask = grouped_ragged_rows(2, G, p, c, V)  # ragged completions, shared prompts
     lp_ref = torch.where(mask, titan.token_logprobs(ref, tokens), 0.0)
     (-lp_ref.sum() / mask.sum()).backward()
     rows = slice(None) if par.tensor_parallel_degree > 1 else slice(dist.get_rank() * G, (dist.get_rank() + 1) * G)
