@@ -246,7 +246,8 @@ def kl_to_anchor(policy, anchors: Mapping[str, LogprobFn], task, num_prompts: in
         mask = r.mask_BT & keep[:, None]
         for name, fn in anchors.items():
             kl_B = sequence_kl(pol, fn(r.tokens_BT, temperature=temperature, select_BT=r.mask_BT), mask)
-            kl_sum[name] += float(kl_B.sum())
+            # summed in float64, as the per-prompt scores are: the metric is their mean to ~1e-15, not to float32's 1e-7
+            kl_sum[name] += float(kl_B.double().sum())
             mine_kl[name] += kl_B[keep].tolist()
         tok_sum += int(mask.sum())
         mine_tok += mask.sum(-1)[keep].tolist()

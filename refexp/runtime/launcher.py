@@ -16,6 +16,8 @@ from __future__ import annotations
 import copy
 import fcntl
 import os
+import signal
+import threading
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -51,13 +53,37 @@ def spawn_workers(worker: Callable[[DictConfig], dict], dcfg: DictConfig, nproc:
     )
     # One intra-op thread per worker unless the caller chose (torchrun's default, too).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # torch's agent sets its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in this process (they raise its
+    # SignalException) and leaves them set: put back the ones found, so a later Ctrl-C in this process (a
+    # sweep's next job, a caller's own handler: refexp/runtime/stop_signals.py) is what it was before.
+    handlers = _signal_handlers()
     try:
         results = elastic_launch(config, worker)(resolved)
     except ChildFailedError as e:
         if on_failure is not None:
             on_failure(describe_failure(e))
         raise
+    finally:
+        _restore_signal_handlers(handlers)
     return results[0]
+
+
+_AGENT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                       if hasattr(signal, name))
+"""The signals torch's elastic agent handles in the launching process
+(``torch.distributed.elastic.multiprocessing.api.PContext.start``)."""
+
+
+def _signal_handlers() -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # only the main thread sets handlers, and torch's agent sets none from another
+    return {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
+
+
+def _restore_signal_handlers(handlers: dict) -> None:
+    for s, handler in handlers.items():
+        if handler is not None:
+            signal.signal(s, handler)
 
 
 def describe_failure(error) -> str:
