@@ -85,6 +85,30 @@ def test_beat_renews_only_a_running_status_this_process_wrote(tmp_path):
     assert (tmp_path / "status.json").read_bytes() == before
 
 
+def test_a_rank_failure_written_while_a_heartbeat_renews_is_not_written_over(tmp_path, monkeypatch):
+    """Rank k's failure lands between the heartbeat's read of ``running`` and its write: the status lock makes
+    the failure wait for the heartbeat's write, and the heartbeat never writes ``running`` over ``failed``."""
+    import threading
+
+    open_status(tmp_path, RunStatus(steps=10))
+    real_read, failure = rstatus.read_status, []
+
+    def read_then_let_rank_1_fail(run_dir):
+        current = real_read(run_dir)
+        if threading.current_thread() is threading.main_thread() and not failure:
+            failure.append(threading.Thread(target=rstatus.record_rank_failure,
+                                            args=(tmp_path, 1, {"error": "injected failure on rank 1"})))
+            failure[0].start()
+            failure[0].join(timeout=0.5)  # without the lock it writes "failed" now, before the heartbeat's write
+        return current
+
+    monkeypatch.setattr(rstatus, "read_status", read_then_let_rank_1_fail)
+    rstatus.beat(tmp_path, 3, every_s=0)
+    failure[0].join()
+    st = real_read(tmp_path)
+    assert st["status"] == "failed" and st["failed_rank"] == 1 and st["heartbeat"]["step"] == 3, st
+
+
 # ---------------------------------------------------------------- a full disk
 def _disk_full_after_start(monkeypatch):
     """Every write of a new status.json fails with ENOSPC, except the padded one at the start."""

@@ -21,14 +21,16 @@ bytes in place (``write_status``). A run that did not advance a completed run le
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from refexp.record import layout
 from refexp.record.atomic import json_default, write_text_atomic
@@ -106,6 +108,25 @@ def read_status(run_dir: str | Path) -> Optional[dict]:
     return read_status_file(run_dir)[0]
 
 
+@contextmanager
+def status_update(run_dir: str | Path) -> Iterator[None]:
+    """Hold the run dir's status lock for one read-modify-write of ``status.json``: rank 0's heartbeat and its
+    closing status, and another rank's failure, are written by different processes (and rank 0's heartbeat by a
+    thread), so a heartbeat that read ``running`` just before rank k wrote ``failed`` would write ``running``
+    back over it. An exclusive ``flock`` on the run dir itself (no file added to it); a run dir that cannot be
+    opened is written without one."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases its lock
+
+
 def write_status(run_dir: str | Path, status: Mapping[str, Any], *, reserve: bool = False) -> None:
     """``status`` as the run dir's ``status.json``, atomically (a reader sees the old file or the new one);
     ``reserve``: padded with spaces to ``RESERVED_BYTES``. When the disk is full, written over the old
@@ -170,15 +191,16 @@ def beat(run_dir: str | Path, step: Optional[int], *, every_s: Optional[float] =
         if now - _LAST_BEAT.get(key, 0.0) < every_s:
             return
         _LAST_BEAT[key] = now
-        current = read_status(run_dir) or {}
-        hb = current.get("heartbeat")
-        if current.get("status") != "running" or not isinstance(hb, dict) or hb.get("pid") != os.getpid():
-            return  # not ours (a failure another rank recorded, or another process's run)
-        renewed = {**hb, "time": now, "step": int(hb.get("step") or 0) if step is None else int(step)}
-        try:
-            write_status(run_dir, {**current, "heartbeat": renewed}, reserve=True)
-        except OSError:
-            pass
+        with status_update(run_dir):
+            current = read_status(run_dir) or {}
+            hb = current.get("heartbeat")
+            if current.get("status") != "running" or not isinstance(hb, dict) or hb.get("pid") != os.getpid():
+                return  # not ours (a failure another rank recorded, or another process's run)
+            renewed = {**hb, "time": now, "step": int(hb.get("step") or 0) if step is None else int(step)}
+            try:
+                write_status(run_dir, {**current, "heartbeat": renewed}, reserve=True)
+            except OSError:
+                pass
 
 
 class Heartbeat:
@@ -254,21 +276,23 @@ def with_provenance(status: dict, earlier: dict) -> list[dict]:
 
 def record_rank_failure(run_dir: str | Path, rank: int, status: dict) -> None:
     """Rank ``rank``'s (> 0) failure as the run's status, unless a failure is recorded already."""
-    current = read_status(run_dir) or {}
-    if current.get("status") == "failed":
-        return
-    write_status(run_dir, {**current, **status, "status": "failed", "failed_rank": rank,
-                           "error": f"rank {rank}: {status['error']}"})
+    with status_update(run_dir):
+        current = read_status(run_dir) or {}
+        if current.get("status") == "failed":
+            return
+        write_status(run_dir, {**current, **status, "status": "failed", "failed_rank": rank,
+                               "error": f"rank {rank}: {status['error']}"})
 
 
 def close_status(run_dir: str | Path, status: dict) -> dict:
     """Rank 0's final ``status``, written; a failure another rank recorded first stays the error, rank
     0's own then goes to ``rank0_error``. Returns what was written."""
-    current = read_status(run_dir) or {}
-    if status["status"] in ENDED and current.get("status") == "failed" and current.get("failed_rank", 0) != 0:
-        status = {**status, "status": "failed", "error": current["error"], "failed_rank": current["failed_rank"],
-                  "traceback": current.get("traceback"), "rank0_error": status.get("error")}
-    write_status(run_dir, status)
+    with status_update(run_dir):
+        current = read_status(run_dir) or {}
+        if status["status"] in ENDED and current.get("status") == "failed" and current.get("failed_rank", 0) != 0:
+            status = {**status, "status": "failed", "error": current["error"], "failed_rank": current["failed_rank"],
+                      "traceback": current.get("traceback"), "rank0_error": status.get("error")}
+        write_status(run_dir, status)
     return status
 
 
