@@ -24,11 +24,17 @@ def _dead_pid() -> int:
     return p.pid
 
 
-def test_a_killed_runs_heartbeat_step_refuses_a_rerun_with_fewer_steps(tmp_path):
+def _killed_run(run_dir, step):
+    """A status.json left by a run killed at heartbeat step ``step`` (``running``, its pid gone): its path."""
     killed = {"status": "running", "algo": "grpo", "steps": 60, "last_step": None,
-              "heartbeat": {"host": socket.gethostname(), "pid": _dead_pid(), "time": time.time() - 5, "step": 40}}
-    status = layout.path(tmp_path, layout.STATUS)
+              "heartbeat": {"host": socket.gethostname(), "pid": _dead_pid(), "time": time.time() - 5, "step": step}}
+    status = layout.path(run_dir, layout.STATUS)
     status.write_text(json.dumps(killed))
+    return status
+
+
+def test_a_killed_runs_heartbeat_step_refuses_a_rerun_with_fewer_steps(tmp_path):
+    status = _killed_run(tmp_path, 40)
     before = status.read_bytes()
     with pytest.raises(ConfigError, match=r"reached 40 steps.*training\.steps=10 is fewer"):
         run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=10"))
@@ -38,10 +44,7 @@ def test_a_killed_runs_heartbeat_step_refuses_a_rerun_with_fewer_steps(tmp_path)
 
 @pytest.mark.parametrize("step", ["forty", "4x", -3, [40]])
 def test_a_heartbeat_step_that_is_not_a_step_count_is_refused_in_one_line_naming_the_file(tmp_path, step):
-    damaged = {"status": "running", "algo": "grpo", "steps": 60, "last_step": None,
-               "heartbeat": {"host": socket.gethostname(), "pid": _dead_pid(), "time": time.time() - 5, "step": step}}
-    status = layout.path(tmp_path, layout.STATUS)
-    status.write_text(json.dumps(damaged))
+    status = _killed_run(tmp_path, step)
     before = status.read_bytes()
     with pytest.raises(ConfigError, match=r"status\.json: heartbeat\.step is .*not a step count"):
         run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "training.steps=10"))
