@@ -41,6 +41,18 @@ def dense_reward(monkeypatch):
     monkeypatch.setattr(tasks_mod, "build_task", build)
 
 
+@pytest.fixture
+def sigint_deliverable():
+    """SIGINT handled as Python's default (KeyboardInterrupt) for one test. A test run started as a background job
+    without job control (``cmd &`` in a script, some CI runners) inherits SIGINT ignored, and refexp leaves an
+    ignored SIGINT ignored (refexp/runtime/stop_signals.py): a test that sends itself SIGINT needs it deliverable."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="session")
 def hf_dir(tmp_path_factory):
     """A tiny Qwen3 HF checkpoint with a chat template (tests/helpers/tiny_qwen3.py), written once per session."""

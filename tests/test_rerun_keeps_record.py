@@ -54,7 +54,7 @@ def completed(tmp_path) -> Path:
     return run_dir
 
 
-def test_interrupted_reruns_leave_a_completed_run_as_it_was(completed, monkeypatch):
+def test_interrupted_reruns_leave_a_completed_run_as_it_was(completed, monkeypatch, sigint_deliverable):
     before = record(completed)
     with monkeypatch.context() as mp:  # SIGINT at step 3 of a rerun resumed from step 2
         _signal_at(mp, 3, signal.SIGINT)

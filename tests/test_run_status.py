@@ -229,7 +229,7 @@ def test_rerun_with_fewer_steps_is_refused_and_a_failed_rerun_changes_nothing(tm
 # ---------------------------------------------------------------- stop signals in-process
 @pytest.mark.parametrize("signum, error", [(signal.SIGTERM, Preempted), (signal.SIGUSR2, Preempted),
                                            (signal.SIGINT, KeyboardInterrupt)])
-def test_stop_signals_raise_within_the_block_and_handlers_come_back(signum, error):
+def test_stop_signals_raise_within_the_block_and_handlers_come_back(signum, error, sigint_deliverable):
     before = signal.getsignal(signum)
     with pytest.raises(error, match=signal.Signals(signum).name):
         with installed():
