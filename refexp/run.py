@@ -32,9 +32,9 @@ from refexp.components.context import RunContext
 from refexp.components.metric_logger import MetricLogger
 from refexp.components.pretrained import resolve_pretrained
 from refexp.algos.sft_checks import sft_start_record
+from refexp.components.rerun_checks import check_rerun_config, check_rerun_steps, resolved_container
 from refexp.components.run_identity import START, run_identity, start_pins
 from refexp.config import ConfigError, RootConfig, to_object
-from refexp.config.diff import RESUMABLE_CHANGES, changed_fields
 from refexp.config.root import generation_budget
 from refexp.record import layout
 from refexp.record.hydra_record import HydraRecord
@@ -43,7 +43,7 @@ from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF
                                         KL_REF, VAL_ACCURACY)
 from refexp.record.provenance import provenance
 from refexp.record.rerun import RerunRecord, completed_end
-from refexp.record.resolved_config import read_resolved_config, write_resolved_config
+from refexp.record.resolved_config import write_resolved_config
 from refexp.record.status import run_dir_busy
 from refexp.record.status import (Heartbeat, RunStatus, close_run_status, open_status, read_status,
                                   record_early_failure, record_launch_failure)
@@ -181,46 +181,6 @@ def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:
     return cfg
 
 
-def check_rerun_config(dcfg: DictConfig, run_dir: Path) -> None:
-    """A run dir that holds a run (its ``resolved_config.yaml``) is resumed, so the rerun's config must
-    be that run's up to ``RESUMABLE_CHANGES`` (refexp/config/diff.py); checked before any model is built
-    and before ``run_worker`` writes the new config over the old."""
-    old = read_resolved_config(run_dir)
-    if old is None:
-        return
-    changed = changed_fields(old, resolved_container(dcfg))
-    if changed:
-        fields = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-        raise ConfigError(f"run_dir={str(run_dir)!r} holds a run with another configuration, and rerunning a "
-                          f"run dir resumes it. Changed: {fields}. Use a new run_dir (a rerun may change only "
-                          f"{', '.join(RESUMABLE_CHANGES)})")
-
-
-def check_rerun_steps(cfg: RootConfig, run_dir: Path) -> None:
-    """A rerun with fewer ``training.steps`` than the run dir's run has reached is refused: it cannot resume
-    (its LR schedule would end before the checkpoint's step) and must not touch that run's record."""
-    earlier = read_status(run_dir) or {}
-    heartbeat = earlier.get("heartbeat") if isinstance(earlier.get("heartbeat"), dict) else {}
-    reached = max(_recorded_step(run_dir, "last_step", earlier.get("last_step")),
-                  _recorded_step(run_dir, "heartbeat.step", heartbeat.get("step")))
-    if cfg.algo.name not in ("sft", "rm") and reached > cfg.training.steps:  # sft's and rm's steps are their stage's
-        done = "completed" if earlier.get("status") == "completed" else "reached"
-        raise ConfigError(f"run_dir={str(run_dir)!r} holds a run that {done} {reached} steps, and rerunning a run "
-                          f"dir resumes it: training.steps={cfg.training.steps} is fewer. To continue it use "
-                          f"training.steps >= {reached}, or use a new run_dir")
-
-
-def _recorded_step(run_dir: Path, field: str, value) -> int:
-    """A step count read from the run dir's status.json; a value that is not a whole number (a hand edit, a
-    damaged record) is refused in one line rather than guessed at, since the rerun guard above depends on it."""
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)) or not str(value).strip().isdigit():
-        raise ConfigError(f"{run_dir / 'status.json'}: {field} is {value!r}, not a step count (a whole number "
-                          f">= 0): the record is damaged; use a new run_dir, or repair or remove that file")
-    return int(str(value).strip())
-
-
 class RunDirBusy(ConfigError):
     """The run dir is being written by another process (its lock is held)."""
 
@@ -290,10 +250,6 @@ def _spawned_worker(dcfg: DictConfig) -> dict:
     register_configs()
     with stop_signals.installed():
         return run_worker(dcfg)
-
-
-def resolved_container(dcfg: DictConfig) -> dict:
-    return OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=False)
 
 
 def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
