@@ -142,6 +142,41 @@ def random_texts(n: int, length: int, vocab: int, *, seed: int, eos_outside: boo
     return [" ".join(f"w{i}" for i in row) for row in ids.tolist()]
 
 
+def pretrained_tokenizer(hf_dir: str, *, eos_outside: bool):
+    """The checkpoint's own tokenizer (``TextTokenizer.from_dir``); ``eos_outside``: EOS (and every stop id)
+    becomes id ``vocab_size``, one past what the model can emit, so sampling never stops early. No BOS:
+    TRL does not add one to a plain-text prompt, so both frameworks see the same ids."""
+    from refexp.tasks.tokenizer import TextTokenizer
+
+    tok = TextTokenizer.from_dir(hf_dir)
+    tok.bos_id = None
+    if eos_outside:
+        tok.eos_id = tok.vocab_size
+        tok.stop_ids = (tok.vocab_size,)
+    return tok
+
+
+def word_texts(hf_dir: str, n: int, length: int, *, seed: int) -> list[str]:
+    """n texts of ``length`` random words, each word one token of the checkpoint's BPE vocabulary
+    (a space-led lowercase word, e.g. ``" cat"``), so every text is exactly ``length`` tokens for any
+    framework that tokenizes it without special tokens (checked)."""
+    import random
+    import re
+
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(Path(hf_dir) / "tokenizer.json"))
+    words = sorted(t[1:] for t in backend.get_vocab() if re.fullmatch(r"\u0120[a-z]{3,10}", t))
+    words = [w for w in words if len(backend.encode(" " + w, add_special_tokens=False).ids) == 1]
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        text = "".join(" " + rng.choice(words) for _ in range(length))
+        if len(backend.encode(text, add_special_tokens=False).ids) == length:
+            out.append(text)
+    return out
+
+
 def content_blind_reward(text: str, answer: str) -> float:
     """A reward that ignores what the text says but still varies between samples (a stable hash bit),
     so group advantages are not all zero."""
@@ -207,6 +242,14 @@ def add_shape_args(p) -> None:
 
 def shape_from_args(args) -> Shape:
     return Shape(args.dim, args.layers, args.heads, args.ffn, args.vocab, getattr(args, "kv_heads", None))
+
+
+def shape_from_hf(hf_dir: str) -> Shape:
+    """The shape of the HF checkpoint in ``hf_dir`` (its config.json), for FLOP counts."""
+    hf = json.loads((Path(hf_dir) / "config.json").read_text())
+    return Shape(dim=hf["hidden_size"], layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],
+                 ffn=hf["intermediate_size"], vocab=hf["vocab_size"],
+                 kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"])
 
 
 def save_init_checkpoint(model: torch.nn.Module, out_dir: Path) -> Path:

@@ -71,6 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="replace refexp's foreach AdamW by torch's fused CPU kernel (an experiment, see README)")
     p.add_argument("--workdir", default=None, help="init checkpoint + refcache (default: a temporary dir)")
     p.add_argument("--init-dir", default=None, help="start from this refexp checkpoint dir instead of a fresh init")
+    p.add_argument("--hf-dir", default=None,
+                   help="a pretrained HF checkpoint dir (e.g. SmolLM2's converted dir): its shapes, weights and "
+                        "tokenizer replace the random model (the shape options are ignored), prompts are words of "
+                        "its vocabulary")
     p.add_argument("--in-process", action="store_true", help="run every configuration in this process")
     p.add_argument("--profile", default=None, help="write a torch.profiler table of the timed steps to this file")
     p.add_argument("--peak-seconds", type=float, default=0.4, help="time spent per matmul-peak size")
@@ -102,16 +106,18 @@ def build(args, algo: str, reference: str, precompute: bool):
     import torch
 
     from refexp import titan
-    from refexp.config import CheckpointConfig, CompileConfig, DPOConfig, GRPOConfig, RootConfig, TrainingConfig
+    from refexp.config import (CheckpointConfig, CompileConfig, DPOConfig, GRPOConfig, ModelConfig, RootConfig,
+                                TrainingConfig)
     from refexp.tasks import Task
 
     device = titan.resolve_device(args.device)
-    shape = C.shape_from_args(args)
+    shape = C.shape_from_hf(args.hf_dir) if args.hf_dir else C.shape_from_args(args)
+    args.vocab = shape.vocab
     n_steps = args.warmup + args.steps
     if algo == "grpo":
         seq = args.prompt_len + args.new_tokens
-        tok = C.make_tokenizer(args.vocab, eos_outside=True)
-        prompts = C.random_texts(args.prompts * n_steps, args.prompt_len, args.vocab, seed=args.seed, eos_outside=True)
+        tok = tokenizer(args, eos_outside=True)
+        prompts = texts(args, args.prompts * n_steps, args.prompt_len, seed=args.seed, eos_outside=True)
         train = datasets.Dataset.from_dict({"prompt": prompts, "completion": [""] * len(prompts),
                                             "answer": [""] * len(prompts)})
         beta = args.beta if args.beta is not None else (0.0 if reference == "none" else 0.04)
@@ -120,12 +126,12 @@ def build(args, algo: str, reference: str, precompute: bool):
         pairs = None
     else:
         seq = args.prompt_len + args.completion_len
-        tok = C.make_tokenizer(args.vocab, eos_outside=False)
+        tok = tokenizer(args, eos_outside=False)
         n = args.pairs * n_steps
-        texts = [C.random_texts(n, L, args.vocab, seed=args.seed + k, eos_outside=False)
-                 for k, L in enumerate((args.prompt_len, args.completion_len - 1, args.completion_len - 1))]
-        pairs = datasets.Dataset.from_dict({"prompt": texts[0], "chosen": texts[1], "rejected": texts[2]})
-        train = datasets.Dataset.from_dict({"prompt": texts[0][:1], "completion": [""], "answer": [""]})
+        cols = [texts(args, n, L, seed=args.seed + k, eos_outside=False)
+                for k, L in enumerate((args.prompt_len, args.completion_len - 1, args.completion_len - 1))]
+        pairs = datasets.Dataset.from_dict({"prompt": cols[0], "chosen": cols[1], "rejected": cols[2]})
+        train = datasets.Dataset.from_dict({"prompt": cols[0][:1], "completion": [""], "answer": [""]})
         loss = args.loss or ("simpo" if reference == "none" else "sigmoid")
         algo_cfg = DPOConfig(loss_type=loss, beta=args.beta if args.beta is not None else 0.1,
                              pairs_per_step=args.pairs, precompute_ref=precompute, num_pairs=n,
@@ -133,7 +139,8 @@ def build(args, algo: str, reference: str, precompute: bool):
     task = Task(name="random", tokenizer=tok, train=train, eval=train, max_new_tokens=args.new_tokens,
                 reward=C.content_blind_reward, max_prompt_len=args.prompt_len, preference=pairs)
     cfg = RootConfig(
-        model=shape.model_config(max_seq_len=max(64, seq + 1)),
+        model=(ModelConfig(name="llama3", hf_assets_path=args.hf_dir, max_seq_len=seq + 1) if args.hf_dir
+               else shape.model_config(max_seq_len=max(64, seq + 1))),
         training=TrainingConfig(steps=n_steps, seed=args.seed, lr=args.lr, num_threads=args.threads,
                                 device=args.device),
         checkpoint=CheckpointConfig(enable=False),
@@ -146,8 +153,8 @@ def build(args, algo: str, reference: str, precompute: bool):
 
     from refexp.algos.loop import build_policy, build_strategy, reference_path
 
-    if args.init_dir:
-        init_dir = Path(args.init_dir)
+    if args.init_dir or args.hf_dir:
+        init_dir = Path(args.init_dir or args.hf_dir)
     elif ctx.dist.world_size > 1:
         raise SystemExit("bench_step under torchrun needs --init-dir (write it with a single-process run first)")
     else:
@@ -180,6 +187,20 @@ def build(args, algo: str, reference: str, precompute: bool):
         step_fn = DPOStep(ctx, policy, strategy, pairs, ref_source, stats)
     torch.manual_seed(args.seed)
     return ctx, policy, strategy, step_fn, shape, meta
+
+
+def tokenizer(args, *, eos_outside: bool):
+    """The checkpoint's tokenizer with ``--hf-dir``, else the word-level one over ``--vocab`` ids."""
+    if args.hf_dir:
+        return C.pretrained_tokenizer(args.hf_dir, eos_outside=eos_outside)
+    return C.make_tokenizer(args.vocab, eos_outside=eos_outside)
+
+
+def texts(args, n: int, length: int, *, seed: int, eos_outside: bool) -> list[str]:
+    """n prompts/completions of ``length`` tokens: words of the checkpoint's vocabulary with ``--hf-dir``."""
+    if args.hf_dir:
+        return C.word_texts(args.hf_dir, n, length, seed=seed)
+    return C.random_texts(n, length, args.vocab, seed=seed, eos_outside=eos_outside)
 
 
 def reference_config(args, reference: str):
@@ -283,7 +304,9 @@ class Bench:
             "precompute_ref": bool(getattr(ctx.cfg.algo, "precompute_ref", False)) and self.algo == "dpo",
             "loss": ctx.cfg.algo.loss_type if self.algo == "dpo" else "grpo", "beta": ctx.cfg.algo.beta,
             "share_prompt": bool(ctx.cfg.algo.share_prompt), "output_layer": "full" if a.full_logits else "selected",
-            "shape": {"dim": a.dim, "layers": a.layers, "heads": a.heads, "ffn": a.ffn, "vocab": a.vocab},
+            "shape": {"dim": self.shape.dim, "layers": self.shape.layers, "heads": self.shape.heads,
+                      "kv_heads": self.shape.kv_heads, "ffn": self.shape.ffn, "vocab": self.shape.vocab},
+            "hf_dir": a.hf_dir,
             "batch": ({"prompts": a.prompts, "group": a.group, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens}
                       if self.algo == "grpo" else
                       {"pairs": a.pairs, "prompt_len": a.prompt_len, "completion_len": a.completion_len}),

@@ -13,6 +13,10 @@ DCP copy, TRL loads the HF export into ``LlamaForCausalLM`` (logits are checked 
                   ids, so no early stop), beta 0.04, a fixed reference      GRPOStep    | GRPOTrainer
   grpo_noref      the same with beta 0 and no reference model
 
+``--model smollm2_135m`` replaces the random Llama with SmolLM2-135M-Instruct (refexp's ``model=smollm2_135m``,
+converted into ``$REFEXP_CACHE`` on first use; TRL loads the same weights), and the random words with words of its
+BPE vocabulary (one token each), so both tokenizers give every text exactly its length in tokens.
+
 Each round runs one refexp and one TRL subprocess per workload (the order alternates between
 rounds); each subprocess does ``--warmup`` untimed and ``--steps`` timed steps and reports the
 median step time. The ratio of a round is refexp steps/s over TRL steps/s; the table reports the
@@ -62,6 +66,10 @@ def parse_args(argv=None):
     p.add_argument("--completion-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--workdir", default=None)
+    p.add_argument("--model", default="random", choices=["random", "smollm2_135m"],
+                   help="random: the small random Llama above; smollm2_135m: SmolLM2-135M-Instruct (refexp's "
+                        "model=smollm2_135m, fetched and converted into $REFEXP_CACHE on first use), prompts and "
+                        "completions of its own vocabulary's words")
     p.add_argument("--refexp-args", default="",
                    help="extra bench_step.py options for the refexp side, e.g. --refexp-args=--compile")
     p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"],
@@ -76,10 +84,62 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------- shared weights and tokenizers
+def pretrained_dir(args) -> str:
+    """``--model smollm2_135m``'s converted HF dir, as ``model=smollm2_135m`` resolves it (fetched once)."""
+    from refexp.components.pretrained import ensure_pretrained
+
+    cache = os.environ.get("REFEXP_CACHE") or os.path.expanduser("~/.cache/refexp")
+    return str(ensure_pretrained(args.model, cache))
+
+
+def prepare_pretrained(workdir: Path, args) -> None:
+    """TRL's copy of the pretrained checkpoint: ``hf/`` links its weights, with a config whose EOS is one past
+    the vocabulary (TRL stops generation at the model's generation EOS too, and no completion should stop
+    early); ``tok-grpo`` is its tokenizer with that EOS added, ``tok-dpo`` the tokenizer as it is (DPO only
+    appends EOS). Checks that HF's and torchtitan's logits agree."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from refexp import titan
+    from refexp.config import ModelConfig
+
+    src = Path(pretrained_dir(args))
+    hf_dir = workdir / "hf"
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name not in ("config.json", "generation_config.json") and not (hf_dir / f.name).exists():
+            (hf_dir / f.name).symlink_to(f)
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    special = {"eos_token_id": vocab, "pad_token_id": json.loads((src / "config.json").read_text())["pad_token_id"]}
+    (hf_dir / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()), **special}, indent=2))
+    (hf_dir / "generation_config.json").write_text(json.dumps(special, indent=2))
+    tok = AutoTokenizer.from_pretrained(str(src))
+    tok.save_pretrained(str(workdir / "tok-dpo"))
+    tok.add_special_tokens({"eos_token": "<|bench_eos|>"})
+    if tok.eos_token_id != vocab:
+        raise RuntimeError(f"the added EOS got id {tok.eos_token_id}, not {vocab}")
+    tok.save_pretrained(str(workdir / "tok-grpo"))
+
+    model_cfg = ModelConfig(name="llama3", hf_assets_path=str(src), max_seq_len=256)
+    model = titan.build_model(model_cfg, vocab_size=None, device="cpu", seed=0, requires_grad=False,
+                              weights_loaded_next=True)
+    titan.load_weights(model, model_cfg, str(src))
+    hf = LlamaForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    x = torch.randint(0, vocab, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (hf(x).logits - titan.logits(model, x)).abs().max().item()
+    if diff > 1e-3:
+        raise RuntimeError(f"HF and torchtitan logits differ by {diff}: the comparison would not be the same model")
+    (workdir / "ready.json").write_text(json.dumps({"max_logit_diff": diff, "hf_dir": str(src)}))
+
+
 def prepare(workdir: Path, args) -> None:
     """Build the model once (refexp/torchtitan, seed 0); write its DCP copy (``init/``), its HF export
     (``hf/``) and the two tokenizers; check that HF and torchtitan logits agree."""
     if (workdir / "ready.json").is_file():
+        return
+    if args.model != "random":
+        prepare_pretrained(workdir, args)
         return
     import torch
 
@@ -112,6 +172,13 @@ def prepare(workdir: Path, args) -> None:
     (workdir / "ready.json").write_text(json.dumps({"max_logit_diff": diff}))
 
 
+def bench_texts(args, n: int, length: int, *, seed: int, eos_outside: bool) -> list[str]:
+    """The texts both frameworks train on (bench_step.py's ``texts`` with the same seeds)."""
+    if args.model != "random":
+        return C.word_texts(pretrained_dir(args), n, length, seed=seed)
+    return C.random_texts(n, length, SHAPE.vocab, seed=seed, eos_outside=eos_outside)
+
+
 # ---------------------------------------------------------------- the TRL side
 def build_trl(args, name: str, callbacks: list):
     """TRL's trainer for workload ``name`` on the shared weights and data: (trainer, tokens per step)."""
@@ -129,10 +196,12 @@ def build_trl(args, name: str, callbacks: list):
     if w["algo"] == "dpo":
         tok = AutoTokenizer.from_pretrained(str(workdir / "tok-dpo"))
         n = args.pairs * n_steps
-        texts = [C.random_texts(n, L, SHAPE.vocab, seed=k, eos_outside=False)
+        texts = [bench_texts(args, n, L, seed=k, eos_outside=False)
                  for k, L in enumerate((args.prompt_len, args.completion_len - 1, args.completion_len - 1))]
-        ds = datasets.Dataset.from_dict({"prompt": texts[0], "chosen": [" " + t for t in texts[1]],
-                                         "rejected": [" " + t for t in texts[2]]})
+        # the word-level tokenizer splits on spaces; BPE words carry their own leading space
+        sep = "" if args.model != "random" else " "
+        ds = datasets.Dataset.from_dict({"prompt": texts[0], "chosen": [sep + t for t in texts[1]],
+                                         "rejected": [sep + t for t in texts[2]]})
         if w["reference"] == "none":
             from trl.experimental.cpo import CPOConfig, CPOTrainer
 
@@ -151,7 +220,7 @@ def build_trl(args, name: str, callbacks: list):
         from trl import GRPOConfig, GRPOTrainer
 
         tok = AutoTokenizer.from_pretrained(str(workdir / "tok-grpo"))
-        prompts = C.random_texts(args.prompts * n_steps, args.prompt_len, SHAPE.vocab, seed=0, eos_outside=True)
+        prompts = bench_texts(args, args.prompts * n_steps, args.prompt_len, seed=0, eos_outside=True)
         ds = datasets.Dataset.from_dict({"prompt": prompts})
 
         def reward(prompts, completions, **kw):
@@ -252,6 +321,7 @@ def pair_worker(args, name: str) -> dict:
     trainer.train()
     peak = max(peak_before["gflops"], C.matmul_peak(sizes=bench.args.peak_sizes, seconds=0.2)["gflops"],
                *[r["probe_gflops"] or 0 for r in cb.refexp])
+    hf_gen = hf_generate_rate(args, trainer, name) if WORKLOADS[name]["algo"] == "grpo" else None
     trl_s, ref_rows = cb.trl[args.warmup:], cb.refexp[args.warmup:]
     ratios = [t / r["step_s"] for t, r in zip(trl_s, ref_rows)]
     summary = bench.summary(ref_rows, peak=peak, peak_by_size=peak_before["by_size"], peak_rss_timed=None,
@@ -265,18 +335,44 @@ def pair_worker(args, name: str) -> dict:
         "trl_step_s_all": [round(x, 4) for x in trl_s], "trl_warmup_step_s": [round(x, 3) for x in cb.trl[:args.warmup]],
         "refexp": summary,
         "trl_tokens_per_s": round(tokens_per_step / C.median(trl_s), 1),
+        "hf_generate_tokens_per_s": hf_gen,
     }
+
+
+def hf_generate_rate(args, trainer, name: str) -> float:
+    """Tokens/s of transformers' own ``generate`` (what TRL's GRPO samples with) on one step's rows: the
+    step's prompts, each ``--group`` times, ``--new-tokens`` sampled tokens (EOS outside the vocabulary, so
+    none stops early); the faster of two calls, right after the timed steps."""
+    import torch
+
+    tok = trainer.processing_class
+    prompts = bench_texts(args, args.prompts, args.prompt_len, seed=0, eos_outside=True)
+    ids = tok([p for p in prompts for _ in range(args.group)], return_tensors="pt", add_special_tokens=False)
+    model = trainer.model.eval()
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(**ids, do_sample=True, max_new_tokens=args.new_tokens, top_k=0, top_p=1.0,
+                                 temperature=1.0, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        best = min(best, time.perf_counter() - t0)
+    new = (out.shape[1] - ids["input_ids"].shape[1]) * out.shape[0]
+    return round(new / best, 1)
 
 
 # ---------------------------------------------------------------- the refexp side
 def refexp_argv(args, name: str) -> list[str]:
     w = WORKLOADS[name]
+    if args.model == "random":
+        model = ["--dim", str(SHAPE.dim), "--layers", str(SHAPE.layers), "--heads", str(SHAPE.heads),
+                 "--ffn", str(SHAPE.ffn), "--vocab", str(SHAPE.vocab), "--init-dir", str(Path(args.workdir) / "init")]
+    else:
+        model = ["--hf-dir", pretrained_dir(args)]
     argv = [str(C.BENCH_DIR / "bench_step.py"), "--worker", "--algo", w["algo"], "--reference", w["reference"],
-            "--precompute-ref", "on" if w["precompute"] else "off",
-            "--dim", str(SHAPE.dim), "--layers", str(SHAPE.layers), "--heads", str(SHAPE.heads), "--ffn", str(SHAPE.ffn),
-            "--vocab", str(SHAPE.vocab), "--threads", str(args.threads), "--steps", str(args.steps),
+            "--precompute-ref", "on" if w["precompute"] else "off", *model,
+            "--threads", str(args.threads), "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--lr", str(LR), "--prompt-len", str(args.prompt_len),
-            "--init-dir", str(Path(args.workdir) / "init"), "--workdir", str(Path(args.workdir) / "refexp")]
+            "--workdir", str(Path(args.workdir) / "refexp")]
     if w["algo"] == "dpo":
         argv += ["--pairs", str(args.pairs), "--completion-len", str(args.completion_len),
                  "--beta", str(DPO_BETA)]
@@ -315,14 +411,16 @@ def main(argv=None) -> None:
     C.apply_omp_wait_policy(args.omp_wait_policy)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    C.run_json_subprocess([__file__, "--prepare", "--workdir", str(workdir), "--prompt-len", str(args.prompt_len),
+    C.run_json_subprocess([__file__, "--prepare", "--workdir", str(workdir), "--model", args.model,
+                           "--prompt-len", str(args.prompt_len),
                            "--completion-len", str(args.completion_len), "--new-tokens", str(args.new_tokens)])
     import trl
 
     info = {"bench": "compare_trl_machine", **machine(), "trl": trl.__version__, "mode": args.mode,
             "workdir": str(workdir), "argv": sys.argv[1:]}
     print(json.dumps(info), flush=True)
-    worker_common = ["--workdir", str(workdir), "--threads", str(args.threads), "--steps", str(args.steps),
+    worker_common = ["--workdir", str(workdir), "--model", args.model, "--threads", str(args.threads),
+                     "--steps", str(args.steps),
                      "--warmup", str(args.warmup), "--pairs", str(args.pairs), "--prompts", str(args.prompts),
                      "--group", str(args.group), "--prompt-len", str(args.prompt_len),
                      "--completion-len", str(args.completion_len), "--new-tokens", str(args.new_tokens),
@@ -335,7 +433,8 @@ def main(argv=None) -> None:
                 row["round"] = r
                 print(json.dumps(row), flush=True)
                 results[name].append({"ratios": row["pair_ratios"], "refexp_steps_per_s": row["refexp_steps_per_s"],
-                                      "trl_steps_per_s": row["trl_steps_per_s"], "refexp": row["refexp"]})
+                                      "trl_steps_per_s": row["trl_steps_per_s"], "refexp": row["refexp"],
+                                      "hf_gen": row.get("hf_generate_tokens_per_s")})
                 continue
             sides = ["refexp", "trl"] if r % 2 == 0 else ["trl", "refexp"]
             got = {}
@@ -367,6 +466,9 @@ def summary(results: dict[str, list[dict]], mode: str) -> None:
             "refexp phases s: gen / policy fwd+bwd / ref fwd / optimizer / other", "refexp MFU train"]
     if mode == "processes":
         cols += ["peak RSS MB refexp / TRL"]
+    has_gen = any(rec.get("hf_gen") for recs in results.values() for rec in recs)
+    if has_gen:
+        cols += ["sampled tokens/s refexp / HF generate"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name, recs in results.items():
         if not recs:
@@ -383,6 +485,10 @@ def summary(results: dict[str, list[dict]], mode: str) -> None:
                                                     "other")), f"{mfu:.2f}" if mfu else "-"]
         if mode == "processes":
             row.append(f"{C.median([x['rss'][0] for x in recs]):.0f} / {C.median([x['rss'][1] for x in recs]):.0f}")
+        if has_gen:
+            gens = [x["hf_gen"] for x in recs if x.get("hf_gen")]
+            ours = [x["refexp"]["gen_tokens_per_s"] for x in recs if x["refexp"].get("gen_tokens_per_s")]
+            row.append(f"{C.median(ours):.0f} / {C.median(gens):.0f}" if gens and ours else "-")
         lines.append("| " + " | ".join(row) + " |")
         print(json.dumps({"bench": "compare_trl_summary", "mode": mode, "workload": name, "median_ratio": round(med, 3),
                           "ratios_per_round": [round(x, 3) for x in per_round], "n_pairs": len(pooled),

@@ -142,6 +142,33 @@ def test_compare_trl_interleaved_worker(tmp_path):
     torch.set_num_threads(1)
 
 
+@pytest.mark.slow
+def test_compare_trl_on_smollm2_feeds_both_frameworks_the_same_tokens(tmp_path, smollm2_dir, monkeypatch):
+    """``--model smollm2_135m``: TRL's copy holds the converted weights (prepare checks the logits agree), both
+    sides read the same texts of exactly ``--prompt-len`` tokens, and the HF generate rate is measured."""
+    import bench_step
+    import compare_trl
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("REFEXP_CACHE", str(smollm2_dir.parent.parent))
+    args = compare_trl.parse_args(["--model", "smollm2_135m", "--workdir", str(tmp_path), "--steps", "1",
+                                   "--warmup", "1", "--threads", "1", "--prompts", "2", "--group", "2",
+                                   "--prompt-len", "5", "--new-tokens", "2",
+                                   "--refexp-args=--peak-seconds 0 --peak-sizes 128 --no-probe-peak"])
+    compare_trl.prepare(tmp_path, args)
+    assert json.loads((tmp_path / "ready.json").read_text())["max_logit_diff"] < 1e-3
+    texts = compare_trl.bench_texts(args, 4, 5, seed=0, eos_outside=True)
+    trl_tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok-grpo"))
+    ours = bench_step.tokenizer(bench_step.parse_args(["--hf-dir", str(smollm2_dir)]), eos_outside=True)
+    for text in texts:
+        ids = trl_tok(text, add_special_tokens=False)["input_ids"]
+        assert ids == ours.encode(text, add_bos=True) and len(ids) == 5
+    assert trl_tok.eos_token_id == ours.eos_id == 49152  # outside the model: no completion stops early
+    row = compare_trl.pair_worker(args, "grpo_ref")
+    assert row["steps"] == 1 and row["refexp"]["batch"]["new_tokens"] == 2 and row["hf_generate_tokens_per_s"] > 0
+    torch.set_num_threads(1)
+
+
 def test_scaling_size_sweep(tmp_path, capsys):
     import scaling
 
