@@ -155,8 +155,7 @@ def test_every_committed_comparison_has_its_baseline_and_the_headroom_task():
     demonstrator to do more of: it asks whether what the embedded task found holds on a real model's own start."""
     for experiment in conf_options("experiment"):
         jobs = [to_object(compose_root(f"experiment={experiment}", *job)) for job in _sweep_jobs(experiment)]
-        if not any(cfg.sft.enable for cfg in jobs):
-            assert all(cfg.model.pretrained or cfg.model.hf_assets_path for cfg in jobs), experiment
+        if not any(cfg.sft.enable for cfg in jobs):  # the config refuses sft.enable=false without a checkpoint
             continue
         algos = {cfg.algo.name for cfg in jobs}
         assert all(cfg.task.demo_slip > 0.5 for cfg in jobs), experiment
