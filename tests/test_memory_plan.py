@@ -98,17 +98,20 @@ def test_the_rollout_phase_holds_what_the_plan_counts(toy):
 
 @pytest.mark.parametrize("rows, length", [(8, 64), (1, 16)], ids=["the toy's chunk", "a short chunk"])
 def test_the_policy_training_phase_holds_what_the_plan_counts(toy, rows, length):
-    """One chunk's forward and backward; the short chunk is mostly what does not scale with tokens
-    (gradients, unsharded blocks, the lm_head unit)."""
+    """One chunk's forward and backward, the output layer at the completion tokens only (``select_BT``, as the
+    GRPO step asks); the short chunk is mostly what does not scale with tokens (gradients, unsharded blocks, the
+    lm_head unit)."""
     cfg, plan, (policy, reference, opt) = toy
     if (rows, length) != (8, cfg.task.max_prompt_len + cfg.task.max_new_tokens):
         cfg = to_object(fill_data_paths(compose_root(*TOY, f"training.micro_batch_size={rows}",
                                                      "task.max_prompt_len=8", "task.max_new_tokens=8")))
         plan = memory_plan.plan(cfg)
     tokens = torch.randint(1, 4000, (rows, length))
+    completion = torch.zeros(rows, length - 1, dtype=torch.bool)
+    completion[:, cfg.task.max_prompt_len - 1:] = True  # logp[:, t] scores token t+1: the completion's, as GRPO reads
 
     def train_chunk():
-        titan.token_logprobs(policy, tokens).mean().backward()
+        titan.token_logprobs(policy, tokens, select_BT=completion).mean().backward()
 
     start, above = _tracked((policy, reference, opt), train_chunk)
     opt.zero_grad()

@@ -1,5 +1,5 @@
 """What one training chunk keeps for backward, per token and per block: the activation counts, the shared-prompt
-attention's own memory and the logits. The memory plan (``refexp/cli/memory_plan.py``, whose module docstring says
+attention's own memory and the logits (of the positions the loss selects, one output-layer chunk at a time). The memory plan (``refexp/cli/memory_plan.py``, whose module docstring says
 what each count holds and why) adds them into its "policy training" and "reference forward" phases;
 ``tests/test_activation_count.py`` checks ``block_activation_elems`` against what autograd saves."""
 
@@ -58,11 +58,33 @@ def activation_elems_per_token(s: Shapes, ac) -> tuple[int, int]:
     return s.n_layers * full_block, 0
 
 
-def logit_bytes(tokens: int, s: Shapes, compute: int, tp: int, *, backward: bool) -> float:
-    """The logits of ``tokens`` tokens (compute dtype; with ``backward`` also their gradient) and the float32
-    chunk of the log-softmax (two of them in backward: the recomputed chunk and its gradient)."""
+def output_positions(cfg, rows: int, length: int, selected: int, tp: int) -> tuple[int, str]:
+    """(positions the output layer runs at in one training or reference chunk of ``rows`` rows of ``length``
+    tokens, what they are): the ``selected`` ones the loss reads (``titan.token_logprobs(select_BT=...)``), except
+    under TP, where ``_selected_forward`` falls back to the vocab-sharded logits at every position
+    (refexp/titan/logprobs.py)."""
+    if tp > 1:
+        return rows * length, "tokens (TP: every position)"
+    return selected, {"grpo": "completion tokens", "dpo": "chosen and rejected completion tokens"}.get(
+        cfg.algo.name, "demonstration tokens")
+
+
+def logit_bytes(positions: int, what: str, s: Shapes, compute: int, tp: int, *, backward: bool
+                ) -> tuple[float, str]:
+    """Bytes and description of the output layer's logits over ``positions`` positions (``output_positions``:
+    ``what`` they are) as ``titan.token_logprobs`` holds them: each position's logits in the compute dtype and
+    their float32 copy (the log-softmax's input), and with ``backward`` the gradients of both. Without TP the
+    positions go ``FP32_CHUNK_ELEMENTS // vocab`` at a time through the output layer (``_selected_logprobs``):
+    with more than one chunk, backward recomputes each chunk's logits (``torch.utils.checkpoint``) and a forward
+    without a graph frees each chunk before the next, so one chunk's logits (and their gradients) are held at
+    once, never every position's. Under TP the vocab-parallel log-softmax holds every position's [V/t] slice."""
     from refexp.titan.logprobs import FP32_CHUNK_ELEMENTS
 
-    v = s.vocab / tp
-    chunk = min(tokens * v, max(FP32_CHUNK_ELEMENTS, v)) * 4
-    return tokens * v * compute * (2 if backward else 1) + chunk * (2 if backward else 1)
+    per_elem = (compute + 4) * (2 if backward else 1)
+    if tp > 1:
+        return positions * s.vocab / tp * per_elem, f"{positions} {what} x {s.vocab} vocab / {tp}"
+    chunk = max(1, FP32_CHUNK_ELEMENTS // s.vocab)
+    if positions <= chunk:
+        return positions * s.vocab * per_elem, f"{positions} {what} x {s.vocab} vocab"
+    return chunk * s.vocab * per_elem, (f"one chunk of {chunk} of {positions} {what} x {s.vocab} vocab "
+                                        + ("(recomputed in backward)" if backward else "at a time"))

@@ -57,16 +57,24 @@ Policy training (one forward/backward chunk of ``training.micro_batch_size`` row
   1024). That is without checkpointing; 2*dim + 2*q_dim + 2*kv_dim + 2*ffn with ``selective`` per-op
   checkpointing (matmul outputs kept), dim per block with ``full`` plus one block's full set while it is
   recomputed;
-- the logits: the model's output in the compute dtype, kept for backward, its gradient, and the float32
-  chunk (``titan.logprobs.FP32_CHUNK_ELEMENTS``) the log-softmax works on and its gradient (vocab sharded
-  by t);
+- the logits, only at the positions the loss reads (``titan.token_logprobs(select_BT=...)``: GRPO's completion
+  tokens, DPO's chosen and rejected completion tokens, SFT's demonstration tokens; every usual row's completion
+  budget), ``FP32_CHUNK_ELEMENTS // vocab`` positions at a time through the output layer: one chunk's logits in
+  the compute dtype, their float32 copy the log-softmax reads, and the gradients of both, since with more than one
+  chunk backward recomputes each chunk's logits (``torch.utils.checkpoint``) instead of keeping them (the
+  selected hidden states each chunk is recomputed from are not counted); under TP the output layer runs at every
+  position (``_selected_forward`` falls back to the vocab-sharded logits), so every token's [V/t] slice;
 - shared prompts (``algo.share_prompt``, ``refexp/algos/shared_prompt.py``), attended the way the run will
   (``attention_way``): the dense mask, U x S^2 booleans per chunk, or for ``titan.CausalRows`` the usual
   rows' queries, keys, values and outputs that SDPA keeps (N x T x (2*q_dim + 2*kv_dim) per layer whose
   activations are kept) in place of the shared rows' queries, keys and values (U x S x (q_dim + 2*kv_dim),
-  counted among the activations above).
+  counted among the activations above);
+- at the end of backward, the embedding's own FSDP unit unsharded, its gradient and its reduce-scatter copy,
+  while the activations are freed: only what that moment exceeds the lines above (but the gradients) by.
 Reference forward (no graph, one chunk): the reference's shards moved to the device when offloaded; wrapped,
-two blocks and the lm_head unit unsharded; the chunk's logits in the compute dtype and one float32 chunk.
+two blocks and the lm_head unit unsharded; the logits of the same selected positions, one output-layer chunk at
+a time (each freed before the next) in the compute dtype and float32, every position's under TP. The decode
+loop projects only the last position onto the vocabulary (the rollout's "decode logits and sampling").
 The peak is the largest phase. One checkpoint on disk: weights (``training.dtype``) + AdamW state (8
 bytes/parameter) + the moving reference's weights when ``checkpoint.save_reference``.
 These are estimates: allocator fragmentation, NCCL buffers and the CUDA context (~1-3 GiB), FSDP's
@@ -80,7 +88,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from refexp.choices import MOVING_STRATEGIES
-from refexp.cli.memory_activations import activation_elems_per_token, logit_bytes, shared_attention_bytes
+from refexp.cli.memory_activations import (activation_elems_per_token, logit_bytes, output_positions,
+                                           shared_attention_bytes)
 from refexp.cli.memory_shapes import Shapes, layout, model_shapes
 
 GIB = 2**30
@@ -133,8 +142,11 @@ def planned_device(cfg) -> tuple[str, str]:
     return "cpu", device
 
 
-def _training_rows(cfg, dp: int) -> tuple[int, int]:
-    """(rows per training chunk, tokens per training row) on one rank."""
+def _training_rows(cfg, dp: int) -> tuple[int, int, int]:
+    """(rows per training chunk, tokens per training row, tokens the chunk's loss reads) on one rank: the last
+    are the positions ``select_BT`` passes to the output layer (``titan.token_logprobs``), every usual row's
+    completion budget: GRPO's sampled completions, DPO's chosen and rejected completions, SFT's demonstrations
+    (``refexp/algos/grpo.py``, ``dpo.py``, ``sft.py``)."""
     a, task = cfg.algo, cfg.task
     completion = getattr(a, "max_new_tokens", None) or task.max_new_tokens
     prompt = task.max_prompt_len
@@ -143,16 +155,18 @@ def _training_rows(cfg, dp: int) -> tuple[int, int]:
         rows = max(1, a.prompts_per_step * G // dp)
         chunk = min(rows, cfg.training.micro_batch_size or rows)
         if a.share_prompt:  # a prompt's G completions in one row (refexp/algos/shared_prompt.py)
-            return max(1, chunk // G), prompt + G * completion + G - 1
-        return chunk, prompt + completion
+            shared = max(1, chunk // G)
+            return shared, prompt + G * completion + G - 1, shared * G * completion
+        return chunk, prompt + completion, chunk * completion
     if a.name == "dpo":
         pairs = max(1, a.pairs_per_step // dp)
         chunk = min(pairs, cfg.training.micro_batch_size or pairs)
         if a.share_prompt:
-            return chunk, prompt + 2 * completion + 1
-        return 2 * chunk, prompt + completion
+            return chunk, prompt + 2 * completion + 1, 2 * chunk * completion
+        return 2 * chunk, prompt + completion, 2 * chunk * completion
     rows = max(1, cfg.sft.batch_size // dp)  # SFT: the stage's own batch of demonstrations
-    return min(rows, cfg.training.micro_batch_size or rows), prompt + completion
+    chunk = min(rows, cfg.training.micro_batch_size or rows)
+    return chunk, prompt + completion, chunk * completion
 
 
 @dataclass
@@ -260,6 +274,24 @@ def _reduce_scatter_item(cfg, s: Shapes, *, wrapped: bool, master: int, split: i
                 f"not yet computed ({not_yet / GIB:.2f} GiB)")
 
 
+def _embedding_backward_item(cfg, s: Shapes, *, wrapped: bool, compute: int, tp: int, others: float) -> Item:
+    """The end of backward: the embedding's own FSDP unit (untied: ``refexp/titan/build.py`` wraps
+    ``tok_embeddings`` apart from lm_head) unsharded, its unsharded gradient in the compute dtype and the
+    ``training.mixed_precision_reduce`` copy FSDP reduce-scatters, while every unit's gradient exists (the
+    "gradients" line) and the activations, the logits and the other units are freed. The phase holds the larger of
+    that moment and the chunk's peak, so this adds what it exceeds the chunk's other lines (``others``, all but the
+    gradients) by: nothing at scale, the peak of a short chunk."""
+    own = s.params - s.n_layers * s.block_params - s.head_params  # the embedding; 0 when tied to lm_head
+    if not wrapped or own <= 0:
+        return Item("embedding unit, end of backward", 0,
+                    "not FSDP-wrapped" if not wrapped else "tied to lm_head: in the lm_head unit")
+    reduce_name = cfg.training.mixed_precision_reduce
+    end = own * (2 * compute + BYTES[reduce_name]) / tp
+    return Item("embedding unit, end of backward", max(0.0, end - others),
+                f"{end / GIB:.2f} GiB unsharded with its gradient and {reduce_name} copy, less the chunk's other "
+                f"lines ({others / GIB:.2f} GiB)")
+
+
 def _anchor_how(cfg, has_ref: bool) -> str:
     """How the plan describes a kl/init anchor kept as its own copy."""
     r = cfg.reference
@@ -333,9 +365,12 @@ def plan(cfg) -> Plan:
     out = Plan(device=device_how, compute=compute_name, resident=resident)
     out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
 
-    rows, length = _training_rows(cfg, dp)
+    rows, length, selected = _training_rows(cfg, dp)
     kept, one_block = activation_elems_per_token(s, cfg.activation_checkpoint)
     tokens = rows * length
+    positions, what = output_positions(cfg, rows, length, selected, tp)
+    train_logits, train_logits_how = logit_bytes(positions, what, s, compute, tp, backward=True)
+    ref_logits, ref_logits_how = logit_bytes(positions, what, s, compute, tp, backward=False)
     blocks = 2 * s.block_params * compute / tp if wrapped else 0
     shared, shared_how = shared_attention_bytes(cfg, s, rows, length, compute, tp)
     out.phases["policy training"] = [
@@ -346,18 +381,20 @@ def plan(cfg) -> Plan:
         _reduce_scatter_item(cfg, s, wrapped=wrapped, master=master, split=split, tp=tp),
         Item("activations", tokens * (kept + one_block) * compute / tp,
              f"{rows} rows x {length} tokens, activation_checkpoint={cfg.activation_checkpoint.mode}"),
-        Item("logits and log-probs", logit_bytes(tokens, s, compute, tp, backward=True),
-             f"{tokens} tokens x {s.vocab} vocab, and their gradient"),
+        Item("logits and log-probs", train_logits, f"{train_logits_how}, and their gradient"),
         Item("shared-prompt attention", shared, shared_how),
     ]
+    others = sum(i.bytes for i in out.phases["policy training"][1:])  # every line but the gradients
+    out.phases["policy training"].append(_embedding_backward_item(cfg, s, wrapped=wrapped, compute=compute, tp=tp,
+                                                                  others=others))
     live_ref = source == "live"
     out.phases["reference forward"] = [
         Item("reference moved to the device", ref_shards if (live_ref and ref_cfg.offload) else 0,
              "reference.offload: its shards, for the forward" if live_ref and ref_cfg.offload else "stays put"),
         Item("reference unsharded units", (2 * s.block_params + s.head_params) * compute / tp
              if wrapped and live_ref else 0, "2 blocks and the lm_head unit" if wrapped and live_ref else "none"),
-        Item("reference logits", logit_bytes(tokens, s, compute, tp, backward=False) if live_ref else 0,
-             f"{tokens} tokens, no graph" if live_ref else "no live reference forward"),
+        Item("reference logits", ref_logits if live_ref else 0,
+             f"{ref_logits_how}, no graph" if live_ref else "no live reference forward"),
     ]
     ckpt = s.params * master + s.params * 8
     if ref_cfg.name in MOVING_STRATEGIES and a.name != "sft" and getattr(cfg.checkpoint, "save_reference", True):

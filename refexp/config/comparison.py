@@ -13,12 +13,15 @@ from typing import Optional
 
 from .errors import check
 
-COMPARED_METRICS = ("eval/accuracy",)
-"""Metrics ``comparison.metric`` can name: the headline, compared at its final value and at each of ``at_steps``."""
-
 PRIMARY_METRICS = ("eval/accuracy", "eval/retention", "eval/gold")
-"""Metrics a primary contrast can be tested on: those each evaluation records per prompt (``eval_outcomes.jsonl``),
-at their final value (the report's ``PRIMARY_ENDPOINTS``, ``refexp/report/reading/plan.py``)."""
+"""Metrics a primary contrast can be tested on: the registered held-out (test) metrics each evaluation records per
+prompt (``eval_outcomes.jsonl``, ``refexp/record/metric_names.py``), at their final value (the report's
+``PRIMARY_ENDPOINTS``, ``refexp/report/reading/plan.py``)."""
+
+COMPARED_METRICS = PRIMARY_METRICS
+"""Metrics ``comparison.metric`` can name: the headline, compared at its final value and at each of ``at_steps``.
+The same held-out metrics, since the report pairs arms on their per-prompt outcomes; a ``val/`` metric chooses
+(``comparison.select``) and is never compared, and a training metric has no held-out prompts to pair on."""
 
 MAX_PRIMARY = 3
 """At most this many primary contrasts: each one more divides Holm's first step's alpha again, and a question with
@@ -84,7 +87,11 @@ class ComparisonConfig:
     seeds: list[int] = field(default_factory=list)
     """The ``training.seed`` values planned; runs of other seeds are listed and left out of the verdict."""
     metric: str = "eval/accuracy"
-    """The metric compared (its final value, and its value at each of ``at_steps``)."""
+    """The headline metric compared (its final value, and its value at each of ``at_steps``): a held-out metric
+    logged at the end with per-prompt outcomes (``COMPARED_METRICS``: eval/accuracy, eval/retention, eval/gold;
+    under a learned reward ``eval/gold`` is the gold reward and ``eval/accuracy`` the proxy). The report's tables,
+    first screen, frontier and power plan (``refexp-report --plan``) read it; with ``metrics`` empty the primary
+    contrasts are tested on it alone."""
     primary: list[str] = field(default_factory=list)
     """The primary contrasts, one to ``MAX_PRIMARY`` arms other than the baseline, each meaning arm - baseline on
     ``metrics``: the verdict's family (Holm runs over these alone, all metrics together), the only comparisons the
@@ -118,6 +125,9 @@ class ComparisonConfig:
         return bool(self.arms)
 
     def __post_init__(self) -> None:
+        check(self.metric in COMPARED_METRICS, "comparison.metric", self.metric,
+              "a held-out metric the report compares per prompt, one of " + ", ".join(COMPARED_METRICS)
+              + " (a val/ metric chooses in comparison.select, a training metric is not held out)")
         if not self.arms:
             for name in ("primary", "metrics"):
                 check(not getattr(self, name), f"comparison.{name}", getattr(self, name),
@@ -130,8 +140,6 @@ class ComparisonConfig:
         check(len(self.arms) >= 2, "comparison.arms", self.arms, "at least the baseline and one other arm")
         check(bool(self.seeds) and all(isinstance(s, int) and s >= 0 for s in self.seeds), "comparison.seeds",
               self.seeds, "a non-empty list of seeds >= 0")
-        check(self.metric in COMPARED_METRICS, "comparison.metric", self.metric,
-              "one of " + ", ".join(COMPARED_METRICS))
         others = [a for a in self.arms if a != self.baseline]
         check(all(a in others for a in self.primary) and len(set(self.primary)) == len(self.primary),
               "comparison.primary", self.primary,

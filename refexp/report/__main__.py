@@ -51,8 +51,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="count in the verdict the runs outside the declared comparison (other seeds or "
                              "arms) and those from another refexp commit or thread count than most runs")
     parser.add_argument("--at-steps", default="", metavar="S[,S...]",
-                        help="add, per step S, the held-out accuracy at S and the gain after it (final minus "
-                             "that): whether a group kept improving after S (e.g. --at-steps 500)")
+                        help="add, per step S, the headline metric (comparison.metric, else held-out accuracy) "
+                             "at S and the gain after it (final minus that): whether a group kept improving after "
+                             "S (e.g. --at-steps 500)")
     parser.add_argument("--quiet", action="store_true", help="print only the report's path")
     parser.add_argument("--wandb", action="store_true",
                         help="also log the table and plots to W&B (a new job_type=report run in the training "

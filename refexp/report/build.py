@@ -55,7 +55,8 @@ class Report:
     setup: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     """algo -> the setup block's (label, value) rows."""
     extra_columns: tuple = ()
-    """Columns asked for beyond ``reduce.COLUMNS`` (``--at-steps``: ``acc@S``, ``gain after S``)."""
+    """Columns asked for beyond ``reduce.COLUMNS`` (``--at-steps``: the headline metric at S, ``acc@S`` or ``gold@S``,
+    and its gain after S)."""
     plan: ComparisonPlan = field(default_factory=lambda: ComparisonPlan(None, None))
     """The comparison the verdicts read (declared or exploratory) and the runs it leaves out."""
     frontier: Optional[frontier_report.FrontierReport] = None
@@ -117,8 +118,8 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
     ``alpha`` over the family, with a claim of equivalence only within ``margin`` (None: the declared block's
     ``equivalence_margin``, if any); ``allow_mixed`` counts
     the runs outside the plan (``plan.make_plan``). ``at_steps`` (default: the block's) adds, per step S,
-    the accuracy at S, the gain after it and a verdict at S. Safe to call again on the same dir at any
-    time. Raises ``NoRunsError`` (no run) before writing anything."""
+    the headline metric (``comparison.metric``, else accuracy) at S, the gain after it and a verdict at S.
+    Safe to call again on the same dir at any time. Raises ``NoRunsError`` (no run) before writing anything."""
     sweep_dir = Path(sweep_dir).resolve()
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"sweep dir {sweep_dir} does not exist")
@@ -129,7 +130,7 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
     plan = make_plan(runs, baseline=baseline, block=comparison, alpha=alpha, margin=margin, allow_mixed=allow_mixed)
     by_algo = group_runs(runs)
 
-    extra = at_step_columns(tuple(int(s) for s in (at_steps or plan.at_steps)))
+    extra = at_step_columns(tuple(int(s) for s in (at_steps or plan.at_steps)), plan.metric)
     tables = {algo: summarize(algo, groups, target, plan, extra) for algo, groups in by_algo.items()}
     # An algorithm with no completed run has no numbers; its runs still appear under problems.
     tables = {a: t for a, t in tables.items() if any(row.n_completed for row in t.rows)}

@@ -12,11 +12,13 @@ from typing import Optional
 
 from refexp.record.provenance import provenance
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 """Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version``
 in their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
 inconclusive), primary contrasts (``comparison.primary``) form the verdict family and the first screen, every other
-table is secondary, ``none`` at several β is one group, the how-to-read text comes last."""
+table is secondary, ``none`` at several β is one group, the how-to-read text comes last. 2: the headline is
+``comparison.metric``'s final value (any held-out metric with per-prompt outcomes, e.g. ``eval/gold``), named on the
+first screen and in summary.json's ``comparison.metric``; the other such metrics are endpoints of their own."""
 
 
 def rendered_by(version: int = REPORT_VERSION, commit: Optional[str] = "current") -> dict:

@@ -26,10 +26,11 @@ def block(arms, *, primary=(), seeds=(0, 1), **more) -> dict:
 
 def write_run(run_dir: Path, arm: str, seed: int, final: np.ndarray, *, decl: Optional[dict],
               beta: Optional[float] = None, sft_seed: Optional[int] = None,
-              retention: Optional[np.ndarray] = None) -> Path:
+              retention: Optional[np.ndarray] = None, gold: Optional[np.ndarray] = None) -> Path:
     """A completed run of ``arm`` (its ``grpo_variant`` and reference strategy; ``sft.seed`` and ``algo.beta``
     swept too when given) whose final evaluation scored ``final`` [PROMPTS]; with ``retention`` [PROMPTS], its final
-    ``eval/retention`` scores (every retained prompt right at step 0)."""
+    ``eval/retention`` scores (every retained prompt right at step 0); with ``gold`` [PROMPTS], a learned-reward run's
+    final ``eval/gold`` scores of the same prompts (``final`` is then the proxy; gold 0.5 everywhere at step 0)."""
     overrides = [f"grpo_variant={arm}", f"training.seed={seed}"]
     overrides += [f"algo.beta={beta:g}"] if beta is not None else []
     overrides += [f"sft.seed={sft_seed}"] if sft_seed is not None else []
@@ -42,12 +43,16 @@ def write_run(run_dir: Path, arm: str, seed: int, final: np.ndarray, *, decl: Op
         "comparison": decl or {"arm_key": "", "arms": [], "baseline": "", "seeds": []}})
     log = MetricsWriter(run_dir)
     ids = list(range(PROMPTS))
-    for step, scores, kept in ((0, np.zeros(PROMPTS), np.ones(PROMPTS)), (STEPS, final, retention)):
+    for step, scores, kept, true in ((0, np.zeros(PROMPTS), np.ones(PROMPTS), np.full(PROMPTS, 0.5)),
+                                     (STEPS, final, retention, gold)):
         row = {"step": step, "eval/accuracy": float(scores.mean()), "reward/mean": 0.5}
         measured = [EvalOutcomes("eval", "eval/accuracy", ids, scores.tolist())]
         if retention is not None:
             row["eval/retention"] = float(kept.mean())
             measured.append(EvalOutcomes("retain_eval", "eval/retention", ids, kept.tolist()))
+        if gold is not None:
+            row["eval/gold"] = float(true.mean())
+            measured.append(EvalOutcomes("eval", "eval/gold", ids, true.tolist()))
         log.write(row)
         append_outcomes(run_dir, step, measured)
     log.close()

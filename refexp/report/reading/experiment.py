@@ -10,7 +10,7 @@ from typing import Optional
 
 import yaml
 
-from refexp.report.reading.plan import block_problem
+from refexp.report.reading.plan import DEFAULT_METRIC, block_problem
 
 def conf_dirs() -> tuple[Path, Path]:
     """Where an experiment name is looked up: the working directory's conf/experiment, then the checkout's beside
@@ -41,7 +41,9 @@ class Experiment:
 
     @property
     def metrics(self) -> list[str]:
-        return [str(m) for m in self.block.get("metrics") or ()] or [str(self.block.get("metric") or "eval/accuracy")]
+        """The metrics the primary contrasts are tested on: ``comparison.metrics``, else ``[comparison.metric]``
+        (the pilot's variance components are read on the first)."""
+        return [str(m) for m in self.block.get("metrics") or ()] or [str(self.block.get("metric") or DEFAULT_METRIC)]
 
     @property
     def margin(self) -> Optional[float]:

@@ -22,10 +22,14 @@ from refexp.record.status import provenances
 
 from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import Run, _get
+from refexp.report.reading.reduce import FINAL_COLUMNS
 
-PRIMARY_ENDPOINTS = {"eval/accuracy": "acc_final", "eval/retention": "retention_final", "eval/gold": "gold_final"}
+PRIMARY_ENDPOINTS = FINAL_COLUMNS
 """A primary metric -> the key of its final value's endpoint (``statistics/summary.py``'s ``endpoints``); the metrics
-``refexp/config/comparison.py`` accepts in ``comparison.metrics`` (``PRIMARY_METRICS``)."""
+``refexp/config/comparison.py`` accepts in ``comparison.metrics`` (``PRIMARY_METRICS``) and in ``comparison.metric``
+(``COMPARED_METRICS``, the same held-out metrics)."""
+DEFAULT_METRIC = "eval/accuracy"
+"""The headline without a declared block, and of a block written before ``comparison.metric`` existed."""
 MAX_PRIMARY = 3
 """As ``refexp/config/comparison.py``'s: the most primary contrasts a block declares."""
 
@@ -61,10 +65,15 @@ class ComparisonPlan:
         return [str(a) for a in (self.block or {}).get("primary") or ()]
 
     @property
+    def metric(self) -> str:
+        """The headline metric: the declared ``comparison.metric`` (one of ``PRIMARY_ENDPOINTS``: ``block_problem``
+        checked it), else ``DEFAULT_METRIC``."""
+        return str((self.block or {}).get("metric") or DEFAULT_METRIC)
+
+    @property
     def primary_metrics(self) -> list[str]:
         """The metrics the primary contrasts are tested on: ``comparison.metrics``, else ``[comparison.metric]``."""
-        block = self.block or {}
-        return [str(m) for m in block.get("metrics") or ()] or [str(block.get("metric") or "eval/accuracy")]
+        return [str(m) for m in (self.block or {}).get("metrics") or ()] or [self.metric]
 
     def role(self, arm: Optional[str]) -> str:
         """"primary" for a declared primary contrast's arm, else "secondary" (a declared block) or "exploratory"."""
@@ -158,6 +167,10 @@ def block_problem(block: dict) -> Optional[str]:
             or any(a not in others for a in primary)):
         return (f"comparison.primary={primary!r} is invalid: expected one to {MAX_PRIMARY} distinct arms other than "
                 f"the baseline ({', '.join(map(str, others))}), or empty")
+    metric = block.get("metric") or DEFAULT_METRIC
+    if metric not in PRIMARY_ENDPOINTS:
+        return (f"comparison.metric={metric!r} is invalid: expected a held-out metric the report compares per prompt, "
+                f"one of {', '.join(PRIMARY_ENDPOINTS)}")
     metrics = block.get("metrics") or []
     if not isinstance(metrics, list) or any(m not in PRIMARY_ENDPOINTS for m in metrics):
         return (f"comparison.metrics={metrics!r} is invalid: expected metrics among "

@@ -38,8 +38,9 @@ ACC = EVAL_ACCURACY
 VAL_ACC = VAL_ACCURACY
 """Accuracy on the validation split (when the task has one): what "best" is selected on."""
 RETENTION = EVAL_RETENTION
-GOLD = EVAL_GOLD
 """Held-out accuracy on the skills RL does not train: what a run keeps of its start."""
+GOLD = EVAL_GOLD
+"""With a learned reward: the gold reward of the held-out greedy completions (their proxy is ``eval/accuracy``)."""
 PREF_ACC = EVAL_PREF_ACCURACY
 """Held-out implicit-reward accuracy: a ``task=preference`` run's stand-in for ``eval/accuracy``."""
 
@@ -142,22 +143,34 @@ class Column:
     evaluation's binomial noise (``stats.with_evaluation_noise``)."""
 
 
-def at_step_columns(steps: tuple[int, ...]) -> tuple[Column, ...]:
-    """For each step S: ``acc@S`` (held-out accuracy at the last evaluation at or before S) and ``gain
-    after S`` (final minus that): whether a group kept improving after S, with an interval."""
+def at_step_columns(steps: tuple[int, ...], metric: str = ACC) -> tuple[Column, ...]:
+    """For each step S: ``metric`` at the last evaluation at or before S (``acc@S`` for ``eval/accuracy``,
+    ``gold@S`` for ``eval/gold``) and its gain after S (final minus that): whether a group kept improving after S,
+    with an interval. ``metric``: the headline (``comparison.metric``), one of ``FINAL_COLUMNS``."""
+    final = next(c for c in COLUMNS if c.key == FINAL_COLUMNS[metric])
+    short = at_step_prefix(metric)
+    what = final.doc_name.removeprefix("final ")
     cols: list[Column] = []
     for s in steps:
-        cols.append(Column(f"acc_at_{s}", f"acc@{s}", lambda r, s=s: value_at(r, ACC, s), binomial=True,
-                           doc=f"eval/accuracy at the last evaluation at or before step {s}"))
-        cols.append(Column(f"gain_after_{s}", f"gain after {s}", lambda r, s=s: _gain_after(r, s),
-                           doc=f"last eval/accuracy minus eval/accuracy at step {s} (one set of prompts: a "
-                               f"within-run difference, so no binomial term)",
-                           doc_name=f"held-out accuracy gained after step {s}"))
+        cols.append(Column(f"{short}_at_{s}", f"{short}@{s}", lambda r, s=s: value_at(r, metric, s),
+                           binomial=final.binomial, doc=f"{metric} at the last evaluation at or before step {s}",
+                           doc_name=f"{what} at step {s}"))
+        cols.append(Column(f"gain_after_{s}" if metric == ACC else f"{short}_gain_after_{s}",
+                           f"gain after {s}" if metric == ACC else f"{short} gain after {s}",
+                           lambda r, s=s: _gain_after(r, s, metric),
+                           doc=f"last {metric} minus {metric} at step {s} (one set of prompts: a within-run "
+                               f"difference, so no binomial term)",
+                           doc_name=f"{what} gained after step {s}"))
     return tuple(cols)
 
 
-def _gain_after(run: Run, step: int) -> Optional[float]:
-    at, end = value_at(run, ACC, step), last(run, ACC)
+def at_step_prefix(metric: str) -> str:
+    """The short name of ``metric``'s at-step columns (``acc`` for ``eval/accuracy``: ``acc@S``, key ``acc_at_S``)."""
+    return FINAL_COLUMNS[metric].removesuffix("_final")
+
+
+def _gain_after(run: Run, step: int, metric: str = ACC) -> Optional[float]:
+    at, end = value_at(run, metric, step), last(run, metric)
     return None if at is None or end is None else end - at
 
 
@@ -200,3 +213,7 @@ COLUMNS: tuple[Column, ...] = (
 """Every column a table can have; a table shows only those some group of its algorithm has data
 for (so GRPO shows reward, DPO shows pref acc and margin, and DPO on ``task=preference`` its held-out
 pair columns instead of accuracy)."""
+
+FINAL_COLUMNS = {ACC: "acc_final", RETENTION: "retention_final", GOLD: "gold_final"}
+"""A held-out metric with per-prompt outcomes -> the column of its final value: the metrics a comparison can be
+about (``plan.py``'s ``PRIMARY_ENDPOINTS``)."""

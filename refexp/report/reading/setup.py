@@ -124,7 +124,7 @@ def comparison_rows(plan: ComparisonPlan, runs: list[Run]) -> list[tuple[str, st
     if plan.block is not None:
         b = plan.block
         rows.append(("declared", f"arms {', '.join(map(str, b['arms']))} ({b['arm_key']}); baseline {b['baseline']}; "
-                                 f"seeds {', '.join(map(str, b.get('seeds', [])))}; metric {b.get('metric')}"
+                                 f"seeds {', '.join(map(str, b.get('seeds', [])))}; metric {plan.metric}"
                      + (f"; at steps {', '.join(map(str, plan.at_steps))}" if plan.at_steps else "")))
     elif plan.baseline is not None:
         rows.append(("baseline", f"{plan.baseline} ({plan.baseline_why})"))

@@ -66,11 +66,13 @@ def final_step(run: Run, metric: str = ACC) -> Optional[int]:
     return last if last is not None and len(steps) and last == int(steps[-1]) else None
 
 
-def step_at(run: Run, step: int) -> Optional[int]:
-    """The run's last evaluation with outcomes at or before ``step`` (None when it stopped before ``step``)."""
-    if not run.outcomes or max(run.outcomes) < step:
+def step_at(run: Run, step: int, metric: str = ACC) -> Optional[int]:
+    """The run's last evaluation with outcomes of ``metric`` at or before ``step`` (None when it stopped before
+    ``step``)."""
+    outcomes = run.outcomes_of(metric)
+    if not outcomes or max(outcomes) < step:
         return None
-    before = [s for s in run.outcomes if s <= step]
+    before = [s for s in outcomes if s <= step]
     return max(before) if before else None
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from refexp.report.reading.group import Group
-from refexp.report.reading.plan import PRIMARY_ENDPOINTS, ComparisonPlan
-from refexp.report.reading.reduce import COLUMNS, GOLD, RETENTION, Column, start_accuracy, steps_to_target
+from refexp.report.reading.plan import DEFAULT_METRIC, PRIMARY_ENDPOINTS, ComparisonPlan
+from refexp.report.reading.reduce import COLUMNS, Column, at_step_prefix, start_accuracy, steps_to_target
 from refexp.report.statistics.inference import Verdict, difference_bound
 from refexp.report.statistics.paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
 from refexp.report.statistics.stats import Estimate, mean_ci, replicate_ci, with_evaluation_noise
@@ -20,8 +20,9 @@ from refexp.report.writing.cells import cell_text
 
 
 HEADLINE_KEYS = ("acc_final", "heldout_pref_final")
-"""The number a verdict is about: final held-out task accuracy, else (``task=preference``) final
-held-out preference accuracy."""
+"""The number a verdict is about under the default ``comparison.metric`` (``eval/accuracy``): final held-out task
+accuracy, else (``task=preference``) final held-out preference accuracy. Another declared metric's final value is
+the headline itself (``headline_column``)."""
 
 DEFAULT_TARGET_MARGIN = 0.05
 """The default target when no group gained: the best group's mean start (SFT) accuracy + this, capped at 1."""
@@ -75,7 +76,8 @@ class AlgoTable:
     """The label of the group paired differences are taken against (None: the algorithm has no such group)."""
     headline: Optional[Column] = None
     endpoints: list[Endpoint] = field(default_factory=list)
-    """What the verdicts are about: the headline's final value, then the accuracy at each ``--at-steps`` step."""
+    """What the verdicts are about: the headline's final value (``comparison.metric``'s), the other held-out
+    metrics' final values, then the headline metric at each ``--at-steps`` step."""
     verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)
     """endpoint key -> group label -> its verdict in its family (``roles``)."""
     roles: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -157,26 +159,35 @@ def displacement_flags(rows: list[Row]) -> list[str]:
             + " — the margin grew by pushing the chosen answers down too (Pal et al. 2024)."]
 
 
-SECONDARY_ENDPOINTS = (("retention_final", RETENTION), ("gold_final", GOLD))
-"""(column key, metric) of the final values compared like the headline, each a family of its own, when the table
-has the column: what the reference protects (retention) and, under a learned reward, the gold reward."""
+def headline_column(columns: list[Column], plan: ComparisonPlan) -> tuple[Optional[Column], str]:
+    """(the column the verdicts lead with, why there is none): the final value of the plan's ``comparison.metric``
+    (``eval/gold``: ``gold_final``); under the default metric the final accuracy, else (``task=preference``) the final
+    held-out preference accuracy. None when the table has no such column (the runs did not log the metric)."""
+    keys = HEADLINE_KEYS if plan.metric == DEFAULT_METRIC else (PRIMARY_ENDPOINTS[plan.metric],)
+    column = next((c for c in columns if c.key in keys), None)
+    return column, "" if column is not None else f"no run logged {plan.metric} (comparison.metric): no verdict"
 
 
-def endpoints(headline: Column, extra_columns: tuple[Column, ...], columns: tuple[Column, ...] = ()) -> list[Endpoint]:
-    """The headline's final value, the final retention and gold (when ``columns``, the table's, hold them), and the accuracy
-    at each ``acc@S`` column's step S."""
+def endpoints(headline: Column, extra_columns: tuple[Column, ...], columns: tuple[Column, ...] = (),
+              metric: str = DEFAULT_METRIC) -> list[Endpoint]:
+    """The headline's final value (of ``metric``, the plan's ``comparison.metric``), the final value of every other
+    held-out metric with per-prompt outcomes (``PRIMARY_ENDPOINTS``: accuracy, retention, gold) that ``columns``, the
+    table's, hold, each a family of its own, and the headline metric at each ``extra_columns``' at-step column's step
+    S (``acc@S``, ``gold@S``)."""
+    has_outcomes = headline.key in PRIMARY_ENDPOINTS.values()  # heldout_pref_final has none: seed-only
     out = [Endpoint(headline.key, headline.header, headline.doc_name, headline.per_run,
-                    final_step if headline.key == "acc_final" else lambda r: None)]
-    for key, metric in SECONDARY_ENDPOINTS:
+                    (lambda r: final_step(r, metric)) if has_outcomes else (lambda r: None), metric=metric)]
+    for other, key in PRIMARY_ENDPOINTS.items():
         col = next((c for c in columns if c.key == key), None)
-        if col is not None:
+        if col is not None and key != headline.key:
             out.append(Endpoint(col.key, col.header, col.doc_name, col.per_run,
-                                lambda r, metric=metric: final_step(r, metric), metric=metric))
+                                lambda r, other=other: final_step(r, other), metric=other))
+    prefix = f"{at_step_prefix(metric)}_at_"
     for c in extra_columns:
-        if c.key.startswith("acc_at_"):
-            s = int(c.key[len("acc_at_"):])
-            out.append(Endpoint(c.key, c.header, f"held-out accuracy at step {s}", c.per_run,
-                                lambda r, s=s: step_at(r, s)))
+        if c.key.startswith(prefix):
+            s = int(c.key[len(prefix):])
+            out.append(Endpoint(c.key, c.header, c.doc_name, c.per_run,
+                                lambda r, s=s: step_at(r, s, metric), metric=metric))
     return out
 
 
@@ -233,15 +244,16 @@ def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: Comparis
     """Fill each row's ``paired``, the table's ``verdicts``, ``roles`` and its ``verdict`` paragraphs: the primary
     contrasts first, as one Holm family across the primary metrics, then each endpoint's secondary (or, without a
     declared block, exploratory) comparisons as a family of their own."""
-    table.headline = next((c for c in table.columns if c.key in HEADLINE_KEYS), None)
+    table.headline, missing = headline_column(table.columns, plan)
     if table.headline is None:
+        table.verdict = f"{table.algo.upper()}: {missing}." if plan.declared else ""
         return
     base, why = find_baseline(groups, plan)
     if base is None:
         table.verdict = f"{table.algo.upper()}: {why}."
         return
     table.baseline = base.label
-    table.endpoints = endpoints(table.headline, extra_columns, tuple(table.columns))
+    table.endpoints = endpoints(table.headline, extra_columns, tuple(table.columns), plan.metric)
     others = [row for row in table.rows if row.group is not base and in_comparison(row.group, plan)]
     families: dict[str, list[tuple[Endpoint, Row, Comparison]]] = {}
     for ep in table.endpoints:

@@ -73,17 +73,26 @@ def primary_lines(report) -> list[Line]:
 
 
 def intro(report) -> str:
-    """The sentence before the lines: what the primary contrasts are, or that none is declared."""
+    """The sentences before the lines: what the primary contrasts are, or that none is declared, and the headline
+    metric the tables lead with (``comparison.metric``)."""
     plan = report.plan
     if not plan.declared:
         return ("No comparison declared (exploratory): no primary contrast, so this report claims nothing in its "
-                "summary; every table below is exploratory.")
+                "summary; every table below is exploratory. " + headline(plan))
     if not plan.primary:
         return ("The comparison block declares no primary contrast (comparison.primary): this report claims nothing "
-                "in its summary; every table below is secondary.")
+                "in its summary; every table below is secondary. " + headline(plan))
     text = (f"Declared before the runs (comparison.primary): {', '.join(plan.primary)}, each against "
-            f"{plan.baseline}, on {', '.join(plan.primary_metrics)}.")
+            f"{plan.baseline}, on {', '.join(plan.primary_metrics)}. " + headline(plan))
     if not primary_lines(report):
         text += (" None of them could be paired group by group here (the baseline arm has several groups, or no run "
                  "of an arm completed): the tables below say why, and this report claims nothing in its summary.")
     return text
+
+
+def headline(plan) -> str:
+    """The sentence naming the metric the tables, the at-step columns and the frontier lead with."""
+    if not plan.declared:
+        return f"The tables lead with {plan.metric} (no comparison.metric declared)."
+    steps = f" and at steps {', '.join(map(str, plan.at_steps))}" if plan.at_steps else ""
+    return f"Headline metric (comparison.metric): {plan.metric}, compared at its final value{steps}."

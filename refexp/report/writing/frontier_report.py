@@ -58,7 +58,7 @@ def make(runs: list[Run], plan: ComparisonPlan, plots_dir: Path) -> Optional[Fro
     key, select = block.get("frontier_key") or "", (block.get("select") or {}).get("metric")
     if not key and not select:
         return None
-    metric = str(block.get("metric", "eval/accuracy"))
+    metric = plan.metric
     out = _sections(runs, plan, key, metric, plots_dir)
     starts = sft_start_keys(planned_runs(runs, plan))
     if len(starts) > 1:

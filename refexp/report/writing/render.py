@@ -54,7 +54,8 @@ HOW_TO_READ = (
     "temperature is right: it falls when the policy's distribution collapses. "
     "*acc@S* and *gain after S* (columns asked for with `--at-steps S`) are the held-out accuracy at the last "
     "evaluation at or before step S and the final accuracy minus it: a gain whose interval excludes 0 says the "
-    "group kept improving after S. "
+    "group kept improving after S; under another headline metric (`comparison.metric`, e.g. `eval/gold`) they are "
+    "that metric's (*gold@S*, *gold gain after S*), and its final value leads the verdicts. "
     "*Δ … vs baseline (paired, simultaneous …%)* is this group's final number minus the baseline group's, "
     "paired by seed and by held-out prompt: a paired hierarchical percentile bootstrap of the per-prompt scores "
     "in each run's `eval_outcomes.jsonl` (seeds resampled, and one prompt resample per replicate serving every "
@@ -336,6 +337,7 @@ def summary_dict(report) -> dict:
         "confidence": 0.95,
         "comparison": {"kind": report.plan.kind, "declared": report.plan.block, "baseline": report.plan.baseline,
                        "alpha": report.plan.alpha, "equivalence_margin": report.plan.margin,
+                       "metric": report.plan.metric,
                        "primary": report.plan.primary, "primary_metrics": report.plan.primary_metrics,
                        "problem": report.plan.problem or None,
                        "allow_mixed": report.plan.allow_mixed, "left_out_of_the_verdict": report.plan.excluded},
