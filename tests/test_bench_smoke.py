@@ -69,7 +69,8 @@ def test_bench_decode_measures_every_path_on_the_same_tokens(capsys):
     lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     assert [r["path"] for r in lines] == list(bench_decode.PATHS)
     for r in lines:
-        assert r["ms_per_token"] > 0 and r["ops_per_token"] > 0 and r["same_tokens_every_path"], r
+        # a difference of two timings at 3 tokens: its sign is noise on a loaded machine, its presence is the check
+        assert math.isfinite(r["ms_per_token"]) and r["ops_per_token"] > 0 and r["same_tokens_every_path"], r
     plain, modules = (next(r for r in lines if r["path"] == p) for p in ("plain", "modules"))
     assert plain["ops_per_token"] < modules["ops_per_token"]  # the plain step's point: fewer operators
     assert "| 4 | plain |" in out
