@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,9 +67,26 @@ class OfflineRun:
     """metric -> the summary W&B keeps for it (max / min / last / mean), from define_metric."""
 
 
+def finished_records(path: str | Path, timeout: float = 30.0) -> list:
+    """The records of a finished run's file, once its last one is the run's ``exit`` record. W&B's service
+    (a separate process) writes the file and may still be writing it when ``wandb.finish()`` has returned, so a
+    file read at once can lack records, all of them on a loaded machine. After ``timeout`` seconds, whatever the
+    file holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = list(records(path))
+        except Exception:  # a header or a chunk not written whole yet
+            got = []
+        if got and got[-1].WhichOneof("record_type") == "exit":
+            return got
+        time.sleep(0.05)
+    return list(records(path))
+
+
 def read_offline_run(wandb_file: str | Path) -> OfflineRun:
     out = OfflineRun()
-    for r in records(wandb_file):
+    for r in finished_records(wandb_file):
         kind = r.WhichOneof("record_type")
         if kind == "run":
             out.group, out.job_type, out.tags = r.run.run_group, r.run.job_type, list(r.run.tags)
