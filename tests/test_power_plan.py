@@ -14,7 +14,7 @@ import yaml
 from refexp.report.__main__ import main
 from refexp.report.reading.experiment import read_experiment
 from refexp.report.statistics.pilot import from_sweep, read_pilot
-from refexp.report.statistics.power import Components, design_detectable_difference
+from refexp.report.statistics.power import Components, Design, design_detectable_difference
 from refexp.report.writing.power_plan import design_of, plan_text
 from tests.helpers.primary_sweeps import block, write_run
 
@@ -82,6 +82,34 @@ def test_the_plan_command_prints_and_writes_the_detectable_difference_beside_the
     assert df == 2 and f"**±{mdd:.3f}** (margin: ±0.05)" in text
     assert "- units: 3 SFT starts × 5 seeds per start × 400 prompts (eval.num_prompts in the experiment file)" in text
     assert f"| between seeds of a start (seed × arm) | {from_sweep(tmp_path / 'pilot').components.seed:.3g} |" in text
+
+
+def test_a_frontier_plan_prints_the_matched_family_and_what_it_does_not_model(tmp_path):
+    """With comparison.frontier_key the report's matched-drift table is a Holm family of 2 points x every arm other
+    than the baseline (not the primary contrasts' family): the plan prints that family's detectable difference, at
+    alpha / that size, and says the interpolation's variance is not modelled; without one it prints neither."""
+    simulated_sweep(tmp_path / "pilot")
+    pilot = read_pilot(tmp_path / "pilot")
+    design = {"eval": {"num_prompts": 400},
+              "hydra": {"sweeper": {"params": {"sft.seed": "0,1,2", "training.seed": "0,1,2,3,4"}}}}
+    comparison = {**block(["fixed", "ema", "periodic_reset", "none"], primary=["ema"], seeds=[0, 1, 2, 3, 4]),
+                  "equivalence_margin": 0.05}
+    exp_file = tmp_path / "exp.yaml"
+    exp_file.write_text(yaml.safe_dump({**design, "comparison": {**comparison, "frontier_key": "algo.beta"}}))
+    exp = read_experiment(str(exp_file))
+    d = design_of(exp, pilot, 0.05)
+    matched = design_detectable_difference(pilot.components, Design(d.starts, d.seeds, d.prompts, 0.05, 6))[0]
+    primary = design_detectable_difference(pilot.components, d)[0]
+    assert matched > primary  # alpha/6 against the primary family's alpha/1
+    text = plan_text(exp, pilot)
+    assert "## At matched drift and matched retention" in text
+    assert "one Holm family per axis of at most 2 × 3 = 6 comparisons" in text
+    assert f"alpha 0.05/6 = 0.008333 under the components above, the smallest difference detected with 80% power " \
+           f"is **±{matched:.3f}**" in text
+    assert "Not modelled:" in text
+    exp_file.write_text(yaml.safe_dump({**design, "comparison": comparison}))
+    plain = plan_text(read_experiment(str(exp_file)), pilot)
+    assert "matched" not in plain and "Not modelled" not in plain
 
 
 def test_an_experiment_without_primary_contrasts_is_one_error_line(tmp_path, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from refexp.report.reading.experiment import Experiment
+from refexp.report.statistics.frontier import MATCHED_FRACTIONS
 from refexp.report.statistics.pilot import Pilot
 from refexp.report.statistics.power import Design, design_detectable_difference
 
@@ -78,5 +79,34 @@ def plan_text(exp: Experiment, pilot: Pilot, alpha: float = 0.05) -> str:
         mark = " (declared)" if (s, k) == (d.starts, d.seeds) else ""
         lines.append(f"| {s} | {k}{mark} | "
                      f"{_num(design_detectable_difference(c, design_of(exp, pilot, alpha, k, s), POWER)[0])} |")
+    lines += matched_lines(exp, pilot, alpha)
     lines += ["", "Method: `docs/runs.md`, \"Power plan\"; arithmetic in `refexp/report/statistics/power.py`."]
     return "\n".join(lines) + "\n"
+
+
+def matched_lines(exp: Experiment, pilot: Pilot, alpha: float) -> list[str]:
+    """With a ``comparison.frontier_key``: the matched-drift family's size and its detectable difference under the
+    same components, and what the plan does not model there; [] without one."""
+    key = exp.block.get("frontier_key")
+    if not key:
+        return []
+    others = [a for a in exp.block["arms"] if a != exp.block["baseline"]]
+    family = len(MATCHED_FRACTIONS) * len(others)
+    d = design_of(exp, pilot, alpha)
+    mdd, _, _ = design_detectable_difference(pilot.components, Design(d.starts, d.seeds, d.prompts, alpha, family),
+                                             POWER)
+    margin = exp.margin
+    versus = "" if margin is None else (" (within the margin)" if mdd <= margin else
+                                        f" (exceeds the margin ±{margin:g})")
+    return ["", "## At matched drift and matched retention", "",
+            f"The report compares the arms along `{key}` at matched kl/init and at matched eval/retention "
+            f"(`refexp/report/statistics/frontier.py`): each arm other than {exp.block['baseline']} at "
+            f"{len(MATCHED_FRACTIONS)} points of the range it shares with {exp.block['baseline']}, one Holm family per "
+            f"axis of at most {len(MATCHED_FRACTIONS)} × {len(others)} = {family} comparisons (an arm whose runs "
+            f"cover no common range drops out), over every arm in comparison.arms, not only comparison.primary. "
+            f"Tested at alpha {alpha:g}/{family} = {alpha / family:.4g} under the components above, the smallest "
+            f"difference detected with {POWER:.0%} power is **{_num(mdd)}**{versus}.", "",
+            "Not modelled: a matched point's difference is, per replicate, each arm's interpolation between its two "
+            "runs nearest that drift, and the report resamples the runs' drift prompt by prompt too "
+            "(`refexp/report/statistics/drift_resample.py`); the pilot's components are of final-value differences "
+            "of one run per arm, so this number is a guide to the matched contrasts' power, not their power."]

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# experiment=frontier_test (conf/experiment/frontier_test.yaml: the design, its size and its comparison block).
+# First none over every SFT start and seed (sft.seed the inner loop, so its first jobs train the six starts two at a
+# time), then, start by start, one sweep per arm over that arm's beta grid, each into its own fixed dir:
+# SWEEP_DIR/none, SWEEP_DIR/start<S>/<arm>. A stopped run of this script holds whole starts of every arm; the same
+# command resumes it (each run from its newest checkpoint, a completed one measures nothing). Then one report over
+# the whole dir. Extra arguments go to every sweep.
+#   launch/frontier_test.sh [SWEEP_DIR] [overrides...]     (REFEXP="python -m refexp" to run from a checkout)
+set -euo pipefail
+SWEEP=${1:-multirun/frontier_test}
+shift || true
+REFEXP=${REFEXP:-refexp}
+EXTRA=("$@")
+$REFEXP -m experiment=frontier_test grpo_variant=none algo.beta=1.0 hydra.sweep.dir="$SWEEP/none" "${EXTRA[@]}"
+grid() {
+  local arm=$1
+  shift
+  $REFEXP -m experiment=frontier_test sft.seed="$START" grpo_variant="$arm" "$@" \
+    hydra.sweep.dir="$SWEEP/start$START/$arm" "${EXTRA[@]}"
+}
+for START in 0 1 2 3 4 5; do
+  grid fixed algo.beta=0.2,0.3,0.5,0.7,1.0,2.0,5.0
+  grid periodic_reset algo.beta=1.0,2.0,5.0,10.0,25.0
+  grid ema algo.beta=1.0,2.0,5.0,10.0,25.0
+done
+${REFEXP_REPORT:-refexp-report} "$SWEEP"
