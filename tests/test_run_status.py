@@ -85,6 +85,20 @@ def test_beat_renews_only_a_running_status_this_process_wrote(tmp_path):
     assert (tmp_path / "status.json").read_bytes() == before
 
 
+def test_the_heartbeat_records_the_loops_step_when_the_thread_renews_first(tmp_path):
+    """The Heartbeat thread renews every HEARTBEAT_S, so the loop's own beat (throttled to once per HEARTBEAT_S)
+    is skipped after each of the thread's renewals: the thread's next renewal must still carry the loop's step."""
+    open_status(tmp_path, RunStatus(steps=150))
+    rstatus.beat(tmp_path, None, every_s=0)  # the thread
+    rstatus.beat(tmp_path, 125, every_s=3600)  # the loop, a moment later: throttled
+    assert read_status(tmp_path)["heartbeat"]["step"] == 0
+    rstatus.beat(tmp_path, None, every_s=0)  # the thread's next renewal
+    assert read_status(tmp_path)["heartbeat"]["step"] == 125
+    open_status(tmp_path, RunStatus(steps=150))  # a rerun in the same process starts from its own step
+    rstatus.beat(tmp_path, None, every_s=0)
+    assert read_status(tmp_path)["heartbeat"]["step"] == 0
+
+
 def test_a_rank_failure_written_while_a_heartbeat_renews_is_not_written_over(tmp_path, monkeypatch):
     """Rank k's failure lands between the heartbeat's read of ``running`` and its write: the status lock makes
     the failure wait for the heartbeat's write, and the heartbeat never writes ``running`` over ``failed``."""

@@ -176,6 +176,10 @@ def new_heartbeat(step: int = 0) -> dict:
 
 _LAST_BEAT: dict[str, float] = {}
 """run dir -> when this process last wrote its heartbeat."""
+_LAST_STEP: dict[str, int] = {}
+"""run dir -> the step the loop last reported, written with the next renewal whoever makes it: the ``Heartbeat``
+thread renews every ``HEARTBEAT_S`` and so keeps winning the loop's throttled beat, which would leave the
+recorded step at 0 all run (and ``check_rerun_steps`` blind to how far a killed run got)."""
 _BEATING = threading.Lock()
 """Held while a heartbeat reads and rewrites status.json (the loop's and the ``Heartbeat`` thread's), and while
 the thread stops: no renewal lands over the closing status."""
@@ -188,6 +192,8 @@ def beat(run_dir: str | Path, step: Optional[int], *, every_s: Optional[float] =
     every_s = HEARTBEAT_S if every_s is None else every_s
     with _BEATING:
         key, now = str(run_dir), time.time()
+        if step is not None:
+            _LAST_STEP[key] = int(step)
         if now - _LAST_BEAT.get(key, 0.0) < every_s:
             return
         _LAST_BEAT[key] = now
@@ -196,7 +202,8 @@ def beat(run_dir: str | Path, step: Optional[int], *, every_s: Optional[float] =
             hb = current.get("heartbeat")
             if current.get("status") != "running" or not isinstance(hb, dict) or hb.get("pid") != os.getpid():
                 return  # not ours (a failure another rank recorded, or another process's run)
-            renewed = {**hb, "time": now, "step": int(hb.get("step") or 0) if step is None else int(step)}
+            latest = _LAST_STEP.get(key)
+            renewed = {**hb, "time": now, "step": int(hb.get("step") or 0) if latest is None else latest}
             try:
                 write_status(run_dir, {**current, "heartbeat": renewed}, reserve=True)
             except OSError:
@@ -318,6 +325,7 @@ def open_status(run_dir: str | Path, status: RunStatus) -> dict:
     status.heartbeat = new_heartbeat()
     write_status(run_dir, status.to_json(), reserve=True)
     _LAST_BEAT[str(run_dir)] = status.heartbeat["time"]
+    _LAST_STEP.pop(str(run_dir), None)  # an earlier invocation's step in this process is not this one's
     return earlier
 
 
