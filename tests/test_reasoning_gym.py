@@ -61,6 +61,35 @@ def test_a_space_too_small_for_the_sizes_is_refused(tokenizer_dir, tmp_path):
                         retention_datasets=[]), str(tmp_path))
 
 
+def test_a_config_whose_generator_never_returns_is_refused_in_one_line(monkeypatch):
+    """base_conversion with min_base == max_base redraws its target base forever: the first question's generation
+    is timed out and the config named, instead of a run that hangs before its first step."""
+    import threading
+
+    release = threading.Event()
+
+    class Stuck:  # reasoning-gym's own loop would spin on a core for the rest of the session: this one waits
+        def __getitem__(self, i):
+            release.wait()
+            return {"question": "?"}
+
+    try:
+        with pytest.raises(ConfigError, match=r"task\.dataset='base_conversion' with config .* did not generate one"):
+            gym.first_item(Stuck(), "base_conversion", {"min_base": 5, "max_base": 5}, field="task.dataset",
+                           timeout_s=0.5)
+    finally:
+        release.set()
+    ds = gym.create("base_conversion", {}, seed=0, size=2)
+    assert gym.first_item(ds, "base_conversion", {}, field="task.dataset") == ds[0]
+    with pytest.raises(ZeroDivisionError):  # a generator's own error is the caller's
+
+        class Raises:
+            def __getitem__(self, i):
+                return 1 / 0
+
+        gym.first_item(Raises(), "x", {}, field="task.dataset")
+
+
 def test_the_reward_is_the_datasets_own_scorer_on_the_tagged_answer(tokenizer_dir, tmp_path):
     task = build_task(_cfg(tokenizer_dir, dataset="basic_arithmetic", retention_datasets=["chain_sum"]),
                       str(tmp_path))

@@ -79,6 +79,38 @@ def create(name: str, kwargs: dict[str, Any], *, seed: int, size: int, field: st
         raise ConfigError(f"{field}={name!r} with config {kwargs!r} is invalid: {type(e).__name__}: {e}") from e
 
 
+FIRST_ITEM_TIMEOUT_S = 60.0
+"""How long the first question of a dataset may take to generate before its config is refused: some configs admit
+no question and make a generator loop forever (base_conversion with min_base == max_base redraws the target base
+while it equals the source one)."""
+
+
+def first_item(ds, name: str, kwargs: dict[str, Any], *, field: str, timeout_s: float = FIRST_ITEM_TIMEOUT_S) -> dict:
+    """``ds[0]``, generated in a daemon thread: a ConfigError naming ``field`` when it takes over ``timeout_s``
+    seconds (the thread is left to the process's exit, which the error brings), the generator's own error if it
+    raises."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def draw() -> None:
+        try:
+            box["entry"] = ds[0]
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=draw, daemon=True, name=f"reasoning-gym-{name}")
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise ConfigError(f"{field}={name!r} with config {kwargs!r} did not generate one question in {timeout_s:.0f} s: "
+                          f"the config likely admits none (a range whose ends leave nothing to draw, e.g. "
+                          f"base_conversion with min_base == max_base); widen it")
+    if "error" in box:
+        raise box["error"]
+    return box["entry"]
+
+
 def default_system_prompt() -> str:
     """reasoning-gym's default system prompt (asks for ``<answer>...</answer>``)."""
     library()

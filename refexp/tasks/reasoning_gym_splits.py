@@ -71,7 +71,7 @@ class Draws:
         self.built.setdefault(name, ds)
         out = []
         for i in range(draws):
-            entry = ds[i]
+            entry = gym.first_item(ds, name, kwargs, field=field) if i == 0 else ds[i]
             if entry["question"] in self.seen:
                 continue
             self.seen.add(entry["question"])
