@@ -8,6 +8,7 @@ helpers, and the RunContext is the one ``refexp.run`` builds (without the logger
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -161,13 +162,8 @@ def word_texts(hf_dir: str, n: int, length: int, *, seed: int) -> list[str]:
     (a space-led lowercase word, e.g. ``" cat"``), so every text is exactly ``length`` tokens for any
     framework that tokenizes it without special tokens (checked)."""
     import random
-    import re
 
-    from tokenizers import Tokenizer
-
-    backend = Tokenizer.from_file(str(Path(hf_dir) / "tokenizer.json"))
-    words = sorted(t[1:] for t in backend.get_vocab() if re.fullmatch(r"\u0120[a-z]{3,10}", t))
-    words = [w for w in words if len(backend.encode(" " + w, add_special_tokens=False).ids) == 1]
+    backend, words = _one_token_words(hf_dir)
     rng = random.Random(seed)
     out = []
     while len(out) < n:
@@ -175,6 +171,18 @@ def word_texts(hf_dir: str, n: int, length: int, *, seed: int) -> list[str]:
         if len(backend.encode(text, add_special_tokens=False).ids) == length:
             out.append(text)
     return out
+
+
+@functools.cache
+def _one_token_words(hf_dir: str):
+    """(the checkpoint's tokenizer, its space-led lowercase words of 3-10 letters that encode to one token)."""
+    import re
+
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(Path(hf_dir) / "tokenizer.json"))
+    words = sorted(t[1:] for t in backend.get_vocab() if re.fullmatch(r"\u0120[a-z]{3,10}", t))
+    return backend, [w for w in words if len(backend.encode(" " + w, add_special_tokens=False).ids) == 1]
 
 
 def content_blind_reward(text: str, answer: str) -> float:

@@ -29,6 +29,7 @@ median ratio over rounds. Steps are timed from the end of one optimizer step to 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -84,12 +85,14 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------- shared weights and tokenizers
-def pretrained_dir(args) -> str:
-    """``--model smollm2_135m``'s converted HF dir, as ``model=smollm2_135m`` resolves it (fetched once)."""
+@functools.cache
+def pretrained_dir(model: str) -> str:
+    """``--model smollm2_135m``'s converted HF dir, as ``model=smollm2_135m`` resolves it (fetched once), verified
+    once per process (the check reads every byte of the weights)."""
     from refexp.components.pretrained import ensure_pretrained
 
     cache = os.environ.get("REFEXP_CACHE") or os.path.expanduser("~/.cache/refexp")
-    return str(ensure_pretrained(args.model, cache))
+    return str(ensure_pretrained(model, cache))
 
 
 def prepare_pretrained(workdir: Path, args) -> None:
@@ -103,15 +106,16 @@ def prepare_pretrained(workdir: Path, args) -> None:
     from refexp import titan
     from refexp.config import ModelConfig
 
-    src = Path(pretrained_dir(args))
+    src = Path(pretrained_dir(args.model))
     hf_dir = workdir / "hf"
     hf_dir.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.name not in ("config.json", "generation_config.json") and not (hf_dir / f.name).exists():
             (hf_dir / f.name).symlink_to(f)
-    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
-    special = {"eos_token_id": vocab, "pad_token_id": json.loads((src / "config.json").read_text())["pad_token_id"]}
-    (hf_dir / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()), **special}, indent=2))
+    hf_cfg = json.loads((src / "config.json").read_text())
+    vocab = hf_cfg["vocab_size"]
+    special = {"eos_token_id": vocab, "pad_token_id": hf_cfg["pad_token_id"]}
+    (hf_dir / "config.json").write_text(json.dumps({**hf_cfg, **special}, indent=2))
     (hf_dir / "generation_config.json").write_text(json.dumps(special, indent=2))
     tok = AutoTokenizer.from_pretrained(str(src))
     tok.save_pretrained(str(workdir / "tok-dpo"))
@@ -175,7 +179,7 @@ def prepare(workdir: Path, args) -> None:
 def bench_texts(args, n: int, length: int, *, seed: int, eos_outside: bool) -> list[str]:
     """The texts both frameworks train on (bench_step.py's ``texts`` with the same seeds)."""
     if args.model != "random":
-        return C.word_texts(pretrained_dir(args), n, length, seed=seed)
+        return C.word_texts(pretrained_dir(args.model), n, length, seed=seed)
     return C.random_texts(n, length, SHAPE.vocab, seed=seed, eos_outside=eos_outside)
 
 
@@ -321,7 +325,7 @@ def pair_worker(args, name: str) -> dict:
     trainer.train()
     peak = max(peak_before["gflops"], C.matmul_peak(sizes=bench.args.peak_sizes, seconds=0.2)["gflops"],
                *[r["probe_gflops"] or 0 for r in cb.refexp])
-    hf_gen = hf_generate_rate(args, trainer, name) if WORKLOADS[name]["algo"] == "grpo" else None
+    hf_gen = hf_generate_rate(args, trainer) if WORKLOADS[name]["algo"] == "grpo" else None
     trl_s, ref_rows = cb.trl[args.warmup:], cb.refexp[args.warmup:]
     ratios = [t / r["step_s"] for t, r in zip(trl_s, ref_rows)]
     summary = bench.summary(ref_rows, peak=peak, peak_by_size=peak_before["by_size"], peak_rss_timed=None,
@@ -339,7 +343,7 @@ def pair_worker(args, name: str) -> dict:
     }
 
 
-def hf_generate_rate(args, trainer, name: str) -> float:
+def hf_generate_rate(args, trainer) -> float:
     """Tokens/s of transformers' own ``generate`` (what TRL's GRPO samples with) on one step's rows: the
     step's prompts, each ``--group`` times, ``--new-tokens`` sampled tokens (EOS outside the vocabulary, so
     none stops early); the faster of two calls, right after the timed steps."""
@@ -367,7 +371,7 @@ def refexp_argv(args, name: str) -> list[str]:
         model = ["--dim", str(SHAPE.dim), "--layers", str(SHAPE.layers), "--heads", str(SHAPE.heads),
                  "--ffn", str(SHAPE.ffn), "--vocab", str(SHAPE.vocab), "--init-dir", str(Path(args.workdir) / "init")]
     else:
-        model = ["--hf-dir", pretrained_dir(args)]
+        model = ["--hf-dir", pretrained_dir(args.model)]
     argv = [str(C.BENCH_DIR / "bench_step.py"), "--worker", "--algo", w["algo"], "--reference", w["reference"],
             "--precompute-ref", "on" if w["precompute"] else "off", *model,
             "--threads", str(args.threads), "--steps", str(args.steps),

@@ -12,7 +12,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from refexp import titan
-from refexp.cli import memory_plan
+from refexp.cli import memory_plan, memory_rows
 from refexp.cli.dry_run import fill_data_paths
 from refexp.components.sampler import DROP_FINISHED_SHARE, _Sampling
 from refexp.config import to_object
@@ -64,7 +64,7 @@ def test_the_toy_plan_is_the_layout_measured_below(toy):
     cfg, plan, _ = toy
     assert "FSDP" in type(toy[2][0]).__name__  # bf16 compute: wrapped at one rank, as on GPUs
     assert plan.phases["rollout"][0].bytes > 0 and plan.phases["rollout"][1].bytes > 0
-    gen = max(memory_plan.generations(cfg, 1), key=lambda g: g.rows * g.length)
+    gen = max(memory_rows.generations(cfg, 1), key=lambda g: g.rows * g.length)
     assert (gen.rows, gen.length, gen.distinct) == (16, 64, 4)
 
 
@@ -147,6 +147,6 @@ def test_the_plan_asks_the_trainers_own_decisions(monkeypatch):
         plan = memory_plan.plan(cfg)
     assert _named(plan.resident, "reference").bytes > 0 and _named(plan.resident, "kl/init anchor").how == "frozen copy"
 
-    assert {g.rows for g in memory_plan.generations(cfg, 1) if g.what != "the GRPO step's"} == {4}
+    assert {g.rows for g in memory_rows.generations(cfg, 1) if g.what != "the GRPO step's"} == {4}
     monkeypatch.setattr(evaluation, "EVAL_BATCH_SIZE", 3)
-    assert {g.rows for g in memory_plan.generations(cfg, 1) if g.what != "the GRPO step's"} == {3}
+    assert {g.rows for g in memory_rows.generations(cfg, 1) if g.what != "the GRPO step's"} == {3}

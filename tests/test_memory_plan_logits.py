@@ -5,7 +5,7 @@ gradient their gradients; under TP every position, vocab-sharded (``refexp/cli/m
 
 from __future__ import annotations
 
-from refexp.cli import memory_plan
+from refexp.cli import memory_plan, memory_rows
 from refexp.cli.dry_run import fill_data_paths
 from refexp.config import to_object
 from refexp.titan.logprobs import FP32_CHUNK_ELEMENTS
@@ -55,7 +55,8 @@ def test_tensor_parallel_counts_every_position_vocab_sharded():
     cfg = to_object(fill_data_paths(compose_root(*two_d)))
     world, rep, shard, tp = memory_plan.layout(cfg)
     assert (world, tp) == (8, 2)
-    rows, length, _ = memory_plan._training_rows(cfg, rep * shard)
+    chunk = memory_rows.training_chunk(cfg, rep * shard)
+    rows, length = chunk.rows, chunk.length
     plan = memory_plan.plan(cfg)
     train = next(i for i in plan.phases["policy training"] if i.what == "logits and log-probs")
     assert train.bytes == rows * length * 128256 / 2 * (2 + 4) * 2 and "vocab / 2" in train.how

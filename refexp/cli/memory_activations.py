@@ -1,10 +1,11 @@
 """What one training chunk keeps for backward, per token and per block: the activation counts, the shared-prompt
-attention's own memory and the logits (of the positions the loss selects, one output-layer chunk at a time). The memory plan (``refexp/cli/memory_plan.py``, whose module docstring says
-what each count holds and why) adds them into its "policy training" and "reference forward" phases;
+attention's own memory and the logits (of the positions the loss selects, one output-layer chunk at a time). The
+memory plan (``refexp/cli/memory_plan.py``, whose module docstring says what each count holds and why) adds them into its "policy training" and "reference forward" phases;
 ``tests/test_activation_count.py`` checks ``block_activation_elems`` against what autograd saves."""
 
 from __future__ import annotations
 
+from refexp.cli.memory_rows import TrainingChunk
 from refexp.cli.memory_shapes import Shapes
 
 
@@ -58,15 +59,13 @@ def activation_elems_per_token(s: Shapes, ac) -> tuple[int, int]:
     return s.n_layers * full_block, 0
 
 
-def output_positions(cfg, rows: int, length: int, selected: int, tp: int) -> tuple[int, str]:
-    """(positions the output layer runs at in one training or reference chunk of ``rows`` rows of ``length``
-    tokens, what they are): the ``selected`` ones the loss reads (``titan.token_logprobs(select_BT=...)``), except
-    under TP, where ``_selected_forward`` falls back to the vocab-sharded logits at every position
-    (refexp/titan/logprobs.py)."""
+def output_positions(chunk: TrainingChunk, tp: int) -> tuple[int, str]:
+    """(positions the output layer runs at in one training or reference ``chunk``, what they are): the selected
+    ones the loss reads (``titan.token_logprobs(select_BT=...)``), except under TP, where ``_selected_forward`` falls
+    back to the vocab-sharded logits at every position (refexp/titan/logprobs.py)."""
     if tp > 1:
-        return rows * length, "tokens (TP: every position)"
-    return selected, {"grpo": "completion tokens", "dpo": "chosen and rejected completion tokens"}.get(
-        cfg.algo.name, "demonstration tokens")
+        return chunk.rows * chunk.length, "tokens (TP: every position)"
+    return chunk.selected, chunk.what
 
 
 def logit_bytes(positions: int, what: str, s: Shapes, compute: int, tp: int, *, backward: bool

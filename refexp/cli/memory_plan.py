@@ -90,6 +90,7 @@ from pathlib import Path
 from refexp.choices import MOVING_STRATEGIES
 from refexp.cli.memory_activations import (activation_elems_per_token, logit_bytes, output_positions,
                                            shared_attention_bytes)
+from refexp.cli.memory_rows import generations, training_chunk
 from refexp.cli.memory_shapes import Shapes, layout, model_shapes
 
 GIB = 2**30
@@ -140,68 +141,6 @@ def planned_device(cfg) -> tuple[str, str]:
         return found, f"auto -> {found} (this machine{'' if found == 'cuda' else ' has no GPU'}; "\
                       "pass training.device=cuda to plan for a GPU)"
     return "cpu", device
-
-
-def _training_rows(cfg, dp: int) -> tuple[int, int, int]:
-    """(rows per training chunk, tokens per training row, tokens the chunk's loss reads) on one rank: the last
-    are the positions ``select_BT`` passes to the output layer (``titan.token_logprobs``), every usual row's
-    completion budget: GRPO's sampled completions, DPO's chosen and rejected completions, SFT's demonstrations
-    (``refexp/algos/grpo.py``, ``dpo.py``, ``sft.py``)."""
-    a, task = cfg.algo, cfg.task
-    completion = getattr(a, "max_new_tokens", None) or task.max_new_tokens
-    prompt = task.max_prompt_len
-    if a.name == "grpo":
-        G = a.group_size
-        rows = max(1, a.prompts_per_step * G // dp)
-        chunk = min(rows, cfg.training.micro_batch_size or rows)
-        if a.share_prompt:  # a prompt's G completions in one row (refexp/algos/shared_prompt.py)
-            shared = max(1, chunk // G)
-            return shared, prompt + G * completion + G - 1, shared * G * completion
-        return chunk, prompt + completion, chunk * completion
-    if a.name == "dpo":
-        pairs = max(1, a.pairs_per_step // dp)
-        chunk = min(pairs, cfg.training.micro_batch_size or pairs)
-        if a.share_prompt:
-            return chunk, prompt + 2 * completion + 1, 2 * chunk * completion
-        return 2 * chunk, prompt + completion, 2 * chunk * completion
-    rows = max(1, cfg.sft.batch_size // dp)  # SFT: the stage's own batch of demonstrations
-    chunk = min(rows, cfg.training.micro_batch_size or rows)
-    return chunk, prompt + completion, chunk * completion
-
-
-@dataclass
-class Generation:
-    """One batch the decode loop generates on a rank: ``rows`` rows of ``length`` cache slots, prefilled
-    from ``distinct`` prompts."""
-
-    what: str
-    rows: int
-    length: int
-    distinct: int
-
-
-def generations(cfg, dp: int) -> list[Generation]:
-    """The batches a rank decodes: the GRPO step's, and the evaluation's (``refexp/components/evaluation.py``: each rank
-    its ``ceil(n / dp)`` prompts, in batches of at most ``EVAL_BATCH_SIZE``)."""
-    from refexp.components import evaluation
-
-    a, task = cfg.algo, cfg.task
-    out = []
-    full = task.max_prompt_len + task.max_new_tokens
-    if a.name == "grpo":
-        rows = max(1, a.prompts_per_step * a.group_size // dp)
-        out.append(Generation("the GRPO step's", rows, task.max_prompt_len + (a.max_new_tokens or task.max_new_tokens),
-                              max(1, rows // a.group_size)))
-
-    def per_rank(n: int) -> int:
-        return min(evaluation.EVAL_BATCH_SIZE, -(-n // dp))
-
-    if task.name != "preference":  # no reward: no eval/accuracy
-        n = per_rank(cfg.eval.num_prompts)
-        out.append(Generation("eval/accuracy's", n, full, n))
-    n = per_rank(cfg.eval.kl_prompts)
-    out.append(Generation("kl/init's", n, full, n))
-    return out
 
 
 def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: int) -> list[Item]:
@@ -365,10 +304,11 @@ def plan(cfg) -> Plan:
     out = Plan(device=device_how, compute=compute_name, resident=resident)
     out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
 
-    rows, length, selected = _training_rows(cfg, dp)
+    chunk = training_chunk(cfg, dp)
+    rows, length = chunk.rows, chunk.length
     kept, one_block = activation_elems_per_token(s, cfg.activation_checkpoint)
     tokens = rows * length
-    positions, what = output_positions(cfg, rows, length, selected, tp)
+    positions, what = output_positions(chunk, tp)
     train_logits, train_logits_how = logit_bytes(positions, what, s, compute, tp, backward=True)
     ref_logits, ref_logits_how = logit_bytes(positions, what, s, compute, tp, backward=False)
     blocks = 2 * s.block_params * compute / tp if wrapped else 0
