@@ -12,10 +12,7 @@ import pytest
 from refexp.report import build_report
 from refexp.report.statistics.frontier import DEFAULT_FRONTIER_GAP, Point, common_range, matched_values, weights
 from refexp.report.statistics.paired import START_LEVEL
-from tests.helpers.frontier_sweeps import BETAS, PROMPTS, block, write_run
-
-# beta 1.0 -> kl/init 0.1, ..., beta 0.01 -> kl/init 100: accuracy 0.3 + 0.1 per decade of drift (+0.01 per seed)
-LEVEL = {beta: i for i, beta in enumerate(reversed(BETAS))}
+from tests.helpers.frontier_sweeps import BETAS, LEVEL, PROMPTS, block, frontier_sweep, write_run
 
 
 def test_weights_interpolate_piecewise_linearly_in_log_x():
@@ -42,27 +39,6 @@ def test_the_common_range_is_what_every_common_seed_of_both_arms_covers():
     assert common_range(a, {0: _curve(0.05), 1: _curve(0.05)}) is None  # a single point is no curve
     np.testing.assert_allclose(matched_values(0.05, 0.5, log=True), [0.05 * 10 ** (1 / 3), 0.05 * 10 ** (2 / 3)])
     np.testing.assert_allclose(matched_values(0.2, 0.8, log=False), [0.4, 0.6])
-
-
-def frontier_sweep(root, select=None, gap=5.0, kl_noise=None):
-    """fixed: kl/init 0.1..100 across beta. ema: the same drift, 19, 20, 21 prompts more at each beta in seeds 0,
-    1, 2 (it dominates). drifter: half a decade more drift at every beta and 9, 10, 11 prompts more, i.e. on
-    fixed's own accuracy-vs-drift line on average: ahead at every beta, level at every drift. (Seeds differ, so
-    the Student t over them has a spread: identical per-seed differences make a degenerate t, no claim.)"""
-    decl = block(["fixed", "ema", "drifter"], select=select, gap=gap)
-    for seed in (0, 1, 2):
-        for beta in BETAS:
-            i = LEVEL[beta]
-            ret = lambda kl: {"eval/retention": 0.8 - 0.1 * math.log10(kl)}  # noqa: E731
-            for arm, shift, more in (("fixed", 0.0, 0), ("ema", 0.0, 19 + seed), ("drifter", 0.5, 9 + seed)):
-                kl = 10 ** (i - 1 + shift)
-                solved = 60 + 20 * i + 2 * seed + more
-                per_prompt = None
-                if kl_noise is not None:  # 256 prompts' contributions, mean exactly kl, relative spread kl_noise
-                    z = np.random.default_rng([seed, i, len(arm)]).standard_normal(256)
-                    per_prompt = (kl * (1 + kl_noise * (z - z.mean()) / z.std())).tolist()
-                write_run(root, arm, beta, seed, solved=solved, kl=kl, decl=decl, val=solved / PROMPTS, extra=ret(kl),
-                          kl_per_prompt=per_prompt)
 
 
 def test_matched_drift_separates_a_dominating_arm_and_not_one_that_only_drifts_more(tmp_path):

@@ -156,6 +156,7 @@ def test_the_report_reads_the_primary_metrics_and_limit_the_config_accepts():
     from refexp.report.reading import plan
 
     assert tuple(plan.PRIMARY_ENDPOINTS) == config.PRIMARY_METRICS and plan.MAX_PRIMARY == config.MAX_PRIMARY
+    assert plan.MATCHED_AXES == config.MATCHED_AXES and config.MatchedConfig().axis == plan.MATCHED_AXES[0]
 
 
 def test_primary_contrasts_on_two_metrics_are_one_family(tmp_path):

@@ -18,7 +18,7 @@ Modules: ``errors`` (ConfigError and the checks), ``model`` (model, parallelism,
 
 from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig, GRPOConfig, RMConfig, SFTAlgoConfig
 from .blocks import EvalConfig, RMStageConfig, SFTConfig
-from .comparison import ComparisonConfig, SelectionConfig
+from .comparison import ComparisonConfig, MatchedConfig, SelectionConfig
 from .errors import ConfigError
 from .logger import LoggerConfig
 from .model import CompileConfig, ModelConfig, ParallelismConfig
@@ -49,7 +49,7 @@ from .task import TaskConfig
 __all__ = [
     "ALGO_SCHEMAS", "ActivationCheckpointConfig", "GROUP_SCHEMAS", "OPTION_SCHEMAS", "REFERENCE_SCHEMAS",
     "AlgoConfig", "CheckpointConfig", "CommConfig", "ComparisonConfig", "CompileConfig", "ConfigError",
-    "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig",
+    "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig", "MatchedConfig",
     "KLTriggeredReferenceConfig", "LoggerConfig", "ModelConfig", "NoReferenceConfig", "ParallelismConfig",
     "PeriodicResetReferenceConfig", "RMConfig", "RMStageConfig", "ReferenceConfig", "RolloutConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig",
     "SelectionConfig", "TaskConfig",

@@ -73,6 +73,39 @@ class SelectionConfig:
                   f"comparison.select.floor_change.{key}", value, "a number (a change: -0.1 loses at most 0.1)")
 
 
+MATCHED_AXES = ("kl/init", "eval/retention")
+"""What a declared matched contrast can match on: the drift from the start (on a log axis) or the retained skill
+(``refexp/report/statistics/frontier.py``'s axes)."""
+
+
+@dataclass
+class MatchedConfig:
+    """Primary contrasts at matched drift (``comparison.matched``): with a ``frontier_key``, each arm of
+    ``comparison.primary`` is compared with the baseline's frontier at each declared value of ``axis``, fixed
+    before the runs, instead of at points the report picks from the data. Per replicate (SFT start, seed) each arm's
+    curve across the frontier key is interpolated at the value; a value outside the drift a replicate's runs
+    reached makes no claim (never extrapolated). Empty ``at``: no matched primary contrast."""
+
+    axis: str = "kl/init"
+    """The final metric the arms are matched on: ``kl/init`` (drift from the start, interpolated in log) or
+    ``eval/retention`` (the retained skill, interpolated linearly)."""
+    at: list[float] = field(default_factory=list)
+    """The values of ``axis`` each primary contrast is tested at (e.g. ``[0.06]``): inside the range every arm's
+    beta grid is expected to reach, chosen from a pilot before the runs."""
+
+    @property
+    def declared(self) -> bool:
+        """Whether matched primary contrasts are declared (values to match at)."""
+        return bool(self.at)
+
+    def __post_init__(self) -> None:
+        check(self.axis in MATCHED_AXES, "comparison.matched.axis", self.axis, " or ".join(MATCHED_AXES))
+        low, high = (0.0, float("inf")) if self.axis == "kl/init" else (0.0, 1.0)
+        check(all(isinstance(x, (int, float)) and not isinstance(x, bool) and low < x < high for x in self.at)
+              and len(set(self.at)) == len(self.at), "comparison.matched.at", self.at,
+              f"distinct values of {self.axis} in ({low:g}, {high:g}) to compare at, or empty")
+
+
 @dataclass
 class ComparisonConfig:
     """The pre-registered comparison: which runs a verdict is about and what it compares. Set in an experiment
@@ -95,8 +128,9 @@ class ComparisonConfig:
     primary: list[str] = field(default_factory=list)
     """The primary contrasts, one to ``MAX_PRIMARY`` arms other than the baseline, each meaning arm - baseline on
     ``metrics``: the verdict's family (Holm runs over these alone, all metrics together), the only comparisons the
-    report's summary claims anything of; every other comparison is secondary. Empty: none declared, every
-    comparison is secondary."""
+    report's summary claims anything of; every other comparison is secondary. With ``matched.at`` set, each is
+    instead arm - the baseline's frontier at each declared matched value. Empty: none declared, every comparison is
+    secondary."""
     metrics: list[str] = field(default_factory=list)
     """The metrics the primary contrasts are tested on (their final values), each of ``PRIMARY_METRICS``; empty:
     ``[metric]``."""
@@ -115,6 +149,9 @@ class ComparisonConfig:
     """The widest ratio (larger / smaller) of ``frontier_key`` values between the two runs a matched point is
     interpolated between; a point across a wider gap is "not matched" (refexp/report/statistics/frontier.py).
     None: its ``DEFAULT_FRONTIER_GAP`` (2.5)."""
+    matched: MatchedConfig = field(default_factory=MatchedConfig)
+    """The primary contrasts at declared values of drift (or retention) on the frontier (``matched.at`` empty:
+    the primary contrasts are group-by-group final values)."""
     select: SelectionConfig = field(default_factory=SelectionConfig)
     """The rule that picks each arm's best hyper-parameters on validation, then compared on test (its metric
     empty: the report makes no tuned comparison)."""
@@ -160,3 +197,11 @@ class ComparisonConfig:
               "a ratio > 1 (2.5: runs at beta 1 and 0.4 bridge a matched point, 1 and 0.2 do not), or null")
         check(all(isinstance(s, int) and s >= 0 for s in self.at_steps), "comparison.at_steps", self.at_steps,
               "steps >= 0")
+        if self.matched.declared:
+            check(bool(self.frontier_key), "comparison.matched.at", self.matched.at,
+                  "empty without comparison.frontier_key (the swept key, e.g. algo.beta, each arm's curve runs along)")
+            check(bool(self.primary), "comparison.matched.at", self.matched.at,
+                  "empty without comparison.primary (the arms tested against the baseline's frontier)")
+            family = len(self.primary) * len(self.metrics or [self.metric]) * len(self.matched.at)
+            check(family <= MAX_PRIMARY, "comparison.matched.at", self.matched.at,
+                  f"few enough values that primary x metrics x values is at most {MAX_PRIMARY} (here {family})")

@@ -12,7 +12,7 @@ from typing import Optional
 
 from refexp.record.provenance import provenance
 
-REPORT_VERSION = 2
+REPORT_VERSION = 3
 """Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version``
 in their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
 inconclusive), primary contrasts (``comparison.primary``) form the verdict family and the first screen, every other

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import math
+
 import numpy as np
 import yaml
 
@@ -20,6 +22,9 @@ from refexp.record.status import write_status
 
 STEPS, PROMPTS = 10, 200
 BETAS = (0.01, 0.04, 0.2, 1.0)
+LEVEL = {beta: i for i, beta in enumerate(reversed(BETAS))}
+"""beta 1.0 -> 0, ..., beta 0.01 -> 3: ``frontier_sweep``'s kl/init is 10^(level - 1) (0.1 .. 100), its accuracy 0.3 +
+0.1 per level (+0.01 per seed)."""
 
 
 def block(arms: list[str], *, select: Optional[dict] = None, seeds=(0, 1, 2), gap: Optional[float] = 5.0) -> dict:
@@ -79,3 +84,26 @@ def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: 
     write_status(run_dir, {"status": "completed", "algo": "grpo", "seed": seed, "steps": STEPS, "last_step": STEPS,
                            "final": final, "provenances": [{"commit": "abc"}]})
     return run_dir
+
+
+def frontier_sweep(root: Path, select: Optional[dict] = None, gap: Optional[float] = 5.0,
+                   kl_noise: Optional[float] = None, **declared) -> None:
+    """fixed: kl/init 0.1..100 across beta. ema: the same drift, 19, 20, 21 prompts more at each beta in seeds 0,
+    1, 2 (it dominates). drifter: half a decade more drift at every beta and 9, 10, 11 prompts more, i.e. on
+    fixed's own accuracy-vs-drift line on average: ahead at every beta, level at every drift. (Seeds differ, so
+    the Student t over them has a spread: identical per-seed differences make a degenerate t, no claim.)
+    ``declared``: further fields of the comparison block (primary, matched, equivalence_margin)."""
+    decl = {**block(["fixed", "ema", "drifter"], select=select, gap=gap), **declared}
+    for seed in (0, 1, 2):
+        for beta in BETAS:
+            i = LEVEL[beta]
+            ret = lambda kl: {"eval/retention": 0.8 - 0.1 * math.log10(kl)}  # noqa: E731
+            for arm, shift, more in (("fixed", 0.0, 0), ("ema", 0.0, 19 + seed), ("drifter", 0.5, 9 + seed)):
+                kl = 10 ** (i - 1 + shift)
+                solved = 60 + 20 * i + 2 * seed + more
+                per_prompt = None
+                if kl_noise is not None:  # 256 prompts' contributions, mean exactly kl, relative spread kl_noise
+                    z = np.random.default_rng([seed, i, len(arm)]).standard_normal(256)
+                    per_prompt = (kl * (1 + kl_noise * (z - z.mean()) / z.std())).tolist()
+                write_run(root, arm, beta, seed, solved=solved, kl=kl, decl=decl, val=solved / PROMPTS, extra=ret(kl),
+                          kl_per_prompt=per_prompt)

@@ -10,7 +10,8 @@ from typing import Optional
 
 import yaml
 
-from refexp.report.reading.plan import DEFAULT_METRIC, block_problem
+from refexp.report.reading.plan import DEFAULT_METRIC, MATCHED_AXES, block_problem
+
 
 def conf_dirs() -> tuple[Path, Path]:
     """Where an experiment name is looked up: the working directory's conf/experiment, then the checkout's beside
@@ -44,6 +45,18 @@ class Experiment:
         """The metrics the primary contrasts are tested on: ``comparison.metrics``, else ``[comparison.metric]``
         (the pilot's variance components are read on the first)."""
         return [str(m) for m in self.block.get("metrics") or ()] or [str(self.block.get("metric") or DEFAULT_METRIC)]
+
+    @property
+    def matched_at(self) -> tuple[str, list[float]]:
+        """(axis, values) of ``comparison.matched``: where the primary contrasts are tested on the baseline's
+        frontier; values empty: group by group."""
+        m = self.block.get("matched") or {}
+        return str(m.get("axis") or MATCHED_AXES[0]), [float(x) for x in m.get("at") or ()]
+
+    @property
+    def family(self) -> int:
+        """The primary family's size: each primary arm on each primary metric (at each declared matched value)."""
+        return len(self.primary) * len(self.metrics) * max(len(self.matched_at[1]), 1)
 
     @property
     def margin(self) -> Optional[float]:

@@ -32,6 +32,8 @@ DEFAULT_METRIC = "eval/accuracy"
 """The headline without a declared block, and of a block written before ``comparison.metric`` existed."""
 MAX_PRIMARY = 3
 """As ``refexp/config/comparison.py``'s: the most primary contrasts a block declares."""
+MATCHED_AXES = ("kl/init", "eval/retention")
+"""As ``refexp/config/comparison.py``'s: what ``comparison.matched.axis`` may name, its default first."""
 
 VARIANT_KEYS = ("grpo_variant", "dpo_variant", "reference")
 """Swept keys whose value an exploratory ``--baseline`` may name (``--baseline fixed`` for ``dpo_variant=fixed``)."""
@@ -74,6 +76,13 @@ class ComparisonPlan:
     def primary_metrics(self) -> list[str]:
         """The metrics the primary contrasts are tested on: ``comparison.metrics``, else ``[comparison.metric]``."""
         return [str(m) for m in (self.block or {}).get("metrics") or ()] or [self.metric]
+
+    @property
+    def matched_at(self) -> tuple[str, tuple[float, ...]]:
+        """(axis, values): where the primary contrasts are tested on the baseline's frontier (``comparison.matched``,
+        checked by ``block_problem``); values empty: the primary contrasts are group by group."""
+        m = (self.block or {}).get("matched") or {}
+        return str(m.get("axis") or MATCHED_AXES[0]), tuple(float(x) for x in m.get("at") or ())
 
     def role(self, arm: Optional[str]) -> str:
         """"primary" for a declared primary contrast's arm, else "secondary" (a declared block) or "exploratory"."""
@@ -175,6 +184,14 @@ def block_problem(block: dict) -> Optional[str]:
     if not isinstance(metrics, list) or any(m not in PRIMARY_ENDPOINTS for m in metrics):
         return (f"comparison.metrics={metrics!r} is invalid: expected metrics among "
                 f"{', '.join(PRIMARY_ENDPOINTS)}, or empty")
+    matched = block.get("matched") or {}
+    at, axis = matched.get("at") or [], matched.get("axis") or MATCHED_AXES[0]
+    if at and (axis not in MATCHED_AXES or not isinstance(at, list) or not primary or not block.get("frontier_key")
+               or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in at)
+               or len(primary) * max(len(metrics), 1) * len(at) > MAX_PRIMARY):
+        return (f"comparison.matched={matched!r} is invalid: expected an axis among {', '.join(MATCHED_AXES)} and "
+                f"values > 0 to compare comparison.primary at along comparison.frontier_key, at most {MAX_PRIMARY} "
+                f"contrasts in all, or no values")
     margin = block.get("equivalence_margin")
     if margin is not None and not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin > 0):
         return f"comparison.equivalence_margin={margin!r} is invalid: expected a number > 0, or null"

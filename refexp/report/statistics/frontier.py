@@ -236,6 +236,8 @@ class MatchedRow:
     no_claim: str = ""
     x_resampled: bool = False
     """Whether the bootstrap resampled every run's x too (its per-prompt contributions were logged)."""
+    metric: str = ""
+    """The metric compared, where a table holds several (the declared primary contrasts); "": the table's."""
 
 
 @dataclass
@@ -283,17 +285,11 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
             continue
         lo, hi, seeds = rng
         for x in matched_values(lo, hi, axis.log):
-            why = _not_matched(cs, base, label, seeds, x, axis.log, gap, plan.block["frontier_key"])
+            why = not_matched(cs, base, label, seeds, x, axis.log, gap, plan.block["frontier_key"])
             if why:
                 out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", no_claim=why))
                 continue
-            per_seed = {s: _seed_pair(cs[label][s], cs[base][s], x, axis.log, metric) for s in seeds}
-            result = paired_result(per_seed)
-            resampled = False
-            if isinstance(result, BothLevelsResult):  # the x-values' own sampling error (drift_resample.py)
-                shift = drift_shift(cs[label], cs[base], seeds, x, axis.log, axis.key, result.boot.n_boot)
-                if shift is not None:
-                    result, resampled = BothLevelsResult(shifted(result.boot, shift), result.seeds), True
+            result, resampled = compare_at(cs[label], cs[base], seeds, x, axis, metric)
             out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", result,
                                        x_resampled=resampled))
     out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=plan.alpha,
@@ -302,8 +298,22 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
     return out
 
 
-def _not_matched(cs: Curves, base: str, label: str, seeds: list[Unit], x: float, log: bool, gap: float,
-                 key: str) -> str:
+def compare_at(arm: dict[Unit, list[Point]], base: dict[Unit, list[Point]], seeds: list[Unit], x: float,
+               axis: Axis, metric: str) -> tuple[object, bool]:
+    """(the paired result of arm - baseline at x over ``seeds``, whether the bootstrap resampled every run's x
+    too): each replicate's curves interpolated at x, paired by start, seed and prompt (``paired_result``); where the
+    runs logged x per prompt, the x-values' own sampling error shifts the bootstrap (``drift_resample.py``)."""
+    per_seed = {s: _seed_pair(arm[s], base[s], x, axis.log, metric) for s in seeds}
+    result = paired_result(per_seed)
+    if isinstance(result, BothLevelsResult):
+        shift = drift_shift(arm, base, seeds, x, axis.log, axis.key, result.boot.n_boot)
+        if shift is not None:
+            return BothLevelsResult(shifted(result.boot, shift), result.seeds), True
+    return result, False
+
+
+def not_matched(cs: Curves, base: str, label: str, seeds: list[Unit], x: float, log: bool, gap: float,
+                key: str) -> str:
     """Why the point x is not matched (the first replicate whose baseline, else arm, curve bridges a gap wider than
     ``gap`` there), or "" when it is."""
     for who, curve in (("the baseline", base), (label, label)):

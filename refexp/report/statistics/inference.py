@@ -253,18 +253,19 @@ def _units_text(result: BootstrapResult) -> str:
 
 def family_verdicts(results: Mapping[str, BootstrapResult], *, alpha: float = 0.05,
                     margin: Optional[float] = None, power: float = 0.8,
-                    bound: Optional[float] = None) -> dict[str, Verdict]:
+                    bound: Optional[float] = None, untested: int = 0) -> dict[str, Verdict]:
     """The verdict of each comparison (label -> bootstrap of label - baseline) in one family of m.
 
     Holm over the m p-values decides (``verdict_word``); a degenerate t (``result.degenerate``) enters with p 1,
     counting in m and rejecting nothing. Simultaneous (Bonferroni, 1 - alpha/m) intervals; with ``margin``, two
     one-sided tests at alpha/m each (so the family's equivalence claims hold together too); the detectable
     difference at alpha/m, the level the interval is read at; ``bound``: the largest |difference| the metric
-    allows, beyond which an interval is uninformative."""
-    m = len(results)
-    if m == 0:
+    allows, beyond which an interval is uninformative; ``untested``: declared comparisons that could not be made
+    (no claim), which still count in m with p 1, since the family's alpha was split before the data were seen."""
+    m = len(results) + untested
+    if not results:
         return {}
-    adjusted = holm([r.p_value for r in results.values()], alpha)
+    adjusted = holm([r.p_value for r in results.values()] + [1.0] * untested, alpha)
     out = {}
     for (label, r), p_holm in zip(results.items(), adjusted.adjusted):
         interval = bonferroni_interval(r, alpha, m)

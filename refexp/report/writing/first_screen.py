@@ -69,7 +69,26 @@ def primary_lines(report) -> list[Line]:
                 lines.append(Line(algo, contrast, ep.doc_name, v.result.point, tuple(v.interval),
                                   1 - v.alpha / v.family_size, v.phrase if v.degenerate else v.word, v.mdd,
                                   v.interval_text))
-    return lines
+    return lines + matched_lines(report)
+
+
+def matched_lines(report) -> list[Line]:
+    """The primary contrasts declared at matched drift (``comparison.matched``), from the frontier section."""
+    m = report.frontier.primary if report.frontier is not None else None
+    if m is None:
+        return []
+    algo = next(iter(report.tables), "")
+    out = []
+    for r in m.rows:
+        contrast = f"{r.arm} − {m.baseline}'s frontier"
+        endpoint = f"final {r.metric or m.metric} at matched {m.axis.key} {r.x:.3g}"
+        v = m.verdicts.get(r.label)
+        if v is None:
+            out.append(Line(algo, contrast, endpoint, None, None, None, f"no claim ({r.no_claim})", None))
+            continue
+        out.append(Line(algo, contrast, endpoint, v.result.point, tuple(v.interval), 1 - v.alpha / v.family_size,
+                        v.phrase if v.degenerate else v.word, v.mdd, v.interval_text))
+    return out
 
 
 def intro(report) -> str:
@@ -82,8 +101,14 @@ def intro(report) -> str:
     if not plan.primary:
         return ("The comparison block declares no primary contrast (comparison.primary): this report claims nothing "
                 "in its summary; every table below is secondary. " + headline(plan))
-    text = (f"Declared before the runs (comparison.primary): {', '.join(plan.primary)}, each against "
-            f"{plan.baseline}, on {', '.join(plan.primary_metrics)}. " + headline(plan))
+    axis, values = plan.matched_at
+    if values:
+        text = (f"Declared before the runs (comparison.primary, comparison.matched): {', '.join(plan.primary)}, each "
+                f"against {plan.baseline}'s frontier across {plan.block.get('frontier_key')} at {axis} "
+                f"{', '.join(f'{x:.3g}' for x in values)}, on {', '.join(plan.primary_metrics)}. " + headline(plan))
+    else:
+        text = (f"Declared before the runs (comparison.primary): {', '.join(plan.primary)}, each against "
+                f"{plan.baseline}, on {', '.join(plan.primary_metrics)}. " + headline(plan))
     if not primary_lines(report):
         text += (" None of them could be paired group by group here (the baseline arm has several groups, or no run "
                  "of an arm completed): the tables below say why, and this report claims nothing in its summary.")

@@ -10,6 +10,7 @@ from typing import Optional
 
 from refexp.report.reading.load import Run, sft_start_keys
 from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.statistics.declared_matched import declared_matched
 from refexp.report.statistics.frontier import DRIFT_AXIS, RETENTION_AXIS, MatchedDrift, curves, matched, planned_runs
 from refexp.report.statistics.selection import Selection, choose, setup_rows
 from refexp.report.writing.frontier_plots import plot_frontier_curves
@@ -47,6 +48,8 @@ class FrontierReport:
     matched: list[MatchedDrift] = field(default_factory=list)
     plots: dict[str, Path] = field(default_factory=dict)
     selection: Optional[Selection] = None
+    primary: Optional[MatchedDrift] = None
+    """The primary contrasts at the declared matched values (``comparison.matched``), over every counted run."""
     within: dict[str, "FrontierReport"] = field(default_factory=dict)
     """With several SFT starts, SFT start -> the same sections over that start's runs alone (conditional on it:
     seeds, then prompts, are the units), without plots."""
@@ -60,6 +63,7 @@ def make(runs: list[Run], plan: ComparisonPlan, plots_dir: Path) -> Optional[Fro
         return None
     metric = plan.metric
     out = _sections(runs, plan, key, metric, plots_dir)
+    out.primary = declared_matched(runs, plan) if key else None
     starts = sft_start_keys(planned_runs(runs, plan))
     if len(starts) > 1:
         out.within = {s: _sections([r for r in runs if r.sft_start == s], plan, key, metric, None) for s in starts}
@@ -104,6 +108,9 @@ def _header(m: MatchedDrift) -> list[str]:
 def markdown(fr: FrontierReport, sweep_dir: Path, md_table) -> list[str]:
     """The sections as markdown lines (``md_table``: render's pipe-table writer)."""
     out: list[str] = []
+    if fr.primary is not None:
+        out += [f"## Primary contrasts at matched {fr.primary.axis.key}", "", fr.primary.text, ""]
+        out += md_table(_header(fr.primary), _rows(fr.primary)) + [""]
     if fr.matched:
         out += [f"## Frontier across {fr.key}", "", HOW_TO_READ, ""]
         for m in fr.matched:
@@ -126,6 +133,9 @@ def html_parts(fr: FrontierReport, table, data_uri) -> list[str]:
     """The sections as HTML (``table``: render's table writer; ``data_uri``: its PNG embedder)."""
     e = html.escape
     parts: list[str] = []
+    if fr.primary is not None:
+        parts += [f"<h2>Primary contrasts at matched {e(fr.primary.axis.key)}</h2>", f"<p>{e(fr.primary.text)}</p>",
+                  table(_header(fr.primary), _rows(fr.primary))]
     if fr.matched:
         parts += [f"<h2>Frontier across {e(fr.key)}</h2>", f"<p>{e(HOW_TO_READ)}</p>"]
         for m in fr.matched:
@@ -149,12 +159,8 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
     return {
         "within_sft_start": {s: summary(inside, sweep_dir) for s, inside in fr.within.items()},
         "key": fr.key, "metric": fr.metric,
-        "matched": [{"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
-            {"arm": r.arm, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None, "x_resampled": r.x_resampled,
-             **({"difference": m.verdicts[r.label].result.point, "interval": list(m.verdicts[r.label].interval),
-                 "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word,
-                 "verdict_text": m.verdicts[r.label].phrase}
-                if r.label in m.verdicts else {})} for r in m.rows]} for m in fr.matched],
+        "matched": [_matched_summary(m) for m in fr.matched],
+        "primary": None if fr.primary is None else _matched_summary(fr.primary),
         "plots": {k: p.relative_to(sweep_dir).as_posix() for k, p in fr.plots.items()},
         "selection": None if sel is None else {
             "rule": sel.rule, "budgets": sel.budgets, "notes": sel.notes, "text": sel.text,
@@ -164,3 +170,14 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
             "verdicts": {k: {"difference": v.result.point, "interval": list(v.interval), "p_holm": v.p_holm,
                              "verdict": v.word, "verdict_text": v.phrase} for k, v in sel.verdicts.items()}},
     }
+
+
+def _matched_summary(m: MatchedDrift) -> dict:
+    """One matched table's numbers for summary.json."""
+    return {"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
+        {"arm": r.arm, "label": r.label, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,
+         "x_resampled": r.x_resampled,
+         **({"difference": m.verdicts[r.label].result.point, "interval": list(m.verdicts[r.label].interval),
+             "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word,
+             "verdict_text": m.verdicts[r.label].phrase, "detectable_difference_80": m.verdicts[r.label].mdd}
+            if r.label in m.verdicts else {})} for r in m.rows]}

@@ -1,0 +1,81 @@
+"""The primary contrasts declared at matched drift (``comparison.matched``, refexp/report/statistics/
+declared_matched.py) on the synthetic frontier sweep of tests/helpers/frontier_sweeps.py: tested where the block
+says, not where the data fall; Holm over them alone with the equivalence margin; on the first screen; never
+extrapolated; the block's fields checked before a run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from refexp.config import ComparisonConfig, ConfigError, MatchedConfig
+from refexp.report import build_report
+from tests.helpers.frontier_sweeps import frontier_sweep
+
+X = 10 ** (1 / 3)
+"""A kl/init inside every curve's range, between runs on each side (fixed: beta 0.2 -> 1, 0.04 -> 10)."""
+
+
+def declared(at, margin=0.05, primary=("ema", "drifter")):
+    return {"primary": list(primary), "matched": {"axis": "kl/init", "at": list(at)},
+            "equivalence_margin": margin}
+
+
+def test_the_primary_contrasts_are_tested_at_the_declared_drift_and_decide_the_first_screen(tmp_path):
+    """ema sits 0.1 above fixed's frontier, the drifter on it: at the declared kl/init the first is higher, the
+    second equivalent within the margin, in one Holm family of two (the secondary matched table has its own)."""
+    frontier_sweep(tmp_path, **declared([X]))
+    report = build_report(tmp_path)
+    primary = report.frontier.primary
+    assert [(r.arm, r.x) for r in primary.rows] == [("ema", X), ("drifter", X)]
+    ema, drifter = (primary.verdicts[r.label] for r in primary.rows)
+    assert ema.family_size == drifter.family_size == 2
+    assert ema.result.point == pytest.approx(0.1) and ema.word == "higher"
+    assert drifter.result.point == pytest.approx(0.0, abs=1e-9) and drifter.word == "equivalent within ±0.05"
+    secondary = next(m for m in report.frontier.matched if m.axis.key == "kl/init")
+    assert all(v.family_size == 4 for v in secondary.verdicts.values())  # its own family, at its own points
+
+    md = report.markdown_path.read_text()
+    first = md.split("\n## ", 2)[1]
+    assert "each against fixed's frontier across algo.beta at kl/init 2.15, on eval/accuracy" in first
+    rows = [line for line in first.splitlines() if line.startswith("| ") and "−" in line]
+    assert rows == [
+        f"| ema − fixed's frontier | final eval/accuracy at matched kl/init 2.15 | {ema.result.point:+.3f} | "
+        f"{ema.interval_text} (97.5%) | higher | ±{ema.mdd:.3f} |",
+        f"| drifter − fixed's frontier | final eval/accuracy at matched kl/init 2.15 | {drifter.result.point:+.3f} | "
+        f"{drifter.interval_text} (97.5%) | equivalent within ±0.05 | ±{drifter.mdd:.3f} |"]
+    assert "## Primary contrasts at matched kl/init" in md
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [p["verdict"] for p in summary["primary_contrasts"]] == ["higher", "equivalent within ±0.05"]
+    assert summary["frontier"]["primary"]["rows"][0]["detectable_difference_80"] == pytest.approx(ema.mdd)
+
+
+def test_a_declared_drift_outside_what_the_runs_reached_makes_no_claim_and_still_counts_in_the_family(tmp_path):
+    """fixed's runs reach kl/init 0.1 at the least (beta 1): at a declared 0.05 nothing is extrapolated, and the
+    contrast that could not be made keeps its share of alpha (Holm over 2, as declared)."""
+    frontier_sweep(tmp_path, **declared([0.05, X], primary=["ema"]))
+    report = build_report(tmp_path)
+    primary = report.frontier.primary
+    low, high = primary.rows
+    assert low.x == 0.05 and low.result is None and high.x == X
+    assert low.no_claim == ("not matched: the declared kl/init 0.05 lies outside the kl/init the baseline's runs "
+                            "reached in replicate seed 0 ([0.1, 100]); a matched value is never extrapolated")
+    assert list(primary.verdicts) == [high.label] and primary.verdicts[high.label].family_size == 2
+    first = report.markdown_path.read_text().split("\n## ", 2)[1]
+    assert "| ema − fixed's frontier | final eval/accuracy at matched kl/init 0.05 |  |  | no claim (not matched" in first
+
+
+def test_the_matched_block_is_checked_before_a_run():
+    base = dict(arm_key="grpo_variant", arms=["fixed", "ema", "none"], baseline="fixed", seeds=[0, 1],
+                primary=["ema"], frontier_key="algo.beta")
+    assert ComparisonConfig(**base, matched=MatchedConfig(at=[0.06])).matched.declared
+    with pytest.raises(ConfigError, match="comparison.matched.at.*frontier_key"):
+        ComparisonConfig(**{**base, "frontier_key": ""}, matched=MatchedConfig(at=[0.06]))
+    with pytest.raises(ConfigError, match="comparison.matched.at.*at most 3"):
+        ComparisonConfig(**{**base, "primary": ["ema", "none"]}, matched=MatchedConfig(at=[0.03, 0.06]))
+    with pytest.raises(ConfigError, match="comparison.matched.axis"):
+        MatchedConfig(axis="kl/ref", at=[0.06])
+    with pytest.raises(ConfigError, match="comparison.matched.at"):
+        MatchedConfig(axis="eval/retention", at=[1.5])
+    assert not MatchedConfig().declared
