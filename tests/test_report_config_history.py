@@ -120,3 +120,14 @@ def test_hydra_s_recorded_choice_names_the_experiment_before_experiment_name(tmp
     assert experiment_of(run) == "chosen"
     (run.path / ".hydra" / "hydra.yaml").unlink()
     assert experiment_of(run) == "exp"  # the overrides' experiment=exp
+
+
+def test_a_deleted_file_or_no_git_program_is_one_phrase(tmp_path, monkeypatch):
+    repo, runs = repo_and_runs(tmp_path)
+    git(repo, "rm", "-q", "conf/experiment/exp.yaml")
+    git(repo, "commit", "-q", "-m", "gone", at=STARTED + 3600)
+    [h] = histories(runs, repo)
+    assert f"commit unknown (deleted from this checkout after commit {git(repo, 'rev-parse', 'HEAD')[:7]})" in h.line()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git on the path
+    [h] = histories(runs, repo)
+    assert h.line().startswith("conf/experiment/exp.yaml, commit unknown (git not found); ")
