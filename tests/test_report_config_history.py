@@ -4,6 +4,7 @@ its comparison block moved; without git the line says so and the report goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,8 +12,9 @@ import subprocess
 import numpy as np
 import yaml
 
+from refexp.config import ComparisonConfig
 from refexp.report import build_report
-from refexp.report.reading.config_history import experiment_of, histories
+from refexp.report.reading.config_history import BLOCK_DEFAULTS, flat_fields, experiment_of, histories
 from refexp.report.reading.load import load_sweep
 from tests.helpers.primary_sweeps import PROMPTS, block, write_run
 
@@ -131,3 +133,7 @@ def test_a_deleted_file_or_no_git_program_is_one_phrase(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no git on the path
     [h] = histories(runs, repo)
     assert h.line().startswith("conf/experiment/exp.yaml, commit unknown (git not found); ")
+
+
+def test_the_report_s_comparison_defaults_are_the_config_s():
+    assert BLOCK_DEFAULTS == flat_fields(dataclasses.asdict(ComparisonConfig()))

@@ -10,7 +10,6 @@ is missing the line says so in one phrase and the report goes on.
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -19,7 +18,6 @@ from typing import Any, Iterable, Optional
 
 import yaml
 
-from refexp.config.comparison import ComparisonConfig
 from refexp.record import layout
 from refexp.record.status import provenances
 from refexp.report.reading.load import Run, _get
@@ -31,6 +29,13 @@ Hydra composed the runs from)."""
 GIT_TIMEOUT_S = 10
 DEFAULT_NAME = "default"
 """``experiment_name`` when no experiment was chosen (``refexp/config/root.py``)."""
+BLOCK_DEFAULTS = {"arm_key": "", "arms": [], "baseline": "", "seeds": [], "metric": "eval/accuracy", "primary": [],
+                  "metrics": [], "equivalence_margin": None, "at_steps": [], "chosen_on_test": [], "frontier_key": "",
+                  "frontier_gap": None, "select.metric": "", "select.maximize": True, "select.floor": {},
+                  "select.floor_change": {}}
+"""``ComparisonConfig``'s defaults by dotted field (``refexp/config/comparison.py``, a layer above the report, so
+mirrored here; tests/test_report_config_history.py checks they agree): what a field an experiment file leaves out
+resolves to."""
 SWEEP_DEPTH = 3
 """How far above a run dir its sweep's ``multirun.yaml`` is looked for (``0`` and ``3/1`` are one and two below)."""
 
@@ -81,23 +86,23 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _flat(block: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"select.metric": ..., "arms": ...}``: a block's leaves by dotted field name (lists are leaves)."""
+def flat_fields(block: Any) -> dict[str, Any]:
+    """``{"arms": [...], "select.metric": ..., "select.floor": {...}}``: a comparison block's fields by dotted name
+    (a sub-block's, ``select``'s, one level down; a mapping inside it, ``floor``, is one field)."""
     out = {}
-    for k, v in (block or {}).items():
-        if isinstance(v, dict) and v:
-            out |= _flat(v, f"{prefix}{k}.")
+    for k, v in (block if isinstance(block, dict) else {}).items():
+        if isinstance(v, dict):
+            out |= {f"{k}.{sub}": w for sub, w in v.items()}
         else:
-            out[f"{prefix}{k}"] = v
+            out[str(k)] = v
     return out
 
 
 def block_difference(ran: dict, now: Any) -> list[str]:
     """The fields of the comparison block whose value differs between the runs' resolved block (``ran``) and the
-    file's (``now``; a field the file leaves out counts as its default, ``refexp/config/comparison.py``)."""
-    defaults = _flat(dataclasses.asdict(ComparisonConfig()))
-    file_block = defaults | _flat(now if isinstance(now, dict) else {})
-    ran_block = defaults | _flat(ran)
+    file's (``now``; a field the file leaves out counts as its default, ``BLOCK_DEFAULTS``)."""
+    file_block = BLOCK_DEFAULTS | flat_fields(now)
+    ran_block = BLOCK_DEFAULTS | flat_fields(ran)
     return sorted(k for k in file_block.keys() | ran_block.keys() if file_block.get(k) != ran_block.get(k))
 
 
