@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+from refexp.report.reading.config_history import ConfigHistory, histories
 from refexp.report.reading.group import Group, group_runs, merged_note
 from refexp.report.reading.load import Run, load_sweep, sft_start_keys
 from refexp.report.reading.plan import ComparisonPlan, make_plan
@@ -65,6 +66,8 @@ class Report:
     """algo -> each group's change of ``eval/retention`` from its runs' starts (groups that measured it)."""
     within: dict[str, dict[str, AlgoTable]] = field(default_factory=dict)
     """algo -> SFT start -> the table and verdicts of that start's runs alone (with several starts only)."""
+    configs: list[ConfigHistory] = field(default_factory=list)
+    """The experiment files the runs were launched with, against when the first run began (``config_history``)."""
 
     @property
     def shown_dir(self) -> str:
@@ -108,7 +111,8 @@ def _clear_old_plots(plots_dir: Path) -> None:
 
 def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optional[str] = None,
                  at_steps: Sequence[int] = (), alpha: float = 0.05, margin: Optional[float] = None,
-                 allow_mixed: bool = False, comparison: Optional[dict] = None) -> Report:
+                 allow_mixed: bool = False, comparison: Optional[dict] = None,
+                 repo: Optional[Path] = None) -> Report:
     """Read a Hydra multirun dir (or one run dir) and write report.md, report.html, summary.json and
     the plots into it. ``target`` is the held-out accuracy for "steps to target" (None: a default
     per algorithm, see ``summary.default_target``); the verdicts pair every group with the baseline the
@@ -119,6 +123,8 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
     ``equivalence_margin``, if any); ``allow_mixed`` counts
     the runs outside the plan (``plan.make_plan``). ``at_steps`` (default: the block's) adds, per step S,
     the headline metric (``comparison.metric``, else accuracy) at S, the gain after it and a verdict at S.
+    ``repo``: the refexp checkout whose ``conf/experiment/`` the runs' experiment file is read from, with its git
+    history (None: the one this package lives in; ``config_history``).
     Safe to call again on the same dir at any time. Raises ``NoRunsError`` (no run) before writing anything."""
     sweep_dir = Path(sweep_dir).resolve()
     if not sweep_dir.is_dir():
@@ -152,7 +158,8 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
     _clear_old_plots(plots_dir)
     plots = {algo: make_plots(algo, by_algo[algo], plots_dir) for algo in tables}
 
-    setup = {algo: setup_rows(by_algo[algo], plan) for algo in tables}
+    configs = histories(runs, repo)
+    setup = {algo: setup_rows(by_algo[algo], plan, tuple(configs)) for algo in tables}
     frontier = frontier_report.make(runs, plan, plots_dir)
     if frontier is not None and frontier.selection is not None:
         for algo, groups in by_algo.items():  # the chosen settings go to the setup block of the arms' algorithm
@@ -162,6 +169,6 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
             if (oc := own_change.own_changes(by_algo[algo], plan.counts, alpha=plan.alpha, margin=plan.margin))}
     within = {algo: _within_starts(algo, by_algo[algo], target, plan, extra) for algo in tables}
     report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan, frontier, kept,
-                    {algo: w for algo, w in within.items() if w})
+                    {algo: w for algo, w in within.items() if w}, configs)
     write_all(report)
     return report

@@ -14,6 +14,7 @@ from refexp.record.status import provenances, wall_seconds
 
 from refexp.record.metric_names import EVAL_ACCURACY, VAL_ACCURACY
 
+from refexp.report.reading.config_history import ConfigHistory
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run, _get, natural_key
 from refexp.report.reading.plan import ComparisonPlan, threads
@@ -140,8 +141,10 @@ def comparison_rows(plan: ComparisonPlan, runs: list[Run]) -> list[tuple[str, st
     return rows
 
 
-def setup_rows(groups: list[Group], plan: ComparisonPlan | None = None) -> list[tuple[str, str]]:
-    """``(label, value)`` rows describing every run of one algorithm's groups (failed ones too)."""
+def setup_rows(groups: list[Group], plan: ComparisonPlan | None = None,
+               configs: tuple[ConfigHistory, ...] = ()) -> list[tuple[str, str]]:
+    """``(label, value)`` rows describing every run of one algorithm's groups (failed ones too); ``configs``: the
+    experiment files the sweep's runs were launched with (``config_history.histories``)."""
     runs = [r for g in groups for r in g.runs]
     rows = []
     for label, key in FIELDS:
@@ -166,6 +169,8 @@ def setup_rows(groups: list[Group], plan: ComparisonPlan | None = None) -> list[
     commit, versions = _provenance(runs)
     if commit:
         rows.append(("refexp commit", commit))
+    if configs:
+        rows.append(("experiment config", " | ".join(c.line() for c in configs)))
     if versions:
         rows.append(("versions", versions))
     wall = _wall_time(runs)

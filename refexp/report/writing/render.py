@@ -340,7 +340,8 @@ def summary_dict(report) -> dict:
                        "metric": report.plan.metric,
                        "primary": report.plan.primary, "primary_metrics": report.plan.primary_metrics,
                        "problem": report.plan.problem or None,
-                       "allow_mixed": report.plan.allow_mixed, "left_out_of_the_verdict": report.plan.excluded},
+                       "allow_mixed": report.plan.allow_mixed, "left_out_of_the_verdict": report.plan.excluded,
+                       "experiment_configs": [c.to_dict() for c in report.configs]},
         "definitions": {c.key: c.doc for c in (*COLUMNS, *report.extra_columns)}
         | {"steps_to_target": "first step with eval/accuracy >= target; mean over seeds that reached it"},
         "primary_contrasts": [ln.to_dict() for ln in first_screen.primary_lines(report)],
