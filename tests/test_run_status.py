@@ -282,3 +282,15 @@ def test_status_names_the_sft_start_and_the_report_setup_block_shows_it(tmp_path
     assert os.sep not in start["key"] and start["val_accuracy"] == summary["val_accuracy"]
     shown = sft_start([load_run(tmp_path / "run", tmp_path)])
     assert start["key"] in shown and f"{summary['val_accuracy']:.3f}" in shown and str(sft_root) not in shown
+
+
+def test_a_resumed_run_keeps_when_its_first_invocation_started(tmp_path):
+    """``started`` is each invocation's; ``first_started`` survives a resume, so the report can tell whether an
+    experiment file was committed before the run began (refexp/report/reading/config_history.py)."""
+    first = RunStatus(steps=10, started=1000.0)
+    earlier = open_status(tmp_path, first)
+    close_run_status(tmp_path, first, earlier, rank=0)
+    again = RunStatus(steps=10, started=2000.0)
+    open_status(tmp_path, again)
+    got = read_status(tmp_path)
+    assert got["started"] == 2000.0 and got["first_started"] == 1000.0

@@ -60,6 +60,10 @@ class RunStatus:
     final: dict = field(default_factory=dict)
     """The final metrics (numbers only) of a completed run."""
     started: float = field(default_factory=time.time)
+    """When this invocation started."""
+    first_started: Optional[float] = None
+    """When the run dir's first invocation started (``open_status`` carries it over a resume): the time a
+    pre-registered config must predate (``refexp/report/reading/config_history.py``)."""
     provenance: Optional[dict] = None
     """The code that ran this invocation (``refexp/record/provenance.py``)."""
     traceback: Optional[str] = None
@@ -318,10 +322,20 @@ def record_early_failure(run_dir: str | Path, error: BaseException) -> None:
         write_status(run_dir, {"status": "failed", "error": f"{type(error).__name__}: {error}", "final": {}})
 
 
+def first_started(status: dict) -> Optional[float]:
+    """When a run's first invocation started: ``first_started``, else (a status written before that field, or by
+    one invocation) its ``started``; None without either."""
+    for key in ("first_started", "started"):
+        if isinstance(status.get(key), (int, float)) and not isinstance(status.get(key), bool):
+            return float(status[key])
+    return None
+
+
 def open_status(run_dir: str | Path, status: RunStatus) -> dict:
     """Rank 0 at the start of an invocation: ``status`` written; returns the status of the run dir's earlier
     invocations ({} when none), read before it is written over."""
     earlier = read_status(run_dir) or {}
+    status.first_started = first_started(earlier) or status.started
     status.heartbeat = new_heartbeat()
     write_status(run_dir, status.to_json(), reserve=True)
     _LAST_BEAT[str(run_dir)] = status.heartbeat["time"]

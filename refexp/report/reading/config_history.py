@@ -19,7 +19,7 @@ from typing import Any, Iterable, Optional
 import yaml
 
 from refexp.record import layout
-from refexp.record.status import provenances
+from refexp.record.status import first_started, provenances
 from refexp.report.reading.load import Run, _get
 
 REPO = Path(__file__).resolve().parents[3]
@@ -31,7 +31,7 @@ DEFAULT_NAME = "default"
 """``experiment_name`` when no experiment was chosen (``refexp/config/root.py``)."""
 BLOCK_DEFAULTS = {"arm_key": "", "arms": [], "baseline": "", "seeds": [], "metric": "eval/accuracy", "primary": [],
                   "metrics": [], "equivalence_margin": None, "at_steps": [], "chosen_on_test": [], "frontier_key": "",
-                  "frontier_gap": None, "select.metric": "", "select.maximize": True, "select.floor": {},
+                  "frontier_gap": None, "matched.axis": "kl/init", "matched.at": [], "select.metric": "", "select.maximize": True, "select.floor": {},
                   "select.floor_change": {}}
 """``ComparisonConfig``'s defaults by dotted field (``refexp/config/comparison.py``, a layer above the report, so
 mirrored here; tests/test_report_config_history.py checks they agree): what a field an experiment file leaves out
@@ -115,7 +115,7 @@ class ConfigHistory:
     """``conf/experiment/NAME.yaml``, relative to the checkout."""
     runs_commits: list[str]
     first_started: Optional[float]
-    """The earliest ``started`` in the runs' status.json (unix seconds; a resumed run's is its latest invocation's)."""
+    """The earliest first invocation's start among the runs (unix seconds; ``status.first_started``)."""
     unknown: Optional[str] = None
     """Why the file's commit is unknown (not a git checkout, git not found, never committed, file gone), else None."""
     commit: Optional[str] = None
@@ -168,12 +168,11 @@ class ConfigHistory:
 
 
 def _runs_facts(runs: list[Run]) -> tuple[list[str], Optional[float], Optional[dict]]:
-    """(the distinct refexp commits in the runs' status.json, the earliest ``started``, the first recorded
+    """(the distinct refexp commits in the runs' status.json, the earliest first invocation's start, the first recorded
     comparison block)."""
     commits = list(dict.fromkeys(str(p["commit"]) for r in runs if r.status for p in provenances(r.status)
                                  if p.get("commit")))
-    starts = [float(r.status["started"]) for r in runs
-              if r.status and isinstance(r.status.get("started"), (int, float))]
+    starts = [t for r in runs if r.status and (t := first_started(r.status)) is not None]
     blocks = [b for r in runs if isinstance(b := _get(r.config, "comparison"), dict)]
     return commits, (min(starts) if starts else None), (blocks[0] if blocks else None)
 
