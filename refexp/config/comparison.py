@@ -52,6 +52,12 @@ class SelectionConfig:
     reach (e.g. ``{val/retention: -0.1}``: lose at most 0.1 of what the start had). Read per run, so SFT starts
     that begin at different levels are held to one rule, where an absolute ``floor`` averaged over them may be out of
     reach; not applied to a metric the runs do not log at step 0 and at the end, and the report says so."""
+    budget: Optional[int] = None
+    """Choose on the first ``budget`` validation prompts only (prompt ids 0 .. budget-1 of the validation split, a
+    random slice seeded by ``task.data_seed``: one fixed draw, the same rows for every run): the gold labels a user of a learned reward could afford (e.g. 50 verified prompts),
+    read from each run's final per-prompt ``metric`` outcomes (``eval_outcomes.jsonl``, split ``val``). Runs without
+    them, or with fewer validation prompts, make the report refuse the choice (never the full split instead);
+    floors still read the whole split. None: the whole validation split (``eval.num_prompts`` prompts)."""
 
     @property
     def declared(self) -> bool:
@@ -61,6 +67,12 @@ class SelectionConfig:
     def __post_init__(self) -> None:
         check(self.metric == "" or self.metric.startswith("val/"), "comparison.select.metric", self.metric,
               "a validation metric (val/accuracy), or empty: choosing on a test metric biases the comparison")
+        check(self.budget is None or (isinstance(self.budget, int) and not isinstance(self.budget, bool)
+                                      and self.budget >= 1),
+              "comparison.select.budget", self.budget,
+              "a whole number of validation prompts >= 1 (50: the first 50 verified prompts), or null: the whole split")
+        check(self.budget is None or self.declared, "comparison.select.budget", self.budget,
+              "null without comparison.select.metric (the validation metric the budget's prompts are scored on)")
         for key, value in self.floor.items():
             check(isinstance(key, str) and key.startswith("val/"), "comparison.select.floor", key,
                   "validation metrics as keys (val/retention)")
