@@ -44,12 +44,15 @@ def ranking(seed: int) -> np.ndarray:
 def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: float, decl: dict,
               val: Optional[float] = None, extra: Optional[dict] = None, overrides: tuple = (),
               retained: Optional[tuple[int, int]] = None, start_extra: Optional[dict] = None,
-              kl_per_prompt: Optional[list[float]] = None) -> Path:
+              kl_per_prompt: Optional[list[float]] = None,
+              val_outcomes: Optional[dict[str, list[float]]] = None) -> Path:
     """A completed run of ``arm`` at ``beta`` whose final test evaluation solves the ``solved`` easiest prompts
     of its seed (``eval/accuracy`` = solved / PROMPTS), with final ``kl/init`` = ``kl``, ``val/accuracy`` =
     ``val``, any ``extra`` final metrics and any further ``overrides``. ``retained`` = (at step 0, at the end):
     how many of the seed's easiest retention prompts its ``eval/retention`` evaluations solve; ``start_extra``:
-    metrics logged at step 0 too; ``kl_per_prompt``: the final ``kl/init``'s per-prompt contributions (mean ``kl``)."""
+    metrics logged at step 0 too; ``kl_per_prompt``: the final ``kl/init``'s per-prompt contributions (mean ``kl``);
+    ``val_outcomes``: validation metric -> its final per-prompt scores (split ``val``), the metric's final value their
+    mean."""
     run_dir = root / "-".join([arm, f"{beta:g}", str(seed), *overrides])
     (run_dir / layout.HYDRA_DIR).mkdir(parents=True)
     (run_dir / layout.HYDRA_DIR / "overrides.yaml").write_text(
@@ -61,7 +64,8 @@ def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: 
     scores = np.zeros(PROMPTS)
     scores[ranking(seed)[:solved]] = 1.0
     final = {"eval/accuracy": float(scores.mean()), "kl/init": kl, **({"val/accuracy": val} if val is not None
-                                                                       else {}), **(extra or {})}
+                                                                       else {}), **(extra or {}),
+             **{m: float(np.mean(v)) for m, v in (val_outcomes or {}).items()}}
     first = {"step": 0, "eval/accuracy": 0.0, "kl/init": 0.0, **(start_extra or {})}
     kept = []
     if retained is not None:
@@ -79,8 +83,9 @@ def write_run(root: Path, arm: str, beta: float, seed: int, *, solved: int, kl: 
         append_outcomes(run_dir, 0, retention[:1])
     drift = ([EvalOutcomes("eval", "kl/init", list(range(len(kl_per_prompt))), list(kl_per_prompt))]
              if kl_per_prompt is not None else [])
+    validation = [EvalOutcomes("val", m, list(range(len(v))), list(v)) for m, v in (val_outcomes or {}).items()]
     append_outcomes(run_dir, STEPS, [EvalOutcomes("eval", "eval/accuracy", ids, scores.tolist()), *retention[1:],
-                                     *drift])
+                                     *drift, *validation])
     write_status(run_dir, {"status": "completed", "algo": "grpo", "seed": seed, "steps": STEPS, "last_step": STEPS,
                            "final": final, "provenances": [{"commit": "abc"}]})
     return run_dir

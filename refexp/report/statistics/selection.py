@@ -13,6 +13,13 @@ much per arm (``optimism``, read after every choice is made, so no test number r
 validation excess is what selecting the maximum added on validation (the runners-up's gap measures the splits'
 difference without selection); test shares at most that much of it, so it is an upper guide to the bias of the
 test number, not a correction (Cawley & Talbot 2010, JMLR 11:2079, on selection bias in model selection).
+
+With ``comparison.select.budget`` = N the rule reads the metric on the first N validation prompts only (prompt ids
+0 .. N-1 of the validation split; the split is a random slice seeded by ``task.data_seed``, refexp/tasks/splits.py,
+so they are one fixed random draw, the same rows for every run of the task whatever its training seed), from
+each run's final per-prompt outcomes (``eval_outcomes.jsonl``, split ``val``): what a user of a learned reward who
+could verify N prompts would choose on. A run without those outcomes, or with fewer than N validation prompts, makes
+the whole choice refused (``Selection.refused``), never read on the full split instead.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ class Candidate:
     settings: Settings
     runs: list[Run]
     score: Optional[float]
-    """Mean final value of the rule's metric over the runs that logged it (None: none did)."""
+    """Mean final value of the rule's metric over the runs that logged it (None: none did); with a budget, the mean
+    over the runs of each run's mean final score on the budget's prompts."""
     floors: dict[str, Optional[float]]
     """Floor metric -> its mean final value (None: no run logged it; that floor is not applied)."""
     eligible: bool
@@ -73,6 +81,12 @@ class Selection:
     results: dict[str, object] = field(default_factory=dict)
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     text: str = ""
+    maximize: bool = True
+    """Whether a higher metric is better (the rule's ``maximize``, for its test twin too)."""
+    budget: Optional[int] = None
+    """The validation prompts the rule reads (``comparison.select.budget``); None: the whole split."""
+    refused: Optional[str] = None
+    """Why no choice was made under the budget (runs without the budget's per-prompt outcomes); None: applied."""
 
     @property
     def budgets(self) -> dict[str, int]:
@@ -83,6 +97,34 @@ class Selection:
 def _mean(runs: list[Run], metric: str) -> Optional[float]:
     values = [v for v in (final_value(r, metric) for r in runs) if v is not None]
     return float(np.mean(values)) if values else None
+
+
+def budget_score(run: Run, metric: str, budget: int) -> Optional[float]:
+    """The run's mean final ``metric`` score on validation prompts 0 .. budget-1 (``final_scores``); None when its
+    final evaluation has no per-prompt scores or lacks one of those prompts."""
+    scores = final_scores(run, metric)
+    if scores is None or any(i not in scores for i in range(budget)):
+        return None
+    return float(np.mean([scores[i] for i in range(budget)]))
+
+
+def _budget_mean(runs: list[Run], metric: str, budget: int) -> Optional[float]:
+    values = [budget_score(r, metric, budget) for r in runs]
+    return None if any(v is None for v in values) or not values else float(np.mean(values))
+
+
+def refusal(runs: list[Run], metric: str, budget: int) -> Optional[str]:
+    """Why the budget cannot be applied to ``runs`` (the declared arms' runs), or None when every one has its final
+    per-prompt ``metric`` scores on the budget's prompts."""
+    lacking = sorted(r.name for r in runs if budget_score(r, metric, budget) is None)
+    if not lacking:
+        return None
+    shown = ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
+    return (f"No tuned comparison: comparison.select.budget asks for {metric} on the first {budget} validation "
+            f"prompts, and {len(lacking)} of {len(runs)} runs have no per-prompt {metric} score for each of them at "
+            f"their final evaluation (eval_outcomes.jsonl, split val; runs written before it was recorded, or "
+            f"measured on fewer prompts): {shown}. No setting is chosen; the full validation split is not read in "
+            f"the budget's place.")
 
 
 def _mean_change(runs: list[Run], metric: str) -> Optional[float]:
@@ -106,6 +148,11 @@ def rule_text(select: dict) -> str:
     conditions += [f"mean change of {k} from step 0 >= {v:+g}" for k, v in (select.get("floor_change") or {}).items()]
     if conditions:
         text += " among those with " + " and ".join(conditions)
+    budget = select.get("budget")
+    if budget is not None:
+        text += (f", read on the first {budget} validation prompts only, ids 0-{budget - 1} of the validation split (one "
+                 f"fixed draw seeded by task.data_seed, the same prompts for every run: a labelled budget a user could "
+                 f"afford" + ("; the floors read the whole split)" if conditions else ")"))
     return text + "; test read for the chosen settings only"
 
 
@@ -123,12 +170,17 @@ def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
         return None
     metric, maximize, floor = select["metric"], bool(select.get("maximize", True)), dict(select.get("floor") or {})
     floor_change = dict(select.get("floor_change") or {})
-    sel = Selection(rule_text(select), {}, str(plan.baseline), compared_metric(metric))
+    budget = select.get("budget")
+    sel = Selection(rule_text(select), {}, str(plan.baseline), compared_metric(metric), maximize=maximize,
+                    budget=budget)
     by_arm: dict[str, dict[Settings, list[Run]]] = {}
     planned = planned_runs(runs, plan)
     common = common_settings(planned)
     for r in planned:
         by_arm.setdefault(plan.arm(r), {}).setdefault(settings_of(r, block["arm_key"], common), []).append(r)
+    if budget is not None:
+        sel.refused = refusal([r for arm in block["arms"] for rs in by_arm.get(arm, {}).values() for r in rs],
+                              metric, budget)
     unlogged = set()
     for arm in block["arms"]:
         cands = []
@@ -138,7 +190,8 @@ def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
             unlogged |= {k for k, v in (*floors.items(), *changes.items()) if v is None}
             ok = (all(v is None or v >= floor[k] for k, v in floors.items())
                   and all(v is None or v >= floor_change[k] for k, v in changes.items()))
-            cands.append(Candidate(settings, rs, _mean(rs, metric), floors, ok, changes))
+            score = None if sel.refused else _budget_mean(rs, metric, budget) if budget is not None else _mean(rs, metric)
+            cands.append(Candidate(settings, rs, score, floors, ok, changes))
         scored = [c for c in cands if c.eligible and c.score is not None]
         best = (max if maximize else min)(scored, key=lambda c: c.score) if scored else None
         tied = [c.shown for c in scored if best is not None and c.score == best.score]
@@ -146,13 +199,17 @@ def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
             sel.notes.append(f"{arm}: {', '.join(tied)} tie on {metric}; the first in setting order is chosen")
         sel.choices[arm] = Choice(arm, cands, best)
     for c in sel.choices.values():  # after every choice: the runners-up's test numbers never reach one
-        c.optimism = optimism(c, metric, sel.metric)
+        c.optimism = optimism(c, sel.metric)
     if unlogged:
         sel.notes.append(f"floor on {', '.join(sorted(unlogged))} not applied where no run logged it")
     budgets = set(sel.budgets.values())
     if len(budgets) > 1:
         sel.notes.append("unequal tuning budgets (" + ", ".join(f"{a} {n}" for a, n in sel.budgets.items())
                          + " settings tried): an arm tuned over more settings is favoured by its selection")
+    if sel.refused:
+        sel.notes.append(sel.refused)
+        sel.text = sel.refused
+        return sel
     for arm, c in sel.choices.items():
         if c.chosen is None:
             sel.notes.append(f"{arm}: no setting {'met the floor' if c.candidates else 'completed'}; not compared")
@@ -160,19 +217,20 @@ def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
     return sel
 
 
-def gap(c: Candidate, val_metric: str, test_metric: str) -> Optional[float]:
-    """The candidate's mean final ``val_metric`` minus its mean final ``test_metric`` (None: one is not logged)."""
-    val, test = _mean(c.runs, val_metric), _mean(c.runs, test_metric)
-    return None if val is None or test is None else val - test
+def gap(c: Candidate, test_metric: str) -> Optional[float]:
+    """The candidate's validation score (what the rule read: the whole split or the budget's prompts) minus its mean
+    final ``test_metric`` (None: one is not logged)."""
+    test = _mean(c.runs, test_metric)
+    return None if c.score is None or test is None else c.score - test
 
 
-def optimism(choice: Choice, val_metric: str, test_metric: str) -> Optional[float]:
+def optimism(choice: Choice, test_metric: str) -> Optional[float]:
     """The winner's validation-minus-test gap above the mean gap of the arm's other settings that logged both
     (module doc); None without a winner or a runner-up."""
     if choice.chosen is None:
         return None
-    won = gap(choice.chosen, val_metric, test_metric)
-    others = [g for g in (gap(c, val_metric, test_metric) for c in choice.candidates if c is not choice.chosen)
+    won = gap(choice.chosen, test_metric)
+    others = [g for g in (gap(c, test_metric) for c in choice.candidates if c is not choice.chosen)
               if g is not None]
     return None if won is None or not others else won - float(np.mean(others))
 

@@ -12,6 +12,8 @@ from refexp.report.reading.load import Run, sft_start_keys
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.declared_matched import declared_matched
 from refexp.report.statistics.frontier import DRIFT_AXIS, RETENTION_AXIS, MatchedDrift, curves, matched, planned_runs
+from refexp.report.statistics import oracle
+from refexp.report.statistics.oracle import Oracle, oracle_choice
 from refexp.report.statistics.selection import Selection, choose, setup_rows
 from refexp.report.writing.frontier_plots import plot_frontier_curves
 from refexp.report.writing.table import verdict_cell
@@ -50,6 +52,8 @@ class FrontierReport:
     selection: Optional[Selection] = None
     primary: Optional[MatchedDrift] = None
     """The primary contrasts at the declared matched values (``comparison.matched``), over every counted run."""
+    oracle: Optional[Oracle] = None
+    """Each arm's setting chosen on the test metric itself: an upper bound, reported apart (``oracle.py``)."""
     within: dict[str, "FrontierReport"] = field(default_factory=dict)
     """With several SFT starts, SFT start -> the same sections over that start's runs alone (conditional on it:
     seeds, then prompts, are the units), without plots."""
@@ -64,6 +68,7 @@ def make(runs: list[Run], plan: ComparisonPlan, plots_dir: Path) -> Optional[Fro
     metric = plan.metric
     out = _sections(runs, plan, key, metric, plots_dir)
     out.primary = declared_matched(runs, plan) if key else None
+    out.oracle = oracle_choice(out.selection) if out.selection is not None else None
     starts = sft_start_keys(planned_runs(runs, plan))
     if len(starts) > 1:
         out.within = {s: _sections([r for r in runs if r.sft_start == s], plan, key, metric, None) for s in starts}
@@ -119,6 +124,9 @@ def markdown(fr: FrontierReport, sweep_dir: Path, md_table) -> list[str]:
             out += [f"![{fr.metric} vs {name}]({path.relative_to(sweep_dir).as_posix()})", ""]
     if fr.selection is not None:
         out += ["## Each arm at its best", "", fr.selection.text, ""]
+    if fr.oracle is not None:
+        out += [f"## {oracle.TITLE}", "", fr.oracle.text, ""]
+        out += md_table(oracle.header(fr.oracle), oracle.rows(fr.oracle), numeric=False) + [""]
     for start, inside in fr.within.items():
         out += [f"## Within SFT start {start}", "", WITHIN_START, ""]
         for m in inside.matched:
@@ -143,6 +151,9 @@ def html_parts(fr: FrontierReport, table, data_uri) -> list[str]:
         parts += [f'<img alt="{e(name)}" src="{data_uri(p)}">' for name, p in fr.plots.items()]
     if fr.selection is not None:
         parts += ["<h2>Each arm at its best</h2>", f"<p>{e(fr.selection.text)}</p>"]
+    if fr.oracle is not None:
+        parts += [f"<h2>{e(oracle.TITLE)}</h2>", f"<p>{e(fr.oracle.text)}</p>",
+                  table(oracle.header(fr.oracle), oracle.rows(fr.oracle))]
     for start, inside in fr.within.items():
         parts += [f"<h2>Within SFT start {e(start)}</h2>", f"<p>{e(WITHIN_START)}</p>"]
         for m in inside.matched:
@@ -162,8 +173,10 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
         "matched": [_matched_summary(m) for m in fr.matched],
         "primary": None if fr.primary is None else _matched_summary(fr.primary),
         "plots": {k: p.relative_to(sweep_dir).as_posix() for k, p in fr.plots.items()},
+        "oracle": None if fr.oracle is None else oracle.summary(fr.oracle),
         "selection": None if sel is None else {
             "rule": sel.rule, "budgets": sel.budgets, "notes": sel.notes, "text": sel.text,
+            "validation_prompts": sel.budget, "refused": sel.refused,
             "chosen": {a: (dict(c.chosen.settings) if c.chosen else None) for a, c in sel.choices.items()},
             "test_from_selected_runs": True,
             "optimism": {a: c.optimism for a, c in sel.choices.items()},

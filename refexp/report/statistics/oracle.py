@@ -1,0 +1,101 @@
+"""The oracle choice: each arm's setting picked on the test metric itself (the beta whose mean final ``eval/gold``
+is best), beside the setting the validation rule (``comparison.select``) chose and what each reached on test.
+
+Choosing on the prompts the number is then read on is what no user of a learned reward can do (they have the proxy,
+and at most a small gold-labelled validation budget), and it favours the chosen setting by that split's noise, so
+the oracle's number is an upper bound on what tuning could reach, not a result: it is reported apart, labelled so,
+and enters no family, no verdict and not the first screen. The gap between the two choices' test means is what
+tuning without the oracle gave up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from refexp.report.statistics.metric_scores import final_value
+from refexp.report.statistics.selection import Candidate, Selection
+
+TITLE = "Oracle choice (uses the test labels: an upper bound, not a result)"
+
+
+@dataclass
+class OracleRow:
+    """One arm: the setting best on test and the validation rule's choice, each with its mean final test value."""
+
+    arm: str
+    oracle: Optional[Candidate]
+    oracle_test: Optional[float]
+    chosen: Optional[Candidate]
+    chosen_test: Optional[float]
+    tried: int
+
+    @property
+    def given_up(self) -> Optional[float]:
+        """The oracle's test mean minus the validation choice's (>= 0 when a higher metric is better)."""
+        if self.oracle_test is None or self.chosen_test is None:
+            return None
+        return self.oracle_test - self.chosen_test
+
+
+@dataclass
+class Oracle:
+    metric: str
+    rows: list[OracleRow]
+    notes: list[str] = field(default_factory=list)
+    text: str = ""
+
+
+def mean_on_test(c: Candidate, metric: str) -> Optional[float]:
+    """The candidate's mean final ``metric`` over its runs that logged it (None: none did)."""
+    values = [v for v in (final_value(r, metric) for r in c.runs) if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def oracle_choice(sel: Selection) -> Oracle:
+    """Per arm of ``sel``, the candidate with the best mean final test metric (``sel.metric``; ties: the first in
+    setting order, noted), beside ``sel``'s own choice. Floors are not applied: the bound is over every setting run."""
+    rows, notes = [], []
+    for arm, choice in sel.choices.items():
+        means = [(c, mean_on_test(c, sel.metric)) for c in choice.candidates]
+        scored = [(c, m) for c, m in means if m is not None]
+        best = (max if sel.maximize else min)(scored, key=lambda cm: cm[1]) if scored else (None, None)
+        tied = [c.shown for c, m in scored if best[0] is not None and m == best[1]]
+        if len(tied) > 1:
+            notes.append(f"{arm}: {', '.join(tied)} tie on {sel.metric}; the first in setting order is shown")
+        chosen = choice.chosen
+        rows.append(OracleRow(arm, best[0], best[1], chosen, None if chosen is None else mean_on_test(chosen, sel.metric),
+                              len(choice.candidates)))
+    out = Oracle(sel.metric, rows, notes)
+    validated = ("the validation rule's choice" if sel.refused is None
+                 else "the validation rule's choice (refused here: none)")
+    out.text = (f"{TITLE}. Per arm, the setting with the {'highest' if sel.maximize else 'lowest'} mean final "
+                f"{sel.metric} over its seeds, chosen on the test prompts themselves, which a user of a learned reward "
+                f"does not have: the number it reaches is biased upward by choosing on the prompts it is read on, an "
+                f"upper bound on what tuning could give, and no verdict is drawn from it (it is in no family and not "
+                f"in the first screen). Beside it, {validated} ({sel.rule}) and its mean final {sel.metric}; their "
+                f"difference is what tuning without the oracle gave up." + "".join(f" {n}." for n in notes))
+    return out
+
+
+def header(o: Oracle) -> list[str]:
+    return ["arm", "oracle setting (test)", f"oracle mean final {o.metric}", "validation choice",
+            f"its mean final {o.metric}", "oracle − validation choice", "settings tried"]
+
+
+def rows(o: Oracle) -> list[list[str]]:
+    def num(x: Optional[float], sign: bool = False) -> str:
+        return "—" if x is None else (f"{x:+.3f}" if sign else f"{x:.3f}")
+
+    return [[r.arm, r.oracle.shown if r.oracle else "—", num(r.oracle_test), r.chosen.shown if r.chosen else "—",
+             num(r.chosen_test), num(r.given_up, sign=True), str(r.tried)] for r in o.rows]
+
+
+def summary(o: Oracle) -> dict:
+    """summary.json's entry: labelled an upper bound, apart from every verdict."""
+    return {"label": TITLE, "upper_bound": True, "metric": o.metric, "notes": o.notes, "text": o.text, "rows": [
+        {"arm": r.arm, "oracle": dict(r.oracle.settings) if r.oracle else None, "oracle_test": r.oracle_test,
+         "validation_choice": dict(r.chosen.settings) if r.chosen else None, "validation_choice_test": r.chosen_test,
+         "given_up": r.given_up, "settings_tried": r.tried} for r in o.rows]}
