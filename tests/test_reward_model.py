@@ -13,6 +13,7 @@ import torch
 from refexp.config import ConfigError, TaskConfig
 from refexp.config.root import to_object
 from refexp.record.metrics import read_metrics
+from refexp.record.outcomes import read_outcomes
 from refexp.record.samples import read_samples
 from refexp.run import run
 from refexp.tasks.reward_sum import with_rewards
@@ -64,6 +65,13 @@ def test_a_trained_reward_model_is_grpos_reward_and_the_verifier_its_gold(small_
         assert {"reward/mean", "reward/gold"} <= rows[step].keys()
     for step in (0, 2):  # the evaluations (eval.every=2) hold the held-out gold beside the proxy
         assert {"eval/accuracy", "eval/gold"} <= rows[step].keys()
+    # the validation split's per-prompt proxy and gold too: what comparison.select.budget reads a subset of
+    outcomes = {(step, o.split, o.metric): o for step, o in read_outcomes(run_dir)}
+    for step in (0, 2):
+        for metric in ("val/accuracy", "val/gold"):
+            o = outcomes[(step, "val", metric)]
+            assert o.prompt_ids == list(range(len(o.scores))) and len(o.scores) > 0
+            assert sum(o.scores) / len(o.scores) == pytest.approx(rows[step][metric], rel=1e-12)
 
     # the logged rewards are the reward model's logits, the gold the verifier's exact match, sample by sample
     rollouts = [s for s in read_samples(run_dir, "rollout") if s["step"] == 2]

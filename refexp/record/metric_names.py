@@ -94,7 +94,9 @@ METRICS: tuple[Metric, ...] = (
            "mean (the proxy; the verifier's is `eval/gold`)",
            f"{_EVAL}; `algo=sft` and the SFT stage: once, on the model the stage keeps", summary="max", thresholded=True),
     Metric(VAL_ACCURACY, "the same on the validation split, when the task has one (`task.val_fraction`, "
-           "`task.val_path`); what `hparams_search` selects on", f"{_EVAL}, when the task has a validation split", thresholded=True),
+           "`task.val_path`); what `hparams_search` and `comparison.select` choose on; per prompt in "
+           "`eval_outcomes.jsonl` (split `val`), whose first `comparison.select.budget` prompts a budgeted choice reads",
+           f"{_EVAL}, when the task has a validation split", thresholded=True),
     Metric(EVAL_RETENTION, "greedy exact match on the first `eval.num_prompts` held-out *test* prompts of the skills "
            "the SFT stage taught and RL does not train (`task.ops` minus `task.rl_ops`): what RL keeps of the start; "
            "per prompt in `eval_outcomes.jsonl`",
@@ -110,7 +112,9 @@ METRICS: tuple[Metric, ...] = (
     Metric(EVAL_GOLD, "with a learned reward: the gold reward of the same greedy held-out completions, whose "
            "learned (proxy) reward is then `eval/accuracy`; per prompt in `eval_outcomes.jsonl`",
            f"GRPO with a learned reward, {_EVAL}", thresholded=True),
-    Metric(VAL_GOLD, "the same on the validation split", f"GRPO with a learned reward and a validation split, {_EVAL}", thresholded=True),
+    Metric(VAL_GOLD, "the same on the validation split; per prompt in `eval_outcomes.jsonl` (split `val`): a "
+           "`comparison.select.budget` reads the gold of its first N prompts only, the labels a user could afford",
+           f"GRPO with a learned reward and a validation split, {_EVAL}", thresholded=True),
     Metric("rm/loss", "`algo=rm` (the reward-model stage): the reward model's binary cross-entropy against the verifier's labels (training "
            "batch)", "`algo=rm`, every step"),
     Metric("rm/val_loss", "`algo=rm`: the same on its held-out labelled samples", "`algo=rm`, every `rm.eval_every` "
