@@ -59,7 +59,8 @@ def test_a_budget_chooses_on_its_first_prompts_where_the_whole_split_would_choos
     assert stated in sel.rule and stated in sel.text  # the tuned paragraph states the budget
     assert sel.verdicts["ema (algo.beta=0.04)"].result.point == pytest.approx(10 / PROMPTS)
     md = report.markdown_path.read_text()
-    assert f"Each arm at its best (per arm, the setting with the highest mean final val/accuracy over its seeds, {stated}" in md
+    rule = "per arm, the setting with the highest mean final val/accuracy over its seeds"
+    assert f"Each arm at its best ({rule}, {stated}" in md
     got = json.loads(report.summary_path.read_text())["frontier"]["selection"]
     assert got["validation_prompts"] == 50 and got["refused"] is None
 

@@ -95,7 +95,8 @@ METRICS: tuple[Metric, ...] = (
            f"{_EVAL}; `algo=sft` and the SFT stage: once, on the model the stage keeps", summary="max", thresholded=True),
     Metric(VAL_ACCURACY, "the same on the validation split, when the task has one (`task.val_fraction`, "
            "`task.val_path`); what `hparams_search` and `comparison.select` choose on; per prompt in "
-           "`eval_outcomes.jsonl` (split `val`), whose first `comparison.select.budget` prompts a budgeted choice reads",
+           "`eval_outcomes.jsonl` (split `val`), whose first `comparison.select.budget` prompts a budgeted "
+           "choice reads",
            f"{_EVAL}, when the task has a validation split", thresholded=True),
     Metric(EVAL_RETENTION, "greedy exact match on the first `eval.num_prompts` held-out *test* prompts of the skills "
            "the SFT stage taught and RL does not train (`task.ops` minus `task.rl_ops`): what RL keeps of the start; "

@@ -66,8 +66,8 @@ def oracle_choice(sel: Selection) -> Oracle:
         if len(tied) > 1:
             notes.append(f"{arm}: {', '.join(tied)} tie on {sel.metric}; the first in setting order is shown")
         chosen = choice.chosen
-        rows.append(OracleRow(arm, best[0], best[1], chosen, None if chosen is None else mean_on_test(chosen, sel.metric),
-                              len(choice.candidates)))
+        chosen_test = None if chosen is None else mean_on_test(chosen, sel.metric)
+        rows.append(OracleRow(arm, best[0], best[1], chosen, chosen_test, len(choice.candidates)))
     out = Oracle(sel.metric, rows, notes)
     validated = ("the validation rule's choice" if sel.refused is None
                  else "the validation rule's choice (refused here: none)")

@@ -150,9 +150,9 @@ def rule_text(select: dict) -> str:
         text += " among those with " + " and ".join(conditions)
     budget = select.get("budget")
     if budget is not None:
-        text += (f", read on the first {budget} validation prompts only, ids 0-{budget - 1} of the validation split (one "
-                 f"fixed draw seeded by task.data_seed, the same prompts for every run: a labelled budget a user could "
-                 f"afford" + ("; the floors read the whole split)" if conditions else ")"))
+        text += (f", read on the first {budget} validation prompts only, ids 0-{budget - 1} of the validation split "
+                 f"(one fixed draw seeded by task.data_seed, the same prompts for every run: a labelled budget a user "
+                 f"could afford" + ("; the floors read the whole split)" if conditions else ")"))
     return text + "; test read for the chosen settings only"
 
 
@@ -190,7 +190,8 @@ def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
             unlogged |= {k for k, v in (*floors.items(), *changes.items()) if v is None}
             ok = (all(v is None or v >= floor[k] for k, v in floors.items())
                   and all(v is None or v >= floor_change[k] for k, v in changes.items()))
-            score = None if sel.refused else _budget_mean(rs, metric, budget) if budget is not None else _mean(rs, metric)
+            score = (None if sel.refused else _budget_mean(rs, metric, budget) if budget is not None
+                     else _mean(rs, metric))
             cands.append(Candidate(settings, rs, score, floors, ok, changes))
         scored = [c for c in cands if c.eligible and c.score is not None]
         best = (max if maximize else min)(scored, key=lambda c: c.score) if scored else None
