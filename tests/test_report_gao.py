@@ -116,6 +116,16 @@ def test_several_sft_starts_resample_starts_then_seeds(tmp_path):
     assert fits["fixed"].levels == (START_LEVEL, "seed") and fits["fixed"].replicates == 4
 
 
+def test_without_a_declared_frontier_each_report_group_is_fitted(tmp_path):
+    gao_sweep(tmp_path, declared=False)
+    report = build_report(tmp_path, baseline="fixed")
+    fits = _fits(report)
+    assert set(fits) == {f"{arm} (algo.beta={b})" for arm in FORMS for b in ("1", "0.1", "0.01")}
+    assert all((f.runs, f.replicates, f.points) == (3, 3, 18) for f in fits.values())
+    assert fits["fixed (algo.beta=1)"].alpha == pytest.approx(0.5, abs=0.02)
+    assert "each report group's counted runs are pooled" in report.gao.text
+
+
 def test_the_section_is_in_report_md_html_and_summary_json_without_a_verdict(tmp_path):
     gao_sweep(tmp_path)
     report = build_report(tmp_path)

@@ -60,11 +60,12 @@ def write_run(root: Path, arm: str, beta: float, seed: int, *, form: tuple[float
 
 
 def gao_sweep(root: Path, *, noise: float = 0.01, seeds=(0, 1, 2), forms: Optional[dict] = None,
-              sft_seeds=(None,)) -> dict:
+              sft_seeds=(None,), declared: bool = True) -> dict:
     """Both arms (``FORMS``, or ``forms``) at every beta of ``KL_END`` and seed (and SFT start), under a declared
-    block with ``algo.beta`` as the frontier key; returns the block."""
+    block with ``algo.beta`` as the frontier key (``declared``; else an empty block: the report is exploratory);
+    returns the block."""
     forms = forms or FORMS
-    decl = block(list(forms), seeds=seeds)
+    decl = block(list(forms), seeds=seeds) if declared else {"arm_key": "", "arms": [], "baseline": "", "seeds": []}
     for sft_seed in sft_seeds:
         for seed in seeds:
             for beta in KL_END:
