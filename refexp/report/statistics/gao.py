@@ -84,12 +84,12 @@ def peak(alpha, beta):
     return d_star, r_star
 
 
-def percentile(values: np.ndarray, alpha: float) -> tuple[float, float]:
-    """The (alpha/2, 1 - alpha/2) percentile interval of ``values`` [B] as order statistics (``inverted_cdf``), so
+def percentile(values: np.ndarray, ci_alpha: float) -> tuple[float, float]:
+    """The (ci_alpha/2, 1 - ci_alpha/2) percentile interval of ``values`` [B] as order statistics (``inverted_cdf``), so
     that replicates without a peak (inf) bound an interval without arithmetic on infinity; NaN replicates dropped."""
     v = np.asarray(values, dtype=float)
     v = v[~np.isnan(v)]
-    lo, hi = np.quantile(v, [alpha / 2, 1 - alpha / 2], method="inverted_cdf")
+    lo, hi = np.quantile(v, [ci_alpha / 2, 1 - ci_alpha / 2], method="inverted_cdf")
     return float(lo), float(hi)
 
 
@@ -127,9 +127,9 @@ class GaoFit:
 
 
 def fit(label: str, by_unit: dict[Unit, list[tuple[np.ndarray, np.ndarray]]], *, n_boot: int = N_BOOT,
-        seed: int = 0, alpha: float = 0.05) -> GaoFit:
+        seed: int = 0, ci_alpha: float = 0.05) -> GaoFit:
     """Fit Δgold = alpha d - beta d log d to every run's points of ``by_unit`` ((SFT start, seed) -> its runs'
-    (d [S], Δgold [S])), with (1 - ``alpha``) percentile intervals from ``n_boot`` replicates that draw SFT starts
+    (d [S], Δgold [S])), with (1 - ``ci_alpha``) percentile intervals from ``n_boot`` replicates that draw SFT starts
     with replacement, then each drawn start's seeds with replacement (a start with one seed, or one start, resamples
     what varies). No fit, and why, with fewer than ``MIN_REPLICATES`` replicates or ``MIN_DISTINCT_D`` distinct d."""
     units = sorted(by_unit, key=lambda u: (natural_key(u[0]), u[1] if u[1] is not None else -1))
@@ -143,16 +143,17 @@ def fit(label: str, by_unit: dict[Unit, list[tuple[np.ndarray, np.ndarray]]], *,
         out.no_fit = f"fewer than {MIN_DISTINCT_D} distinct sqrt(kl/init) > 0"
         return out
     x = design(d)
-    (out.alpha, out.beta), *_ = np.linalg.lstsq(x, y, rcond=None)
-    out.alpha, out.beta = float(out.alpha), float(out.beta)
+    theta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    out.alpha, out.beta = float(theta[0]), float(theta[1])
     out.d_star, out.r_star = peak(out.alpha, out.beta)
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     out.r2 = 1.0 - float(np.sum((y - x @ [out.alpha, out.beta]) ** 2)) / ss_tot if ss_tot > 0 else math.nan
     out.d_max = float(d.max())
 
     # Least squares through the normal equations: per replicate, sum(count_u * X_u'X_u) theta = sum(count_u * X_u'y_u)
-    xtx = np.stack([design(dd).T @ design(dd) for dd in (_cat(by_unit[u], 0) for u in units)])   # [U, 2, 2]
-    xty = np.stack([design(_cat(by_unit[u], 0)).T @ _cat(by_unit[u], 1) for u in units])           # [U, 2]
+    xs = [design(_cat(by_unit[u], 0)) for u in units]                                             # each [N_u, 2]
+    xtx = np.stack([x_u.T @ x_u for x_u in xs])                                                    # [U, 2, 2]
+    xty = np.stack([x_u.T @ _cat(by_unit[u], 1) for x_u, u in zip(xs, units)])                     # [U, 2]
     counts = _draw_counts(units, n_boot, np.random.default_rng(seed))                               # [B, U]
     a, b = np.einsum("bu,uij->bij", counts, xtx), np.einsum("bu,ui->bi", counts, xty)
     det = a[:, 0, 0] * a[:, 1, 1] - a[:, 0, 1] * a[:, 1, 0]
@@ -162,7 +163,7 @@ def fit(label: str, by_unit: dict[Unit, list[tuple[np.ndarray, np.ndarray]]], *,
     d_star, r_star = peak(theta[:, 0], theta[:, 1])
     d_star[~ok], r_star[~ok] = np.nan, np.nan
     reps = {"alpha": theta[:, 0], "beta": theta[:, 1], "d_star": d_star, "r_star": r_star}
-    out.intervals = {k: percentile(v, alpha) for k, v in reps.items()}
+    out.intervals = {k: percentile(v, ci_alpha) for k, v in reps.items()}
     out.no_peak_share = float(np.mean(np.isinf(d_star[ok]))) if ok.any() else math.nan
     out.levels = (START_LEVEL, "seed") if len({u[0] for u in units}) > 1 else ("seed",)
     out.n_boot = n_boot
@@ -219,7 +220,7 @@ def fits(runs: list[Run], plan: ComparisonPlan, *, n_boot: int = N_BOOT) -> list
         for r in members:
             if (p := run_points(r)) is not None:
                 by_unit.setdefault((r.sft_start, r.seed), []).append(p)
-        got = fit(label, by_unit, n_boot=n_boot, alpha=plan.alpha)
+        got = fit(label, by_unit, n_boot=n_boot, ci_alpha=plan.alpha)
         if not by_unit:
             got.no_fit = "no run has a step-0 eval/gold to measure the change from"
         out.append(got)
