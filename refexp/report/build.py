@@ -19,7 +19,7 @@ from refexp.report.reading.setup import setup_rows
 from refexp.report.statistics import own_change
 from refexp.report.statistics import selection
 from refexp.report.statistics.summary import AlgoTable, summarize
-from refexp.report.writing import frontier_report
+from refexp.report.writing import frontier_report, gao_section
 from refexp.report.writing.plots import make_plots
 from refexp.report.writing.render import write_all
 
@@ -68,6 +68,8 @@ class Report:
     """algo -> SFT start -> the table and verdicts of that start's runs alone (with several starts only)."""
     configs: list[ConfigHistory] = field(default_factory=list)
     """The experiment files the runs were launched with, against when the first run began (``config_history``)."""
+    gao: Optional[gao_section.GaoSection] = None
+    """Gao et al.'s RL form fitted per reference strategy, when runs log ``eval/gold`` (``statistics/gao.py``)."""
 
     @property
     def shown_dir(self) -> str:
@@ -169,6 +171,6 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
             if (oc := own_change.own_changes(by_algo[algo], plan.counts, alpha=plan.alpha, margin=plan.margin))}
     within = {algo: _within_starts(algo, by_algo[algo], target, plan, extra) for algo in tables}
     report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan, frontier, kept,
-                    {algo: w for algo, w in within.items() if w}, configs)
+                    {algo: w for algo, w in within.items() if w}, configs, gao_section.make(runs, plan, plots_dir))
     write_all(report)
     return report

@@ -13,14 +13,17 @@ from typing import Optional
 from refexp.record.provenance import provenance
 
 REPORT_VERSION = 4
-"""Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version``
-in their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
+"""Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version`` in
+their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
 inconclusive), primary contrasts (``comparison.primary``) form the verdict family and the first screen, every other
 table is secondary, ``none`` at several β is one group, the how-to-read text comes last. 2: the headline is
 ``comparison.metric``'s final value (any held-out metric with per-prompt outcomes, e.g. ``eval/gold``), named on the
-first screen and in summary.json's ``comparison.metric``; the other such metrics are endpoints of their own. 4: the
-tuned comparison states its validation budget (``comparison.select.budget``: the first N validation prompts, or a
-refusal), and each arm's oracle choice (on the test metric: an upper bound) has its own section."""
+first screen and in summary.json's ``comparison.metric``; the other such metrics are endpoints of their own. 3: the
+primary contrasts at a declared matched drift (``comparison.matched``) and the setup block's experiment-config line
+(its last commit against the runs' first start). 4: the tuned comparison states its validation budget
+(``comparison.select.budget``: the first N validation prompts, or a refusal), and each arm's oracle choice (on the
+test metric: an upper bound) has its own section; runs that log ``eval/gold`` get Gao et al.'s RL form fitted per
+reference strategy (``statistics/gao.py``: a table, a plot, summary.json's ``gao``)."""
 
 
 def rendered_by(version: int = REPORT_VERSION, commit: Optional[str] = "current") -> dict:

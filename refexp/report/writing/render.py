@@ -19,7 +19,7 @@ from refexp.report.reading.reduce import COLUMNS, TAIL
 from refexp.report.statistics import own_change
 from refexp.report.statistics.summary import DEFAULT_TARGET_MARGIN
 from refexp.report.version import rendered_by
-from refexp.report.writing import first_screen, frontier_report
+from refexp.report.writing import first_screen, frontier_report, gao_section
 from refexp.report.writing.frontier_report import WITHIN_START
 from refexp.report.writing.table import error_cell, header_and_cells
 
@@ -200,6 +200,8 @@ def render_markdown(report) -> str:
             out += _md_table(header_s, body_s) + [""]
     if report.frontier is not None:
         out += frontier_report.markdown(report.frontier, report.sweep_dir, _md_table)
+    if report.gao is not None:
+        out += gao_section.markdown(report.gao, report.sweep_dir, _md_table)
     samples = _sample_rows(report)
     if samples:
         out += ["## What the models wrote", "",
@@ -269,6 +271,8 @@ def render_html(report) -> str:
             parts.append(_html_table(*header_and_cells(inside)))
     if report.frontier is not None:
         parts += frontier_report.html_parts(report.frontier, _html_table, _data_uri)
+    if report.gao is not None:
+        parts += gao_section.html_parts(report.gao, _html_table, _data_uri)
     samples = _sample_rows(report)
     if samples:
         parts += ["<h2>What the models wrote</h2>", _html_table(_SAMPLE_HEADER, samples, "bad")]
@@ -353,6 +357,7 @@ def summary_dict(report) -> dict:
         "notes": report.notes,
         "frontier": (frontier_report.summary(report.frontier, report.sweep_dir)
                      if report.frontier is not None else None),
+        "gao": gao_section.summary(report.gao, report.sweep_dir) if report.gao is not None else None,
     }
 
 
