@@ -661,3 +661,17 @@ def test_gold_and_proxy_are_drawn_against_kl_init_when_runs_log_a_gold_reward(tm
 def test_no_gold_plot_without_a_gold_reward(sweep):
     _, _, report = sweep
     assert "gold" not in report.plots["grpo"]
+
+
+def test_the_setup_block_says_a_pretrained_checkpoint_replaced_the_flavors_shapes():
+    """model=smollm2_135m keeps model.flavor's default (debugmodel) while its shapes come from the checkpoint's
+    config.json: the setup block must not present the run as the debug model."""
+    from types import SimpleNamespace
+
+    from refexp.report.reading.setup import _value
+
+    pretrained = SimpleNamespace(config={"model": {"name": "llama3", "flavor": "debugmodel", "pretrained": "smollm2_135m",
+                                                   "hf_assets_path": "/cache/pretrained/smollm2_135m-abc-v1"}})
+    assert _value(pretrained, "model.flavor") == "debugmodel, its shapes replaced by the checkpoint's config.json"
+    assert _value(pretrained, "model.pretrained") == "smollm2_135m"
+    assert _value(SimpleNamespace(config={"model": {"flavor": "debugmodel"}}), "model.flavor") == "debugmodel"

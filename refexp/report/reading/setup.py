@@ -20,7 +20,8 @@ from refexp.report.reading.load import Run, _get, natural_key
 from refexp.report.reading.plan import ComparisonPlan, threads
 
 FIELDS: tuple[tuple[str, str], ...] = (
-    ("model", "model.name"), ("flavor", "model.flavor"), ("hf checkpoint", "model.hf_assets_path"),
+    ("model", "model.name"), ("pretrained", "model.pretrained"), ("flavor", "model.flavor"),
+    ("hf checkpoint", "model.hf_assets_path"),
     ("task", "task.name"), ("demonstration slip", "task.demo_slip"),
     ("steps", "training.steps"), ("lr", "training.lr"), ("beta", "algo.beta"),
     ("loss", "algo.loss_type"), ("prompts x group", None), ("pairs per step", "algo.pairs_per_step"),
@@ -30,6 +31,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
 
 
 def _value(run: Run, key: str | None) -> Any:
+    if key == "model.flavor" and _get(run.config, "model.hf_assets_path"):  # config.json overrides its shapes
+        return f"{_get(run.config, key)}, its shapes replaced by the checkpoint's config.json"
     if key is None:
         p, g = _get(run.config, "algo.prompts_per_step"), _get(run.config, "algo.group_size")
         return f"{p} x {g}" if p is not None and g is not None else None
