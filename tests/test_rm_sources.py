@@ -74,7 +74,9 @@ def test_the_sources_are_mixed_into_one_split_by_prompt_and_counted_in_rm_json(t
                 if src == si]
         assert sorted((p, c) for p, c, _ in mine) == sorted(zip(s["prompts"], s["texts"]))
         assert record["positive_rate"] == pytest.approx(sum(y for *_, y in mine) / len(mine))
-        bad = [not (st and t.strip() == t and t.lstrip("-").isdigit()) for t, st in zip(s["texts"], s["stopped"])]
+        width = {p: len(p.split("+")[0]) + 1 for p in s["prompts"]}  # the small task's 1-digit sums: 2 digits
+        bad = [not (st and t.isdigit() and len(t) == width[p])
+               for p, t, st in zip(s["prompts"], s["texts"], s["stopped"])]
         assert record["format_invalid"] == pytest.approx(sum(bad) / len(bad))
         assert 0.0 <= record["val_accuracy"] <= 1.0
     weights = [s["samples"] for s in summary["sources"]]
@@ -165,14 +167,16 @@ def test_bad_temperatures_are_one_error_naming_the_field(tmp_path, capsys):
         to_object(compose_root("rm.num_samples=16", "rm.temperatures=[0.7,1.0,1.5]"))
 
 
-def test_well_formed_is_the_embedded_tasks_digits_then_the_stop_token():
-    assert rm_sources.well_formed("arithmetic", "0359", stopped=True)
-    assert rm_sources.well_formed("arithmetic", "-05", stopped=True)
-    assert not rm_sources.well_formed("arithmetic", "0359", stopped=False)  # cut off by task.max_new_tokens
-    assert not rm_sources.well_formed("arithmetic", "03+9", stopped=True)
-    assert not rm_sources.well_formed("arithmetic", "", stopped=True)
-    assert not rm_sources.well_formed("arithmetic", " 359", stopped=True)
-    assert rm_sources.well_formed("gsm8k", "#### 5", stopped=True) is None  # no cheap notion: not recorded
+def test_well_formed_is_the_embedded_tasks_zero_padded_digits_then_the_stop_token():
+    assert rm_sources.well_formed("arithmetic", "0359", stopped=True, demonstration="0359")
+    assert rm_sources.well_formed("arithmetic", "1000", stopped=True, demonstration="0359")  # wrong, well formed
+    assert not rm_sources.well_formed("arithmetic", "0359", stopped=False, demonstration="0359")  # cut off
+    assert not rm_sources.well_formed("arithmetic", "11986", stopped=True, demonstration="1191")  # another width
+    assert not rm_sources.well_formed("arithmetic", "359", stopped=True, demonstration="0359")
+    assert not rm_sources.well_formed("arithmetic", "03+9", stopped=True, demonstration="0359")
+    assert not rm_sources.well_formed("arithmetic", "", stopped=True, demonstration="0359")
+    assert not rm_sources.well_formed("arithmetic", "٣٥٩٠", stopped=True, demonstration="0359")  # non-ASCII digits
+    assert rm_sources.well_formed("gsm8k", "#### 5", stopped=True, demonstration="#### 5") is None  # not recorded
 
 
 def test_the_held_out_interval_is_students_t_over_per_prompt_accuracies():

@@ -24,7 +24,6 @@ from refexp.components.rollout import build_engine
 from refexp.config import ConfigError, RMStageConfig
 from refexp.record.layout import RESOLVED_CONFIG
 from refexp.record.resolved_config import read_resolved_config
-from refexp.tasks.rewards import parse_integer
 from refexp.titan.checkpoint_dirs import is_hf_dir
 
 RM_KEY = 9_191
@@ -72,14 +71,15 @@ def sources(rm: RMStageConfig) -> list[Source]:
     return [Source(m, float(t)) for m in models for t in rm.temperatures]
 
 
-def well_formed(task_name: str, text: str, stopped: bool) -> Optional[bool]:
+def well_formed(task_name: str, text: str, stopped: bool, demonstration: str) -> Optional[bool]:
     """Whether a completion has the task's answer format, None where the task has no cheap notion of one. The
-    embedded arithmetic (``refexp/tasks/arithmetic.py``'s ``format_problem``): an integer the verifier parses
-    (``parse_integer``: digits, an optional ``-``), nothing around it, then the stop token; a completion cut off by
-    ``task.max_new_tokens`` is not."""
+    embedded arithmetic (``refexp/tasks/arithmetic.py``'s ``format_problem``): ASCII digits as many as the
+    demonstration's zero-padded answer (``0359`` for ``042+317=``), then the stop token. A completion cut off by
+    ``task.max_new_tokens``, with anything but digits, or of another width (the 5-digit sums a policy optimising a
+    weak proxy wrote, docs/reward-models.md) is not."""
     if task_name != "arithmetic":
         return None
-    return stopped and text == text.strip() and parse_integer(text) is not None
+    return stopped and text.isascii() and text.isdigit() and len(text) == len(demonstration)
 
 
 def labelled_samples(ctx: RunContext, sft_dir: Path) -> tuple[dict, dict, list[dict]]:
@@ -107,6 +107,7 @@ def labelled_samples(ctx: RunContext, sft_dir: Path) -> tuple[dict, dict, list[d
         rows = task.train.select(ids)
         prompts = [p for p in rows["prompt"] for _ in range(a.samples_per_prompt)]
         answers = [x for x in rows["answer"] for _ in range(a.samples_per_prompt)]
+        demos = [x for x in rows["completion"] for _ in range(a.samples_per_prompt)]
         pids = [pid for pid in ids for _ in range(a.samples_per_prompt)]
         keys = [(a.seed, RM_KEY, pid, g) for pid in ids for g in range(a.samples_per_prompt)]
         texts, stopped = _sample(ctx, sft_dir if src.model == START else Path(src.model), prompts, keys,
@@ -116,7 +117,7 @@ def labelled_samples(ctx: RunContext, sft_dir: Path) -> tuple[dict, dict, list[d
         if bad is not None:
             raise ConfigError(f"algo=rm trains on the verifier's labels in [0, 1] (binary cross-entropy), and the "
                               f"task's reward gave {bad}: use a task whose reward is a correctness score (task.reward)")
-        formed = [well_formed(ctx.cfg.task.name, t, s) for t, s in zip(texts, stopped)]
+        formed = [well_formed(ctx.cfg.task.name, t, s, d) for t, s, d in zip(texts, stopped, demos)]
         per_source.append({
             "model": src.model, "temperature": src.temperature, "samples": len(texts), "prompts": per,
             "positive_rate": sum(labels) / len(labels),
