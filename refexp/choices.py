@@ -58,6 +58,15 @@ refused, naming today's (``config.errors.one_of``); a run dir recorded with one 
 report (``refexp/report/reading/load.py``) and when a rerun resumes it (``refexp/config/diff.py``)."""
 
 
+RENAMED_FIELDS: dict[str, str] = {"rm.temperature": "rm.temperatures (a list: rm.temperatures=[0.7])"}
+"""Dotted field -> what replaced it: a config that sets the old field is refused with this named."""
+
+
+def renamed_field_hint(field_name: str) -> str:
+    """``: replaced by <today's>`` for a field in ``RENAMED_FIELDS``, else ``""``."""
+    return f": replaced by {RENAMED_FIELDS[field_name]}" if field_name in RENAMED_FIELDS else ""
+
+
 def current_choice(field_name: str, value: Any) -> Any:
     """``value`` of the dotted ``field_name`` under today's name (``RENAMED_CHOICES``); other values unchanged."""
     return RENAMED_CHOICES.get(field_name, {}).get(value, value) if isinstance(value, str) else value

@@ -161,7 +161,7 @@ def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:
     Those stay here because the config layer sits below them: the degrees against the launched world size
     and the model's shapes against the parallelism need torchtitan (``ParallelDims``, the flavor's model
     args or the checkpoint's ``config.json``); the task's sources need the datasets Hub and the reward hook's
-    import; the rerun check needs the run dir's saved config. ``cfg``: ``to_object(dcfg)`` when already made."""
+    import; ``rm.policies`` need their dirs read; the rerun check needs the run dir's saved config. ``cfg``: ``to_object(dcfg)`` when already made."""
     cfg = cfg or to_object(dcfg)
     if cfg.run_dir is None:
         raise ConfigError("run_dir is not set (run through `refexp`, or pass run_dir=DIR)")
@@ -176,6 +176,10 @@ def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:
     from refexp.tasks.sources import check_sources
 
     check_sources(cfg.task)  # local paths, Hub ids (reachable?), the task.reward hook
+    if cfg.rm.policies:  # the reward-model stage's policies: each an HF export, before any model samples
+        from refexp.algos.rm_sources import policy_dirs
+
+        policy_dirs(cfg.rm)
     check_rerun_config(dcfg, Path(cfg.run_dir))
     check_rerun_steps(cfg, Path(cfg.run_dir))
     return cfg

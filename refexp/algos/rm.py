@@ -1,5 +1,6 @@
-"""The reward-model stage (the root ``rm`` block): a reward model for the task, trained from the start (SFT) model's own
-samples labelled by the task's verifier, cached under ``<cache>/rm/<hash>/`` like the SFT stage and exported as an HF
+"""The reward-model stage (the root ``rm`` block): a reward model for the task, trained on samples of the start (SFT)
+model, at one or several temperatures and optionally of policies (``refexp/algos/rm_sources.py``), labelled by the
+task's verifier, cached under ``<cache>/rm/<hash>/`` like the SFT stage and exported as an HF
 sequence-classification checkpoint (``<dir>/hf``) that ``task.reward_model`` loads (docs/reward-models.md).
 ``algo=rm`` runs only this stage; ``task.reward_model=rm`` finds it (or trains it) at a GRPO run's start.
 
@@ -12,7 +13,8 @@ on the logit (the verifier's label is the target, so the logit is the log-odds t
 ``rm.num_samples`` sets how many labelled samples it sees: fewer make a weaker proxy for GRPO to exploit.
 
 A share of the prompts (``rm.val_fraction``, with all their samples) is held out; the weights of the lowest
-held-out loss are kept, as the SFT stage keeps its best-on-validation weights. The task's test split is not read.
+held-out loss are kept, as the SFT stage keeps its best-on-validation weights, and their held-out accuracy is
+recorded with an interval over prompts (``refexp/algos/rm_accuracy.py``). The task's test split is not read.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from refexp.algos.rm_accuracy import prompt_interval
+from refexp.algos.rm_sources import labelled_samples, policy_dirs
 from refexp.algos.sft import read_sft_summary
 from refexp.components.context import RunContext
 from refexp.components.metric_logger import MetricLogger
-from refexp.components.models import build_frozen
-from refexp.components.rollout import build_engine
 from refexp.components.timing import now
 from refexp.config import ConfigError
 from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
@@ -38,12 +40,11 @@ from refexp.record.cache_dirs import marker_check, verified_entry, write_entry_m
 from refexp.record.hashing import stable_hash
 from refexp.record.lock import FileLock
 from refexp.record.metrics import read_metrics
+from refexp.record.pins import content_hash
 from refexp.tasks import task_fingerprint
 from refexp.tasks.reward_model import (load_sequence_classifier, quiet_transformers, reward_model_inputs,
                                        reward_model_texts)
 
-RM_KEY = 9_191
-"""The sampling-key namespace of the labelled samples (distinct from training rollouts and ``kl/init``'s)."""
 _rm_cached = marker_check("rm.json")
 """Whether a reward-model dir is complete (``rm.json`` is written last)."""
 
@@ -60,13 +61,16 @@ def start_hf_dir(sft_dir: Path) -> Path:
 
 def rm_fingerprint(ctx: RunContext, sft_dir: Path) -> str:
     """Hash of what determines the reward model: the start model (its dir in the cache and what its ``sft.json``
-    says), the task's data and verifier, the ``rm`` block, the generation budget, the rollout engine and the clip
-    (``training.max_norm``)."""
+    says), the task's data and verifier, the ``rm`` block (its temperatures and policies among it), each policy's
+    HF export and the sha256 of its weights (a policy re-exported under the same path is another proxy), the
+    generation budget, the rollout engine and the clip (``training.max_norm``)."""
     cfg = ctx.cfg
+    policies = [{"dir": str(d), "sha256": content_hash(d)} for d in policy_dirs(cfg.rm)]
     key = {"start": str(Path(sft_dir).resolve()), "start_summary": read_sft_summary(sft_dir),
-           "task": task_fingerprint(cfg.task), "rm": asdict(cfg.rm), "max_new_tokens": ctx.task.max_new_tokens,
-           "rollout": asdict(cfg.rollout), "chat_template": cfg.task.chat_template, "max_norm": cfg.training.max_norm,
-           "version": 1}
+           "task": task_fingerprint(cfg.task), "rm": asdict(cfg.rm), "policies": policies,
+           "max_new_tokens": ctx.task.max_new_tokens, "rollout": asdict(cfg.rollout),
+           "chat_template": cfg.task.chat_template, "max_norm": cfg.training.max_norm,
+           "version": 2}  # 2: several sources, rm.json's per-source records and interval
     return stable_hash(key, 16)
 
 
@@ -98,48 +102,25 @@ def run_rm(ctx: RunContext, sft_dir: Path) -> dict:
     summary = read_rm_summary(out)
     hf = out / "hf"
     if ctx.dist.is_rank0:
-        print(f"[refexp] reward model: {hf} (held-out label accuracy {summary['val_accuracy']:.3f} on "
-              f"{summary['val_samples']} samples; {summary['train_samples']} training samples, "
-              f"{summary['positive_rate']:.3f} of them correct); use it with task.reward_model={hf}")
+        print(f"[refexp] reward model: {hf} ({held_out_line(summary)}; {summary['train_samples']} training samples "
+              f"from {len(summary['sources'])} source(s), {summary['positive_rate']:.3f} of all samples correct); "
+              f"use it with task.reward_model={hf}")
     return {"rm/val_accuracy": summary["val_accuracy"], "rm/val_loss": summary["val_loss"],
             "rm/positive_rate": summary["positive_rate"], "rm/dir": str(hf), "step": summary["steps"]}
+
+
+def held_out_line(summary: dict) -> str:
+    """``rm.json``'s held-out accuracy in words, e.g. ``held-out label accuracy 0.812 [0.771, 0.853] (95%, over 64
+    prompts; 256 samples)``."""
+    ci = summary["val_accuracy_interval"]
+    interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci is not None else ""
+    return (f"held-out label accuracy {summary['val_accuracy']:.3f}{interval} (95%, over {summary['val_prompts']} "
+            f"prompts; {summary['val_samples']} samples)")
 
 
 def read_rm_summary(rm_dir: Path) -> dict:
     """The ``rm.json`` a reward-model dir ends with (``train_rm``)."""
     return json.loads((Path(rm_dir) / "rm.json").read_text())
-
-
-def labelled_samples(ctx: RunContext, sft_dir: Path) -> tuple[dict, dict]:
-    """``(train, val)``, each ``{"prompts", "completions", "labels"}``: ``rm.samples_per_prompt`` completions of
-    the start model for each of ``rm.num_samples / samples_per_prompt`` training prompts (a seeded draw), labelled by
-    the verifier (``Task.verify``); the last ``rm.val_fraction`` of the prompts held out with their samples."""
-    a, task = ctx.cfg.rm, ctx.task
-    n_prompts = min(len(task.train), max(2, a.num_samples // a.samples_per_prompt))
-    order = torch.randperm(len(task.train), generator=torch.Generator().manual_seed(a.seed))[:n_prompts].tolist()
-    rows = task.train.select(order)
-    prompts = [p for p in rows["prompt"] for _ in range(a.samples_per_prompt)]
-    answers = [x for x in rows["answer"] for _ in range(a.samples_per_prompt)]
-    keys = [(a.seed, RM_KEY, pid, g) for pid in order for g in range(a.samples_per_prompt)]
-    model = build_frozen(ctx, sft_dir)
-    engine = build_engine(ctx.cfg.rollout, model, task.tokenizer)
-    texts: list[str] = []
-    for s in range(0, len(prompts), 256):
-        texts += engine.generate(prompts[s:s + 256], max_new_tokens=task.max_new_tokens, temperature=a.temperature,
-                                 keys=keys[s:s + 256]).texts
-    del model, engine
-    labels = task.verify(texts, answers, prompts)
-    bad = next((x for x in labels if not 0.0 <= x <= 1.0), None)
-    if bad is not None:
-        raise ConfigError(f"algo=rm trains on the verifier's labels in [0, 1] (binary cross-entropy), and the task's "
-                          f"reward gave {bad}: use a task whose reward is a correctness score (task.reward)")
-    n_val = min(n_prompts - 1, max(1, round(a.val_fraction * n_prompts))) * a.samples_per_prompt
-    cut = len(prompts) - n_val
-
-    def part(sl: slice) -> dict:
-        return {"prompts": prompts[sl], "completions": texts[sl], "labels": torch.tensor(labels[sl])}
-
-    return part(slice(0, cut)), part(slice(cut, None))
 
 
 def _batch_loss(model, tokenizer, texts: list[str], labels: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,17 +130,19 @@ def _batch_loss(model, tokenizer, texts: list[str], labels: torch.Tensor, device
 
 
 @torch.no_grad()
-def _held_out(model, tokenizer, texts: list[str], labels: torch.Tensor, device, batch_size: int) -> dict[str, float]:
-    """``rm/val_loss`` (mean BCE) and ``rm/val_accuracy`` (the logit's sign agrees with label > 0.5)."""
+def _held_out(model, tokenizer, texts: list[str], labels: torch.Tensor, device, batch_size: int
+              ) -> tuple[dict[str, float], list[bool]]:
+    """(``rm/val_loss`` (mean BCE) and ``rm/val_accuracy``, whether each sample's logit sign agrees with its
+    label > 0.5 [N])."""
     model.eval()
-    loss_sum, right = 0.0, 0
+    loss_sum, right = 0.0, []
     for s in range(0, len(texts), batch_size):
         y = labels[s:s + batch_size]
         loss, logits = _batch_loss(model, tokenizer, texts[s:s + batch_size], y, device)
         loss_sum += float(loss) * len(y)
-        right += int(((logits.cpu() > 0) == (y > 0.5)).sum())
+        right += ((logits.cpu() > 0) == (y > 0.5)).tolist()
     model.train()
-    return {"rm/val_loss": loss_sum / len(texts), "rm/val_accuracy": right / len(texts)}
+    return {"rm/val_loss": loss_sum / len(texts), "rm/val_accuracy": sum(right) / len(texts)}, right
 
 
 def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
@@ -168,7 +151,7 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     cfg, a, device = ctx.cfg, ctx.cfg.rm, ctx.device
     t0 = now(device)
     out_dir.mkdir(parents=True, exist_ok=True)
-    train, val = labelled_samples(ctx, sft_dir)
+    train, val, per_source = labelled_samples(ctx, sft_dir)
     torch.manual_seed(a.seed)  # the fresh score head
     model, tokenizer = load_sequence_classifier(str(start_hf_dir(sft_dir)), torch.float32, device)
     model.train()
@@ -179,7 +162,7 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     log = MetricLogger(out_dir, enabled=True)
     positive_rate = float(torch.cat([train["labels"], val["labels"]]).mean())
     best = {"rm/val_loss": math.inf}
-    best_state, best_step = None, 0
+    best_state, best_step, best_right = None, 0, []
     val_losses: list[float] = []
     gen = torch.Generator().manual_seed(a.seed)
     order: list[int] = []
@@ -196,9 +179,10 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
         if step == 1:
             row["rm/positive_rate"] = positive_rate
         if step % a.eval_every == 0 or step == a.steps:
-            row.update(_held_out(model, tokenizer, val_texts, val["labels"], device, a.batch_size))
+            measured, right = _held_out(model, tokenizer, val_texts, val["labels"], device, a.batch_size)
+            row.update(measured)
             if row["rm/val_loss"] < best["rm/val_loss"]:
-                best, best_step = {k: row[k] for k in ("rm/val_loss", "rm/val_accuracy")}, step
+                best, best_step, best_right = {k: row[k] for k in ("rm/val_loss", "rm/val_accuracy")}, step, right
                 best_state = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
         log.log(row, step=step)
         if "rm/val_loss" in row:
@@ -211,10 +195,16 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     with quiet_transformers():
         model.save_pretrained(out_dir / "hf")  # safetensors, config.json (one label, pad id)
     tokenizer.save_pretrained(out_dir / "hf")
+    held_out = prompt_interval(best_right, val["prompt_ids"])
+    for si, record in enumerate(per_source):  # each source's share of the held-out samples, at the kept step
+        mine = [i for i, s in enumerate(val["sources"]) if s == si]
+        record["val_accuracy"] = prompt_interval([best_right[i] for i in mine],
+                                                 [val["prompt_ids"][i] for i in mine])["accuracy"]
     summary = {"steps": a.steps, "kept_step": best_step, "val_loss": best["rm/val_loss"],
-               "val_accuracy": best["rm/val_accuracy"], "train_samples": len(train_texts),
-               "val_samples": len(val_texts), "positive_rate": positive_rate, "wall_s": now(device) - t0,
-               "start": str(sft_dir)}
+               "val_accuracy": held_out["accuracy"], "val_accuracy_interval": held_out["interval"],
+               "val_prompts": held_out["prompts"], "train_samples": len(train_texts),
+               "val_samples": len(val_texts), "positive_rate": positive_rate, "sources": per_source,
+               "wall_s": now(device) - t0, "start": str(sft_dir)}
     log.close()
     write_json_atomic(out_dir / "rm.json", summary)
     return summary

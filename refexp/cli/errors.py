@@ -18,6 +18,7 @@ import re
 import sys
 from pathlib import Path
 
+from refexp.choices import renamed_field_hint
 from refexp.cli.compose import CommandLine, hydra_initialized, parse_command_line
 
 NOT_A_RUN = ("--help", "-h", "--hydra-help", "--version", "-sc", "--shell-completion", "--info", "-i")
@@ -40,8 +41,8 @@ def hydra_message_line(message: str) -> str:
     key = re.search(r"Key '([^']+)' not in '([^']+)'", text)
     if key:
         name = full.group(1) if full else key.group(1)
-        return (f"{name} is not a field of {key.group(2)} (refexp --help lists the groups and common fields; "
-                f"refexp --cfg job prints every field)")
+        return (f"{name} is not a field of {key.group(2)}{renamed_field_hint(name)} (refexp --help lists the groups "
+                f"and common fields; refexp --cfg job prints every field)")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Set the environment")]
     return "; ".join(lines[:3]) if lines else text
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import check, non_negative, positive_int
@@ -122,12 +123,17 @@ class RMStageConfig:
     at a GRPO run's start; refexp/algos/rm.py, docs/reward-models.md)."""
 
     num_samples: int = 2048
-    """Labelled samples: completions of the start (SFT) model, each scored by the verifier. Fewer make a weaker,
-    more exploitable proxy."""
+    """Labelled samples in all, each scored by the verifier, shared equally by the sources (``temperatures``,
+    ``policies``). Fewer make a weaker, more exploitable proxy."""
     samples_per_prompt: int = 4
-    """Completions sampled per training prompt (``num_samples / samples_per_prompt`` prompts)."""
-    temperature: float = 1.0
-    """Sampling temperature of those completions."""
+    """Completions sampled per prompt (``num_samples / samples_per_prompt`` prompts, each given to one source)."""
+    temperatures: list[float] = field(default_factory=lambda: [1.0])
+    """Sampling temperatures: every model (the start model, then each of ``policies``) samples at each of them,
+    one source per (model, temperature), each on its own share of the prompts."""
+    policies: list[str] = field(default_factory=list)
+    """Policies whose samples are added to the start model's, so the reward model also sees what an optimised
+    policy writes: each an HF export (``config.json`` + safetensors, e.g. a GRPO run's ``checkpoint/hf`` written
+    with ``checkpoint.last_save_in_hf=true``) or a run dir holding one; checked before any sampling."""
     val_fraction: float = 0.125
     """Share of the prompts (with all their samples) held out to measure the reward model and keep its best step."""
     steps: int = 300
@@ -146,9 +152,20 @@ class RMStageConfig:
     def __post_init__(self) -> None:
         positive_int("rm.num_samples", self.num_samples)
         positive_int("rm.samples_per_prompt", self.samples_per_prompt)
-        check(self.num_samples >= 2 * self.samples_per_prompt, "rm.num_samples", self.num_samples,
-              f"at least 2 x rm.samples_per_prompt={self.samples_per_prompt} (a training and a held-out prompt)")
-        check(self.temperature > 0, "rm.temperature", self.temperature, "a number > 0")
+        check(isinstance(self.temperatures, (list, tuple)) and len(self.temperatures) > 0, "rm.temperatures",
+              self.temperatures, "a non-empty list of numbers > 0, e.g. [0.7,1.0,1.5]")
+        for t in self.temperatures:
+            check(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0,
+                  "rm.temperatures[]", t, "a number > 0")
+        check(len(set(self.temperatures)) == len(self.temperatures), "rm.temperatures", self.temperatures,
+              "distinct numbers (each temperature is one source of samples)")
+        check(isinstance(self.policies, (list, tuple)), "rm.policies", self.policies, "a list of dirs")
+        for i, d in enumerate(self.policies):
+            check(isinstance(d, str) and d != "", f"rm.policies[{i}]", d, "a dir path (an HF export or a run dir)")
+        n_sources = (1 + len(self.policies)) * len(self.temperatures)
+        check(self.num_samples >= n_sources * self.samples_per_prompt * 2, "rm.num_samples", self.num_samples,
+              f"at least 2 x rm.samples_per_prompt={self.samples_per_prompt} x the {n_sources} sources "
+              f"((1 + len(rm.policies)) x len(rm.temperatures)): a training and a held-out prompt of each")
         check(0 < self.val_fraction < 1, "rm.val_fraction", self.val_fraction, "a number in (0, 1)")
         positive_int("rm.steps", self.steps)
         positive_int("rm.batch_size", self.batch_size)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from refexp.choices import DPO_REFERENCE_FREE_LOSSES, REFERENCE_STRATEGIES
+from refexp.choices import DPO_REFERENCE_FREE_LOSSES, REFERENCE_STRATEGIES, renamed_field_hint
 
 from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig
 from .blocks import EvalConfig, RMStageConfig, SFTConfig
@@ -174,7 +174,8 @@ def check_known_fields(cfg: DictConfig, path: str = "") -> None:
             continue
         full = f"{path}.{key}" if path else str(key)
         if key not in known:
-            raise ConfigError(f"{full} is not a field of {_describe(path, schema)} (its fields: {', '.join(known)})")
+            raise ConfigError(f"{full} is not a field of {_describe(path, schema)}{renamed_field_hint(full)} "
+                              f"(its fields: {', '.join(known)})")
         if OmegaConf.is_missing(cfg, key) or OmegaConf.is_interpolation(cfg, key):
             continue
         child = cfg[key]
