@@ -9,12 +9,15 @@ completions of the training prompts from the generator, label each by whether it
 train a scalar head on the generator's own backbone to predict that label. Here the backbone is the start model's
 HF export loaded through transformers as ``AutoModelForSequenceClassification`` (e.g. ``LlamaForSequenceClassification``:
 the decoder plus a fresh linear ``score`` head on the last token), every weight trained with binary cross-entropy
-on the logit (the verifier's label is the target, so the logit is the log-odds that a completion is correct).
+on the logit (the verifier's label is the target, so the logit is the log-odds that a completion is correct), or,
+with ``rm.loss=pairwise``, with the Bradley-Terry loss on the (right, wrong) pairs of completions of one prompt: the
+order GRPO's within-prompt normalisation reads (``refexp/algos/rm_pairs.py``).
 ``rm.num_samples`` sets how many labelled samples it sees: fewer make a weaker proxy for GRPO to exploit.
 
 A share of the prompts (``rm.val_fraction``, with all their samples) is held out; the weights of the lowest
-held-out loss are kept, as the SFT stage keeps its best-on-validation weights, and their held-out accuracy is
-recorded with an interval over prompts (``refexp/algos/rm_accuracy.py``). The task's test split is not read.
+held-out loss (``bce``) or pair accuracy (``pairwise``) are kept, as the SFT stage keeps its best-on-validation weights, and their held-out
+label accuracy is recorded with an interval over prompts (``refexp/algos/rm_accuracy.py``), beside their
+within-prompt pair accuracy (``refexp/algos/rm_pairs.py``). The task's test split is not read.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from refexp.algos.rm_accuracy import prompt_interval
+from refexp.algos.rm_pairs import is_right, pair_accuracy, pair_index, pairwise_loss
 from refexp.algos.rm_sources import labelled_samples, policy_dirs
 from refexp.algos.sft import read_sft_summary
 from refexp.components.context import RunContext
@@ -61,13 +65,18 @@ def start_hf_dir(sft_dir: Path) -> Path:
 
 def rm_fingerprint(ctx: RunContext, sft_dir: Path) -> str:
     """Hash of what determines the reward model: the start model (its dir in the cache and what its ``sft.json``
-    says), the task's data and verifier, the ``rm`` block (its temperatures and policies among it), each policy's
+    says), the task's data and verifier, the ``rm`` block (its temperatures, policies and loss among it), each policy's
     HF export and the sha256 of its weights (a policy re-exported under the same path is another proxy), the
     generation budget, the rollout engine and the clip (``training.max_norm``)."""
     cfg = ctx.cfg
     policies = [{"dir": str(d), "sha256": content_hash(d)} for d in policy_dirs(cfg.rm)]
+    rm = asdict(cfg.rm)
+    if rm["loss"] == "bce":  # the default leaves the key of the models cached before rm.loss existed as it was
+        del rm["loss"]
+    else:  # pairwise keeps the step of the best held-out pair accuracy (_better)
+        rm["kept_by"] = "val_pair_accuracy"
     key = {"start": str(Path(sft_dir).resolve()), "start_summary": read_sft_summary(sft_dir),
-           "task": task_fingerprint(cfg.task), "rm": asdict(cfg.rm), "policies": policies,
+           "task": task_fingerprint(cfg.task), "rm": rm, "policies": policies,
            "max_new_tokens": ctx.task.max_new_tokens, "rollout": asdict(cfg.rollout),
            "chat_template": cfg.task.chat_template, "max_norm": cfg.training.max_norm,
            "version": 2}  # 2: several sources, rm.json's per-source records and interval
@@ -105,17 +114,25 @@ def run_rm(ctx: RunContext, sft_dir: Path) -> dict:
         print(f"[refexp] reward model: {hf} ({held_out_line(summary)}; {summary['train_samples']} training samples "
               f"from {len(summary['sources'])} source(s), {summary['positive_rate']:.3f} of all samples correct); "
               f"use it with task.reward_model={hf}")
-    return {"rm/val_accuracy": summary["val_accuracy"], "rm/val_loss": summary["val_loss"],
-            "rm/positive_rate": summary["positive_rate"], "rm/dir": str(hf), "step": summary["steps"]}
+    final = {"rm/val_accuracy": summary["val_accuracy"], "rm/val_loss": summary["val_loss"],
+             "rm/positive_rate": summary["positive_rate"], "rm/dir": str(hf), "step": summary["steps"]}
+    if summary.get("val_pair_accuracy") is not None:
+        final["rm/val_pair_accuracy"] = summary["val_pair_accuracy"]
+    return final
 
 
 def held_out_line(summary: dict) -> str:
-    """``rm.json``'s held-out accuracy in words, e.g. ``held-out label accuracy 0.812 [0.771, 0.853] (95%, over 64
-    prompts; 256 samples)``."""
+    """``rm.json``'s held-out accuracies in words, e.g. ``held-out label accuracy 0.812 [0.771, 0.853] (95%, over 64
+    prompts; 256 samples); within-prompt pair accuracy 0.640 over 212 pairs of 41 prompts``."""
     ci = summary["val_accuracy_interval"]
     interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci is not None else ""
+    pairs = ""
+    if "val_pair_accuracy" in summary:  # absent from an rm.json written before it was recorded
+        pair = summary["val_pair_accuracy"]
+        pairs = (f"; within-prompt pair accuracy {pair:.3f} over {summary['val_pairs']} pairs of "
+                 f"{summary['val_pair_prompts']} prompts" if pair is not None else "; no within-prompt pairs")
     return (f"held-out label accuracy {summary['val_accuracy']:.3f}{interval} (95%, over {summary['val_prompts']} "
-            f"prompts; {summary['val_samples']} samples)")
+            f"prompts; {summary['val_samples']} samples){pairs}")
 
 
 def read_rm_summary(rm_dir: Path) -> dict:
@@ -123,26 +140,83 @@ def read_rm_summary(rm_dir: Path) -> dict:
     return json.loads((Path(rm_dir) / "rm.json").read_text())
 
 
-def _batch_loss(model, tokenizer, texts: list[str], labels: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(BCE-with-logits loss, the logits [B]) of one batch."""
-    logits = model(**reward_model_inputs(tokenizer, texts, device)).logits[:, 0].float()
-    return F.binary_cross_entropy_with_logits(logits, labels.to(device)), logits
+def _scores(model, tokenizer, texts: list[str], device) -> torch.Tensor:
+    """The reward model's logit of each text [B] (float32)."""
+    return model(**reward_model_inputs(tokenizer, texts, device)).logits[:, 0].float()
+
+
+def _batch_loss(loss_name: str, logits: torch.Tensor, labels: torch.Tensor, prompt_ids: list) -> torch.Tensor:
+    """``rm.loss`` of one batch: ``bce``, the binary cross-entropy of each logit [B] against its label [B];
+    ``pairwise``, the Bradley-Terry loss over the batch's within-prompt (right, wrong) pairs (refexp/algos/rm_pairs.py;
+    the batch holds at least one)."""
+    if loss_name == "pairwise":
+        return pairwise_loss(logits, *pair_index(labels.tolist(), prompt_ids))
+    return F.binary_cross_entropy_with_logits(logits, labels.to(logits.device))
 
 
 @torch.no_grad()
-def _held_out(model, tokenizer, texts: list[str], labels: torch.Tensor, device, batch_size: int
-              ) -> tuple[dict[str, float], list[bool]]:
-    """(``rm/val_loss`` (mean BCE) and ``rm/val_accuracy``, whether each sample's logit sign agrees with its
-    label > 0.5 [N])."""
+def _held_out(model, tokenizer, texts: list[str], labels: torch.Tensor, prompt_ids: list, device, batch_size: int,
+              loss_name: str) -> tuple[dict[str, float], list[bool], dict]:
+    """(``rm/val_loss`` (the mean ``rm.loss`` over the held-out samples, or over their pairs with ``pairwise``),
+    ``rm/val_accuracy`` and ``rm/val_pair_accuracy`` when there are pairs; whether each sample's logit sign agrees
+    with its label > 0.5 [N]; ``pair_accuracy``'s record of the held-out pairs)."""
     model.eval()
-    loss_sum, right = 0.0, []
-    for s in range(0, len(texts), batch_size):
-        y = labels[s:s + batch_size]
-        loss, logits = _batch_loss(model, tokenizer, texts[s:s + batch_size], y, device)
-        loss_sum += float(loss) * len(y)
-        right += ((logits.cpu() > 0) == (y > 0.5)).tolist()
+    logits = torch.cat([_scores(model, tokenizer, texts[s:s + batch_size], device).cpu()
+                        for s in range(0, len(texts), batch_size)])
     model.train()
-    return {"rm/val_loss": loss_sum / len(texts), "rm/val_accuracy": sum(right) / len(texts)}, right
+    right = ((logits > 0) == (labels > 0.5)).tolist()
+    pairs = pair_accuracy(logits.tolist(), labels.tolist(), prompt_ids)
+    row = {"rm/val_loss": float(_batch_loss(loss_name, logits, labels, prompt_ids)),
+           "rm/val_accuracy": sum(right) / len(texts)}
+    if pairs["accuracy"] is not None:
+        row["rm/val_pair_accuracy"] = pairs["accuracy"]
+    return row, right, pairs
+
+
+def _better(loss_name: str, row: dict, best: dict) -> bool:
+    """Whether this held-out measurement beats the kept one: with ``bce`` a lower held-out BCE; with ``pairwise`` a
+    higher held-out pair accuracy (a lower Bradley-Terry loss on a tie). GRPO divides each group's rewards by their
+    standard deviation (``group_advantages``, refexp/losses/grpo.py), so the scores' scale, which the Bradley-Terry
+    loss also grades, is lost on it: only the order within a prompt reaches the policy."""
+    if not math.isfinite(row["rm/val_loss"]):
+        return False
+    if loss_name == "pairwise":
+        key = (row["rm/val_pair_accuracy"], -row["rm/val_loss"])
+        return "rm/val_pair_accuracy" not in best or key > (best["rm/val_pair_accuracy"], -best["rm/val_loss"])
+    return row["rm/val_loss"] < best["rm/val_loss"]
+
+
+def _pair_batches(a, train: dict, gen: torch.Generator):
+    """With ``rm.loss=pairwise``: each step's training-sample indices, the samples of ``rm.batch_size //
+    rm.samples_per_prompt`` (at least 1) prompts drawn (epochs of a seeded permutation) from the training prompts
+    that have a right and a wrong sample; every pair of theirs is in the step's loss. ConfigError when no training
+    prompt has one."""
+    by_prompt: dict = {}
+    for i, p in enumerate(train["prompt_ids"]):
+        by_prompt.setdefault(p, []).append(i)
+    usable = [ids for ids in by_prompt.values() if len({is_right(train["labels"][i]) for i in ids}) == 2]
+    if not usable:
+        raise ConfigError(f"rm.loss=pairwise: none of the {len(by_prompt)} training prompts has both a right and a "
+                          f"wrong sample among its rm.samples_per_prompt={a.samples_per_prompt}: raise "
+                          f"rm.samples_per_prompt or rm.num_samples, sample hotter (rm.temperatures), or use rm.loss=bce")
+    per_step = max(1, a.batch_size // a.samples_per_prompt)
+    order: list[int] = []
+    while True:
+        if len(order) < per_step:
+            order += torch.randperm(len(usable), generator=gen).tolist()
+        chosen, order = order[:per_step], order[per_step:]
+        yield [i for c in chosen for i in usable[c]]
+
+
+def _sample_batches(a, train: dict, gen: torch.Generator):
+    """With ``rm.loss=bce``: each step's ``rm.batch_size`` training-sample indices (epochs of a seeded
+    permutation)."""
+    order: list[int] = []
+    while True:
+        if len(order) < a.batch_size:
+            order += torch.randperm(len(train["labels"]), generator=gen).tolist()
+        ids, order = order[:a.batch_size], order[a.batch_size:]
+        yield ids
 
 
 def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
@@ -162,15 +236,20 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     log = MetricLogger(out_dir, enabled=True)
     positive_rate = float(torch.cat([train["labels"], val["labels"]]).mean())
     best = {"rm/val_loss": math.inf}
-    best_state, best_step, best_right = None, 0, []
+    best_state, best_step, best_right, best_pairs = None, 0, [], {"accuracy": None, "pairs": 0, "prompts": 0}
     val_losses: list[float] = []
     gen = torch.Generator().manual_seed(a.seed)
-    order: list[int] = []
+    if a.loss == "pairwise":
+        _, held_right = pair_index(val["labels"].tolist(), val["prompt_ids"])
+        if len(held_right) == 0:  # nothing to keep the best step by
+            raise ConfigError(f"rm.loss=pairwise: none of the {len(set(val['prompt_ids']))} held-out prompts has "
+                              f"both a right and a wrong sample: raise rm.val_fraction, rm.samples_per_prompt or "
+                              f"rm.num_samples")
+    batches = (_pair_batches if a.loss == "pairwise" else _sample_batches)(a, train, gen)
     for step in range(1, a.steps + 1):
-        if len(order) < a.batch_size:  # epochs of a seeded permutation
-            order += torch.randperm(len(train_texts), generator=gen).tolist()
-        ids, order = order[:a.batch_size], order[a.batch_size:]
-        loss, _ = _batch_loss(model, tokenizer, [train_texts[i] for i in ids], train["labels"][ids], device)
+        ids = next(batches)
+        logits = _scores(model, tokenizer, [train_texts[i] for i in ids], device)
+        loss = _batch_loss(a.loss, logits, train["labels"][ids], [train["prompt_ids"][i] for i in ids])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_norm)
         opt.step()
@@ -179,18 +258,15 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
         if step == 1:
             row["rm/positive_rate"] = positive_rate
         if step % a.eval_every == 0 or step == a.steps:
-            measured, right = _held_out(model, tokenizer, val_texts, val["labels"], device, a.batch_size)
+            measured, right, pairs = _held_out(model, tokenizer, val_texts, val["labels"], val["prompt_ids"], device,
+                                               a.batch_size, a.loss)
             row.update(measured)
-            if row["rm/val_loss"] < best["rm/val_loss"]:
-                best, best_step, best_right = {k: row[k] for k in ("rm/val_loss", "rm/val_accuracy")}, step, right
+            if _better(a.loss, row, best):
+                best, best_step, best_right, best_pairs = dict(row), step, right, pairs
                 best_state = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
         log.log(row, step=step)
         if "rm/val_loss" in row:
             val_losses.append(row["rm/val_loss"])
-    if best_state is None:  # every held-out loss NaN or infinite: nothing to keep
-        log.close()
-        raise ConfigError(f"algo=rm: no held-out evaluation of the reward model gave a finite loss (rm/val_loss "
-                          f"{', '.join(f'{v:g}' for v in val_losses)}): its training diverged; lower rm.lr={a.lr:g}")
     model.load_state_dict(best_state)
     with quiet_transformers():
         model.save_pretrained(out_dir / "hf")  # safetensors, config.json (one label, pad id)
@@ -202,7 +278,8 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
                                                  [val["prompt_ids"][i] for i in mine])["accuracy"]
     summary = {"steps": a.steps, "kept_step": best_step, "val_loss": best["rm/val_loss"],
                "val_accuracy": held_out["accuracy"], "val_accuracy_interval": held_out["interval"],
-               "val_prompts": held_out["prompts"], "train_samples": len(train_texts),
+               "val_prompts": held_out["prompts"], "loss": a.loss, "val_pair_accuracy": best_pairs["accuracy"],
+               "val_pairs": best_pairs["pairs"], "val_pair_prompts": best_pairs["prompts"], "train_samples": len(train_texts),
                "val_samples": len(val_texts), "positive_rate": positive_rate, "sources": per_source,
                "wall_s": now(device) - t0, "start": str(sft_dir)}
     log.close()

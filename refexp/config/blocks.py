@@ -115,6 +115,10 @@ class SFTConfig:
               self.decay_ratio, "a number in [0, 1]")
 
 
+RM_LOSSES = ("bce", "pairwise")
+"""``rm.loss``'s values (refexp/algos/rm.py)."""
+
+
 @dataclass
 class RMStageConfig:
     """The reward-model stage: a reward model for the task trained from the start (SFT) model's own samples labelled
@@ -134,6 +138,11 @@ class RMStageConfig:
     """Policies whose samples are added to the start model's, so the reward model also sees what an optimised
     policy writes: each an HF export (``config.json`` + safetensors, e.g. a GRPO run's ``checkpoint/hf`` written
     with ``checkpoint.last_save_in_hf=true``) or a run dir holding one; checked before any sampling."""
+    loss: str = "bce"
+    """``bce``: binary cross-entropy of the logit against each sample's label (pointwise). ``pairwise``: the
+    Bradley-Terry loss −log σ(r_right − r_wrong) over the (right, wrong) pairs of completions of the same prompt
+    (InstructGPT's reward-model loss), what GRPO's within-prompt normalisation reads; needs ``samples_per_prompt``
+    >= 2 (refexp/algos/rm_pairs.py)."""
     val_fraction: float = 0.125
     """Share of the prompts (with all their samples) held out to measure the reward model and keep its best step."""
     steps: int = 300
@@ -166,6 +175,10 @@ class RMStageConfig:
         check(self.num_samples >= n_sources * self.samples_per_prompt * 2, "rm.num_samples", self.num_samples,
               f"at least 2 x rm.samples_per_prompt={self.samples_per_prompt} x the {n_sources} sources "
               f"((1 + len(rm.policies)) x len(rm.temperatures)): a training and a held-out prompt of each")
+        check(self.loss in RM_LOSSES, "rm.loss", self.loss, f"one of {', '.join(RM_LOSSES)}")
+        check(self.loss != "pairwise" or self.samples_per_prompt >= 2, "rm.samples_per_prompt",
+              self.samples_per_prompt, "at least 2 with rm.loss=pairwise (its pairs are a right and a wrong "
+              "completion of the same prompt)")
         check(0 < self.val_fraction < 1, "rm.val_fraction", self.val_fraction, "a number in (0, 1)")
         positive_int("rm.steps", self.steps)
         positive_int("rm.batch_size", self.batch_size)

@@ -116,12 +116,17 @@ METRICS: tuple[Metric, ...] = (
     Metric(VAL_GOLD, "the same on the validation split; per prompt in `eval_outcomes.jsonl` (split `val`): a "
            "`comparison.select.budget` reads the gold of its first N prompts only, the labels a user could afford",
            f"GRPO with a learned reward and a validation split, {_EVAL}", thresholded=True),
-    Metric("rm/loss", "`algo=rm` (the reward-model stage): the reward model's binary cross-entropy against the verifier's labels (training "
-           "batch)", "`algo=rm`, every step"),
+    Metric("rm/loss", "`algo=rm` (the reward-model stage): the reward model's `rm.loss` on the training batch: binary "
+           "cross-entropy against the verifier's labels, or the Bradley-Terry loss on within-prompt (right, wrong) pairs",
+           "`algo=rm`, every step"),
     Metric("rm/val_loss", "`algo=rm`: the same on its held-out labelled samples", "`algo=rm`, every `rm.eval_every` "
            "steps and the last"),
     Metric("rm/val_accuracy", "`algo=rm`: share of held-out labelled samples whose label the reward model's sign "
            "gets right", "`algo=rm`, every `rm.eval_every` steps and the last", thresholded=True),
+    Metric("rm/val_pair_accuracy", "`algo=rm`: share of held-out (right, wrong) pairs of completions of the same "
+           "prompt that the reward model scores in the right order, ties 1/2 (what GRPO's within-prompt "
+           "normalisation reads)", "`algo=rm`, every `rm.eval_every` steps and the last, when a held-out prompt has "
+           "a right and a wrong sample", thresholded=True),
     Metric("rm/positive_rate", "`algo=rm`: share of its labelled samples the verifier scored correct",
            "`algo=rm`, once"),
     Metric("rm/dir", "`algo=rm`: the reward model's HF checkpoint dir (what `task.reward_model` takes)",

@@ -1,0 +1,68 @@
+"""The reward model's ranking of completions of one prompt: the within-prompt pairs, their held-out accuracy, and
+the Bradley-Terry loss on them (``rm.loss=pairwise``).
+
+Why the ranking within a prompt is what matters to GRPO: its advantage is the reward normalised within the group of
+completions of one prompt, Â_i = (r_i − mean(r)) / std(r) (Shao et al. 2024, "DeepSeekMath", §4.1.2, outcome
+supervision; ``group_advantages`` in ``refexp/losses/grpo.py``), so a constant added to every completion of a prompt
+changes nothing, and what the policy follows is only the order the reward model puts one prompt's completions in. A pointwise proxy (binary
+cross-entropy on the verifier's labels, ``rm.loss=bce``) can reach a high label accuracy across prompts by
+recognising which prompts are hard (the share of right samples varies far more between prompts than the proxy's
+error within one) while ordering the completions of one prompt near chance. ``pair_accuracy`` measures that order:
+over every (right, wrong) pair of completions of the same held-out prompt, the share the reward model scores in the
+right order, ties counted 1/2 — per prompt the Mann-Whitney U statistic over n_right·n_wrong (the AUC), pooled over
+prompts by their pairs.
+
+The pairwise loss trains that order directly: −log σ(r_right − r_wrong) over the same pairs, the Bradley-Terry
+likelihood of InstructGPT's reward model (Ouyang et al. 2022, "Training language models to follow instructions with
+human feedback", eq. 1; TRL's ``RewardTrainer``), the reward then the score itself.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Hashable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.stats import mannwhitneyu
+
+
+def is_right(label: float) -> bool:
+    """A verifier label counts as right above 1/2 (as the held-out label accuracy reads it)."""
+    return float(label) > 0.5
+
+
+def pair_index(labels: Sequence[float], prompt_ids: Sequence[Hashable]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(right [P], wrong [P]) long tensors: the indices into ``labels`` [N] of every (right, wrong) pair of samples of
+    the same prompt, P = Σ over prompts of n_right·n_wrong."""
+    groups: dict[Hashable, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    for i, (y, p) in enumerate(zip(labels, prompt_ids)):
+        groups[p][0 if is_right(y) else 1].append(i)
+    right = [r for rs, ws in groups.values() for r in rs for _ in ws]
+    wrong = [w for rs, ws in groups.values() for _ in rs for w in ws]
+    return torch.tensor(right, dtype=torch.long), torch.tensor(wrong, dtype=torch.long)
+
+
+def pairwise_loss(scores: torch.Tensor, right: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
+    """The mean over the pairs of −log σ(scores[right] − scores[wrong]) (Bradley-Terry; scores [N], right/wrong [P],
+    P > 0)."""
+    return -F.logsigmoid(scores[right] - scores[wrong]).mean()
+
+
+def pair_accuracy(scores: Sequence[float], labels: Sequence[float], prompt_ids: Sequence[Hashable]) -> dict:
+    """``{"accuracy", "pairs", "prompts"}``: the share of within-prompt (right, wrong) pairs that ``scores`` [N] put in
+    the right order (ties 1/2), over the ``prompts`` that have both a right and a wrong sample (``pairs`` of them in
+    all); ``accuracy`` is None when no prompt has a pair."""
+    if not len(scores) == len(labels) == len(prompt_ids):
+        raise ValueError(f"{len(scores)} scores, {len(labels)} labels and {len(prompt_ids)} prompt ids")
+    groups: dict[Hashable, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for s, y, p in zip(scores, labels, prompt_ids):
+        groups[p][0 if is_right(y) else 1].append(float(s))
+    ordered = pairs = prompts = 0.0
+    for rs, ws in groups.values():
+        if rs and ws:  # U of the right scores against the wrong: pairs with right > wrong, plus half the ties
+            ordered += float(mannwhitneyu(np.array(rs), np.array(ws), method="asymptotic").statistic)
+            pairs += len(rs) * len(ws)
+            prompts += 1
+    return {"accuracy": ordered / pairs if pairs else None, "pairs": int(pairs), "prompts": int(prompts)}
