@@ -14,10 +14,11 @@ with ``rm.loss=pairwise``, with the Bradley-Terry loss on the (right, wrong) pai
 order GRPO's within-prompt normalisation reads (``refexp/algos/rm_pairs.py``).
 ``rm.num_samples`` sets how many labelled samples it sees: fewer make a weaker proxy for GRPO to exploit.
 
-A share of the prompts (``rm.val_fraction``, with all their samples) is held out; the weights of the lowest
-held-out loss (``bce``) or pair accuracy (``pairwise``) are kept, as the SFT stage keeps its best-on-validation weights, and their held-out
-label accuracy is recorded with an interval over prompts (``refexp/algos/rm_accuracy.py``), beside their
-within-prompt pair accuracy (``refexp/algos/rm_pairs.py``). The task's test split is not read.
+A share of the prompts (``rm.val_fraction``, with all their samples) is held out; the weights of the lowest held-out
+loss (``bce``) or the highest held-out pair accuracy (``pairwise``) are kept, as the SFT stage keeps its
+best-on-validation weights, and their held-out label accuracy is recorded with an interval over prompts
+(``refexp/algos/rm_accuracy.py``), beside their within-prompt pair accuracy (``refexp/algos/rm_pairs.py``). The
+task's test split is not read.
 """
 
 from __future__ import annotations
@@ -198,7 +199,8 @@ def _pair_batches(a, train: dict, gen: torch.Generator):
     if not usable:
         raise ConfigError(f"rm.loss=pairwise: none of the {len(by_prompt)} training prompts has both a right and a "
                           f"wrong sample among its rm.samples_per_prompt={a.samples_per_prompt}: raise "
-                          f"rm.samples_per_prompt or rm.num_samples, sample hotter (rm.temperatures), or use rm.loss=bce")
+                          f"rm.samples_per_prompt or rm.num_samples, sample hotter (rm.temperatures), or use "
+                          f"rm.loss=bce")
     per_step = max(1, a.batch_size // a.samples_per_prompt)
     order: list[int] = []
     while True:
@@ -267,6 +269,10 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
         log.log(row, step=step)
         if "rm/val_loss" in row:
             val_losses.append(row["rm/val_loss"])
+    if best_state is None:  # every held-out loss NaN or infinite: nothing to keep
+        log.close()
+        raise ConfigError(f"algo=rm: no held-out evaluation of the reward model gave a finite loss (rm/val_loss "
+                          f"{', '.join(f'{v:g}' for v in val_losses)}): its training diverged; lower rm.lr={a.lr:g}")
     model.load_state_dict(best_state)
     with quiet_transformers():
         model.save_pretrained(out_dir / "hf")  # safetensors, config.json (one label, pad id)
@@ -279,7 +285,8 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     summary = {"steps": a.steps, "kept_step": best_step, "val_loss": best["rm/val_loss"],
                "val_accuracy": held_out["accuracy"], "val_accuracy_interval": held_out["interval"],
                "val_prompts": held_out["prompts"], "loss": a.loss, "val_pair_accuracy": best_pairs["accuracy"],
-               "val_pairs": best_pairs["pairs"], "val_pair_prompts": best_pairs["prompts"], "train_samples": len(train_texts),
+               "val_pairs": best_pairs["pairs"], "val_pair_prompts": best_pairs["prompts"],
+               "train_samples": len(train_texts),
                "val_samples": len(val_texts), "positive_rate": positive_rate, "sources": per_source,
                "wall_s": now(device) - t0, "start": str(sft_dir)}
     log.close()

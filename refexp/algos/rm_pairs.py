@@ -4,13 +4,12 @@ the Bradley-Terry loss on them (``rm.loss=pairwise``).
 Why the ranking within a prompt is what matters to GRPO: its advantage is the reward normalised within the group of
 completions of one prompt, Â_i = (r_i − mean(r)) / std(r) (Shao et al. 2024, "DeepSeekMath", §4.1.2, outcome
 supervision; ``group_advantages`` in ``refexp/losses/grpo.py``), so a constant added to every completion of a prompt
-changes nothing, and what the policy follows is only the order the reward model puts one prompt's completions in. A pointwise proxy (binary
-cross-entropy on the verifier's labels, ``rm.loss=bce``) can reach a high label accuracy across prompts by
-recognising which prompts are hard (the share of right samples varies far more between prompts than the proxy's
-error within one) while ordering the completions of one prompt near chance. ``pair_accuracy`` measures that order:
-over every (right, wrong) pair of completions of the same held-out prompt, the share the reward model scores in the
-right order, ties counted 1/2 — per prompt the Mann-Whitney U statistic over n_right·n_wrong (the AUC), pooled over
-prompts by their pairs.
+changes nothing, and what the policy follows is only the order the reward model puts one prompt's completions in. A
+pointwise proxy (binary cross-entropy on the verifier's labels, ``rm.loss=bce``) can reach a high label accuracy
+across prompts by recognising which prompts are hard (many prompts' samples are all right or all wrong) while
+ordering the completions of one prompt near chance. ``pair_accuracy`` measures that order: over every (right, wrong)
+pair of completions of the same held-out prompt, the share the reward model scores in the right order, ties counted
+1/2 — per prompt the Mann-Whitney U statistic over n_right·n_wrong (the AUC), pooled over prompts by their pairs.
 
 The pairwise loss trains that order directly: −log σ(r_right − r_wrong) over the same pairs, the Bradley-Terry
 likelihood of InstructGPT's reward model (Ouyang et al. 2022, "Training language models to follow instructions with

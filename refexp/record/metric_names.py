@@ -116,8 +116,9 @@ METRICS: tuple[Metric, ...] = (
     Metric(VAL_GOLD, "the same on the validation split; per prompt in `eval_outcomes.jsonl` (split `val`): a "
            "`comparison.select.budget` reads the gold of its first N prompts only, the labels a user could afford",
            f"GRPO with a learned reward and a validation split, {_EVAL}", thresholded=True),
-    Metric("rm/loss", "`algo=rm` (the reward-model stage): the reward model's `rm.loss` on the training batch: binary "
-           "cross-entropy against the verifier's labels, or the Bradley-Terry loss on within-prompt (right, wrong) pairs",
+    Metric("rm/loss", "`algo=rm` (the reward-model stage): the reward model's `rm.loss` on the training batch: "
+           "binary cross-entropy against the verifier's labels, or the Bradley-Terry loss on within-prompt (right, "
+           "wrong) pairs",
            "`algo=rm`, every step"),
     Metric("rm/val_loss", "`algo=rm`: the same on its held-out labelled samples", "`algo=rm`, every `rm.eval_every` "
            "steps and the last"),
