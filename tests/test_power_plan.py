@@ -84,6 +84,24 @@ def test_the_plan_command_prints_and_writes_the_detectable_difference_beside_the
     assert f"| between seeds of a start (seed × arm) | {from_sweep(tmp_path / 'pilot').components.seed:.3g} |" in text
 
 
+def test_a_pilot_read_on_another_metric_is_named_in_the_plan_and_a_bad_one_refused(tmp_path, capsys):
+    """--pilot-metric reads the pilot's differences on a metric other than the design's (a design on eval/gold
+    whose pilot compared eval/accuracy): the plan's command line and notes say so; a metric the report does not
+    compare per prompt is argparse's one error."""
+    simulated_sweep(tmp_path / "pilot")
+    exp_file = tmp_path / "exp.yaml"
+    exp_file.write_text(yaml.safe_dump({"comparison": {**block(["fixed", "ema"], primary=["ema"], seeds=[0, 1, 2]),
+                                                       "metric": "eval/gold"}}))
+    assert main(["--plan", str(exp_file), "--pilot", str(tmp_path / "pilot"), "--pilot-metric", "eval/accuracy"]) == 0
+    text = capsys.readouterr().out
+    assert f"--pilot {tmp_path / 'pilot'} --pilot-metric eval/accuracy`" in text
+    assert "the components are the pilot's eval/accuracy differences (--pilot-metric), standing in for the design's " \
+           "eval/gold" in text
+    with pytest.raises(SystemExit):
+        main(["--plan", str(exp_file), "--pilot", str(tmp_path / "pilot"), "--pilot-metric", "reward/mean"])
+    assert "--pilot-metric reward/mean is invalid" in capsys.readouterr().err
+
+
 def test_a_frontier_plan_prints_the_matched_family_and_what_it_does_not_model(tmp_path):
     """With comparison.frontier_key the report's matched-drift table is a Holm family of 2 points x every arm other
     than the baseline (not the primary contrasts' family): the plan prints that family's detectable difference, at
@@ -133,7 +151,9 @@ def test_there_are_committed_plans():
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.name)
 def test_a_committed_plan_is_what_its_experiment_and_pilot_give_now(plan, monkeypatch):
     monkeypatch.chdir(ROOT)
-    name, pilot = re.search(r"`refexp-report --plan (\S+) --pilot (\S+)`", plan.read_text()).groups()
+    name, pilot, metric = re.search(r"`refexp-report --plan (\S+) --pilot (\S+?)(?: --pilot-metric (\S+))?`",
+                                    plan.read_text()).groups()
     exp = read_experiment(name)
-    assert plan.read_text() == plan_text(exp, read_pilot(Path(pilot), exp.metrics[0])), (
-        f"{plan} is stale: refexp-report --plan {name} --pilot {pilot} --out {plan.relative_to(ROOT)}")
+    assert plan.read_text() == plan_text(exp, read_pilot(Path(pilot), metric or exp.metrics[0])), (
+        f"{plan} is stale: refexp-report --plan {name} --pilot {pilot}{' --pilot-metric ' + metric if metric else ''} "
+        f"--out {plan.relative_to(ROOT)}")

@@ -30,6 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--pilot", type=Path, metavar="SWEEP_OR_SUMMARY", default=None,
                         help="with --plan: the sweep dir or summary.json (e.g. docs/NAME/summary.json) whose "
                              "differences give the variance components (SFT starts, seeds, prompts)")
+    parser.add_argument("--pilot-metric", metavar="METRIC", default=None,
+                        help="with --plan: read the pilot's differences on this held-out metric instead of the "
+                             "experiment's first primary metric (a pilot that measured the same kind of quantity "
+                             "under another name, e.g. eval/accuracy for a design on eval/gold); the plan says so")
     parser.add_argument("--out", type=Path, metavar="FILE", default=None,
                         help="with --plan: also write the plan there (conf/experiment/EXPERIMENT.plan.md beside "
                              "the experiment, committed with it)")
@@ -68,11 +72,15 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
     """The arguments, each checked (argparse's error, exit 2, before anything is read), and the ``--at-steps``."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.plan is not None or args.pilot is not None or args.out is not None:
+    if args.plan is not None or args.pilot is not None or args.out is not None or args.pilot_metric is not None:
         if args.plan is None or args.pilot is None or args.sweep_dir is not None:
             parser.error("a power plan is --plan EXPERIMENT --pilot SWEEP_OR_SUMMARY [--out FILE], without SWEEP_DIR")
         if not args.pilot.exists():
             parser.error(f"--pilot {args.pilot} does not exist: expected a sweep dir or a summary.json")
+        from refexp.report.reading.plan import PRIMARY_ENDPOINTS
+        if args.pilot_metric is not None and args.pilot_metric not in PRIMARY_ENDPOINTS:
+            parser.error(f"--pilot-metric {args.pilot_metric} is invalid: expected a held-out metric the report "
+                         f"compares per prompt, one of {', '.join(PRIMARY_ENDPOINTS)}")
     elif args.sweep_dir is None:
         parser.error("SWEEP_DIR is required (or --plan EXPERIMENT --pilot SWEEP_OR_SUMMARY)")
     elif not args.sweep_dir.is_dir():
@@ -101,7 +109,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     try:
         exp = read_experiment(args.plan)
-        text = plan_text(exp, read_pilot(args.pilot, exp.metrics[0]), args.alpha)
+        text = plan_text(exp, read_pilot(args.pilot, args.pilot_metric or exp.metrics[0]), args.alpha)
     except (ExperimentError, PilotError) as e:
         print(f"refexp-report: error: {e}", file=sys.stderr)
         return 2

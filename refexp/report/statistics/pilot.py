@@ -43,6 +43,8 @@ class Pilot:
     prompts: Optional[int]
     """Prompts per evaluation in the pilot (the design's where the experiment does not set eval.num_prompts)."""
     notes: list[str] = field(default_factory=list)
+    metric: str = "eval/accuracy"
+    """The metric whose differences gave the components (``read_pilot``'s)."""
 
 
 def _moments(units: dict[str, dict[int, np.ndarray]]) -> tuple[float, float, float, Optional[float], list[str]]:
@@ -171,10 +173,13 @@ def from_summary(path: Path, metric: str = "eval/accuracy") -> Pilot:
 def read_pilot(path: Path, metric: str = "eval/accuracy") -> Pilot:
     """A sweep dir, or a summary.json (or a dir holding one and no runs)."""
     path = Path(path)
-    if path.is_file():
-        return from_summary(path, metric)
-    if not path.is_dir():
+    if not path.is_file() and not path.is_dir():
         raise PilotError(f"--pilot {path}: neither a sweep dir nor a summary.json")
-    if not load_sweep(path) and (path / "summary.json").is_file():
-        return from_summary(path / "summary.json", metric)
-    return from_sweep(path, metric)
+    if path.is_file():
+        pilot = from_summary(path, metric)
+    elif not load_sweep(path) and (path / "summary.json").is_file():
+        pilot = from_summary(path / "summary.json", metric)
+    else:
+        pilot = from_sweep(path, metric)
+    pilot.metric = metric
+    return pilot
