@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from refexp.algos.rm_accuracy import prompt_interval
-from refexp.algos.rm_pairs import is_right, pair_accuracy, pair_index, pairwise_loss
+from refexp.algos.rm_pairs import by_prompt, pair_accuracy, pair_index, pairwise_loss
 from refexp.algos.rm_sources import labelled_samples, policy_dirs
 from refexp.algos.sft import read_sft_summary
 from refexp.components.context import RunContext
@@ -187,38 +187,36 @@ def _better(loss_name: str, row: dict, best: dict) -> bool:
     return row["rm/val_loss"] < best["rm/val_loss"]
 
 
+def _epochs(n: int, k: int, gen: torch.Generator):
+    """Each step's ``k`` indices into ``range(n)``: epochs of a seeded permutation, one after another."""
+    order: list[int] = []
+    while True:
+        if len(order) < k:
+            order += torch.randperm(n, generator=gen).tolist()
+        chosen, order = order[:k], order[k:]
+        yield chosen
+
+
 def _pair_batches(a, train: dict, gen: torch.Generator):
     """With ``rm.loss=pairwise``: each step's training-sample indices, the samples of ``rm.batch_size //
     rm.samples_per_prompt`` (at least 1) prompts drawn (epochs of a seeded permutation) from the training prompts
     that have a right and a wrong sample; every pair of theirs is in the step's loss. ConfigError when no training
     prompt has one."""
-    by_prompt: dict = {}
-    for i, p in enumerate(train["prompt_ids"]):
-        by_prompt.setdefault(p, []).append(i)
-    usable = [ids for ids in by_prompt.values() if len({is_right(train["labels"][i]) for i in ids}) == 2]
+    groups = by_prompt(range(len(train["labels"])), train["labels"].tolist(), train["prompt_ids"])
+    usable = [sorted(rs + ws) for rs, ws in groups.values() if rs and ws]  # each prompt's samples in their order
     if not usable:
-        raise ConfigError(f"rm.loss=pairwise: none of the {len(by_prompt)} training prompts has both a right and a "
+        raise ConfigError(f"rm.loss=pairwise: none of the {len(groups)} training prompts has both a right and a "
                           f"wrong sample among its rm.samples_per_prompt={a.samples_per_prompt}: raise "
                           f"rm.samples_per_prompt or rm.num_samples, sample hotter (rm.temperatures), or use "
                           f"rm.loss=bce")
-    per_step = max(1, a.batch_size // a.samples_per_prompt)
-    order: list[int] = []
-    while True:
-        if len(order) < per_step:
-            order += torch.randperm(len(usable), generator=gen).tolist()
-        chosen, order = order[:per_step], order[per_step:]
+    for chosen in _epochs(len(usable), max(1, a.batch_size // a.samples_per_prompt), gen):
         yield [i for c in chosen for i in usable[c]]
 
 
 def _sample_batches(a, train: dict, gen: torch.Generator):
     """With ``rm.loss=bce``: each step's ``rm.batch_size`` training-sample indices (epochs of a seeded
     permutation)."""
-    order: list[int] = []
-    while True:
-        if len(order) < a.batch_size:
-            order += torch.randperm(len(train["labels"]), generator=gen).tolist()
-        ids, order = order[:a.batch_size], order[a.batch_size:]
-        yield ids
+    yield from _epochs(len(train["labels"]), a.batch_size, gen)
 
 
 def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:

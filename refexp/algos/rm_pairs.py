@@ -32,12 +32,20 @@ def is_right(label: float) -> bool:
     return float(label) > 0.5
 
 
+def by_prompt(values: Sequence, labels: Sequence[float], prompt_ids: Sequence[Hashable]
+              ) -> dict[Hashable, tuple[list, list]]:
+    """prompt -> (the ``values`` of its right samples, those of its wrong ones), prompts in order of first
+    appearance (``values``, ``labels`` and ``prompt_ids`` [N] each)."""
+    groups: dict[Hashable, tuple[list, list]] = defaultdict(lambda: ([], []))
+    for v, y, p in zip(values, labels, prompt_ids):
+        groups[p][0 if is_right(y) else 1].append(v)
+    return groups
+
+
 def pair_index(labels: Sequence[float], prompt_ids: Sequence[Hashable]) -> tuple[torch.Tensor, torch.Tensor]:
     """(right [P], wrong [P]) long tensors: the indices into ``labels`` [N] of every (right, wrong) pair of samples of
     the same prompt, P = Σ over prompts of n_right·n_wrong."""
-    groups: dict[Hashable, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-    for i, (y, p) in enumerate(zip(labels, prompt_ids)):
-        groups[p][0 if is_right(y) else 1].append(i)
+    groups = by_prompt(range(len(labels)), labels, prompt_ids)
     right = [r for rs, ws in groups.values() for r in rs for _ in ws]
     wrong = [w for rs, ws in groups.values() for _ in rs for w in ws]
     return torch.tensor(right, dtype=torch.long), torch.tensor(wrong, dtype=torch.long)
@@ -55,11 +63,8 @@ def pair_accuracy(scores: Sequence[float], labels: Sequence[float], prompt_ids: 
     all); ``accuracy`` is None when no prompt has a pair."""
     if not len(scores) == len(labels) == len(prompt_ids):
         raise ValueError(f"{len(scores)} scores, {len(labels)} labels and {len(prompt_ids)} prompt ids")
-    groups: dict[Hashable, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    for s, y, p in zip(scores, labels, prompt_ids):
-        groups[p][0 if is_right(y) else 1].append(float(s))
     ordered = pairs = prompts = 0.0
-    for rs, ws in groups.values():
+    for rs, ws in by_prompt([float(x) for x in scores], labels, prompt_ids).values():
         if rs and ws:  # U of the right scores against the wrong: pairs with right > wrong, plus half the ties
             ordered += float(mannwhitneyu(np.array(rs), np.array(ws), method="asymptotic").statistic)
             pairs += len(rs) * len(ws)

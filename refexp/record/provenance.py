@@ -22,18 +22,25 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _git_commit(repo: Path) -> str | None:
-    """The checkout's commit, with ``-dirty`` when tracked files differ from it; None outside a git checkout."""
+GIT_TIMEOUT_S = 10
+
+
+def git(repo: Path, *args: str) -> subprocess.CompletedProcess | None:
+    """``git -C repo args``, its output captured as text; None where git is missing or does not answer in
+    ``GIT_TIMEOUT_S``."""
     try:
-        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        if sha.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _git_commit(repo: Path) -> str | None:
+    """The checkout's commit, with ``-dirty`` when tracked files differ from it; None outside a git checkout."""
+    sha = git(repo, "rev-parse", "--short=12", "HEAD")
+    if sha is None or sha.returncode != 0:
+        return None
+    dirty = git(repo, "status", "--porcelain", "--untracked-files=no")
+    return sha.stdout.strip() + ("-dirty" if dirty is not None and dirty.stdout.strip() else "")
 
 
 @lru_cache(maxsize=1)

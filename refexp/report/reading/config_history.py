@@ -10,7 +10,6 @@ is missing the line says so in one phrase and the report goes on.
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Iterable, Optional
 import yaml
 
 from refexp.record import layout
+from refexp.record.provenance import git
 from refexp.record.status import first_started, provenances
 from refexp.report.reading.load import Run, _get
 
@@ -26,13 +26,12 @@ REPO = Path(__file__).resolve().parents[3]
 """The checkout beside the package (``refexp/__main__.py``'s ``CONF_DIR`` is its ``conf/``: the experiment files
 Hydra composed the runs from)."""
 
-GIT_TIMEOUT_S = 10
 DEFAULT_NAME = "default"
 """``experiment_name`` when no experiment was chosen (``refexp/config/root.py``)."""
 BLOCK_DEFAULTS = {"arm_key": "", "arms": [], "baseline": "", "seeds": [], "metric": "eval/accuracy", "primary": [],
                   "metrics": [], "equivalence_margin": None, "at_steps": [], "chosen_on_test": [], "frontier_key": "",
-                  "frontier_gap": None, "matched.axis": "kl/init", "matched.at": [], "select.metric": "", "select.maximize": True, "select.floor": {},
-                  "select.floor_change": {}, "select.budget": None}
+                  "frontier_gap": None, "matched.axis": "kl/init", "matched.at": [], "select.metric": "",
+                  "select.maximize": True, "select.floor": {}, "select.floor_change": {}, "select.budget": None}
 """``ComparisonConfig``'s defaults by dotted field (``refexp/config/comparison.py``, a layer above the report, so
 mirrored here; tests/test_report_config_history.py checks they agree): what a field an experiment file leaves out
 resolves to."""
@@ -72,14 +71,6 @@ def experiment_of(run: Run) -> Optional[str]:
             break
     name = _get(run.config, "experiment_name")
     return str(name) if name and name != DEFAULT_NAME else None
-
-
-def _git(repo: Path, *args: str) -> Optional[subprocess.CompletedProcess]:
-    """``git -C repo args`` (None: git missing or timed out)."""
-    try:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _iso(seconds: float) -> str:
@@ -130,10 +121,14 @@ class ConfigHistory:
     """Runs' commits this checkout does not hold, so whether they contain ``commit`` is unknown."""
 
     @property
+    def committed_late(self) -> bool:
+        """Its last commit is later than the first run's start."""
+        return self.committed is not None and self.first_started is not None and self.committed > self.first_started
+
+    @property
     def changed_after_start(self) -> bool:
         """Committed after the first run began, or edited since its last commit."""
-        late = self.committed is not None and self.first_started is not None and self.committed > self.first_started
-        return late or self.uncommitted
+        return self.committed_late or self.uncommitted
 
     def line(self) -> str:
         """The setup block's ``experiment config`` value."""
@@ -143,8 +138,7 @@ class ConfigHistory:
         if self.first_started is not None:
             parts.append(f"first run began {_iso(self.first_started)}")
         if self.changed_after_start:
-            why = [w for w, on in (("committed after it", self.committed is not None and self.first_started is not None
-                                    and self.committed > self.first_started),
+            why = [w for w, on in (("committed after it", self.committed_late),
                                    ("edited since its last commit", self.uncommitted)) if on]
             parts.append(f"CHANGED AFTER THE FIRST RUN BEGAN ({' and '.join(why)})")
         if self.block_changes is not None and (self.changed_after_start or self.block_changes):
@@ -183,14 +177,14 @@ def history(name: str, runs: list[Run], repo: Optional[Path] = None) -> ConfigHi
     rel = f"conf/experiment/{name}.yaml"
     commits, first, ran_block = _runs_facts(runs)
     out = ConfigHistory(name, rel, commits, first)
-    top = _git(repo, "rev-parse", "--show-toplevel")
+    top = git(repo, "rev-parse", "--show-toplevel")
     if top is None:
         out.unknown = "git not found"
         return out
     if top.returncode != 0 or Path(top.stdout.strip()).resolve() != repo.resolve():
         out.unknown = "not a git checkout"
         return out
-    log = _git(repo, "log", "-1", "--format=%H%x09%ct", "--", rel)
+    log = git(repo, "log", "-1", "--format=%H%x09%ct", "--", rel)
     fields = log.stdout.split() if log is not None and log.returncode == 0 else []
     on_disk = (repo / rel).is_file()
     if len(fields) != 2:
@@ -200,7 +194,7 @@ def history(name: str, runs: list[Run], repo: Optional[Path] = None) -> ConfigHi
         out.unknown = f"deleted from this checkout after commit {fields[0][:7]}"
         return out
     out.commit, out.committed = fields[0], float(fields[1])
-    status = _git(repo, "status", "--porcelain", "--", rel)
+    status = git(repo, "status", "--porcelain", "--", rel)
     out.uncommitted = bool(status is not None and status.stdout.strip())
     if ran_block is not None:
         doc = _yaml(repo / rel)
@@ -208,7 +202,7 @@ def history(name: str, runs: list[Run], repo: Optional[Path] = None) -> ConfigHi
     for c in commits:
         # "-dirty": the run's tree had edits beyond that commit (refexp/record/provenance.py); its base still holds
         # or lacks the file's commit
-        ancestor = _git(repo, "merge-base", "--is-ancestor", out.commit, c.removesuffix("-dirty"))
+        ancestor = git(repo, "merge-base", "--is-ancestor", out.commit, c.removesuffix("-dirty"))
         if ancestor is not None and ancestor.returncode == 1:
             out.not_in_runs.append(c)
         elif ancestor is None or ancestor.returncode != 0:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import yaml
 
-from refexp.report.reading.plan import DEFAULT_METRIC, MATCHED_AXES, block_problem
+from refexp.report.reading.plan import DEFAULT_METRIC, block_problem, matched_of
 
 
 def conf_dirs() -> tuple[Path, Path]:
@@ -47,11 +47,9 @@ class Experiment:
         return [str(m) for m in self.block.get("metrics") or ()] or [str(self.block.get("metric") or DEFAULT_METRIC)]
 
     @property
-    def matched_at(self) -> tuple[str, list[float]]:
-        """(axis, values) of ``comparison.matched``: where the primary contrasts are tested on the baseline's
-        frontier; values empty: group by group."""
-        m = self.block.get("matched") or {}
-        return str(m.get("axis") or MATCHED_AXES[0]), [float(x) for x in m.get("at") or ()]
+    def matched_at(self) -> tuple[str, tuple[float, ...]]:
+        """``plan.matched_of`` the experiment's comparison block."""
+        return matched_of(self.block)
 
     @property
     def family(self) -> int:

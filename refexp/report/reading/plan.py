@@ -79,10 +79,8 @@ class ComparisonPlan:
 
     @property
     def matched_at(self) -> tuple[str, tuple[float, ...]]:
-        """(axis, values): where the primary contrasts are tested on the baseline's frontier (``comparison.matched``,
-        checked by ``block_problem``); values empty: the primary contrasts are group by group."""
-        m = (self.block or {}).get("matched") or {}
-        return str(m.get("axis") or MATCHED_AXES[0]), tuple(float(x) for x in m.get("at") or ())
+        """``matched_of`` the declared block."""
+        return matched_of(self.block or {})
 
     def role(self, arm: Optional[str]) -> str:
         """"primary" for a declared primary contrast's arm, else "secondary" (a declared block) or "exploratory"."""
@@ -138,6 +136,13 @@ def default_baseline(runs: list[Run]) -> tuple[str, str]:
         return DEFAULT_BASELINE, f"no comparison declared, no --baseline named: a group is {DEFAULT_BASELINE}"
     first = next(iter(group_runs(runs).values()))[0]
     return first.label, f"no comparison declared, no --baseline named, no group is {DEFAULT_BASELINE}: the first group"
+
+
+def matched_of(block: dict) -> tuple[str, tuple[float, ...]]:
+    """(axis, values) of a comparison block's ``matched``: where the primary contrasts are tested on the baseline's
+    frontier (checked by ``block_problem``); values empty: the primary contrasts are group by group."""
+    m = block.get("matched") or {}
+    return str(m.get("axis") or MATCHED_AXES[0]), tuple(float(x) for x in m.get("at") or ())
 
 
 def declared_block(runs: list[Run]) -> tuple[Optional[dict], list[str]]:

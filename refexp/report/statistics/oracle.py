@@ -13,10 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
-
-from refexp.report.statistics.metric_scores import final_value
-from refexp.report.statistics.selection import Candidate, Selection
+from refexp.report.statistics.selection import Candidate, Selection, best_of, mean_final
 
 TITLE = "Oracle choice (uses the test labels: an upper bound, not a result)"
 
@@ -48,26 +45,18 @@ class Oracle:
     text: str = ""
 
 
-def mean_on_test(c: Candidate, metric: str) -> Optional[float]:
-    """The candidate's mean final ``metric`` over its runs that logged it (None: none did)."""
-    values = [v for v in (final_value(r, metric) for r in c.runs) if v is not None]
-    return float(np.mean(values)) if values else None
-
-
 def oracle_choice(sel: Selection) -> Oracle:
     """Per arm of ``sel``, the candidate with the best mean final test metric (``sel.metric``; ties: the first in
     setting order, noted), beside ``sel``'s own choice. Floors are not applied: the bound is over every setting run."""
     rows, notes = [], []
     for arm, choice in sel.choices.items():
-        means = [(c, mean_on_test(c, sel.metric)) for c in choice.candidates]
-        scored = [(c, m) for c, m in means if m is not None]
-        best = (max if sel.maximize else min)(scored, key=lambda cm: cm[1]) if scored else (None, None)
-        tied = [c.shown for c, m in scored if best[0] is not None and m == best[1]]
+        means = [(c, mean_final(c.runs, sel.metric)) for c in choice.candidates]
+        best, best_test, tied = best_of([(c, m) for c, m in means if m is not None], sel.maximize)
         if len(tied) > 1:
             notes.append(f"{arm}: {', '.join(tied)} tie on {sel.metric}; the first in setting order is shown")
         chosen = choice.chosen
-        chosen_test = None if chosen is None else mean_on_test(chosen, sel.metric)
-        rows.append(OracleRow(arm, best[0], best[1], chosen, chosen_test, len(choice.candidates)))
+        chosen_test = None if chosen is None else mean_final(chosen.runs, sel.metric)
+        rows.append(OracleRow(arm, best, best_test, chosen, chosen_test, len(choice.candidates)))
     out = Oracle(sel.metric, rows, notes)
     validated = ("the validation rule's choice" if sel.refused is None
                  else "the validation rule's choice (refused here: none)")

@@ -94,9 +94,19 @@ class Selection:
         return {arm: len(c.candidates) for arm, c in self.choices.items()}
 
 
-def _mean(runs: list[Run], metric: str) -> Optional[float]:
+def mean_final(runs: list[Run], metric: str) -> Optional[float]:
     values = [v for v in (final_value(r, metric) for r in runs) if v is not None]
     return float(np.mean(values)) if values else None
+
+
+def best_of(scored: list[tuple[Candidate, float]], maximize: bool
+            ) -> tuple[Optional[Candidate], Optional[float], list[str]]:
+    """(the candidate with the best score, that score, the settings that tie with it): the first in ``scored``'s
+    order wins a tie; (None, None, []) when nothing is scored."""
+    if not scored:
+        return None, None, []
+    best, value = (max if maximize else min)(scored, key=lambda cs: cs[1])
+    return best, value, [c.shown for c, v in scored if v == value]
 
 
 def budget_score(run: Run, metric: str, budget: int) -> Optional[float]:
@@ -185,17 +195,15 @@ def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
     for arm in block["arms"]:
         cands = []
         for settings, rs in sorted(by_arm.get(arm, {}).items()):
-            floors = {k: _mean(rs, k) for k in floor}
+            floors = {k: mean_final(rs, k) for k in floor}
             changes = {k: _mean_change(rs, k) for k in floor_change}
             unlogged |= {k for k, v in (*floors.items(), *changes.items()) if v is None}
             ok = (all(v is None or v >= floor[k] for k, v in floors.items())
                   and all(v is None or v >= floor_change[k] for k, v in changes.items()))
             score = (None if sel.refused else _budget_mean(rs, metric, budget) if budget is not None
-                     else _mean(rs, metric))
+                     else mean_final(rs, metric))
             cands.append(Candidate(settings, rs, score, floors, ok, changes))
-        scored = [c for c in cands if c.eligible and c.score is not None]
-        best = (max if maximize else min)(scored, key=lambda c: c.score) if scored else None
-        tied = [c.shown for c in scored if best is not None and c.score == best.score]
+        best, _, tied = best_of([(c, c.score) for c in cands if c.eligible and c.score is not None], maximize)
         if len(tied) > 1:
             sel.notes.append(f"{arm}: {', '.join(tied)} tie on {metric}; the first in setting order is chosen")
         sel.choices[arm] = Choice(arm, cands, best)
@@ -221,7 +229,7 @@ def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
 def gap(c: Candidate, test_metric: str) -> Optional[float]:
     """The candidate's validation score (what the rule read: the whole split or the budget's prompts) minus its mean
     final ``test_metric`` (None: one is not logged)."""
-    test = _mean(c.runs, test_metric)
+    test = mean_final(c.runs, test_metric)
     return None if c.score is None or test is None else c.score - test
 
 

@@ -66,10 +66,15 @@ def primary_lines(report) -> list[Line]:
                     lines.append(Line(algo, contrast, ep.doc_name, None, None, None,
                                       f"no claim ({c.no_claim if c is not None else 'no pair'})", None))
                     continue
-                lines.append(Line(algo, contrast, ep.doc_name, v.result.point, tuple(v.interval),
-                                  1 - v.alpha / v.family_size, v.phrase if v.degenerate else v.word, v.mdd,
-                                  v.interval_text))
+                lines.append(_line(algo, contrast, ep.doc_name, v))
     return lines + matched_lines(report)
+
+
+def _line(algo: str, contrast: str, endpoint: str, v) -> Line:
+    """The line of a verdict (``inference.Verdict``): its difference, family interval, word and detectable
+    difference."""
+    return Line(algo, contrast, endpoint, v.result.point, tuple(v.interval), 1 - v.alpha / v.family_size,
+                v.phrase if v.degenerate else v.word, v.mdd, v.interval_text)
 
 
 def matched_lines(report) -> list[Line]:
@@ -86,8 +91,7 @@ def matched_lines(report) -> list[Line]:
         if v is None:
             out.append(Line(algo, contrast, endpoint, None, None, None, f"no claim ({r.no_claim})", None))
             continue
-        out.append(Line(algo, contrast, endpoint, v.result.point, tuple(v.interval), 1 - v.alpha / v.family_size,
-                        v.phrase if v.degenerate else v.word, v.mdd, v.interval_text))
+        out.append(_line(algo, contrast, endpoint, v))
     return out
 
 
