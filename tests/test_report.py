@@ -23,6 +23,7 @@ from refexp.record.status import read_status
 from refexp.report import build_report, format_table, t_quantile
 from refexp.report.__main__ import main
 from refexp.report.reading.group import group_runs
+from refexp.report.reading.load import load_sweep
 from refexp.report.statistics.stats import mean_ci, t_cdf
 from refexp.report.statistics.summary import summarize
 from refexp.report.writing.table import header_and_cells
@@ -169,6 +170,16 @@ def test_grouping_separates_non_seed_settings(sweep):
                       "periodic_reset (reference.reset_every=50)", "ema", "kl_triggered"]
     # hydra.* and the seed never make a group; algo and reference= are not repeated in labels.
     assert all("hydra" not in lab and "seed" not in lab for lab in labels)
+
+
+def test_groups_across_a_decimal_setting_are_ordered_by_its_value(tmp_path):
+    """algo.beta 0.05 < 0.1 < 0.2 < 0.5 < 2 < 10, not by the digits after the point (0.1, 0.2, 0.05, ...)."""
+    from tests.helpers.gold_peak_sweeps import write_run as write_gold_run
+    curve = [0.5, 0.6, 0.6, 0.6, 0.6]
+    for beta in (0.1, 0.2, 10.0, 0.05, 0.5, 2.0):
+        write_gold_run(tmp_path, "fixed", beta, 0, test=curve, val=curve, decl={})
+    labels = [g.label for g in group_runs(load_sweep(tmp_path))["grpo"]]
+    assert labels == [f"fixed (algo.beta={b})" for b in ("0.05", "0.1", "0.2", "0.5", "2", "10")]
 
 
 def test_at_steps_columns_give_the_accuracy_at_a_step_and_the_gain_after_it(tmp_path):
@@ -623,7 +634,6 @@ def test_a_run_recorded_as_objective_sft_reads_as_continued_sft(tmp_path):
     """Runs recorded before the rename say ``algo.objective: sft`` (config and overrides): they group with the
     runs that say ``continued_sft`` and take its label (refexp/choices.py: RENAMED_CHOICES)."""
     from refexp.record.resolved_config import write_resolved_config
-    from refexp.report.reading.load import load_sweep
 
     _write_objective_run(tmp_path / "0", "none", "sft", seed=0)
     write_resolved_config(tmp_path / "0", {"algo": {"name": "grpo", "objective": "sft"}, "reference": {"name": "none"},
@@ -639,7 +649,6 @@ def test_a_run_recorded_as_objective_sft_reads_as_continued_sft(tmp_path):
 def test_gold_and_proxy_are_drawn_against_kl_init_when_runs_log_a_gold_reward(tmp_path):
     """Runs of a learned reward log eval/gold: the report adds the gold/proxy-vs-kl/init plot, whose points are the
     seed means at the evaluations every seed logged (hand-computed here); runs without it get no such plot."""
-    from refexp.report.reading.load import load_sweep
     from refexp.report.writing.plots import gold_proxy_curve
 
     gold = {0: [0.3, 0.5, 0.4], 1: [0.3, 0.6, 0.2]}  # per seed, at steps 0, 10, 20

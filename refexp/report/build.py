@@ -16,7 +16,7 @@ from refexp.report.reading.load import Run, load_sweep, sft_start_keys
 from refexp.report.reading.plan import ComparisonPlan, make_plan
 from refexp.report.reading.reduce import at_step_columns
 from refexp.report.reading.setup import setup_rows
-from refexp.report.statistics import own_change
+from refexp.report.statistics import gold_peak, own_change
 from refexp.report.statistics import selection
 from refexp.report.statistics.summary import AlgoTable, summarize
 from refexp.report.writing import frontier_report, gao_section
@@ -70,6 +70,9 @@ class Report:
     """The experiment files the runs were launched with, against when the first run began (``config_history``)."""
     gao: Optional[gao_section.GaoSection] = None
     """Gao et al.'s RL form fitted per reference strategy, when runs log ``eval/gold`` (``statistics/gao.py``)."""
+    peaks: dict[str, gold_peak.GoldPeaks] = field(default_factory=dict)
+    """algo -> each group's test gold at the step validation chose, and each arm at its gold peak
+    (``statistics/gold_peak.py``), where runs log test and validation gold."""
 
     @property
     def shown_dir(self) -> str:
@@ -171,6 +174,7 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
             if (oc := own_change.own_changes(by_algo[algo], plan.counts, alpha=plan.alpha, margin=plan.margin))}
     within = {algo: _within_starts(algo, by_algo[algo], target, plan, extra) for algo in tables}
     report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan, frontier, kept,
-                    {algo: w for algo, w in within.items() if w}, configs, gao_section.make(runs, plan, plots_dir))
+                    {algo: w for algo, w in within.items() if w}, configs, gao_section.make(runs, plan, plots_dir),
+                    {algo: p for algo in tables if (p := gold_peak.gold_peaks(by_algo[algo], plan.counts, plan))})
     write_all(report)
     return report

@@ -12,7 +12,7 @@ from typing import Optional
 
 from refexp.record.provenance import provenance
 
-REPORT_VERSION = 4
+REPORT_VERSION = 5
 """Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version`` in
 their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
 inconclusive), primary contrasts (``comparison.primary``) form the verdict family and the first screen, every other
@@ -23,7 +23,10 @@ primary contrasts at a declared matched drift (``comparison.matched``) and the s
 (its last commit against the runs' first start). 4: the tuned comparison states its validation budget
 (``comparison.select.budget``: the first N validation prompts, or a refusal), and each arm's oracle choice (on the
 test metric: an upper bound) has its own section; runs that log ``eval/gold`` get Gao et al.'s RL form fitted per
-reference strategy (``statistics/gao.py``: a table, a plot, summary.json's ``gao``)."""
+reference strategy (``statistics/gao.py``: a table, a plot, summary.json's ``gao``). 5: runs that log ``eval/gold``
+and ``val/gold`` get the gold-peak tables (``statistics/gold_peak.py``: each group's test gold at the step validation
+chose against its step 0, each arm at its gold peak against the baseline's), and groups across a decimal setting are
+ordered by its value (0.05 before 0.1)."""
 
 
 def rendered_by(version: int = REPORT_VERSION, commit: Optional[str] = "current") -> dict:

@@ -60,8 +60,9 @@ def find_run_dirs(sweep_dir: Path) -> list[Path]:
 
 
 def natural_key(text: str) -> list:
-    """Sort key that orders embedded integers numerically ("2" < "10", "a=5" < "a=20")."""
-    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t]
+    """Sort key that orders embedded numbers by value, decimals too ("2" < "10", "a=5" < "a=20",
+    "beta=0.05" < "beta=0.1")."""
+    return [(0, float(t), "") if t[0].isdigit() else (1, 0, t) for t in re.split(r"(\d+(?:\.\d+)?)", text) if t]
 
 
 def sft_start_keys(runs: Iterable["Run"]) -> list[str]:

@@ -19,7 +19,7 @@ from refexp.report.reading.reduce import COLUMNS, TAIL
 from refexp.report.statistics import own_change
 from refexp.report.statistics.summary import DEFAULT_TARGET_MARGIN
 from refexp.report.version import rendered_by
-from refexp.report.writing import first_screen, frontier_report, gao_section
+from refexp.report.writing import first_screen, frontier_report, gao_section, gold_peak_section
 from refexp.report.writing.frontier_report import WITHIN_START
 from refexp.report.writing.table import error_cell, header_and_cells
 
@@ -79,7 +79,9 @@ HOW_TO_READ = (
     "*within each SFT start*, conditional on it (its seeds, then prompts): a difference there holds for that "
     "start. *What each group kept* is each group's final `eval/retention` minus its own step-0 evaluation, "
     "paired by prompt within each run, with the verdict table's intervals and rule, Holm over the algorithm's "
-    "groups. "
+    "groups. *Gold at its peak* (runs with a learned reward) is each group's test `eval/gold` at the evaluation "
+    "step its validation gold chose, minus its step-0 evaluation, with the kept table's intervals and rule; *each arm at "
+    "its gold peak* compares the arms' best such points with the baseline's (docs/runs.md). "
     "Runs outside the comparison the "
     "experiment declared (other seeds or arms), or from another refexp commit or thread count than most "
     "runs, are listed in the setup block and left out of the verdict (`--allow-mixed` counts them). "
@@ -192,6 +194,8 @@ def render_markdown(report) -> str:
         if kept is not None:
             out += [f"**What each group kept.** {kept.text}", ""]
             out += _md_table(own_change.header(kept), own_change.rows(kept)) + [""]
+        if algo in report.peaks:
+            out += gold_peak_section.markdown(report.peaks[algo], report.plan.alpha, _md_table)
         for start, inside in report.within.get(algo, {}).items():
             out += [f"### {algo.upper()} within SFT start {start}", "", WITHIN_START, ""]
             for paragraph in inside.verdict.split("\n\n") if inside.verdict else []:
@@ -265,6 +269,8 @@ def render_html(report) -> str:
         if kept is not None:
             parts += [f"<p><strong>What each group kept.</strong> {e(kept.text)}</p>",
                       _html_table(own_change.header(kept), own_change.rows(kept))]
+        if algo in report.peaks:
+            parts += gold_peak_section.html_parts(report.peaks[algo], report.plan.alpha, _html_table, e)
         for start, inside in report.within.get(algo, {}).items():
             parts += [f"<h3>{e(algo.upper())} within SFT start {e(start)}</h3>", f"<p>{e(WITHIN_START)}</p>"]
             parts += [f"<p>{e(p)}</p>" for p in (inside.verdict.split("\n\n") if inside.verdict else [])]
@@ -330,6 +336,8 @@ def summary_dict(report) -> dict:
                        "baseline": table.baseline, "headline": table.headline.key if table.headline else None,
                        "verdict": table.verdict, "setup": dict(report.setup.get(algo, [])),
                        "kept": own_change.summary(report.kept[algo]) if algo in report.kept else None,
+                       "gold_peak": (gold_peak_section.summary(report.peaks[algo], report.plan.alpha)
+                                     if algo in report.peaks else None),
                        "within_sft_start": {start: {"verdict": inside.verdict, "paired_vs_baseline": {
                            row.group.label: {key: _comparison_dict(c, inside.verdicts[key].get(row.group.label),
                                                                    inside.baseline, inside.roles[key][row.group.label])
