@@ -4,6 +4,8 @@ and a tiny ``rm.loss=pairwise`` run whose held-out pair accuracy rises and is re
 
 from __future__ import annotations
 
+import math
+
 import json
 from pathlib import Path
 
@@ -29,7 +31,8 @@ def test_the_pair_accuracy_is_the_share_of_within_prompt_pairs_in_order_ties_hal
     scores = [2.0, 1.0, 0.0, 1.0, 1.0, 0.0, 9.0, 8.0, -9.0]
     labels = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
     prompts = ["a", "a", "a", "b", "b", "b", "c", "c", "d"]
-    assert pair_accuracy(scores, labels, prompts) == {"accuracy": pytest.approx(0.625), "pairs": 4, "prompts": 2}
+    got = pair_accuracy(scores, labels, prompts)
+    assert (got["accuracy"], got["pairs"], got["prompts"]) == (pytest.approx(0.625), 4, 2)
     # a scorer that knows only which prompt is easy gets every label's sign right and orders no pair
     easy = {"p": 3.0, "q": -3.0}
     prompts = ["p", "p", "p", "q", "q", "q"]
@@ -37,7 +40,24 @@ def test_the_pair_accuracy_is_the_share_of_within_prompt_pairs_in_order_ties_hal
     by_prompt = [easy[p] for p in prompts]
     assert sum((s > 0) == (y > 0.5) for s, y in zip(by_prompt, labels)) / 6 == pytest.approx(4 / 6)
     assert pair_accuracy(by_prompt, labels, prompts)["accuracy"] == pytest.approx(0.5)
-    assert pair_accuracy([1.0, 2.0], [1.0, 1.0], ["a", "a"]) == {"accuracy": None, "pairs": 0, "prompts": 0}
+    assert pair_accuracy([1.0, 2.0], [1.0, 1.0], ["a", "a"]) == {"accuracy": None, "interval": None, "pairs": 0,
+                                                                 "prompts": 0}
+
+
+def test_the_pair_accuracys_interval_takes_the_prompt_as_its_unit():
+    # three prompts: u = (2, 0, 3) of n = (2, 2, 4) pairs in order -> R = 5/8; residuals u - R n = (0.75, -1.25, 0.5),
+    # se^2 = (0.5625 + 1.5625 + 0.25) / (2 * 3 * (8/3)^2) = 2.375 / 42.667; t_{0.975, 2} = 4.3027
+    # a: right 1 over wrong 0, 0 (2 of 2); b: right 0 under wrong 1, 1 (0 of 2); c: right 1, 3 over wrong 0, 2
+    # (1 > 0, 3 > 0, 3 > 2: 3 of 4)
+    scores = [1.0, 0.0, 0.0] + [0.0, 1.0, 1.0] + [1.0, 3.0, 0.0, 2.0]
+    labels = [1.0, 0.0, 0.0] + [1.0, 0.0, 0.0] + [1.0, 1.0, 0.0, 0.0]
+    prompts = ["a"] * 3 + ["b"] * 3 + ["c"] * 4
+    got = pair_accuracy(scores, labels, prompts)
+    assert (got["accuracy"], got["pairs"], got["prompts"]) == (pytest.approx(5 / 8), 8, 3)
+    half = 4.302652729911275 * math.sqrt(2.375 / (2 * 3 * (8 / 3) ** 2))
+    assert got["interval"] == [pytest.approx(max(0.0, 5 / 8 - half)), pytest.approx(min(1.0, 5 / 8 + half))]
+    # the same pairs counted as independent would give a far narrower interval: the unit matters
+    assert got["interval"][1] - got["interval"][0] > 0.5
 
 
 def test_the_pairwise_loss_is_bradley_terry_over_the_within_prompt_pairs():

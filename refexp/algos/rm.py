@@ -124,13 +124,16 @@ def run_rm(ctx: RunContext, sft_dir: Path) -> dict:
 
 def held_out_line(summary: dict) -> str:
     """``rm.json``'s held-out accuracies in words, e.g. ``held-out label accuracy 0.812 [0.771, 0.853] (95%, over 64
-    prompts; 256 samples); within-prompt pair accuracy 0.640 over 212 pairs of 41 prompts``."""
+    prompts; 256 samples); within-prompt pair accuracy 0.640 [0.571, 0.709] (95%, over prompts) over 212 pairs of 41
+    prompts``."""
     ci = summary["val_accuracy_interval"]
     interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci is not None else ""
     pairs = ""
     if "val_pair_accuracy" in summary:  # absent from an rm.json written before it was recorded
         pair = summary["val_pair_accuracy"]
-        pairs = (f"; within-prompt pair accuracy {pair:.3f} over {summary['val_pairs']} pairs of "
+        pci = summary.get("val_pair_accuracy_interval")  # absent from an rm.json written before it was recorded
+        pair_interval = f" [{pci[0]:.3f}, {pci[1]:.3f}] (95%, over prompts)" if pci is not None else ""
+        pairs = (f"; within-prompt pair accuracy {pair:.3f}{pair_interval} over {summary['val_pairs']} pairs of "
                  f"{summary['val_pair_prompts']} prompts" if pair is not None else "; no within-prompt pairs")
     return (f"held-out label accuracy {summary['val_accuracy']:.3f}{interval} (95%, over {summary['val_prompts']} "
             f"prompts; {summary['val_samples']} samples){pairs}")
@@ -236,7 +239,8 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     log = MetricLogger(out_dir, enabled=True)
     positive_rate = float(torch.cat([train["labels"], val["labels"]]).mean())
     best = {"rm/val_loss": math.inf}
-    best_state, best_step, best_right, best_pairs = None, 0, [], {"accuracy": None, "pairs": 0, "prompts": 0}
+    best_state, best_step, best_right, best_pairs = None, 0, [], {"accuracy": None, "interval": None, "pairs": 0,
+                                                                  "prompts": 0}
     val_losses: list[float] = []
     gen = torch.Generator().manual_seed(a.seed)
     if a.loss == "pairwise":
@@ -283,6 +287,7 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     summary = {"steps": a.steps, "kept_step": best_step, "val_loss": best["rm/val_loss"],
                "val_accuracy": held_out["accuracy"], "val_accuracy_interval": held_out["interval"],
                "val_prompts": held_out["prompts"], "loss": a.loss, "val_pair_accuracy": best_pairs["accuracy"],
+               "val_pair_accuracy_interval": best_pairs["interval"],
                "val_pairs": best_pairs["pairs"], "val_pair_prompts": best_pairs["prompts"],
                "train_samples": len(train_texts),
                "val_samples": len(val_texts), "positive_rate": positive_rate, "sources": per_source,

@@ -18,13 +18,15 @@ human feedback", eq. 1; TRL's ``RewardTrainer``), the reward then the score itse
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from typing import Hashable, Sequence
+from typing import Hashable, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy.stats import mannwhitneyu
+from scipy.stats import t as student_t
 
 
 def is_right(label: float) -> bool:
@@ -57,16 +59,36 @@ def pairwise_loss(scores: torch.Tensor, right: torch.Tensor, wrong: torch.Tensor
     return -F.logsigmoid(scores[right] - scores[wrong]).mean()
 
 
-def pair_accuracy(scores: Sequence[float], labels: Sequence[float], prompt_ids: Sequence[Hashable]) -> dict:
-    """``{"accuracy", "pairs", "prompts"}``: the share of within-prompt (right, wrong) pairs that ``scores`` [N] put in
-    the right order (ties 1/2), over the ``prompts`` that have both a right and a wrong sample (``pairs`` of them in
-    all); ``accuracy`` is None when no prompt has a pair."""
+def pair_accuracy(scores: Sequence[float], labels: Sequence[float], prompt_ids: Sequence[Hashable],
+                  confidence: float = 0.95) -> dict:
+    """``{"accuracy", "interval", "pairs", "prompts"}``: the share of within-prompt (right, wrong) pairs that
+    ``scores`` [N] put in the right order (ties 1/2), over the ``prompts`` that have both a right and a wrong sample
+    (``pairs`` of them in all); ``accuracy`` is None when no prompt has a pair. ``interval``: its Student-t interval
+    with the prompt as the unit (``ratio_interval``), None with fewer than 2 prompts."""
     if not len(scores) == len(labels) == len(prompt_ids):
         raise ValueError(f"{len(scores)} scores, {len(labels)} labels and {len(prompt_ids)} prompt ids")
-    ordered = pairs = prompts = 0.0
+    ordered, sizes = [], []
     for rs, ws in by_prompt([float(x) for x in scores], labels, prompt_ids).values():
         if rs and ws:  # U of the right scores against the wrong: pairs with right > wrong, plus half the ties
-            ordered += float(mannwhitneyu(np.array(rs), np.array(ws), method="asymptotic").statistic)
-            pairs += len(rs) * len(ws)
-            prompts += 1
-    return {"accuracy": ordered / pairs if pairs else None, "pairs": int(pairs), "prompts": int(prompts)}
+            ordered.append(float(mannwhitneyu(np.array(rs), np.array(ws), method="asymptotic").statistic))
+            sizes.append(len(rs) * len(ws))
+    pairs = sum(sizes)
+    return {"accuracy": sum(ordered) / pairs if pairs else None,
+            "interval": ratio_interval(ordered, sizes, confidence), "pairs": int(pairs), "prompts": len(sizes)}
+
+
+def ratio_interval(ordered: Sequence[float], sizes: Sequence[int], confidence: float = 0.95
+                   ) -> Optional[list[float]]:
+    """The Student-t interval, clipped to [0, 1], of R = Σ u_p / Σ n_p over k prompts (u_p the pairs prompt p puts
+    in order, n_p its pairs): the prompts are the independent units (a scorer is right or wrong about one prompt's
+    pairs together) and R is a ratio of their sums, so its standard error is the ratio (linearisation) estimator's,
+    se² = Σ (u_p − R n_p)² / ((k − 1) k n̄²) with n̄ the mean n_p (Cochran 1977, "Sampling Techniques", eq. 6.13),
+    with t on k − 1 degrees of freedom. None with fewer than 2 prompts."""
+    k = len(sizes)
+    if k < 2:
+        return None
+    u, n = np.asarray(ordered, dtype=float), np.asarray(sizes, dtype=float)
+    ratio = u.sum() / n.sum()
+    se = math.sqrt(float(((u - ratio * n) ** 2).sum()) / ((k - 1) * k * n.mean() ** 2))
+    half = float(student_t.ppf((1 + confidence) / 2, k - 1)) * se
+    return [max(0.0, ratio - half), min(1.0, ratio + half)]
