@@ -12,6 +12,7 @@ import pytest
 
 from refexp.record.provenance import _git_commit, provenance
 from refexp.report import build_report
+from refexp.report.reading.archive import ARCHIVE
 from refexp.report.reading.load import load_sweep
 from refexp.report.version import REPORT_VERSION
 from refexp.report.writing import not_kept
@@ -23,9 +24,10 @@ COMMITTED = sorted(p.parent for p in (ROOT / "docs").rglob("summary.json"))
 
 def runs_in_reach(report_dir: Path) -> bool:
     """Whether the runs a committed report was rendered from are in the repo: run dirs below the report's own dir,
-    or its ``sweep_dir`` (as the report shows it, relative to the checkout) holding runs."""
+    its ``runs.tar.xz`` (refexp/report/reading/archive.py), or its ``sweep_dir`` (as the report shows it, relative
+    to the checkout) holding runs."""
     sweep = json.loads((report_dir / "summary.json").read_text())["sweep_dir"]
-    return any(d.is_dir() and load_sweep(d) for d in (report_dir, ROOT / sweep))
+    return (report_dir / ARCHIVE).is_file() or any(d.is_dir() and load_sweep(d) for d in (report_dir, ROOT / sweep))
 
 
 def test_there_are_committed_reports():

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+from refexp.report.reading.archive import runs_source
 from refexp.report.reading.config_history import ConfigHistory, histories
 from refexp.report.reading.group import Group, group_runs, merged_note
 from refexp.report.reading.load import Run, load_sweep, sft_start_keys
@@ -130,11 +131,20 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
     the headline metric (``comparison.metric``, else accuracy) at S, the gain after it and a verdict at S.
     ``repo``: the refexp checkout whose ``conf/experiment/`` the runs' experiment file is read from, with its git
     history (None: the one this package lives in; ``config_history``).
-    Safe to call again on the same dir at any time. Raises ``NoRunsError`` (no run) before writing anything."""
+    A dir without run dirs but with a ``runs.tar.xz`` (a committed report's runs, ``reading/archive.py``) is read
+    from that archive. Safe to call again on the same dir at any time. Raises ``NoRunsError`` (no run) before
+    writing anything."""
     sweep_dir = Path(sweep_dir).resolve()
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"sweep dir {sweep_dir} does not exist")
-    runs = load_sweep(sweep_dir)
+    with runs_source(sweep_dir) as source:  # a committed report's runs.tar.xz, extracted for the build's duration
+        return _build(sweep_dir, load_sweep(source), target=target, baseline=baseline, at_steps=at_steps,
+                      alpha=alpha, margin=margin, allow_mixed=allow_mixed, comparison=comparison, repo=repo)
+
+
+def _build(sweep_dir: Path, runs: list, *, target, baseline, at_steps, alpha, margin, allow_mixed, comparison,
+           repo) -> Report:
+    """``build_report``'s work over the loaded ``runs``; the report's files go to ``sweep_dir``."""
     if not runs:
         raise NoRunsError(f"no runs found under {sweep_dir} (a run dir has .hydra/, status.json or "
                           f"metrics.jsonl); nothing was written")
