@@ -15,7 +15,17 @@ A docs page cites a cell with an HTML comment right after the verdict phrase tha
     ``<!-- kept DIR | ALGO | START | GROUP -->``
         the row of group GROUP in ``algos[ALGO].kept.within[START].rows`` (START ``all``: ``kept.rows``);
 
+    ``<!-- primary DIR | CONTRAST | ENDPOINT -->``
+        the first-screen line of ``primary_contrasts`` whose contrast and endpoint these are;
+    ``<!-- peak DIR | ALGO | GROUP -->`` / ``<!-- peakarm DIR | ALGO | ARM -->``
+        a row of ``algos[ALGO].gold_peak.groups`` (the group's gold at its peak against its step 0) or of its
+        ``arms`` (the arm at its gold peak against the baseline's);
+
 DIR is the report's folder under ``docs/`` (e.g. ``frontier_grpo/paired_against_none``).
+
+The last three kinds are read only from a report whose runs are kept beside it (run dirs or ``runs.tar.xz``):
+``tests/test_report_version.py`` makes such a report the current report version's, so its printed verdict is the
+current rule's, equivalence included.
 
 A paired cell's Holm p is recomputed over its family from the unadjusted p's (a degenerate t entering as 1);
 a kept row stores no unadjusted p, so its committed Holm p is read as it is.
@@ -33,7 +43,7 @@ from typing import Optional
 from refexp.report.statistics.inference import DEGENERATE, INCONCLUSIVE, holm, verdict_word
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-MARKER = re.compile(r"<!--\s*(paired|kept)\s+([^>]*?)\s*-->")
+MARKER = re.compile(r"<!--\s*(paired|kept|primary|peak|peakarm)\s+([^>]*?)\s*-->")
 
 UNINFORMATIVE = "uninformative"
 PROPORTION_METRICS = ("acc_", "retention_", "pass_at_k", "heldout_pref")
@@ -82,9 +92,48 @@ def _paired_family_holm(family: dict, metric: str, alpha: float) -> dict[str, fl
     return dict(zip(arms, holm(p, alpha).adjusted)) if arms else {}
 
 
-def resolve(kind: str, spec: str) -> Cell:
-    """The cell a marker names (``kind`` paired or kept; ``spec`` its ``|``-separated fields)."""
+def runs_kept(folder: str) -> bool:
+    """Whether the report in ``docs/<folder>`` has its runs beside it (run dirs or ``runs.tar.xz``)."""
+    from refexp.report.reading.archive import ARCHIVE
+    from refexp.report.reading.load import find_run_dirs
+    return (DOCS / folder / ARCHIVE).is_file() or bool(find_run_dirs(DOCS / folder))
+
+
+def _printed(folder: str, kind: str, spec: str) -> Cell:
+    """A cell of a current report (``primary``, ``peak``, ``peakarm``): its printed verdict is the rule's."""
     fields = [f.strip() for f in spec.split("|")]
+    s = summary(folder)
+    where = f"docs/{folder}/summary.json {kind} {' | '.join(fields[1:])}"
+    if not runs_kept(folder):
+        raise KeyError(f"{where}: its runs are not kept beside it, so its printed verdict may be an older rule's; "
+                       f"cite a paired or kept cell")
+    if kind == "primary":
+        contrast, endpoint = fields[1:3]
+        match = [c for c in s["primary_contrasts"] if c["contrast"] == contrast and c["endpoint"] == endpoint]
+        names = [(c["contrast"], c["endpoint"]) for c in s["primary_contrasts"]]
+    else:
+        algo, name = fields[1:3]
+        peak = s["algos"][algo]["gold_peak"] or {}
+        rows, key = (peak.get("groups", []), "group") if kind == "peak" else (peak.get("arms", []), "arm")
+        match = [r for r in rows if r[key] == name]
+        names = [r[key] for r in rows]
+    if len(match) != 1:
+        raise KeyError(f"{where}: no such cell (there are {names})")
+    cell = match[0]
+    text = cell.get("verdict_text") or cell["verdict"]
+    words = VERDICT_IN_TEXT.findall(text)
+    decided = words[0] if words else "no claim"
+    difference = cell.get("difference", cell.get("change"))
+    return Cell(where, difference, tuple(cell["interval"]) if cell.get("interval") else (float("nan"),) * 2,
+                text, decided)
+
+
+def resolve(kind: str, spec: str) -> Cell:
+    """The cell a marker names (``kind`` paired, kept, primary, peak or peakarm; ``spec`` its ``|``-separated
+    fields)."""
+    fields = [f.strip() for f in spec.split("|")]
+    if kind in ("primary", "peak", "peakarm"):
+        return _printed(fields[0], kind, spec)
     folder, algo, start = fields[:3]
     s = summary(folder)
     alpha = (s.get("comparison") or {}).get("alpha") or 0.05

@@ -33,28 +33,30 @@ def _cell(v: Optional[Verdict], no_claim: str, words: dict[str, str]) -> str:
 
 def rise_text(p: GoldPeaks, alpha: float) -> str:
     n = len(p.verdicts)
-    parts = [
+    intro = (
         f"Secondary: whether optimising the proxy raised the held-out gold before it lowered it (Gao, Schulman and "
         f"Hilton 2022). Per group, the peak is the evaluation step after step 0 with the highest mean {p.chooser} "
         f"over its runs (chosen on validation, never on test; one step for all its runs), and eval/gold is read "
         f"there on the test prompts: its change from {START}, paired by prompt within each run; family: {n} "
-        f"group{'s' * (n != 1)}, Holm-adjusted, alpha {alpha:g}."]
-    parts += [p.verdicts[r.label].sentence(START) for r in p.rows if r.label in p.verdicts]
-    unclaimed = [f"{r.label} ({r.no_claim})" for r in p.rows if r.label not in p.verdicts]
-    if unclaimed:
-        parts.append("No claim: " + "; ".join(unclaimed) + ".")
-    return " ".join(parts)
+        f"group{'s' * (n != 1)}, Holm-adjusted, alpha {alpha:g}.")
+    return _family(intro, p.verdicts, [(r.label, r.no_claim) for r in p.rows], START)
 
 
 def arm_text(p: GoldPeaks, alpha: float) -> str:
     n = len(p.arm_verdicts)
-    parts = [
-        f"Secondary: each arm at its gold peak, its algo setting and step both chosen on {p.chooser} (the group and "
-        f"step above with the highest chosen-step validation gold), its test eval/gold there minus {p.baseline}'s "
+    intro = (
+        f"Secondary: each arm at its gold peak, its group and step both chosen on {p.chooser}: the group and step "
+        f"above with the highest chosen-step validation gold, its test eval/gold there minus {p.baseline}'s "
         f"at its own choice, paired by SFT start, seed and prompt; family: {n} comparison{'s' * (n != 1)}, "
-        f"Holm-adjusted, alpha {alpha:g}."]
-    parts += [p.arm_verdicts[a.arm].sentence(p.baseline) for a in p.arms if a.arm in p.arm_verdicts]
-    unclaimed = [f"{a.arm} ({a.no_claim})" for a in p.arms if a.arm not in p.arm_verdicts]
+        f"Holm-adjusted, alpha {alpha:g}.")
+    return _family(intro, p.arm_verdicts, [(a.arm, a.no_claim) for a in p.arms], p.baseline)
+
+
+def _family(intro: str, verdicts: dict[str, Verdict], rows: list[tuple[str, str]], against: str) -> str:
+    """The intro, each row's verdict sentence against ``against`` in row order, then the rows with no claim and why
+    (``rows``: (label, why no claim))."""
+    parts = [intro] + [verdicts[label].sentence(against) for label, _ in rows if label in verdicts]
+    unclaimed = [f"{label} ({why})" for label, why in rows if label not in verdicts]
     if unclaimed:
         parts.append("No claim: " + "; ".join(unclaimed) + ".")
     return " ".join(parts)
