@@ -25,7 +25,8 @@ primary contrasts at a declared matched drift (``comparison.matched``) and the s
 test metric: an upper bound) has its own section; runs that log ``eval/gold`` get Gao et al.'s RL form fitted per
 reference strategy (``statistics/gao.py``: a table, a plot, summary.json's ``gao``). 5: runs that log ``eval/gold``
 and ``val/gold`` get the gold-peak tables (``statistics/gold_peak.py``: each group's test gold at the step validation
-chose against its step 0, each arm at its gold peak against the baseline's), and groups across a decimal setting are
+chose against its step 0, each arm at its gold peak against the baseline's), the declared matched contrasts say
+between which runs each curve was read (``declared_matched.bracket``), and groups across a decimal setting are
 ordered by its value (0.05 before 0.1)."""
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from refexp.record.metric_names import KL_INIT
 
 from refexp.report.reading.load import Run
@@ -78,7 +80,17 @@ def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis:
     if why:
         return MatchedRow(arm, x, seeds, label, no_claim=why)
     result, resampled = compare_at(arm_c, base_c, seeds, x, axis, metric)
-    return MatchedRow(arm, x, seeds, label, result, x_resampled=resampled)
+    return MatchedRow(arm, x, seeds, label, result, x_resampled=resampled,
+                      brackets={"the baseline": bracket(base_c, seeds, x), arm: bracket(arm_c, seeds, x)})
+
+
+def bracket(curve, seeds: list[Unit], x: float) -> tuple[float, float]:
+    """(lower, upper): over ``seeds``, the medians of the final x of the curve's runs nearest ``x`` from below and
+    from above, the two its value at ``x`` is interpolated between. Interpolation draws a chord across that gap: where
+    the curve bends between the two runs, the chord misplaces it, the more the wider the gap."""
+    lows = [max(p.x for p in curve[s] if p.x <= x * (1 + 1e-9)) for s in seeds]
+    highs = [min(p.x for p in curve[s] if p.x >= x * (1 - 1e-9)) for s in seeds]
+    return float(np.median(lows)), float(np.median(highs))
 
 
 def _outside(arm_c, base_c, arm: str, seeds: list[Unit], x: float, axis: Axis) -> str:
@@ -110,4 +122,12 @@ def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> s
     unclaimed = [f"{r.label} ({r.no_claim})" for r in m.rows if r.result is None]
     if unclaimed:
         parts.append("No claim: " + "; ".join(unclaimed) + ".")
+    read = [f"{r.label}: " + ", ".join(f"{m.baseline if who == 'the baseline' else who} between {lo:.3g} and {hi:.3g}"
+                                       + (f" (a factor {hi / lo:.3g} apart)" if m.axis.log and lo > 0 else "")
+                                       for who, (lo, hi) in r.brackets.items()) for r in m.rows if r.brackets]
+    if read:
+        parts.append(f"Where each curve was read (the medians over the replicates of the final {m.axis.key} of the "
+                     f"two runs it is interpolated between): " + "; ".join(read) + ". The interpolated value is a "
+                     f"chord across that gap: where a curve bends between its two runs (a gold reward that peaks and "
+                     f"then falls with drift), the chord misplaces it, the more the wider the gap.")
     return " ".join(parts)

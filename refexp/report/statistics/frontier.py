@@ -238,6 +238,9 @@ class MatchedRow:
     """Whether the bootstrap resampled every run's x too (its per-prompt contributions were logged)."""
     metric: str = ""
     """The metric compared, where a table holds several (the declared primary contrasts); "": the table's."""
+    brackets: dict = field(default_factory=dict)
+    """Curve label -> (lower x, upper x): the medians over the replicates of the final x of the two runs the curve is
+    interpolated between (the declared primary contrasts; ``declared_matched.bracket``)."""
 
 
 @dataclass

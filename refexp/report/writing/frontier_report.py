@@ -190,6 +190,7 @@ def _matched_summary(m: MatchedDrift) -> dict:
     return {"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
         {"arm": r.arm, "label": r.label, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,
          "x_resampled": r.x_resampled,
+         "brackets": {who: list(b) for who, b in r.brackets.items()} or None,
          **({"difference": m.verdicts[r.label].result.point, "interval": list(m.verdicts[r.label].interval),
              "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word,
              "verdict_text": m.verdicts[r.label].phrase, "detectable_difference_80": m.verdicts[r.label].mdd}
