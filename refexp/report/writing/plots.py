@@ -166,14 +166,21 @@ def gold_proxy_curve(runs) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]
     return tuple(np.array([np.mean([per_run[i][s] for per_run in series]) for s in steps]) for i in range(3))
 
 
+LINTHRESH = 0.01
+"""Where the gold-vs-drift plot's symlog axis turns linear: below the drift of the first evaluations."""
+
+
 def plot_gold_vs_kl(path: Path, algo: str, groups: list[Group]) -> Optional[Path]:
     """Gao et al. 2022's view of over-optimisation ("Scaling Laws for Reward Model Overoptimization", fig. 1): the
     gold reward (solid, left axis) and the optimised proxy (dashed, right axis) of the held-out greedy completions
     against the drift from the start (``kl/init``), one curve per group through its evaluations (seed means). Gold
-    falling while the proxy still climbs is over-optimisation."""
+    falling while the proxy still climbs is over-optimisation. The drift axis is logarithmic above ``LINTHRESH``
+    and linear below it (symlog, so step 0's kl/init of 0 is drawn): the rise before the fall happens at drifts a
+    hundred times smaller than where a run ends."""
     st = styles(groups)
     fig, ax = _figure(f"{algo.upper()}: gold (solid) and proxy (dashed) reward vs drift from init (seed means)",
-                      "kl/init", f"{GOLD} (gold)")
+                      f"kl/init (log scale; linear below {LINTHRESH:g})", f"{GOLD} (gold)")
+    ax.set_xscale("symlog", linthresh=LINTHRESH)
     fig.subplots_adjust(right=0.88)  # room for the proxy's axis
     proxy_ax = ax.twinx()
     proxy_ax.set_ylabel(f"{PROXY} (proxy: the optimised reward)")
