@@ -244,3 +244,23 @@ def test_pair_stats_counts_differences_and_correct_digits_after_them():
     assert s["share_with_shared_last_character"] == 2 / 3
     # after the first difference: "1" in 0801 (correct), "9" in 0369 (correct): 2 of 2 characters
     assert s["share_of_rejected_chars_after_the_first_difference_that_are_correct"] == 1.0
+
+
+def test_trajectory_matched_reads_each_run_where_it_passes_the_drift(tmp_path, capsys):
+    """tests/helpers/gold_peak_sweeps.py's runs: kl/init = step / 100, so kl/init 0.15 lies halfway in log between
+    the evaluations at steps 10 and 20 (log 1.5 / log 2 of the way); the metric is interpolated there per run, and
+    the arm's value is the replicates' mean against the baseline's."""
+    import trajectory_matched
+    from tests.helpers.gold_peak_sweeps import write_run
+
+    assert trajectory_matched.crossing([(0.1, 0.6), (0.2, 0.8)], 0.15) == pytest.approx(
+        0.6 + 0.2 * math.log(1.5) / math.log(2))
+    assert trajectory_matched.crossing([(0.1, 0.6), (0.2, 0.8)], 0.5) is None
+    f = math.log(1.5) / math.log(2)
+    for seed in (0, 1):
+        write_run(tmp_path, "fixed", 0.5, seed, test=[0.5, 0.6, 0.7, 0.7, 0.7], val=[0.5] * 5, decl={})
+        write_run(tmp_path, "ema", 0.5, seed, test=[0.5, 0.6, 0.8 + 0.05 * seed, 0.7, 0.7], val=[0.5] * 5, decl={})
+    assert trajectory_matched.main([str(tmp_path), "--at", "0.15"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["arm"] == "ema" and row["replicates"] == 2
+    assert row["difference"] == pytest.approx(f * 0.125)  # ema rises 0.2 + 0.05 seed where fixed rises 0.1

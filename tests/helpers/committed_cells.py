@@ -20,10 +20,13 @@ A docs page cites a cell with an HTML comment right after the verdict phrase tha
     ``<!-- peak DIR | ALGO | GROUP -->`` / ``<!-- peakarm DIR | ALGO | ARM -->``
         a row of ``algos[ALGO].gold_peak.groups`` (the group's gold at its peak against its step 0) or of its
         ``arms`` (the arm at its gold peak against the baseline's);
+    ``<!-- best DIR | GROUP -->``
+        ``frontier.selection.verdicts[GROUP]``: an arm at the setting its validation rule chose, against the
+        baseline's;
 
 DIR is the report's folder under ``docs/`` (e.g. ``frontier_grpo/paired_against_none``).
 
-The last three kinds are read only from a report whose runs are kept beside it (run dirs or ``runs.tar.xz``):
+The last four kinds are read only from a report whose runs are kept beside it (run dirs or ``runs.tar.xz``):
 ``tests/test_report_version.py`` makes such a report the current report version's, so its printed verdict is the
 current rule's, equivalence included.
 
@@ -43,7 +46,7 @@ from typing import Optional
 from refexp.report.statistics.inference import DEGENERATE, INCONCLUSIVE, holm, verdict_word
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-MARKER = re.compile(r"<!--\s*(paired|kept|primary|peak|peakarm)\s+([^>]*?)\s*-->")
+MARKER = re.compile(r"<!--\s*(paired|kept|primary|peak|peakarm|best)\s+([^>]*?)\s*-->")
 
 UNINFORMATIVE = "uninformative"
 PROPORTION_METRICS = ("acc_", "retention_", "pass_at_k", "heldout_pref")
@@ -100,14 +103,19 @@ def runs_kept(folder: str) -> bool:
 
 
 def _printed(folder: str, kind: str, spec: str) -> Cell:
-    """A cell of a current report (``primary``, ``peak``, ``peakarm``): its printed verdict is the rule's."""
+    """A cell of a current report (``primary``, ``peak``, ``peakarm``, ``best``): its printed verdict is the
+    rule's."""
     fields = [f.strip() for f in spec.split("|")]
     s = summary(folder)
     where = f"docs/{folder}/summary.json {kind} {' | '.join(fields[1:])}"
     if not runs_kept(folder):
         raise KeyError(f"{where}: its runs are not kept beside it, so its printed verdict may be an older rule's; "
                        f"cite a paired or kept cell")
-    if kind == "primary":
+    if kind == "best":
+        verdicts = s["frontier"]["selection"]["verdicts"]
+        match = [verdicts[fields[1]]] if fields[1] in verdicts else []
+        names = sorted(verdicts)
+    elif kind == "primary":
         contrast, endpoint = fields[1:3]
         match = [c for c in s["primary_contrasts"] if c["contrast"] == contrast and c["endpoint"] == endpoint]
         names = [(c["contrast"], c["endpoint"]) for c in s["primary_contrasts"]]
@@ -129,10 +137,10 @@ def _printed(folder: str, kind: str, spec: str) -> Cell:
 
 
 def resolve(kind: str, spec: str) -> Cell:
-    """The cell a marker names (``kind`` paired, kept, primary, peak or peakarm; ``spec`` its ``|``-separated
-    fields)."""
+    """The cell a marker names (``kind`` paired, kept, primary, peak, peakarm or best; ``spec`` its
+    ``|``-separated fields)."""
     fields = [f.strip() for f in spec.split("|")]
-    if kind in ("primary", "peak", "peakarm"):
+    if kind in ("primary", "peak", "peakarm", "best"):
         return _printed(fields[0], kind, spec)
     folder, algo, start = fields[:3]
     s = summary(folder)
