@@ -67,3 +67,22 @@ def test_a_degenerate_t_read_as_higher_fails():
               "retention_final -->")
     assert check(f"+0.060 [+0.027, +0.097] higher{marker}") != []
     assert check(f"a degenerate t: no claim{marker}") == []
+
+
+def test_a_current_reports_primary_and_peak_cells_are_checked_against_their_printed_verdict():
+    primary = ("<!-- primary overoptimization_grpo | ema − fixed's frontier | final eval/gold at matched kl/init "
+               "0.3 -->")
+    assert check(f"+0.102 [+0.050, +0.153] higher{primary}") == []
+    assert check(f"+0.102, inconclusive (interval [+0.050, +0.153]){primary}") != []
+    assert check(f"+0.102 higher{primary}") != []  # the interval must be quoted
+    best = "<!-- best overoptimization_grpo | ema (algo.beta=2.0) -->"
+    assert check(f"+0.016 [−0.011, +0.042], equivalent within ±0.05{best}") == []
+    assert check(f"+0.016, inconclusive (interval [−0.011, +0.042]){best}") != []
+    peak = "<!-- peak overoptimization_grpo | grpo | none -->"
+    assert check(f"+0.104 [+0.051, +0.157] lower{peak}") != []
+
+
+def test_a_report_whose_runs_are_not_kept_cannot_be_cited_by_its_printed_verdict():
+    # its printed word may be an older rule's: only paired/kept cells, re-decided by the current rule, may be cited
+    with pytest.raises(KeyError, match="runs are not kept"):
+        check("higher<!-- best overoptimization_grpo_first_design | fixed (algo.beta=1.0) -->")
