@@ -63,7 +63,7 @@ def test_a_declared_drift_outside_what_the_runs_reached_makes_no_claim_and_still
     low, high = primary.rows
     assert low.x == 0.05 and low.result is None and high.x == X
     assert low.no_claim == ("not matched: the declared kl/init 0.05 lies outside the kl/init the baseline's runs "
-                            "reached in replicate seed 0 ([0.1, 100]); a matched value is never extrapolated")
+                            "reached in replicate seed 0 (from 0.1 to 100); a matched value is never extrapolated")
     assert list(primary.verdicts) == [high.label] and primary.verdicts[high.label].family_size == 2
     first = report.markdown_path.read_text().split("\n## ", 2)[1]
     assert "| ema − fixed's frontier | final eval/accuracy at matched kl/init 0.05 |  |  | no claim (not matched" in first

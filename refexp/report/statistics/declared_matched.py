@@ -102,7 +102,7 @@ def _outside(arm_c, base_c, arm: str, seeds: list[Unit], x: float, axis: Axis) -
             if not lo * (1 - 1e-9) <= x <= hi * (1 + 1e-9):
                 start = f"SFT start {s[0]}, " if s[0] else ""
                 return (f"not matched: the declared {axis.key} {x:.3g} lies outside the {axis.key} {who}'s runs "
-                        f"reached in replicate {start}seed {s[1]} ([{lo:.3g}, {hi:.3g}]); a matched value is never "
+                        f"reached in replicate {start}seed {s[1]} (from {lo:.3g} to {hi:.3g}); a matched value is never "
                         f"extrapolated")
     return ""
 
