@@ -4,6 +4,8 @@ one-start analysis. On synthetic sweeps written with the run record's writers.""
 
 from __future__ import annotations
 
+import json
+
 import math
 
 import numpy as np
@@ -297,3 +299,19 @@ def test_a_groups_own_interval_is_over_its_starts_means_not_its_runs(tmp_path):
     assert cell.endswith("(2 SFT starts)")
     one = build_report(tmp_path / "fixed-aaaa-0").tables["grpo"].rows[0].cells["acc_final"]
     assert one.unit == "seed" and one.n == 1
+
+
+def test_an_unfinished_run_that_has_not_recorded_its_start_is_no_start_of_its_own(tmp_path):
+    """A run records its SFT start in status.json when it ends: mid-sweep, a running run beside completed ones that
+    recorded theirs is counted as not yet recorded, not as a second start (its fallback key, sft.seed=0)."""
+    rng = np.random.default_rng(0)
+    for seed in (0, 1, 2):
+        write_arm_pair(tmp_path, "startA", 0, seed, 10, rng)
+    running = tmp_path / "ema-running"
+    write_run(running, "ema", 3, np.zeros(PROMPTS), start=None, seeds=(0, 1, 2, 3))
+    status = json.loads((running / "status.json").read_text())
+    write_status(running, {**status, "status": "running", "last_step": 1, "heartbeat": 4102444800.0})
+    rows = dict(build_report(tmp_path).setup["grpo"])
+    assert "SFT starts" not in rows
+    assert rows["SFT start"].startswith("startA (validation accuracy 0.500)")
+    assert rows["SFT start"].endswith("; 1 unfinished run not yet recorded")

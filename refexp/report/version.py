@@ -26,7 +26,8 @@ test metric: an upper bound) has its own section; runs that log ``eval/gold`` ge
 reference strategy (``statistics/gao.py``: a table, a plot, summary.json's ``gao``). 5: runs that log ``eval/gold``
 and ``val/gold`` get the gold-peak tables (``statistics/gold_peak.py``: each group's test gold at the step validation
 chose against its step 0, each arm at its gold peak against the baseline's), the declared matched contrasts say
-between which runs each curve was read (``declared_matched.bracket``), and groups across a decimal setting are
+between which runs each curve was read (``declared_matched.bracket``), an unfinished run that has not recorded its SFT
+start is no start of its own in the setup block, and groups across a decimal setting are
 ordered by its value (0.05 before 0.1)."""
 
 

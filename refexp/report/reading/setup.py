@@ -156,13 +156,19 @@ def setup_rows(groups: list[Group], plan: ComparisonPlan | None = None,
             if label == "hf checkpoint":
                 shown = " | ".join(Path(v).name for v in shown.split(" | "))  # a dir name, not a machine path
             rows.append((label, shown))
-    starts = sft_starts(runs)
+    # an unfinished run records its start only when it ends: beside runs that did, it is no start of its own
+    recorded = [r for r in runs if isinstance((r.status or {}).get("sft_start"), dict)]
+    pending = [r for r in runs if r.problem is not None and r not in recorded] if recorded else []
+    known = [r for r in runs if r not in pending]
+    starts = sft_starts(known)
+    later = (f"; {len(pending)} unfinished run{'s' * (len(pending) != 1)} not yet recorded" if pending else "")
     if len(starts) > 1:  # a factor of the sweep: the verdicts nest the seeds in them (paired.py)
-        rows.append(("SFT starts", f"{len(starts)}: " + "; ".join(f"{k} ({w})" if w else k for k, w in starts)))
+        rows.append(("SFT starts", f"{len(starts)}: " + "; ".join(f"{k} ({w})" if w else k for k, w in starts)
+                     + later))
     else:
-        start = sft_start(runs)
+        start = sft_start(known)
         if start:
-            rows.append(("SFT start", start))
+            rows.append(("SFT start", start + later))
     n_threads = _shown([threads(r) for r in runs])
     if n_threads is not None:
         rows.append(("training.num_threads", n_threads))
