@@ -120,3 +120,42 @@ def test_a_budget_without_a_select_metric_is_refused():
                                           r"comparison.select.metric"):
         SelectionConfig(budget=50)
     assert SelectionConfig(metric="val/gold", budget=50).budget == 50
+
+
+def test_with_a_budget_the_floors_read_the_budgets_prompts_too(tmp_path):
+    """A floor on val/retention (>= 0.5): beta 0.04 keeps 0.8 of the whole split but only 0.2 of its first 50
+    prompts, every other beta all of them. Read on the whole split, 0.04 meets the floor and wins on the budget's
+    accuracy; read on the budget's prompts, as a user with 50 labels would, it fails and 0.2 wins."""
+    def retention(beta):
+        s = np.ones(PROMPTS)
+        if beta == 0.04:
+            s[10:BUDGET] = 0.0  # 10 of the first 50 kept; 160 of 200 in all
+        return s.tolist()
+
+    decl = block(["fixed", "ema"], select={"metric": "val/accuracy", "maximize": True, "budget": BUDGET,
+                                           "floor": {"val/retention": 0.5}})
+    for seed in (0, 1, 2):
+        for arm, more in (("fixed", 0), ("ema", 9 + seed)):
+            for beta in TEST_SOLVED:
+                write_run(tmp_path, arm, beta, seed, solved=TEST_SOLVED[beta] + more + seed, kl=0.1 / beta,
+                          decl=decl, val_outcomes={"val/accuracy": val_scores(beta, seed),
+                                                   "val/retention": retention(beta)})
+    report = build_report(tmp_path)
+    assert chosen(report) == {"fixed": {"algo.beta": "0.2"}, "ema": {"algo.beta": "0.2"}}
+    cand = next(c for c in report.frontier.selection.choices["fixed"].candidates
+                if dict(c.settings) == {"algo.beta": "0.04"})
+    assert cand.floors["val/retention"] == pytest.approx(0.2) and not cand.eligible
+    assert "the floors read the same prompts" in report.frontier.selection.rule
+
+
+def test_with_a_budget_a_floor_without_per_prompt_scores_refuses_the_choice(tmp_path):
+    decl = block(["fixed", "ema"], select={"metric": "val/accuracy", "maximize": True, "budget": BUDGET,
+                                           "floor": {"val/retention": 0.5}})
+    for seed in (0, 1, 2):
+        for arm in ("fixed", "ema"):
+            for beta in TEST_SOLVED:  # val/retention logged as a number only
+                write_run(tmp_path, arm, beta, seed, solved=TEST_SOLVED[beta], kl=0.1 / beta, decl=decl,
+                          extra={"val/retention": 0.9}, val_outcomes={"val/accuracy": val_scores(beta, seed)})
+    sel = build_report(tmp_path).frontier.selection
+    assert sel.refused.startswith("No tuned comparison: comparison.select.budget asks for val/retention on the "
+                                  "first 50 validation prompts, and 24 of 24 runs have no per-prompt")

@@ -57,8 +57,9 @@ class SelectionConfig:
     random slice seeded by ``task.data_seed``: one fixed draw, the same rows for every run): the gold labels a user
     of a learned reward could afford (e.g. 50 verified prompts), read from each run's final per-prompt ``metric``
     outcomes (``eval_outcomes.jsonl``, split ``val``). Runs without them, or with fewer validation prompts, make the
-    report refuse the choice (never the full split instead); floors still read the whole split. None: the whole
-    validation split (``eval.num_prompts`` prompts)."""
+    report refuse the choice (never the full split instead). The floors read the same prompts (``floor_change``:
+    their final minus step-0 scores), and runs without those per-prompt scores refuse the choice too. None: the
+    whole validation split (``eval.num_prompts`` prompts)."""
 
     @property
     def declared(self) -> bool:

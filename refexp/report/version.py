@@ -27,7 +27,7 @@ reference strategy (``statistics/gao.py``: a table, a plot, summary.json's ``gao
 and ``val/gold`` get the gold-peak tables (``statistics/gold_peak.py``: each group's test gold at the step validation
 chose against its step 0, each arm at its gold peak against the baseline's), the declared matched contrasts say
 between which runs each curve was read (``declared_matched.bracket``), an unfinished run that has not recorded its SFT
-start is no start of its own in the setup block, and groups across a decimal setting are
+start is no start of its own in the setup block, a validation budget's floors read its prompts too, and groups across a decimal setting are
 ordered by its value (0.05 before 0.1)."""
 
 

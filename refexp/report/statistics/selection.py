@@ -118,23 +118,38 @@ def budget_score(run: Run, metric: str, budget: int) -> Optional[float]:
     return float(np.mean([scores[i] for i in range(budget)]))
 
 
-def _budget_mean(runs: list[Run], metric: str, budget: int) -> Optional[float]:
-    values = [budget_score(r, metric, budget) for r in runs]
+def budget_change(run: Run, metric: str, budget: int) -> Optional[float]:
+    """The run's final minus step-0 mean ``metric`` score on validation prompts 0 .. budget-1; None without
+    per-prompt scores for each of them at both evaluations."""
+    final, start = final_scores(run, metric), run.outcomes_of(metric).get(0)
+    if final is None or start is None or any(i not in final or i not in start for i in range(budget)):
+        return None
+    return float(np.mean([final[i] - start[i] for i in range(budget)]))
+
+
+def _budget_mean(runs: list[Run], metric: str, budget: int, read=budget_score) -> Optional[float]:
+    values = [read(r, metric, budget) for r in runs]
     return None if any(v is None for v in values) or not values else float(np.mean(values))
 
 
-def refusal(runs: list[Run], metric: str, budget: int) -> Optional[str]:
-    """Why the budget cannot be applied to ``runs`` (the declared arms' runs), or None when every one has its final
-    per-prompt ``metric`` scores on the budget's prompts."""
-    lacking = sorted(r.name for r in runs if budget_score(r, metric, budget) is None)
-    if not lacking:
-        return None
-    shown = ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
-    return (f"No tuned comparison: comparison.select.budget asks for {metric} on the first {budget} validation "
-            f"prompts, and {len(lacking)} of {len(runs)} runs have no per-prompt {metric} score for each of them at "
-            f"their final evaluation (eval_outcomes.jsonl, split val; runs written before it was recorded, or "
-            f"measured on fewer prompts): {shown}. No setting is chosen; the full validation split is not read in "
-            f"the budget's place.")
+def refusal(runs: list[Run], select: dict) -> Optional[str]:
+    """Why the budget cannot be applied to ``runs`` (the declared arms' runs), or None when every one has the
+    per-prompt scores on the budget's prompts of the rule's metric and floors (final; the change floors' at step 0
+    too)."""
+    budget = select["budget"]
+    reads = [(select["metric"], budget_score, "final evaluation")]
+    reads += [(k, budget_score, "final evaluation") for k in select.get("floor") or {}]
+    reads += [(k, budget_change, "step-0 and final evaluations") for k in select.get("floor_change") or {}]
+    for metric, read, when in reads:
+        lacking = sorted(r.name for r in runs if read(r, metric, budget) is None)
+        if lacking:
+            shown = ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
+            return (f"No tuned comparison: comparison.select.budget asks for {metric} on the first {budget} "
+                    f"validation prompts, and {len(lacking)} of {len(runs)} runs have no per-prompt {metric} score "
+                    f"for each of them at their {when} (eval_outcomes.jsonl, split val; runs written before it was "
+                    f"recorded, or measured on fewer prompts): {shown}. No setting is chosen; the full validation "
+                    f"split is not read in the budget's place.")
+    return None
 
 
 def _mean_change(runs: list[Run], metric: str) -> Optional[float]:
@@ -162,7 +177,7 @@ def rule_text(select: dict) -> str:
     if budget is not None:
         text += (f", read on the first {budget} validation prompts only, ids 0-{budget - 1} of the validation split "
                  f"(one fixed draw seeded by task.data_seed, the same prompts for every run: a labelled budget a user "
-                 f"could afford" + ("; the floors read the whole split)" if conditions else ")"))
+                 f"could afford" + ("; the floors read the same prompts)" if conditions else ")"))
     return text + "; test read for the chosen settings only"
 
 
@@ -190,13 +205,17 @@ def choose(runs: list[Run], plan: ComparisonPlan) -> Optional[Selection]:
         by_arm.setdefault(plan.arm(r), {}).setdefault(settings_of(r, block["arm_key"], common), []).append(r)
     if budget is not None:
         sel.refused = refusal([r for arm in block["arms"] for rs in by_arm.get(arm, {}).values() for r in rs],
-                              metric, budget)
+                              select)
     unlogged = set()
     for arm in block["arms"]:
         cands = []
         for settings, rs in sorted(by_arm.get(arm, {}).items()):
-            floors = {k: mean_final(rs, k) for k in floor}
-            changes = {k: _mean_change(rs, k) for k in floor_change}
+            if budget is None:
+                floors = {k: mean_final(rs, k) for k in floor}
+                changes = {k: _mean_change(rs, k) for k in floor_change}
+            else:  # the floors read the budget's prompts too: a user has no more validation labels for them
+                floors = {k: _budget_mean(rs, k, budget) for k in floor}
+                changes = {k: _budget_mean(rs, k, budget, budget_change) for k in floor_change}
             unlogged |= {k for k, v in (*floors.items(), *changes.items()) if v is None}
             ok = (all(v is None or v >= floor[k] for k, v in floors.items())
                   and all(v is None or v >= floor_change[k] for k, v in changes.items()))
