@@ -195,7 +195,17 @@ def plot_gold_vs_kl(path: Path, algo: str, groups: list[Group]) -> Optional[Path
                 label=f"{g.label} (n={len(g.completed)})")
         proxy_ax.plot(kl, proxy, color=colour, linestyle="--", marker="x", markersize=3)
         drawn = True
-    return _save(fig, ax, path) if drawn else None
+    if not drawn:
+        return None
+    # below the axes: "best" inside them weighs the gold axis's lines only and lands on the proxy's
+    handles, labels = ax.get_legend_handles_labels()
+    rows = -(-len(labels) // 3)
+    fig.set_size_inches(7.5, 4.5 + 0.22 * rows)
+    fig.subplots_adjust(bottom=(0.11 * 4.5 + 0.22 * rows + 0.25) / (4.5 + 0.22 * rows),
+                        top=1 - 0.08 * 4.5 / (4.5 + 0.22 * rows))
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize="x-small", frameon=False)
+    fig.savefig(path, format="png")
+    return path
 
 
 def make_plots(algo: str, groups: list[Group], out_dir: Path) -> dict[str, Path]:
