@@ -157,9 +157,11 @@ def setup_rows(groups: list[Group], plan: ComparisonPlan | None = None,
                 shown = " | ".join(Path(v).name for v in shown.split(" | "))  # a dir name, not a machine path
             rows.append((label, shown))
     # an unfinished run records its start only when it ends: beside runs that did, it is no start of its own
-    recorded = [r for r in runs if isinstance((r.status or {}).get("sft_start"), dict)]
-    pending = [r for r in runs if r.problem is not None and r not in recorded] if recorded else []
-    known = [r for r in runs if r not in pending]
+    recorded = [isinstance((r.status or {}).get("sft_start"), dict) for r in runs]
+    some = any(recorded)
+    waiting = [some and r.problem is not None and not rec for r, rec in zip(runs, recorded)]
+    pending = [r for r, w in zip(runs, waiting) if w]
+    known = [r for r, w in zip(runs, waiting) if not w]
     starts = sft_starts(known)
     later = (f"; {len(pending)} unfinished run{'s' * (len(pending) != 1)} not yet recorded" if pending else "")
     if len(starts) > 1:  # a factor of the sweep: the verdicts nest the seeds in them (paired.py)

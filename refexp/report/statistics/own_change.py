@@ -112,18 +112,28 @@ def _table(groups: list[Group], counts: Callable[[Run], bool], alpha: float, mar
     return out
 
 
+CHANGE_WORDS = {"lower": "fell", "higher": "rose", "degenerate t": "degenerate t: no claim"}
+"""A change from a run's own start in a table cell: its verdict words as a change's."""
+
+
+def change_cell(v: Verdict, words: dict[str, str] = CHANGE_WORDS) -> str:
+    """``-0.155 [-0.190, -0.120] fell``: the difference, its simultaneous interval and its verdict word (``words``
+    renames one), flagged where Holm rejects while the interval covers 0; an uninformative interval prints as such."""
+    if v.word == "inconclusive" and v.uninformative:
+        return f"{v.result.point:+.3f} {v.phrase}"
+    word = words.get(v.word, v.word)
+    if v.interval_covers_zero:
+        word += " (Holm; the simultaneous interval covers 0)"
+    return f"{v.result.point:+.3f} {v.interval_text} {word}"
+
+
 def _cell(oc: OwnChanges, label: str) -> str:
-    """``-0.155 [-0.190, -0.120] fell`` for one group of one table ("—" when it has no row)."""
+    """``change_cell`` for one group of one table ("—" when it has no row)."""
     v = oc.verdicts.get(label)
     if v is None:
         row = next((r for r in oc.rows if r.label == label), None)
         return "—" if row is None else (row.no_claim or "no claim")
-    word = {"lower": "fell", "higher": "rose", "degenerate t": "degenerate t: no claim"}.get(v.word, v.word)
-    if v.interval_covers_zero:
-        word += " (Holm; the simultaneous interval covers 0)"
-    elif v.word == "inconclusive" and v.uninformative:
-        return f"{v.result.point:+.3f} {v.phrase}"
-    return f"{v.result.point:+.3f} {v.interval_text} {word}"
+    return change_cell(v)
 
 
 def rows(oc: OwnChanges) -> list[list[str]]:

@@ -8,6 +8,7 @@ from typing import Optional
 
 from refexp.report.statistics.gold_peak import START, GoldPeaks
 from refexp.report.statistics.inference import Verdict
+from refexp.report.statistics.own_change import CHANGE_WORDS, change_cell
 
 TITLE = "Gold at its peak"
 RISE_HEADER = ["group", "runs", "peak step (chosen on validation)", "kl/init there", "gold at step 0",
@@ -21,14 +22,7 @@ def _num(x: Optional[float]) -> str:
 
 
 def _cell(v: Optional[Verdict], no_claim: str, words: dict[str, str]) -> str:
-    if v is None:
-        return no_claim or "no claim"
-    if v.word == "inconclusive" and v.uninformative:
-        return f"{v.result.point:+.3f} {v.phrase}"
-    word = words.get(v.word, v.word)
-    if v.interval_covers_zero:
-        word += " (Holm; the simultaneous interval covers 0)"
-    return f"{v.result.point:+.3f} {v.interval_text} {word}"
+    return no_claim or "no claim" if v is None else change_cell(v, words)
 
 
 def rise_text(p: GoldPeaks, alpha: float) -> str:
@@ -63,14 +57,13 @@ def _family(intro: str, verdicts: dict[str, Verdict], rows: list[tuple[str, str]
 
 
 def rise_rows(p: GoldPeaks) -> list[list[str]]:
-    rise = {"higher": "rose", "lower": "fell", "degenerate t": "degenerate t: no claim"}
     return [[r.label, str(len(r.runs)), "—" if r.step is None else str(r.step), _num(r.kl_init), _num(r.start),
-             _num(r.at_peak), _cell(p.verdicts.get(r.label), r.no_claim, rise),
+             _num(r.at_peak), _cell(p.verdicts.get(r.label), r.no_claim, CHANGE_WORDS),
              "—" if r.label not in p.verdicts else p.verdicts[r.label].p_text, _num(r.final)] for r in p.rows]
 
 
 def arm_rows(p: GoldPeaks) -> list[list[str]]:
-    words = {"degenerate t": "degenerate t: no claim"}
+    words = {"degenerate t": CHANGE_WORDS["degenerate t"]}  # a difference between arms: higher/lower as they are
     return [[a.arm, a.group.label, str(a.group.step), _num(a.group.at_peak),
              _cell(p.arm_verdicts.get(a.arm), a.no_claim, words),
              "—" if a.arm not in p.arm_verdicts else p.arm_verdicts[a.arm].p_text] for a in p.arms]
