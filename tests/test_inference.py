@@ -339,3 +339,14 @@ def test_an_interval_beyond_the_range_of_a_difference_of_proportions_prints_as_u
     assert "interval uninformative (1 df)" in a.sentence("fixed") and "[" not in a.sentence("fixed").split(":")[1]
     assert not b.uninformative and b.interval_text.startswith("[")
     assert not family_verdicts({"a": SeedOnlyResult((0.10, -0.30), unit=START_LEVEL)})["a"].uninformative
+
+
+def test_the_equivalence_tests_interval_past_the_range_of_a_difference_of_proportions_prints_as_uninformative():
+    """The two one-sided tests read a (1 - 2 alpha) interval of the same t: over 1 df it reaches past ±1 too, and
+    the sentence says so rather than printing bounds no difference of accuracies can take."""
+    a = family_verdicts({"a": SeedOnlyResult((0.10, -0.30), unit=START_LEVEL)}, bound=1.0, margin=0.05)["a"]
+    assert a.equivalence.interval[0] < -1
+    equivalence = a.sentence("fixed").split("Equivalence margin")[1]
+    assert "interval uninformative (1 df) not inside the margin" in equivalence and "[" not in equivalence
+    narrow = family_verdicts({"b": SeedOnlyResult((0.10, 0.12), unit=START_LEVEL)}, bound=1.0, margin=0.05)["b"]
+    assert "% interval [" in narrow.sentence("fixed").split("Equivalence margin")[1]

@@ -164,17 +164,24 @@ class Verdict:
         """Holm rejected while the simultaneous interval still covers 0 (the two disagree)."""
         return self.word in (HIGHER, LOWER) and self.interval[0] <= 0.0 <= self.interval[1]
 
+    def _past_bound(self, interval: tuple[float, float]) -> bool:
+        return self.bound is not None and (interval[0] < -self.bound or interval[1] > self.bound)
+
+    def _bounded_text(self, interval: tuple[float, float]) -> str:
+        """"[-0.031, +0.105]", or "uninformative (1 df)" when it reaches beyond the metric's range."""
+        if self._past_bound(interval):
+            return f"uninformative ({self.df} df)" if self.df is not None else "uninformative"
+        return f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
+
     @property
     def uninformative(self) -> bool:
         """The interval reaches beyond the difference the metric allows (e.g. past ±1 on a share of prompts)."""
-        return self.bound is not None and (self.interval[0] < -self.bound or self.interval[1] > self.bound)
+        return self._past_bound(self.interval)
 
     @property
     def interval_text(self) -> str:
         """"[-0.031, +0.105]", or "uninformative (1 df)" when it reaches beyond the metric's range."""
-        if self.uninformative:
-            return f"uninformative ({self.df} df)" if self.df is not None else "uninformative"
-        return f"[{self.interval[0]:+.3f}, {self.interval[1]:+.3f}]"
+        return self._bounded_text(self.interval)
 
     @property
     def p_text(self) -> str:
@@ -223,7 +230,7 @@ class Verdict:
         if self.equivalence is not None and not self.degenerate:  # a degenerate t decides no equivalence either
             e = self.equivalence
             text += (f" Equivalence margin ±{e.margin:g}: two one-sided tests at {e.alpha:.4g}, "
-                     f"{100 * (1 - 2 * e.alpha):.4g}% interval [{e.interval[0]:+.3f}, {e.interval[1]:+.3f}]"
+                     f"{100 * (1 - 2 * e.alpha):.4g}% interval {self._bounded_text(e.interval)}"
                      f"{'' if e.equivalent else ' not inside the margin'}.")
         text += (f" With {_units_text(self.result)}, the smallest difference detected with {self.power:.0%} "
                  f"power at alpha {self.alpha / self.family_size:.4g} is ±{self.mdd:.3f} "
