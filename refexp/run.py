@@ -176,10 +176,12 @@ def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:
     from refexp.tasks.sources import check_sources
 
     check_sources(cfg.task)  # local paths, Hub ids (reachable?), the task.reward hook
-    if cfg.rm.policies:  # the reward-model stage's policies: each an HF export, before any model samples
-        from refexp.algos.rm_sources import policy_dirs
+    if cfg.rm.policies:  # the reward-model stage's policies: each an HF export of this model, before any samples
+        from refexp.algos.rm_sources import check_policy_shapes
+        from refexp.titan.spec import model_arch
 
-        policy_dirs(cfg.rm)
+        vocab_known = bool(cfg.model.vocab_size or cfg.model.hf_assets_path)
+        check_policy_shapes(cfg.rm, model_arch(cfg.model, vocab if vocab_known else None), cfg.model.name, vocab_known)
     check_rerun_config(dcfg, Path(cfg.run_dir))
     check_rerun_steps(cfg, Path(cfg.run_dir))
     return cfg

@@ -147,6 +147,35 @@ def test_a_bad_policy_is_one_error_naming_its_entry_before_anything_runs(tmp_pat
         assert not (run_dir / "status.json").exists()  # refused in validate: no stage started, nothing sampled
 
 
+def test_a_policy_of_another_shape_is_one_error_naming_its_entry_and_the_field_before_anything_runs(tmp_path):
+    """A policy's weights load into the run's model only where its config.json has the run's shapes: a mismatch is
+    refused in validate (no SFT stage, no sampling), naming the entry and the shape that differs."""
+    import dataclasses
+
+    import torch
+
+    from refexp.run import validate
+    from refexp.titan.hf_config import write_hf_config
+    from refexp.titan.spec import model_arch
+
+    dcfg = compose_small_run(tmp_path / "run", *RM_STAGE)
+    cfg = to_object(dcfg)
+    arch = model_arch(cfg.model, vocab_size=64)
+
+    def export(name: str, arch) -> str:
+        d = tmp_path / name
+        write_hf_config(str(_hf_export(d, b"w")), cfg.model.name, arch, torch.float32)
+        return str(d)
+
+    same = export("same", arch)
+    deeper = export("deeper", dataclasses.replace(arch, n_layers=arch.n_layers + 1))
+    validate(compose_small_run(tmp_path / "run", *RM_STAGE, f"rm.policies=[{same}]"))  # this run's shapes: accepted
+    with pytest.raises(ConfigError, match=rf"rm\.policies\[1\]='.*deeper': its config\.json is not this run's model: "
+                                          rf"n_layers {arch.n_layers + 1} \(this run: {arch.n_layers}\)") as e:
+        run(compose_small_run(tmp_path / "run", *RM_STAGE, f"rm.policies=[{same},{deeper}]"))
+    assert "\n" not in str(e.value) and not (tmp_path / "run" / "status.json").exists()
+
+
 def test_bad_temperatures_are_one_error_naming_the_field(tmp_path, capsys):
     from refexp.cli.errors import precheck
     from tests.helpers.configs import CONF_DIR

@@ -25,6 +25,8 @@ from refexp.config import ConfigError, RMStageConfig
 from refexp.record.layout import RESOLVED_CONFIG
 from refexp.record.resolved_config import read_resolved_config
 from refexp.titan.checkpoint_dirs import is_hf_dir
+from refexp.titan.families import Arch
+from refexp.titan.hf_config import model_cfg_overrides_from_hf
 
 RM_KEY = 9_191
 """The sampling-key namespace of the labelled samples (distinct from training rollouts and ``kl/init``'s)."""
@@ -63,6 +65,28 @@ def policy_dir(path: str, field_name: str) -> Path:
 def policy_dirs(rm: RMStageConfig) -> list[Path]:
     """Each ``rm.policies`` entry's HF export (``policy_dir``), every one checked before any is used."""
     return [policy_dir(p, f"rm.policies[{i}]") for i, p in enumerate(rm.policies)]
+
+
+SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim")
+"""The ``model.*`` shapes a policy's config.json must share with the run's model for its weights to load."""
+
+
+def check_policy_shapes(rm: RMStageConfig, arch: Arch, name: str, vocab_known: bool) -> None:
+    """ConfigError naming the first ``rm.policies`` entry whose HF export is not of the run's model (``name``,
+    ``arch``: ``refexp.titan.spec.model_arch``), before the SFT stage and the sampling spend minutes reaching its
+    weights; the vocabulary is compared where the run's is known before its tokenizer loads (``vocab_known``)."""
+    fields = SHAPE_FIELDS + (("vocab_size",) if vocab_known else ())
+    for i, (entry, export) in enumerate(zip(rm.policies, policy_dirs(rm))):
+        try:
+            found = model_cfg_overrides_from_hf(str(export))
+        except (ConfigError, KeyError) as e:
+            raise ConfigError(f"rm.policies[{i}]={entry!r}: {export}/config.json does not describe a model refexp "
+                              f"builds ({e}): expected the HF export of a policy of this run's model") from None
+        differ = ([f"model {found['name']} (this run: {name})"] if found["name"] != name else []) + [
+            f"{f} {found[f]} (this run: {getattr(arch, f)})" for f in fields if found[f] != getattr(arch, f)]
+        if differ:
+            raise ConfigError(f"rm.policies[{i}]={entry!r}: its config.json is not this run's model: "
+                              f"{', '.join(differ)}; expected a policy trained from this run's model.* settings")
 
 
 def sources(rm: RMStageConfig) -> list[Source]:

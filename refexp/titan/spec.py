@@ -81,6 +81,14 @@ def _set_norm_eps(cfg, eps: float) -> None:
         norm.eps = eps
 
 
+def model_arch(model_cfg: ModelConfig, vocab_size: int | None) -> Arch:
+    """The shapes ``build_model_spec`` builds (its docstring says from where); ConfigError as it raises them."""
+    flavor = _flavor_arch(model_cfg)
+    if model_cfg.hf_assets_path:
+        return dataclasses.replace(hf_arch(model_cfg, vocab_size), fuse_qkv=flavor.fuse_qkv)
+    return _apply_overrides(flavor, model_cfg, vocab_size)
+
+
 def build_model_spec(
     model_cfg: ModelConfig, *, vocab_size: int | None, parallelism: ParallelismConfig | None = None
 ) -> ModelSpec:
@@ -93,12 +101,7 @@ def build_model_spec(
     (``config.model.check_attention_heads`` on the resolved shapes).
     """
     family = model_family(model_cfg.name)
-    flavor = _flavor_arch(model_cfg)
-    if model_cfg.hf_assets_path:
-        arch = hf_arch(model_cfg, vocab_size)
-        arch = dataclasses.replace(arch, fuse_qkv=flavor.fuse_qkv)
-    else:
-        arch = _apply_overrides(flavor, model_cfg, vocab_size)
+    arch = model_arch(model_cfg, vocab_size)
     check_attention_heads(n_heads=arch.n_heads, n_kv_heads=arch.n_kv_heads, dim=arch.dim, head_dim=arch.head_dim,
                           tensor_parallel_degree=parallelism.tensor_parallel_degree if parallelism else 1)
     cfg = family.build_config(arch)
