@@ -11,7 +11,7 @@ import pytest
 
 from refexp.config import ComparisonConfig, ConfigError, MatchedConfig
 from refexp.report import build_report
-from tests.helpers.frontier_sweeps import frontier_sweep
+from tests.helpers.frontier_sweeps import block, frontier_sweep, write_run
 
 X = 10 ** (1 / 3)
 """A kl/init inside every curve's range, between runs on each side (fixed: beta 0.2 -> 1, 0.04 -> 10)."""
@@ -62,11 +62,27 @@ def test_a_declared_drift_outside_what_the_runs_reached_makes_no_claim_and_still
     primary = report.frontier.primary
     low, high = primary.rows
     assert low.x == 0.05 and low.result is None and high.x == X
-    assert low.no_claim == ("not matched: the declared kl/init 0.05 lies outside the kl/init the baseline's runs "
-                            "reached in replicate seed 0 (from 0.1 to 100); a matched value is never extrapolated")
+    assert low.no_claim == (  # every replicate of both curves counted, the first one's range named
+        "not matched: the declared kl/init 0.05 lies outside the kl/init the baseline's runs reached in 3 of 3 "
+        "replicates (the first: seed 0 (from 0.1 to 100)) and the kl/init ema's runs reached in 3 of 3 replicates "
+        "(the first: seed 0 (from 0.1 to 100)); a matched value is never extrapolated")
     assert list(primary.verdicts) == [high.label] and primary.verdicts[high.label].family_size == 2
     first = report.markdown_path.read_text().split("\n## ", 2)[1]
     assert "| ema − fixed's frontier | final eval/accuracy at matched kl/init 0.05 |  |  | no claim (not matched" in first
+
+
+def test_a_no_claim_counts_the_replicates_whose_runs_did_not_reach_the_declared_drift(tmp_path):
+    """ema's extra runs at beta 5 reach kl/init 0.03 in seeds 0 and 1: at a declared 0.05 only seed 2's ema runs
+    fall short, and the reason counts that one replicate of three (the baseline's, short in all three, too)."""
+    decl = {**block(["fixed", "ema", "drifter"], gap=5.0), **declared([0.05, X], primary=["ema"])}
+    frontier_sweep(tmp_path, **declared([0.05, X], primary=["ema"]))
+    for seed in (0, 1):
+        write_run(tmp_path, "ema", 5.0, seed, solved=60, kl=0.03, decl=decl)
+    low = build_report(tmp_path).frontier.primary.rows[0]
+    assert low.result is None and low.no_claim.endswith(
+        "the kl/init ema's runs reached in 1 of 3 replicates (the first: seed 2 (from 0.1 to 100)); a matched value "
+        "is never extrapolated")
+    assert "the baseline's runs reached in 3 of 3 replicates" in low.no_claim
 
 
 def test_the_matched_block_is_checked_before_a_run():

@@ -94,17 +94,22 @@ def bracket(curve, seeds: list[Unit], x: float) -> tuple[float, float]:
 
 
 def _outside(arm_c, base_c, arm: str, seeds: list[Unit], x: float, axis: Axis) -> str:
-    """Why ``x`` lies outside what some replicate's runs of either curve reached (the first such replicate), or
-    "" when every replicate's curves cover it."""
+    """Why ``x`` lies outside what the runs of either curve reached: in how many replicates, and the first one's
+    range; "" when every replicate's curves cover it."""
+    parts = []
     for who, c in (("the baseline", base_c), (arm, arm_c)):
-        for s in seeds:
-            lo, hi = min(p.x for p in c[s]), max(p.x for p in c[s])
-            if not lo * (1 - 1e-9) <= x <= hi * (1 + 1e-9):
-                start = f"SFT start {s[0]}, " if s[0] else ""
-                return (f"not matched: the declared {axis.key} {x:.3g} lies outside the {axis.key} {who}'s runs "
-                        f"reached in replicate {start}seed {s[1]} (from {lo:.3g} to {hi:.3g}); a matched value is never "
-                        f"extrapolated")
-    return ""
+        out = [(s, min(p.x for p in c[s]), max(p.x for p in c[s])) for s in seeds]
+        out = [(s, lo, hi) for s, lo, hi in out if not lo * (1 - 1e-9) <= x <= hi * (1 + 1e-9)]
+        if out:
+            (start, seed), lo, hi = out[0]
+            first = f"{f'SFT start {start}, ' if start else ''}seed {seed} (from {lo:.3g} to {hi:.3g})"
+            parts.append(f"the {axis.key} {who}'s runs reached in replicate {first}" if len(seeds) == 1 else
+                         f"the {axis.key} {who}'s runs reached in {len(out)} of {len(seeds)} replicates (the first: "
+                         f"{first})")
+    if not parts:
+        return ""
+    return (f"not matched: the declared {axis.key} {x:.3g} lies outside {' and '.join(parts)}; a matched value is "
+            f"never extrapolated")
 
 
 def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> str:
