@@ -13,7 +13,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from refexp.record.outcomes import read_outcomes
 
 from refexp.report.reading.load import Run
 from refexp.report.reading.reduce import last
@@ -23,10 +22,7 @@ from refexp.report.statistics.paired import BothLevelsResult, SeedOnlyResult, Un
 def final_scores(run: Run, metric: str) -> Optional[dict[int, float]]:
     """{prompt id: score} of the run's last evaluation of ``metric`` (``eval/accuracy``), when that evaluation is
     the last value of ``metric`` the run logged; None without per-prompt scores for it."""
-    by_step: dict[int, dict[int, float]] = {}
-    for step, o in read_outcomes(run.path):
-        if o.metric == metric:
-            by_step[step] = dict(zip((int(i) for i in o.prompt_ids), (float(x) for x in o.scores)))
+    by_step = run.outcomes_of(metric)  # read once per run (Run._outcomes), the later line of a step written twice
     steps, _ = run.series(metric)
     if not by_step or not len(steps) or max(by_step) != int(steps[-1]):
         return None
