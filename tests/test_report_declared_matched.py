@@ -34,7 +34,7 @@ def test_the_primary_contrasts_are_tested_at_the_declared_drift_and_decide_the_f
     assert ema.result.point == pytest.approx(0.1) and ema.word == "higher"
     assert drifter.result.point == pytest.approx(0.0, abs=1e-9) and drifter.word == "equivalent within ±0.05"
     # where fixed's curve was read: between its runs at beta 0.2 (kl/init 1) and 0.04 (10), a chord across a factor 10
-    assert primary.rows[0].brackets["the baseline"] == pytest.approx((1.0, 10.0))
+    assert primary.rows[0].brackets["fixed"] == pytest.approx((1.0, 10.0))
     assert "ema at kl/init 2.15: fixed between 1 and 10 (a factor 10 apart)" in primary.text
     secondary = next(m for m in report.frontier.matched if m.axis.key == "kl/init")
     assert all(v.family_size == 4 for v in secondary.verdicts.values())  # its own family, at its own points

@@ -48,7 +48,7 @@ def declared_matched(runs: list[Run], plan: ComparisonPlan) -> Optional[MatchedD
             for x in values:
                 label = f"{arm} at {axis.key} {x:.3g}" + (f" [{metric}]" if len(metrics) > 1 else "")
                 row = _row(cs, by_arm.get(plan.baseline, []), by_arm.get(arm, []), arm, x, axis, metric, label,
-                           out.gap, plan.block["frontier_key"])
+                           out.gap, plan.block["frontier_key"], plan.baseline)
                 row.metric = metric
                 out.rows.append(row)
                 if row.result is not None:
@@ -62,7 +62,7 @@ def declared_matched(runs: list[Run], plan: ComparisonPlan) -> Optional[MatchedD
 
 
 def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis: Axis, metric: str, label: str,
-         gap: float, key: str) -> MatchedRow:
+         gap: float, key: str, baseline: str) -> MatchedRow:
     """One primary contrast at one declared value (``base``, ``mine``: the baseline's and the arm's curve labels),
     or its reason for making no claim."""
     for who, labels in (("the baseline", base), (arm, mine)):
@@ -81,7 +81,7 @@ def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis:
         return MatchedRow(arm, x, seeds, label, no_claim=why)
     result, resampled = compare_at(arm_c, base_c, seeds, x, axis, metric)
     return MatchedRow(arm, x, seeds, label, result, x_resampled=resampled,
-                      brackets={"the baseline": bracket(base_c, seeds, x), arm: bracket(arm_c, seeds, x)})
+                      brackets={baseline: bracket(base_c, seeds, x), arm: bracket(arm_c, seeds, x)})
 
 
 def bracket(curve, seeds: list[Unit], x: float) -> tuple[float, float]:
@@ -127,7 +127,7 @@ def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> s
     unclaimed = [f"{r.label} ({r.no_claim})" for r in m.rows if r.result is None]
     if unclaimed:
         parts.append("No claim: " + "; ".join(unclaimed) + ".")
-    read = [f"{r.label}: " + ", ".join(f"{m.baseline if who == 'the baseline' else who} between {lo:.3g} and {hi:.3g}"
+    read = [f"{r.label}: " + ", ".join(f"{who} between {lo:.3g} and {hi:.3g}"
                                        + (f" (a factor {hi / lo:.3g} apart)" if m.axis.log and lo > 0 else "")
                                        for who, (lo, hi) in r.brackets.items()) for r in m.rows if r.brackets]
     if read:

@@ -239,8 +239,9 @@ class MatchedRow:
     metric: str = ""
     """The metric compared, where a table holds several (the declared primary contrasts); "": the table's."""
     brackets: dict = field(default_factory=dict)
-    """Curve label -> (lower x, upper x): the medians over the replicates of the final x of the two runs the curve is
-    interpolated between (the declared primary contrasts; ``declared_matched.bracket``)."""
+    """Arm (the baseline's and the compared one's) -> (lower x, upper x): the medians over the replicates of the
+    final x of the two runs its curve is interpolated between (the declared primary contrasts;
+    ``declared_matched.bracket``)."""
 
 
 @dataclass
