@@ -82,6 +82,16 @@ def test_a_current_reports_primary_and_peak_cells_are_checked_against_their_prin
     assert check(f"+0.104 [+0.051, +0.157] lower{peak}") != []
 
 
+def test_a_primary_contrast_the_report_could_not_test_is_cited_as_no_claim():
+    """periodic_reset's declared kl/init 0.3 lay outside its runs (docs/overoptimization_grpo): "no claim" is the
+    cell's word; any verdict word for it fails, and "a degenerate t: no claim" stays the degenerate t's phrase."""
+    primary = ("<!-- primary overoptimization_grpo | periodic_reset − fixed's frontier | final eval/gold at matched "
+               "kl/init 0.3 -->")
+    assert check(f"periodic reset makes no claim (its runs ended past 0.3){primary}") == []
+    assert check(f"periodic reset is inconclusive{primary}") != []
+    assert check(f"periodic reset, a degenerate t: no claim{primary}") != []
+
+
 def test_a_report_whose_runs_are_not_kept_cannot_be_cited_by_its_printed_verdict():
     # its printed word may be an older rule's: only paired/kept cells, re-decided by the current rule, may be cited
     with pytest.raises(KeyError, match="runs are not kept"):

@@ -172,12 +172,17 @@ def resolve(kind: str, spec: str) -> Cell:
 
 
 VERDICT_IN_TEXT = re.compile(r"(higher|lower|inconclusive|uninformative|degenerate t|equivalent within)")
+PHRASE_IN_TEXT = re.compile(r"(degenerate t|higher|lower|inconclusive|uninformative|equivalent within|no claim)")
+"""The verdict words a page may write before a marker: the rule's, and "no claim" for a primary contrast the
+report could not test (its declared value outside some replicate's runs); "a degenerate t: no claim" is the
+degenerate t's."""
 
 
 def phrase_before(text: str, marker_start: int) -> Optional[str]:
     """The last verdict word in the text between the previous marker (or the paragraph's start) and a marker."""
     prev = max(text.rfind("-->", 0, marker_start), text.rfind("\n\n", 0, marker_start))
-    words = VERDICT_IN_TEXT.findall(text[prev + 1:marker_start])
+    span = re.sub(r"degenerate t: no claim", "degenerate t", text[prev + 1:marker_start])
+    words = PHRASE_IN_TEXT.findall(span)
     return words[-1] if words else None
 
 
