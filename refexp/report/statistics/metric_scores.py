@@ -13,7 +13,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-
 from refexp.report.reading.load import Run
 from refexp.report.reading.reduce import last
 from refexp.report.statistics.paired import BothLevelsResult, SeedOnlyResult, Unit, unit_result
