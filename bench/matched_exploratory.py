@@ -8,18 +8,31 @@ bracket it in (``--reach``), and reads the same machinery at other values (``--a
 every compared arm reaches it (``--reached-only``, a subset chosen by an outcome). Either is decided after seeing the
 data, so what it prints is exploratory: the verdict words are the machinery's, not claims.
 
+``--beta-path X`` reads each replicate's curve another way: the report sorts an arm's runs by their final drift and
+interpolates between the two nearest X, so where drift is not monotone in the frontier key (kl/init saturates once
+a policy answers every prompt deterministically, docs/findings.md) the two can be β 2 and β 10, past the declared gap
+rule. Here the runs are walked in order of the key instead, and the value is read where the path crosses X between
+two neighbours of the grid (the crossing at the largest key where there are several); a replicate whose path never
+crosses X is counted and left out. The difference arm − baseline per replicate is averaged over each SFT start's
+seeds, and the interval is Student's t over the starts (no prompt resampling).
+
     python bench/matched_exploratory.py docs/frontier_test --reach 0.05 0.065 0.08 0.1
     python bench/matched_exploratory.py docs/frontier_test --at 0.1
     python bench/matched_exploratory.py docs/frontier_test --at 0.065 --reached-only
+    python bench/matched_exploratory.py docs/frontier_test --beta-path 0.065
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+import numpy as np
+from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -28,6 +41,7 @@ from refexp.report.reading.load import load_sweep  # noqa: E402
 from refexp.report.reading.plan import make_plan  # noqa: E402
 from refexp.report.reading.reduce import last  # noqa: E402
 from refexp.report.statistics.declared_matched import declared_matched  # noqa: E402
+from refexp.report.statistics.frontier import DRIFT_AXIS, curves  # noqa: E402
 
 
 def ranges(runs, plan, axis: str) -> dict[str, dict[tuple, tuple[float, float]]]:
@@ -52,11 +66,54 @@ def reach_table(spans, values: list[float]) -> str:
     return "\n".join(lines)
 
 
+def path_crossing(points, x: float):
+    """The metric where the runs, walked in order of the frontier key, cross ``x`` between two neighbours
+    (interpolated in log x), at the largest key where they cross more than once; None where they never do."""
+    pts = sorted(points, key=lambda p: p.value)
+    for a, b in reversed(list(zip(pts, pts[1:]))):
+        lo, hi = sorted((a.x, b.x))
+        if lo <= x <= hi and lo > 0:
+            f = 0.0 if hi == lo else math.log(x / a.x) / math.log(b.x / a.x)
+            return a.y + f * (b.y - a.y)
+    return None
+
+
+def beta_path(runs, plan, x: float) -> str:
+    """Each primary arm against the baseline where their paths across the frontier key cross ``x``."""
+    cs = curves(runs, plan, DRIFT_AXIS, plan.metric)
+    by_arm = {}
+    for label, by_seed in cs.items():
+        by_arm.setdefault(plan.arm(next(iter(by_seed.values()))[0].run), by_seed)
+    base = by_arm.get(plan.baseline, {})
+    lines = []
+    for arm in plan.primary:
+        mine = by_arm.get(arm, {})
+        reps = sorted(set(mine) & set(base))
+        diffs, missed = defaultdict(list), []
+        for rep in reps:
+            a, b = path_crossing(mine[rep], x), path_crossing(base[rep], x)
+            if a is None or b is None:
+                missed.append(rep)
+            else:
+                diffs[rep[0]].append(a - b)
+        per_start = np.array([np.mean(d) for d in diffs.values()])
+        head = (f"{arm} − {plan.baseline} at {DRIFT_AXIS.key} {x:g} along β: {len(reps) - len(missed)} of "
+                f"{len(reps)} replicates cross it")
+        if len(per_start) < 2:
+            lines.append(head + "; fewer than 2 SFT starts left: no interval")
+            continue
+        half = stats.t.ppf(0.975, len(per_start) - 1) * per_start.std(ddof=1) / math.sqrt(len(per_start))
+        lines.append(f"{head}; {per_start.mean():+.3f} [{per_start.mean() - half:+.3f}, {per_start.mean() + half:+.3f}]"
+                     f" (95% Student t over {len(per_start)} SFT starts)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep", type=Path, help="a sweep dir or a report dir holding runs.tar.xz")
     ap.add_argument("--reach", type=float, nargs="+", help="print how many replicates each arm brackets these in")
     ap.add_argument("--at", type=float, nargs="+", help="read the primary contrasts at these values instead")
+    ap.add_argument("--beta-path", type=float, nargs="+", help="read each curve along the frontier key at these")
     ap.add_argument("--reached-only", action="store_true",
                     help="with --at: only the replicates where the baseline and every primary arm bracket each value")
     args = ap.parse_args(argv)
@@ -85,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             where = "" if keep is None else f", over the {len(keep)} replicates where every compared arm brackets it"
             text = matched.text.replace("declared before the runs", "read where this script was told, after the runs")
             print(f"\nExploratory, at {axis} {x:g}{where}:\n{text}")
+        for x in args.beta_path or ():
+            print(f"\nExploratory, along {plan.block['frontier_key']}:\n{beta_path(runs, plan, x)}")
     return 0
 
 
