@@ -9,11 +9,11 @@ every compared arm reaches it (``--reached-only``, a subset chosen by an outcome
 data, so what it prints is exploratory: the verdict words are the machinery's, not claims.
 
 ``--beta-path X`` reads each replicate's curve another way: the report sorts an arm's runs by their final drift and
-interpolates between the two nearest X, so where drift is not monotone in the frontier key (kl/init saturates once
-a policy answers every prompt deterministically, docs/findings.md) the two can be β 2 and β 10, past the declared gap
-rule. Here the runs are walked in order of the key instead, and the value is read where the path crosses X between
-two neighbours of the grid (the crossing at the largest key where there are several); a replicate whose path never
-crosses X is counted and left out. The difference arm − baseline per replicate is averaged over each SFT start's
+interpolates between the two nearest X (``comparison.matched.along: axis``, the default), so where drift is not
+monotone in the frontier key (kl/init stops growing once a policy answers every prompt the same way) the two can be
+β 2 and β 10, past the declared gap rule. Here the runs are walked along the key instead (what a block declaring
+``along: key`` reads, ``declared_matched.key_crossing``); a replicate whose path never crosses X is counted and left
+out. The difference arm − baseline per replicate is averaged over each SFT start's
 seeds, and the interval is Student's t over the starts (no prompt resampling).
 
     python bench/matched_exploratory.py docs/frontier_test --reach 0.05 0.065 0.08 0.1
@@ -40,7 +40,7 @@ from refexp.report.reading.archive import runs_source  # noqa: E402
 from refexp.report.reading.load import load_sweep  # noqa: E402
 from refexp.report.reading.plan import make_plan  # noqa: E402
 from refexp.report.reading.reduce import last  # noqa: E402
-from refexp.report.statistics.declared_matched import declared_matched  # noqa: E402
+from refexp.report.statistics.declared_matched import declared_matched, key_crossing  # noqa: E402
 from refexp.report.statistics.frontier import DRIFT_AXIS, curves  # noqa: E402
 
 
@@ -67,15 +67,14 @@ def reach_table(spans, values: list[float]) -> str:
 
 
 def path_crossing(points, x: float):
-    """The metric where the runs, walked in order of the frontier key, cross ``x`` between two neighbours
-    (interpolated in log x), at the largest key where they cross more than once; None where they never do."""
-    pts = sorted(points, key=lambda p: p.value)
-    for a, b in reversed(list(zip(pts, pts[1:]))):
-        lo, hi = sorted((a.x, b.x))
-        if lo <= x <= hi and lo > 0:
-            f = 0.0 if hi == lo else math.log(x / a.x) / math.log(b.x / a.x)
-            return a.y + f * (b.y - a.y)
-    return None
+    """The metric where the runs, walked along the frontier key, cross ``x`` (``key_crossing``'s two neighbours,
+    interpolated in log x); None where they never do."""
+    pair = key_crossing(points, x)
+    if pair is None:
+        return None
+    a, b = pair
+    f = 0.0 if b.x == a.x else math.log(x / a.x) / math.log(b.x / a.x)
+    return a.y + f * (b.y - a.y)
 
 
 def beta_path(runs, plan, x: float) -> str:

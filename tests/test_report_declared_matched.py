@@ -6,6 +6,7 @@ extrapolated; the block's fields checked before a run."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -85,10 +86,56 @@ def test_a_no_claim_counts_the_replicates_whose_runs_did_not_reach_the_declared_
     assert "the baseline's runs reached in 3 of 3 replicates" in low.no_claim
 
 
+def _non_monotone_sweep(root, along: str, ema_beta_1_kl: float = 0.1) -> None:
+    """fixed's drift falls with beta (3, 0.5, 0.1 at beta 0.2, 0.5, 1); ema's does not: 2, 5, 0.1, so sorted by drift
+    its runs nearest kl/init 1 are beta 1 and 0.2 (5x apart), while walked along beta it crosses 1 between 0.5 and 1.
+    ema solves 10 + seed prompts more than fixed at every beta."""
+    decl = {**block(["fixed", "ema"], gap=2.5), "primary": ["ema"], "equivalence_margin": 0.05,
+            "matched": {"axis": "kl/init", "at": [1.0], "along": along}}
+    for seed in (0, 1, 2):
+        for beta, kl_fixed, kl_ema, solved in ((0.2, 3.0, 2.0, 150), (0.5, 0.5, 5.0, 120), (1.0, 0.1, ema_beta_1_kl, 90)):
+            write_run(root, "fixed", beta, seed, solved=solved + seed, kl=kl_fixed, decl=decl)
+            write_run(root, "ema", beta, seed, solved=solved + 10 + 2 * seed, kl=kl_ema, decl=decl)
+
+
+def test_matched_along_the_key_reads_a_curve_whose_drift_is_not_monotone_in_beta(tmp_path):
+    """Declared along: key, each replicate's curve is read between the neighbours on the beta grid that cross the
+    value (ema: beta 0.5 and 1, 2x apart); along the axis (the default) the same runs are not matched, their drift
+    neighbours beta 1 and 0.2 being 5x apart, past the declared gap."""
+    _non_monotone_sweep(tmp_path / "key", "key")
+    row = build_report(tmp_path / "key").frontier.primary.rows[0]
+    assert not row.no_claim and row.result is not None
+    # at kl/init 1 ema is read 2/3 of the way (in log drift) from beta 0.5 to beta 1 after walking the grid, fixed
+    # halfway from beta 0.5 (kl 0.5) to beta 0.2 (kl 3) by log distance: the point estimate is their difference
+    f_ema, f_fixed = math.log(1 / 5.0) / math.log(0.1 / 5.0), math.log(1 / 0.5) / math.log(3.0 / 0.5)
+    ema = [(120 + 10 + 2 * s) * (1 - f_ema) + (90 + 10 + 2 * s) * f_ema for s in (0, 1, 2)]
+    fixed = [(120 + s) * (1 - f_fixed) + (150 + s) * f_fixed for s in (0, 1, 2)]
+    assert row.result.point == pytest.approx((sum(ema) - sum(fixed)) / 3 / 200, abs=1e-9)
+    assert "neighbouring on the algo.beta grid whose kl/init straddle that value" in \
+        build_report(tmp_path / "key").frontier.primary.text
+    _non_monotone_sweep(tmp_path / "axis", "axis")
+    row = build_report(tmp_path / "axis").frontier.primary.rows[0]
+    assert row.result is None and "ema has no run between β 1 and 0.2" in row.no_claim
+
+
+def test_matched_along_the_key_makes_no_claim_where_a_replicates_path_never_crosses(tmp_path):
+    _non_monotone_sweep(tmp_path, "key", ema_beta_1_kl=1.5)  # ema's path now stays above kl/init 1 at every beta
+    row = build_report(tmp_path).frontier.primary.rows[0]
+    assert row.result is None and row.no_claim == (
+        "not matched at kl/init 1: ema's runs, walked along β, cross it in 0 of 3 replicates (not in seed 0: 2, 5, "
+        "1.5); a matched value is never extrapolated")
+
+
 def test_the_matched_block_is_checked_before_a_run():
     base = dict(arm_key="grpo_variant", arms=["fixed", "ema", "none"], baseline="fixed", seeds=[0, 1],
                 primary=["ema"], frontier_key="algo.beta")
     assert ComparisonConfig(**base, matched=MatchedConfig(at=[0.06])).matched.declared
+    assert ComparisonConfig(**base, matched=MatchedConfig(at=[0.06], along="key")).matched.along == "key"
+    with pytest.raises(ConfigError, match=r"comparison\.matched\.along='beta' is invalid: expected axis or key"):
+        MatchedConfig(at=[0.06], along="beta")
+    from refexp.report.reading.plan import block_problem  # a run's saved block, read by the report
+    assert block_problem({**base, "matched": {"at": [0.06], "along": "beta"}}) == (
+        "comparison.matched.along='beta' is invalid: expected axis or key")
     with pytest.raises(ConfigError, match="comparison.matched.at.*frontier_key"):
         ComparisonConfig(**{**base, "frontier_key": ""}, matched=MatchedConfig(at=[0.06]))
     with pytest.raises(ConfigError, match="comparison.matched.at.*at most 3"):

@@ -88,6 +88,9 @@ class SelectionConfig:
 
 
 MATCHED_AXES = ("kl/init", "eval/retention")
+MATCHED_ALONG = ("axis", "key")
+"""How ``comparison.matched`` reads a replicate's curve at a value: ``axis`` (its runs sorted by the matched axis,
+the two nearest the value) or ``key`` (its runs walked along the frontier key, the neighbours that cross it)."""
 """What a declared matched contrast can match on: the drift from the start (on a log axis) or the retained skill
 (``refexp/report/statistics/frontier.py``'s axes)."""
 
@@ -106,6 +109,13 @@ class MatchedConfig:
     at: list[float] = field(default_factory=list)
     """The values of ``axis`` each primary contrast is tested at (e.g. ``[0.06]``): inside the range every arm's
     beta grid is expected to reach, chosen from a pilot before the runs."""
+    along: str = "axis"
+    """Which two runs a replicate's curve is read between: ``axis``, the two whose final ``axis`` lie nearest the
+    value on either side (the curve as a function of drift); ``key``, the two neighbours on the frontier key's grid
+    whose final ``axis`` straddle it (the crossing at the largest key where there are several). They differ where the
+    drift is not monotone in the key: kl/init stops growing once a policy answers every prompt the same way (it is
+    then -log of the start's probability of those answers), so a larger beta can end at more drift than a smaller
+    one, and sorted by drift two betas far apart sit side by side (docs/findings.md, the frontier test)."""
 
     @property
     def declared(self) -> bool:
@@ -114,6 +124,7 @@ class MatchedConfig:
 
     def __post_init__(self) -> None:
         check(self.axis in MATCHED_AXES, "comparison.matched.axis", self.axis, " or ".join(MATCHED_AXES))
+        check(self.along in MATCHED_ALONG, "comparison.matched.along", self.along, " or ".join(MATCHED_ALONG))
         low, high = (0.0, float("inf")) if self.axis == "kl/init" else (0.0, 1.0)
         check(all(isinstance(x, (int, float)) and not isinstance(x, bool) and low < x < high for x in self.at)
               and len(set(self.at)) == len(self.at), "comparison.matched.at", self.at,

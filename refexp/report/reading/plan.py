@@ -34,6 +34,8 @@ MAX_PRIMARY = 3
 """As ``refexp/config/comparison.py``'s: the most primary contrasts a block declares."""
 MATCHED_AXES = ("kl/init", "eval/retention")
 """As ``refexp/config/comparison.py``'s: what ``comparison.matched.axis`` may name, its default first."""
+MATCHED_ALONG = ("axis", "key")
+"""As ``refexp/config/comparison.py``'s: what ``comparison.matched.along`` may name, its default first."""
 
 VARIANT_KEYS = ("grpo_variant", "dpo_variant", "reference")
 """Swept keys whose value an exploratory ``--baseline`` may name (``--baseline fixed`` for ``dpo_variant=fixed``)."""
@@ -81,6 +83,11 @@ class ComparisonPlan:
     def matched_at(self) -> tuple[str, tuple[float, ...]]:
         """``matched_of`` the declared block."""
         return matched_of(self.block or {})
+
+    @property
+    def matched_along(self) -> str:
+        """``comparison.matched.along`` of the declared block (a block written before it: ``axis``)."""
+        return str(((self.block or {}).get("matched") or {}).get("along") or MATCHED_ALONG[0])
 
     def role(self, arm: Optional[str]) -> str:
         """"primary" for a declared primary contrast's arm, else "secondary" (a declared block) or "exploratory"."""
@@ -197,6 +204,9 @@ def block_problem(block: dict) -> Optional[str]:
         return (f"comparison.matched={matched!r} is invalid: expected an axis among {', '.join(MATCHED_AXES)} and "
                 f"values > 0 to compare comparison.primary at along comparison.frontier_key, at most {MAX_PRIMARY} "
                 f"contrasts in all, or no values")
+    if (matched.get("along") or MATCHED_ALONG[0]) not in MATCHED_ALONG:
+        return (f"comparison.matched.along={matched.get('along')!r} is invalid: expected "
+                f"{' or '.join(MATCHED_ALONG)}")
     margin = block.get("equivalence_margin")
     if margin is not None and not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin > 0):
         return f"comparison.equivalence_margin={margin!r} is invalid: expected a number > 0, or null"

@@ -24,7 +24,7 @@ from refexp.record.metric_names import KL_INIT
 from refexp.report.reading.load import Run
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.frontier import (DRIFT_AXIS, RETENTION_AXIS, Axis, Curves, MatchedDrift, MatchedRow,
-                                               compare_at, curves, frontier_gap, not_matched)
+                                               Point, compare_at, curves, frontier_gap, key_symbol, not_matched)
 from refexp.report.statistics.inference import difference_bound, family_verdicts
 from refexp.report.statistics.paired import Unit
 
@@ -48,7 +48,7 @@ def declared_matched(runs: list[Run], plan: ComparisonPlan) -> Optional[MatchedD
             for x in values:
                 label = f"{arm} at {axis.key} {x:.3g}" + (f" [{metric}]" if len(metrics) > 1 else "")
                 row = _row(cs, by_arm.get(plan.baseline, []), by_arm.get(arm, []), arm, x, axis, metric, label,
-                           out.gap, plan.block["frontier_key"], plan.baseline)
+                           out.gap, plan.block["frontier_key"], plan.baseline, plan.matched_along)
                 row.metric = metric
                 out.rows.append(row)
                 if row.result is not None:
@@ -62,9 +62,10 @@ def declared_matched(runs: list[Run], plan: ComparisonPlan) -> Optional[MatchedD
 
 
 def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis: Axis, metric: str, label: str,
-         gap: float, key: str, baseline: str) -> MatchedRow:
+         gap: float, key: str, baseline: str, along: str = "axis") -> MatchedRow:
     """One primary contrast at one declared value (``base``, ``mine``: the baseline's and the arm's curve labels),
-    or its reason for making no claim."""
+    or its reason for making no claim. ``along``: ``comparison.matched.along`` (``key``: each replicate's curve cut
+    to the two runs where its path along the key crosses ``x``, ``key_crossing``)."""
     for who, labels in (("the baseline", base), (arm, mine)):
         if len(labels) != 1:
             what = "no curve" if not labels else f"{len(labels)} curves ({', '.join(labels)})"
@@ -75,6 +76,12 @@ def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis:
     if len(seeds) < 2:
         return MatchedRow(arm, x, seeds, label, no_claim=f"fewer than 2 replicates (SFT start, seed) in which "
                                                          f"both {arm} and the baseline have 2 or more runs")
+    if along == "key":
+        why = _uncrossed(arm_c, base_c, arm, seeds, x, axis, key)
+        if why:
+            return MatchedRow(arm, x, seeds, label, no_claim=why)
+        arm_c, base_c = ({s: key_crossing(c[s], x) for s in seeds} for c in (arm_c, base_c))
+        cs = {**cs, base[0]: base_c, mine[0]: arm_c}
     why = (_outside(arm_c, base_c, arm, seeds, x, axis)
            or not_matched(cs, base[0], mine[0], seeds, x, axis.log, gap, key))
     if why:
@@ -82,6 +89,33 @@ def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis:
     result, resampled = compare_at(arm_c, base_c, seeds, x, axis, metric)
     return MatchedRow(arm, x, seeds, label, result, x_resampled=resampled,
                       brackets={baseline: bracket(base_c, seeds, x), arm: bracket(arm_c, seeds, x)})
+
+
+def key_crossing(points: list[Point], x: float) -> Optional[list[Point]]:
+    """The two neighbours on the frontier key's grid whose final x straddle ``x``, sorted by x (the pair at the
+    largest key where the runs, walked along the key, cross ``x`` more than once); None where they never do."""
+    pts = sorted(points, key=lambda p: p.value)
+    for a, b in reversed(list(zip(pts, pts[1:]))):
+        if min(a.x, b.x) * (1 - 1e-9) <= x <= max(a.x, b.x) * (1 + 1e-9):
+            return sorted((a, b), key=lambda p: (p.x, p.value))
+    return None
+
+
+def _uncrossed(arm_c, base_c, arm: str, seeds: list[Unit], x: float, axis: Axis, key: str) -> str:
+    """Why ``x`` is not read along the key: in how many replicates either curve's runs, walked along it, never
+    cross ``x``, and the first one; "" when every replicate's curves cross it."""
+    parts = []
+    for who, c in (("the baseline", base_c), (arm, arm_c)):
+        out = [s for s in seeds if key_crossing(c[s], x) is None]
+        if out:
+            start, seed = out[0]
+            ends = ", ".join(f"{p.x:.3g}" for p in sorted(c[out[0]], key=lambda p: p.value))
+            parts.append(f"{who}'s runs, walked along {key_symbol(key)}, cross it in {len(seeds) - len(out)} of "
+                         f"{len(seeds)} replicates (not in {f'SFT start {start}, ' if start else ''}seed {seed}: "
+                         f"{ends})")
+    if not parts:
+        return ""
+    return f"not matched at {axis.key} {x:.3g}: {' and '.join(parts)}; a matched value is never extrapolated"
 
 
 def bracket(curve, seeds: list[Unit], x: float) -> tuple[float, float]:
@@ -119,7 +153,10 @@ def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> s
             f"{', '.join(plan.primary)} against {m.baseline}'s frontier across {key} at {m.axis.key} "
             f"{', '.join(f'{x:.3g}' for x in values)}, on {m.metric}. Per replicate (SFT start and seed) each arm's "
             f"curve is interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'} between its two runs "
-            f"around that value (within a factor {m.gap:g} in {key}; never extrapolated); the units are the SFT "
+            + (f"around that value" if plan.matched_along == "axis" else
+               f"neighbouring on the {key} grid whose {m.axis.key} straddle that value (comparison.matched.along: "
+               f"key)")
+            + f" (within a factor {m.gap:g} in {key}; never extrapolated); the units are the SFT "
             f"starts, then seeds, then prompts. One Holm family of the {n} declared comparison{'s' * (n != 1)} (one that "
             f"makes no claim counts with p 1), alpha "
             f"{plan.alpha:g}" + (f", equivalence margin ±{plan.margin:g}." if plan.margin is not None else "."))

@@ -326,12 +326,12 @@ def not_matched(cs: Curves, base: str, label: str, seeds: list[Unit], x: float, 
             if got is not None:
                 a, b = sorted(got, reverse=True)
                 where = "" if len(seeds) == 1 else f" in replicate {s[0] + ', ' if s[0] else ''}seed {s[1]}"
-                return (f"not matched: {who} has no run between {_short(key)} {a:g} and {b:g}{where} (runs more "
+                return (f"not matched: {who} has no run between {key_symbol(key)} {a:g} and {b:g}{where} (runs more "
                         f"than {gap:g}x apart)")
     return ""
 
 
-def _short(key: str) -> str:
+def key_symbol(key: str) -> str:
     """``algo.beta`` -> β; another key as it is."""
     return "β" if key.rsplit(".", 1)[-1] == "beta" else key
 
