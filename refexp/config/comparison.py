@@ -88,11 +88,11 @@ class SelectionConfig:
 
 
 MATCHED_AXES = ("kl/init", "eval/retention")
+"""What a declared matched contrast can match on: the drift from the start (on a log axis) or the retained skill
+(``refexp/report/statistics/frontier.py``'s axes)."""
 MATCHED_ALONG = ("axis", "key")
 """How ``comparison.matched`` reads a replicate's curve at a value: ``axis`` (its runs sorted by the matched axis,
 the two nearest the value) or ``key`` (its runs walked along the frontier key, the neighbours that cross it)."""
-"""What a declared matched contrast can match on: the drift from the start (on a log axis) or the retained skill
-(``refexp/report/statistics/frontier.py``'s axes)."""
 
 
 @dataclass

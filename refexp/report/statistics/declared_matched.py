@@ -153,7 +153,7 @@ def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> s
             f"{', '.join(plan.primary)} against {m.baseline}'s frontier across {key} at {m.axis.key} "
             f"{', '.join(f'{x:.3g}' for x in values)}, on {m.metric}. Per replicate (SFT start and seed) each arm's "
             f"curve is interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'} between its two runs "
-            + (f"around that value" if plan.matched_along == "axis" else
+            + ("around that value" if plan.matched_along == "axis" else
                f"neighbouring on the {key} grid whose {m.axis.key} straddle that value (comparison.matched.along: "
                f"key)")
             + f" (within a factor {m.gap:g} in {key}; never extrapolated); the units are the SFT "
