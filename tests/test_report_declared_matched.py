@@ -113,9 +113,17 @@ def test_matched_along_the_key_reads_a_curve_whose_drift_is_not_monotone_in_beta
     assert row.result.point == pytest.approx((sum(ema) - sum(fixed)) / 3 / 200, abs=1e-9)
     assert "neighbouring on the algo.beta grid whose kl/init straddle that value" in \
         build_report(tmp_path / "key").frontier.primary.text
+    # the secondary matched table reads the same way: at its data-placed points (kl/init 0.31 and 0.96 of the common
+    # range 0.1-3) ema is compared along beta, and not along the drift axis
+    secondary = build_report(tmp_path / "key").frontier.matched[0]  # the kl/init table
+    assert secondary.axis.key == "kl/init"
+    assert [r.result is not None for r in secondary.rows] == [True, True], [r.no_claim for r in secondary.rows]
     _non_monotone_sweep(tmp_path / "axis", "axis")
-    row = build_report(tmp_path / "axis").frontier.primary.rows[0]
+    report = build_report(tmp_path / "axis")
+    row = report.frontier.primary.rows[0]
     assert row.result is None and "ema has no run between β 1 and 0.2" in row.no_claim
+    assert all(r.result is None and "ema has no run between β 1 and 0.2" in r.no_claim
+               for r in report.frontier.matched[0].rows)
 
 
 def test_matched_along_the_key_makes_no_claim_where_a_replicates_path_never_crosses(tmp_path):

@@ -115,7 +115,7 @@ class MatchedConfig:
     whose final ``axis`` straddle it (the crossing at the largest key where there are several). They differ where the
     drift is not monotone in the key: kl/init stops growing once a policy answers every prompt the same way (it is
     then -log of the start's probability of those answers), so a larger beta can end at more drift than a smaller
-    one, and sorted by drift two betas far apart sit side by side."""
+    one, and sorted by drift two betas far apart sit side by side. The secondary matched tables read the same way."""
 
     @property
     def declared(self) -> bool:

@@ -24,7 +24,8 @@ from refexp.record.metric_names import KL_INIT
 from refexp.report.reading.load import Run
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.frontier import (DRIFT_AXIS, RETENTION_AXIS, Axis, Curves, MatchedDrift, MatchedRow,
-                                               Point, compare_at, curves, frontier_gap, key_symbol, not_matched)
+                                               along_key, compare_at, curves, frontier_gap, key_crossing,
+                                               key_symbol, not_matched)
 from refexp.report.statistics.inference import difference_bound, family_verdicts
 from refexp.report.statistics.paired import Unit
 
@@ -80,7 +81,7 @@ def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis:
         why = _uncrossed(arm_c, base_c, arm, seeds, x, axis, key)
         if why:
             return MatchedRow(arm, x, seeds, label, no_claim=why)
-        arm_c, base_c = ({s: key_crossing(c[s], x) for s in seeds} for c in (arm_c, base_c))
+        arm_c, base_c = along_key(arm_c, seeds, x), along_key(base_c, seeds, x)
         cs = {**cs, base[0]: base_c, mine[0]: arm_c}
     why = (_outside(arm_c, base_c, arm, seeds, x, axis)
            or not_matched(cs, base[0], mine[0], seeds, x, axis.log, gap, key))
@@ -89,16 +90,6 @@ def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis:
     result, resampled = compare_at(arm_c, base_c, seeds, x, axis, metric)
     return MatchedRow(arm, x, seeds, label, result, x_resampled=resampled,
                       brackets={baseline: bracket(base_c, seeds, x), arm: bracket(arm_c, seeds, x)})
-
-
-def key_crossing(points: list[Point], x: float) -> Optional[list[Point]]:
-    """The two neighbours on the frontier key's grid whose final x straddle ``x``, sorted by x (the pair at the
-    largest key where the runs, walked along the key, cross ``x`` more than once); None where they never do."""
-    pts = sorted(points, key=lambda p: p.value)
-    for a, b in reversed(list(zip(pts, pts[1:]))):
-        if min(a.x, b.x) * (1 - 1e-9) <= x <= max(a.x, b.x) * (1 + 1e-9):
-            return sorted((a, b), key=lambda p: (p.x, p.value))
-    return None
 
 
 def _uncrossed(arm_c, base_c, arm: str, seeds: list[Unit], x: float, axis: Axis, key: str) -> str:

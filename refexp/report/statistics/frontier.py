@@ -288,18 +288,46 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
                                                                         f"cover in 2 or more common replicates"))
             continue
         lo, hi, seeds = rng
+        key = plan.block["frontier_key"]
         for x in matched_values(lo, hi, axis.log):
-            why = not_matched(cs, base, label, seeds, x, axis.log, gap, plan.block["frontier_key"])
+            at = cs
+            if plan.matched_along == "key":  # each replicate read where its runs, walked along the key, cross x
+                arm_k, base_k = along_key(cs[label], seeds, x), along_key(cs[base], seeds, x)
+                if arm_k is None or base_k is None:
+                    who = "the baseline's" if base_k is None else f"{label}'s"
+                    out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", no_claim=(
+                        f"not matched: {who} runs, walked along {key_symbol(key)}, do not cross it in every "
+                        f"replicate")))
+                    continue
+                at = {**cs, label: arm_k, base: base_k}
+            why = not_matched(at, base, label, seeds, x, axis.log, gap, key)
             if why:
                 out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", no_claim=why))
                 continue
-            result, resampled = compare_at(cs[label], cs[base], seeds, x, axis, metric)
+            result, resampled = compare_at(at[label], at[base], seeds, x, axis, metric)
             out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", result,
                                        x_resampled=resampled))
     out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=plan.alpha,
                                    margin=plan.margin, bound=difference_bound(metric))
     out.text = _text(out, plan.alpha)
     return out
+
+
+def key_crossing(points: list[Point], x: float) -> Optional[list[Point]]:
+    """The two neighbours on the frontier key's grid whose final x straddle ``x``, sorted by x (the pair at the
+    largest key where the runs, walked along the key, cross ``x`` more than once); None where they never do."""
+    pts = sorted(points, key=lambda p: p.value)
+    for a, b in reversed(list(zip(pts, pts[1:]))):
+        if min(a.x, b.x) * (1 - 1e-9) <= x <= max(a.x, b.x) * (1 + 1e-9):
+            return sorted((a, b), key=lambda p: (p.x, p.value))
+    return None
+
+
+def along_key(curve: dict[Unit, list[Point]], seeds: list[Unit], x: float) -> Optional[dict[Unit, list[Point]]]:
+    """Each replicate's points cut to its ``key_crossing`` at ``x`` (``comparison.matched.along: key``); None where
+    some replicate's runs never cross it."""
+    cut = {s: key_crossing(curve[s], x) for s in seeds}
+    return None if any(v is None for v in cut.values()) else cut
 
 
 def compare_at(arm: dict[Unit, list[Point]], base: dict[Unit, list[Point]], seeds: list[Unit], x: float,
