@@ -20,6 +20,7 @@ seeds, and the interval is Student's t over the starts (no prompt resampling).
     python bench/matched_exploratory.py docs/frontier_test --at 0.1
     python bench/matched_exploratory.py docs/frontier_test --at 0.065 --reached-only
     python bench/matched_exploratory.py docs/frontier_test --beta-path 0.065
+    python bench/matched_exploratory.py docs/frontier_test --at 0.065 --along key   # the report's bootstrap, along β
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reach", type=float, nargs="+", help="print how many replicates each arm brackets these in")
     ap.add_argument("--at", type=float, nargs="+", help="read the primary contrasts at these values instead")
     ap.add_argument("--beta-path", type=float, nargs="+", help="read each curve along the frontier key at these")
+    ap.add_argument("--along", choices=("axis", "key"), help="with --at: read the curves as comparison.matched.along "
+                    "says (default: as the sweep declared)")
     ap.add_argument("--reached-only", action="store_true",
                     help="with --at: only the replicates where the baseline and every primary arm bracket each value")
     args = ap.parse_args(argv)
@@ -136,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
                         if all(rep in spans.get(a, {}) and spans[a][rep][0] <= x <= spans[a][rep][1] for a in arms)}
             chosen = [r for r in runs if keep is None or (r.sft_start, r.seed) in keep or plan.arm(r) not in
                       (plan.baseline, *plan.primary)]
-            block = {**plan.block, "matched": {"axis": axis, "at": [x]}}
+            block = {**plan.block, "matched": {"axis": axis, "at": [x], "along": args.along or plan.matched_along}}
             matched = declared_matched(chosen, dataclasses.replace(plan, block=block))
             where = "" if keep is None else f", over the {len(keep)} replicates where every compared arm brackets it"
+            where += f", read along the {'key' if (args.along or plan.matched_along) == 'key' else 'axis'}"
             text = matched.text.replace("declared before the runs", "read where this script was told, after the runs")
             print(f"\nExploratory, at {axis} {x:g}{where}:\n{text}")
         for x in args.beta_path or ():
