@@ -25,7 +25,7 @@ from refexp.report.reading.load import Run
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.frontier import (DRIFT_AXIS, RETENTION_AXIS, Axis, Curves, MatchedDrift, MatchedRow,
                                                along_key, compare_at, curves, frontier_gap, key_crossing,
-                                               key_symbol, not_matched)
+                                               not_matched, uncrossed)
 from refexp.report.statistics.inference import difference_bound, family_verdicts
 from refexp.report.statistics.paired import Unit
 
@@ -78,7 +78,7 @@ def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis:
         return MatchedRow(arm, x, seeds, label, no_claim=f"fewer than 2 replicates (SFT start, seed) in which "
                                                          f"both {arm} and the baseline have 2 or more runs")
     if along == "key":
-        why = _uncrossed(arm_c, base_c, arm, seeds, x, axis, key)
+        why = uncrossed(arm_c, base_c, arm, seeds, x, axis, key)
         if why:
             return MatchedRow(arm, x, seeds, label, no_claim=why)
         arm_c, base_c = along_key(arm_c, seeds, x), along_key(base_c, seeds, x)
@@ -90,23 +90,6 @@ def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis:
     result, resampled = compare_at(arm_c, base_c, seeds, x, axis, metric)
     return MatchedRow(arm, x, seeds, label, result, x_resampled=resampled,
                       brackets={baseline: bracket(base_c, seeds, x), arm: bracket(arm_c, seeds, x)})
-
-
-def _uncrossed(arm_c, base_c, arm: str, seeds: list[Unit], x: float, axis: Axis, key: str) -> str:
-    """Why ``x`` is not read along the key: in how many replicates either curve's runs, walked along it, never
-    cross ``x``, and the first one; "" when every replicate's curves cross it."""
-    parts = []
-    for who, c in (("the baseline", base_c), (arm, arm_c)):
-        out = [s for s in seeds if key_crossing(c[s], x) is None]
-        if out:
-            start, seed = out[0]
-            ends = ", ".join(f"{p.x:.3g}" for p in sorted(c[out[0]], key=lambda p: p.value))
-            parts.append(f"{who}'s runs, walked along {key_symbol(key)}, cross it in {len(seeds) - len(out)} of "
-                         f"{len(seeds)} replicates (not in {f'SFT start {start}, ' if start else ''}seed {seed}: "
-                         f"{ends})")
-    if not parts:
-        return ""
-    return f"not matched at {axis.key} {x:.3g}: {' and '.join(parts)}; a matched value is never extrapolated"
 
 
 def bracket(curve, seeds: list[Unit], x: float) -> tuple[float, float]:

@@ -294,10 +294,8 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
             if plan.matched_along == "key":  # each replicate read where its runs, walked along the key, cross x
                 arm_k, base_k = along_key(cs[label], seeds, x), along_key(cs[base], seeds, x)
                 if arm_k is None or base_k is None:
-                    who = "the baseline's" if base_k is None else f"{label}'s"
-                    out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", no_claim=(
-                        f"not matched: {who} runs, walked along {key_symbol(key)}, do not cross it in every "
-                        f"replicate")))
+                    out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}",
+                                               no_claim=uncrossed(cs[label], cs[base], label, seeds, x, axis, key)))
                     continue
                 at = {**cs, label: arm_k, base: base_k}
             why = not_matched(at, base, label, seeds, x, axis.log, gap, key)
@@ -328,6 +326,23 @@ def along_key(curve: dict[Unit, list[Point]], seeds: list[Unit], x: float) -> Op
     some replicate's runs never cross it."""
     cut = {s: key_crossing(curve[s], x) for s in seeds}
     return None if any(v is None for v in cut.values()) else cut
+
+
+def uncrossed(arm_c, base_c, arm: str, seeds: list[Unit], x: float, axis: Axis, key: str) -> str:
+    """Why ``x`` is not read along the key: in how many replicates either curve's runs, walked along it, never
+    cross ``x``, and the first one; "" when every replicate's curves cross it."""
+    parts = []
+    for who, c in (("the baseline", base_c), (arm, arm_c)):
+        out = [s for s in seeds if key_crossing(c[s], x) is None]
+        if out:
+            start, seed = out[0]
+            ends = ", ".join(f"{p.x:.3g}" for p in sorted(c[out[0]], key=lambda p: p.value))
+            parts.append(f"{who}'s runs, walked along {key_symbol(key)}, cross it in {len(seeds) - len(out)} of "
+                         f"{len(seeds)} replicates (not in {f'SFT start {start}, ' if start else ''}seed {seed}: "
+                         f"{ends})")
+    if not parts:
+        return ""
+    return f"not matched at {axis.key} {x:.3g}: {' and '.join(parts)}; a matched value is never extrapolated"
 
 
 def compare_at(arm: dict[Unit, list[Point]], base: dict[Unit, list[Point]], seeds: list[Unit], x: float,
