@@ -13,18 +13,19 @@ SWEEP=${1:-multirun/frontier_test}
 shift || true
 REFEXP=${REFEXP:-refexp}
 EXTRA=("$@")
+SEEDS=4  # training.seed 0,1,2,3 and sft.seed 0-5: the experiment's sweeper params (conf/experiment/frontier_test.yaml)
 completed() {  # completed DIR N: each of the sweep's job dirs DIR/0 .. DIR/N-1 holds a completed run
   local i
   for ((i = 0; i < $2; i++)); do
     grep -Eqs '"status": *"completed"' "$1/$i/status.json" || return 1
   done
 }
-completed "$SWEEP/none" 24 ||  # 6 SFT starts x 4 seeds: the experiment's sweeper params
+completed "$SWEEP/none" $((6 * SEEDS)) ||
   $REFEXP -m experiment=frontier_test grpo_variant=none algo.beta=1.0 hydra.sweep.dir="$SWEEP/none" "${EXTRA[@]}"
 grid() {
   local arm=$1 betas=${2#algo.beta=} commas
   commas=${betas//[^,]/}
-  completed "$SWEEP/start$START/$arm" $((${#commas} + 1)) && return 0
+  completed "$SWEEP/start$START/$arm" $(((${#commas} + 1) * SEEDS)) && return 0
   shift
   $REFEXP -m experiment=frontier_test sft.seed="$START" grpo_variant="$arm" "$@" \
     hydra.sweep.dir="$SWEEP/start$START/$arm" "${EXTRA[@]}"

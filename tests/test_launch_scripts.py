@@ -68,3 +68,22 @@ def test_slurm_multinode_passes_job_id_first_node_and_node_rank(tmp_path):
     for want in ("--nnodes=2", "--nproc_per_node=8", "--rdzv_endpoint=gpu07:32345", "--rdzv_id=12345",
                  "--node_rank=1", "run_dir=/shared/r"):
         assert want in words, (want, words)
+
+
+def test_frontier_test_resume_skips_only_sweeps_whose_runs_all_completed(tmp_path):
+    """A relaunch skips the none sweep (24 runs) and start 0's ema sweep (5 betas x 4 seeds) once every run of
+    each completed, and runs start 0's fixed sweep again where one of its 28 runs did not complete."""
+    def runs(sweep: str, n: int, *, failed: int | None = None) -> None:
+        for i in range(n):
+            (tmp_path / sweep / str(i)).mkdir(parents=True)
+            status = "failed" if i == failed else "completed"
+            (tmp_path / sweep / str(i) / "status.json").write_text(f'{{\n  "status": "{status}"\n}}')
+    runs("none", 24)
+    runs("start0/ema", 20)
+    runs("start0/fixed", 28, failed=27)
+    out = _bash([str(ROOT / "launch" / "frontier_test.sh"), str(tmp_path)], REFEXP="echo", REFEXP_REPORT="true")
+    assert out.returncode == 0, out.stderr
+    launched = [line.split("hydra.sweep.dir=")[1] for line in out.stdout.splitlines()]
+    assert launched[0] == f"{tmp_path}/start0/fixed"
+    assert f"{tmp_path}/none" not in launched and f"{tmp_path}/start0/ema" not in launched
+    assert f"{tmp_path}/start0/periodic_reset" in launched and len(launched) == 6 * 3 - 1
