@@ -24,8 +24,7 @@ from refexp.record.metric_names import KL_INIT
 from refexp.report.reading.load import Run
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.frontier import (DRIFT_AXIS, RETENTION_AXIS, Axis, Curves, MatchedDrift, MatchedRow,
-                                               along_key, compare_at, curves, frontier_gap, key_crossing,
-                                               not_matched, uncrossed)
+                                               compare_at, curves, cut_along_key, frontier_gap, not_matched)
 from refexp.report.statistics.inference import difference_bound, family_verdicts
 from refexp.report.statistics.paired import Unit
 
@@ -78,11 +77,10 @@ def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis:
         return MatchedRow(arm, x, seeds, label, no_claim=f"fewer than 2 replicates (SFT start, seed) in which "
                                                          f"both {arm} and the baseline have 2 or more runs")
     if along == "key":
-        why = uncrossed(arm_c, base_c, arm, seeds, x, axis, key)
+        cs, why = cut_along_key(cs, base[0], mine[0], seeds, x, axis, key)
         if why:
             return MatchedRow(arm, x, seeds, label, no_claim=why)
-        arm_c, base_c = along_key(arm_c, seeds, x), along_key(base_c, seeds, x)
-        cs = {**cs, base[0]: base_c, mine[0]: arm_c}
+        arm_c, base_c = cs[mine[0]], cs[base[0]]
     why = (_outside(arm_c, base_c, arm, seeds, x, axis)
            or not_matched(cs, base[0], mine[0], seeds, x, axis.log, gap, key))
     if why:

@@ -290,15 +290,8 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
         lo, hi, seeds = rng
         key = plan.block["frontier_key"]
         for x in matched_values(lo, hi, axis.log):
-            at = cs
-            if plan.matched_along == "key":  # each replicate read where its runs, walked along the key, cross x
-                arm_k, base_k = along_key(cs[label], seeds, x), along_key(cs[base], seeds, x)
-                if arm_k is None or base_k is None:
-                    out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}",
-                                               no_claim=uncrossed(cs[label], cs[base], label, seeds, x, axis, key)))
-                    continue
-                at = {**cs, label: arm_k, base: base_k}
-            why = not_matched(at, base, label, seeds, x, axis.log, gap, key)
+            at, why = cut_along_key(cs, base, label, seeds, x, axis, key) if plan.matched_along == "key" else (cs, "")
+            why = why or not_matched(at, base, label, seeds, x, axis.log, gap, key)
             if why:
                 out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", no_claim=why))
                 continue
@@ -326,6 +319,16 @@ def along_key(curve: dict[Unit, list[Point]], seeds: list[Unit], x: float) -> Op
     some replicate's runs never cross it."""
     cut = {s: key_crossing(curve[s], x) for s in seeds}
     return None if any(v is None for v in cut.values()) else cut
+
+
+def cut_along_key(cs: Curves, base: str, label: str, seeds: list[Unit], x: float, axis: Axis,
+                  key: str) -> tuple[Curves, str]:
+    """``cs`` with the baseline's and ``label``'s curves cut to each replicate's ``key_crossing`` at ``x``
+    (``comparison.matched.along: key``), and ""; else ``cs`` unchanged and ``uncrossed``'s reason."""
+    arm_k, base_k = along_key(cs[label], seeds, x), along_key(cs[base], seeds, x)
+    if arm_k is None or base_k is None:
+        return cs, uncrossed(cs[label], cs[base], label, seeds, x, axis, key)
+    return {**cs, label: arm_k, base: base_k}, ""
 
 
 def uncrossed(arm_c, base_c, arm: str, seeds: list[Unit], x: float, axis: Axis, key: str) -> str:
