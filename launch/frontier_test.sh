@@ -13,14 +13,14 @@ SWEEP=${1:-multirun/frontier_test}
 shift || true
 REFEXP=${REFEXP:-refexp}
 EXTRA=("$@")
-SEEDS=4  # training.seed 0,1,2,3 and sft.seed 0-5: the experiment's sweeper params (conf/experiment/frontier_test.yaml)
+STARTS=6 SEEDS=4  # sft.seed 0-5 and training.seed 0-3: the experiment's sweeper params (conf/experiment/frontier_test.yaml)
 completed() {  # completed DIR N: each of the sweep's job dirs DIR/0 .. DIR/N-1 holds a completed run
   local i
   for ((i = 0; i < $2; i++)); do
     grep -Eqs '"status": *"completed"' "$1/$i/status.json" || return 1
   done
 }
-completed "$SWEEP/none" $((6 * SEEDS)) ||
+completed "$SWEEP/none" $((STARTS * SEEDS)) ||
   $REFEXP -m experiment=frontier_test grpo_variant=none algo.beta=1.0 hydra.sweep.dir="$SWEEP/none" "${EXTRA[@]}"
 grid() {
   local arm=$1 betas=${2#algo.beta=} commas
@@ -30,7 +30,7 @@ grid() {
   $REFEXP -m experiment=frontier_test sft.seed="$START" grpo_variant="$arm" "$@" \
     hydra.sweep.dir="$SWEEP/start$START/$arm" "${EXTRA[@]}"
 }
-for START in 0 1 2 3 4 5; do
+for ((START = 0; START < STARTS; START++)); do
   grid fixed algo.beta=0.2,0.3,0.5,0.7,1.0,2.0,5.0
   grid periodic_reset algo.beta=1.0,2.0,5.0,10.0,25.0
   grid ema algo.beta=1.0,2.0,5.0,10.0,25.0
