@@ -9,7 +9,8 @@ SWEEP is the sweep dir (`.../multirun/frontier_test`), CACHE the `REFEXP_CACHE` 
 used. A sweep (`none`, or one `start<i>/<arm>`) is carried only when all its runs completed; the job dirs of any
 other sweep are moved to `SWEEP/../aside/` first, so `pack_runs` reads completed sweeps only (the launch script
 reruns a sweep that is not whole). `runs.tar.xz` is rewritten with every completed run so far; `sft_starts.tar.xz`
-with the cache entries of the starts not yet done, mtime 0 so the archive depends on the files only. `--check`
+with the cache entries of the starts not yet done (mtime 0, so the archive depends on the files only), unless the
+committed one already holds them all. `--check`
 extracts both into a temporary dir, verifies every SFT entry against its manifest, counts the completed runs per
 sweep and prints which sweeps the launch script would run next (`REFEXP=echo`).
 """
@@ -85,12 +86,22 @@ def main(sweep: Path, cache: Path) -> None:
     print("whole sweeps:", sorted(k for k, v in whole.items() if v))
     print("starts not done:", {s: keys[s] for s in todo})
     subprocess.run([sys.executable, "-m", "refexp.report.pack_runs", str(sweep), str(HERE)], check=True)
+    archive = HERE / "sft_starts.tar.xz"
+    if archive.is_file() and {keys[s] for s in todo} <= carried_keys(archive):
+        # A superset resumes the same: keeping the committed archive adds no second copy of its weights to git.
+        print(f"{archive.name} already holds every start not done: kept")
+        return
     partial = HERE / "sft_starts.tar.xz.partial"
     with tarfile.open(partial, "w:xz", preset=9) as tar:
         for s in todo:
             add_entry(tar, cache / "sft", keys[s])
-    partial.replace(HERE / "sft_starts.tar.xz")
-    print(f"sft_starts.tar.xz: {len(todo)} starts, {(HERE / 'sft_starts.tar.xz').stat().st_size / 1e6:.1f} MB")
+    partial.replace(archive)
+    print(f"{archive.name}: {len(todo)} starts, {archive.stat().st_size / 1e6:.1f} MB")
+
+
+def carried_keys(archive: Path) -> set[str]:
+    with tarfile.open(archive) as tar:
+        return {name.split("/")[0] for name in tar.getnames()}
 
 
 def check() -> None:
