@@ -12,7 +12,7 @@ data, so what it prints is exploratory: the verdict words are the machinery's, n
 interpolates between the two nearest X (``comparison.matched.along: axis``, the default), so where drift is not
 monotone in the frontier key (kl/init stops growing once a policy answers every prompt the same way) the two can be
 β 2 and β 10, past the declared gap rule. Here the runs are walked along the key instead (what a block declaring
-``along: key`` reads, ``frontier.key_crossing``); a replicate whose path never crosses X is counted and left
+``along: key`` reads, ``frontier_key.key_crossing``); a replicate whose path never crosses X is counted and left
 out. The difference arm − baseline per replicate is averaged over each SFT start's
 seeds, and the interval is Student's t over the starts (no prompt resampling).
 
@@ -42,7 +42,8 @@ from refexp.report.reading.load import load_sweep  # noqa: E402
 from refexp.report.reading.plan import make_plan  # noqa: E402
 from refexp.report.reading.reduce import last  # noqa: E402
 from refexp.report.statistics.declared_matched import declared_matched  # noqa: E402
-from refexp.report.statistics.frontier import DRIFT_AXIS, curves, key_crossing  # noqa: E402
+from refexp.report.statistics.frontier import DRIFT_AXIS, curves  # noqa: E402
+from refexp.report.statistics.frontier_key import key_crossing  # noqa: E402
 
 
 def ranges(runs, plan, axis: str) -> dict[str, dict[tuple, tuple[float, float]]]:
