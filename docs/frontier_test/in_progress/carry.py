@@ -10,9 +10,9 @@ used. A sweep (`none`, or one `start<i>/<arm>`) is carried only when all its run
 other sweep are moved to `SWEEP/../aside/` first, so `pack_runs` reads completed sweeps only (the launch script
 reruns a sweep that is not whole). `runs.tar.xz` is rewritten with every completed run so far; `sft_starts.tar.xz`
 with the cache entries of the starts not yet done (mtime 0, so the archive depends on the files only), unless the
-committed one already holds them all. `--check`
-extracts both into a temporary dir, verifies every SFT entry against its manifest, counts the completed runs per
-sweep and prints which sweeps the launch script would run next (`REFEXP=echo`).
+committed one already holds them all. `--check` extracts both into a temporary dir, verifies every SFT entry against
+its manifest, counts the completed runs per sweep and prints which sweep the launch script would run next
+(`REFEXP=echo`).
 """
 
 import json
@@ -29,6 +29,11 @@ STARTS = 6
 ARMS = ("fixed", "periodic_reset", "ema")
 HERE = Path(__file__).resolve().parent
 MAIN = HERE.parents[2]
+
+
+def arm_sweeps(sweep: Path) -> list[Path]:
+    """The sweep's own sweeps: `none`, then each `start<i>/<arm>`."""
+    return [d for d in [sweep / "none", *sorted(sweep.glob("start*/*"))] if d.is_dir()]
 
 
 def completed(sweep: Path) -> int:
@@ -68,9 +73,7 @@ def add_entry(tar: tarfile.TarFile, cache_sft: Path, key: str) -> None:
 
 def main(sweep: Path, cache: Path) -> None:
     whole = {}
-    for arm_sweep in [sweep / "none", *sorted(sweep.glob("start*/*"))]:
-        if not arm_sweep.is_dir():
-            continue
+    for arm_sweep in arm_sweeps(sweep):
         name = str(arm_sweep.relative_to(sweep))
         done = completed(arm_sweep)
         whole[name] = done == JOBS[arm_sweep.name]
@@ -118,7 +121,7 @@ def check() -> None:
         for entry in sorted(cache_sft.iterdir()):
             print(f"sft/{entry.name}: manifest ok, digest {verified_entry(entry, 'SFT model')[:12]}")
         total = 0
-        for arm_sweep in [sweep / "none", *sorted(sweep.glob("start*/*"))]:
+        for arm_sweep in arm_sweeps(sweep):
             done = completed(arm_sweep)
             total += done
             print(f"{arm_sweep.relative_to(sweep)}: {done} of {JOBS[arm_sweep.name]} completed")
