@@ -42,7 +42,8 @@ from refexp.report.reading.load import load_sweep  # noqa: E402
 from refexp.report.reading.plan import make_plan  # noqa: E402
 from refexp.report.reading.reduce import last  # noqa: E402
 from refexp.report.statistics.declared_matched import declared_matched  # noqa: E402
-from refexp.report.statistics.frontier import DRIFT_AXIS, curves  # noqa: E402
+from refexp.report.statistics.frontier import curves  # noqa: E402
+from refexp.report.statistics.frontier_points import DRIFT_AXIS  # noqa: E402
 from refexp.report.statistics.frontier_key import key_crossing  # noqa: E402
 
 

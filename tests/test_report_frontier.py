@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from refexp.report import build_report
-from refexp.report.statistics.frontier import DEFAULT_FRONTIER_GAP, Point, common_range, matched_values, weights
+from refexp.report.statistics.frontier import DEFAULT_FRONTIER_GAP, common_range, matched_values, weights
+from refexp.report.statistics.frontier_points import Point
 from refexp.report.statistics.paired import START_LEVEL
 from tests.helpers.frontier_sweeps import BETAS, LEVEL, PROMPTS, block, frontier_sweep, write_run
 

@@ -26,7 +26,6 @@ from typing import Optional
 
 import numpy as np
 
-from refexp.record.metric_names import EVAL_RETENTION, KL_INIT
 from refexp.record.overrides import swept_settings
 
 from refexp.report.reading.load import Run, _get
@@ -35,10 +34,9 @@ from refexp.report.statistics.inference import Verdict, difference_bound, family
 from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
 from refexp.report.statistics.drift_resample import drift_shift, shifted
 from refexp.report.statistics.frontier_key import cut_along_key, key_symbol
+from refexp.report.statistics.frontier_points import Axis, Curves, Point
 from refexp.report.statistics.paired import BothLevelsResult, Unit
 
-RETENTION = EVAL_RETENTION
-"""The skill RL does not train, measured on held-out prompts: the frontier's second axis when runs log it."""
 MATCHED_FRACTIONS = (1 / 3, 2 / 3)
 """Where in the common range (in log x for drift) the arms are compared: two interior points."""
 DEFAULT_FRONTIER_GAP = 2.5
@@ -47,31 +45,6 @@ at a matched point, when the comparison block declares no ``frontier_gap``: a 1-
 is dense enough, a β 1 -> 0.2 step is not."""
 
 
-@dataclass(frozen=True)
-class Axis:
-    """What accuracy is matched on: a final metric per run, interpolated in log space (drift) or linearly."""
-
-    key: str
-    log: bool
-
-
-DRIFT_AXIS = Axis(KL_INIT, True)
-RETENTION_AXIS = Axis(RETENTION, False)
-
-
-@dataclass(frozen=True)
-class Point:
-    """One run on its arm's curve: its frontier value, its final x and its final accuracy."""
-
-    run: Run
-    value: float
-    x: float
-    y: float
-
-
-Curves = dict[str, dict[Unit, list[Point]]]
-"""curve label (the arm, and its other swept settings when it has any) -> (SFT start, seed) -> its points, sorted
-by x."""
 Settings = tuple[tuple[str, str], ...]
 
 

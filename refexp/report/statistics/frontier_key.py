@@ -6,11 +6,10 @@ not monotone in the key (why it can fail to be: ``comparison.matched.along`` in 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:  # the frontier's types; frontier.py imports this module
-    from refexp.report.statistics.frontier import Axis, Curves, Point
-    from refexp.report.statistics.paired import Unit
+from refexp.report.statistics.frontier_points import Axis, Curves, Point
+from refexp.report.statistics.paired import Unit
 
 
 def key_crossing(points: list[Point], x: float) -> Optional[list[Point]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from refexp.report.statistics.frontier import Axis, Curves
+from refexp.report.statistics.frontier_points import Axis, Curves
 from refexp.report.statistics.stats import replicate_ci
 from refexp.report.writing.plots import STRATEGY_COLOURS, _figure, _save
 

@@ -11,7 +11,8 @@ from typing import Optional
 from refexp.report.reading.load import Run, sft_start_keys
 from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.declared_matched import declared_matched
-from refexp.report.statistics.frontier import DRIFT_AXIS, RETENTION_AXIS, MatchedDrift, curves, matched, planned_runs
+from refexp.report.statistics.frontier import MatchedDrift, curves, matched, planned_runs
+from refexp.report.statistics.frontier_points import DRIFT_AXIS, RETENTION_AXIS
 from refexp.report.statistics import oracle
 from refexp.report.statistics.oracle import Oracle, oracle_choice
 from refexp.report.statistics.selection import Selection, choose, setup_rows
