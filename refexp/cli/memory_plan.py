@@ -90,7 +90,7 @@ from pathlib import Path
 from refexp.choices import MOVING_STRATEGIES
 from refexp.cli.memory_activations import (activation_elems_per_token, logit_bytes, output_positions,
                                            shared_attention_bytes)
-from refexp.cli.memory_rows import generations, training_chunk
+from refexp.cli.memory_rows import Generation, generations, training_chunk
 from refexp.cli.memory_shapes import Shapes, layout, model_shapes
 
 GIB = 2**30
@@ -265,7 +265,6 @@ def plan(cfg) -> Plan:
     master = BYTES[cfg.training.dtype]
     compute_name = cfg.training.compute_dtype(device_type)
     compute = BYTES[compute_name]
-    reduce = BYTES[cfg.training.mixed_precision_reduce]
     ref_cfg, a = cfg.reference, cfg.algo
     ref_bytes = BYTES[ref_cfg.dtype or cfg.training.dtype]
     wrapped = world > 1 or compute_name != cfg.training.dtype

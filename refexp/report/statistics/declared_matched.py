@@ -142,7 +142,7 @@ def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> s
                                        for who, (lo, hi) in r.brackets.items()) for r in m.rows if r.brackets]
     if read:
         parts.append(f"Where each curve was read (the medians over the replicates of the final {m.axis.key} of the "
-                     f"two runs it is interpolated between): " + "; ".join(read) + ". The interpolated value is a "
-                     f"chord across that gap: where a curve bends between its two runs (a gold reward that peaks and "
-                     f"then falls with drift), the chord misplaces it, the more the wider the gap.")
+                     "two runs it is interpolated between): " + "; ".join(read) + ". The interpolated value is a "
+                     "chord across that gap: where a curve bends between its two runs (a gold reward that peaks and "
+                     "then falls with drift), the chord misplaces it, the more the wider the gap.")
     return " ".join(parts)
