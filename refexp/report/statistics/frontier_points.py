@@ -1,5 +1,5 @@
-"""The points a frontier is drawn through: an arm's runs as (frontier value, final x, final accuracy), the axis x is
-read on, and the curves they form; shared by ``frontier.py`` and ``frontier_key.py``, which reads a curve along its key.
+"""The points a frontier is drawn through: an arm's runs as (frontier value, final x, final accuracy), the axis x
+is read on, and the curves they form; shared by ``frontier.py`` and ``frontier_key.py`` (a curve read along its key).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from refexp.record.metric_names import EVAL_RETENTION, KL_INIT
 from refexp.report.reading.load import Run
 from refexp.report.statistics.paired import Unit
+
 
 @dataclass(frozen=True)
 class Axis:
