@@ -96,3 +96,10 @@ def test_a_report_whose_runs_are_not_kept_cannot_be_cited_by_its_printed_verdict
     # its printed word may be an older rule's: only paired/kept cells, re-decided by the current rule, may be cited
     with pytest.raises(KeyError, match="runs are not kept"):
         check("higher<!-- best overoptimization_grpo_first_design | fixed (algo.beta=1.0) -->")
+
+
+def test_a_kept_cell_of_a_current_report_reads_its_equivalence():
+    # frontier_test's runs are beside it: fixed at beta 5 kept its retention within the declared margin
+    kept = "<!-- kept frontier_test | grpo | all | fixed (algo.beta=5.0) -->"
+    assert check(f"−0.010 [−0.029, +0.009], equivalent within ±0.05{kept}") == []
+    assert check(f"−0.010, inconclusive (interval [−0.029, +0.009]){kept}") != []
