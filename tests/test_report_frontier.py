@@ -72,7 +72,8 @@ def test_matched_drift_separates_a_dominating_arm_and_not_one_that_only_drifts_m
     md = report.markdown_path.read_text()
     assert "## Frontier across algo.beta" in md and "| drifter | 2.15 |" in md
     assert "report_plots/frontier_kl_init.png" in md and "## Each arm at its best" in md
-    assert "one per algo.beta: the arms are compared at matched drift" in report.tables["grpo"].verdict
+    assert ("one per algo.beta: the arms are compared at matched drift and each at its best setting (below)"
+            in report.tables["grpo"].verdict)
 
 
 def _drifter_widths(root, kl_noise):
@@ -114,6 +115,10 @@ def test_a_matched_point_across_a_gap_in_beta_wider_than_declared_is_not_matched
     assert len(drift.verdicts) == 2 and all(v.family_size == 2 for v in drift.verdicts.values())
     assert "not matched: the baseline has no run between β 0.2 and 0.04" in report.markdown_path.read_text()
     assert "not matched" in report.summary_path.read_text()
+    # no selection declared: the verdict line points to the matched tables and promises no best-setting section
+    verdict = report.tables["grpo"].verdict
+    assert "compared at matched drift (below)" in verdict and "best setting" not in verdict
+    assert "## Each arm at its best" not in report.markdown_path.read_text()
 
 
 def test_a_frontier_gap_that_is_no_ratio_is_refused(tmp_path):

@@ -203,10 +203,12 @@ def find_baseline(groups: list[Group], plan: ComparisonPlan) -> tuple[Optional[G
     if len(matches) == 1:
         return matches[0], ""
     key = (plan.block or {}).get("frontier_key") if plan.declared else None
+    tuned = plan.declared and bool(((plan.block or {}).get("select") or {}).get("metric"))
     if key and matches:
+        best = " and each at its best setting" if tuned else ""  # the selection section exists only when declared
         return None, (f"the baseline arm {plan.baseline} has {len(matches)} groups, one per {key}: the arms are "
-                      f"compared at matched drift and each at its best setting (below), not group by group")
-    if plan.declared and matches and ((plan.block or {}).get("select") or {}).get("metric"):
+                      f"compared at matched drift{best} (below), not group by group")
+    if tuned and matches:
         return None, (f"the baseline arm {plan.baseline} has {len(matches)} groups, one per setting it was tuned "
                       f"over: the arms are compared each at its best setting (below), not group by group")
     if not matches:
