@@ -89,6 +89,24 @@ def test_a_fresh_report_records_the_current_version_and_commit(tmp_path, monkeyp
     assert json.loads((tmp_path / "s" / "summary.json").read_text())["rendered_by_commit"] is None
 
 
+def test_the_commit_is_read_before_the_report_rewrites_its_own_files(tmp_path, monkeypatch):
+    # A committed report rendered again from a clean checkout rewrites its own tracked files; the commit must be read
+    # before that, or it reads "-dirty". The stand-in checkout is dirty once the report's report.md is newer than
+    # the build's start.
+    sweep = tmp_path / "s"
+    make_sweep(sweep)
+    build_report(sweep)
+    started = (sweep / "report.md").stat().st_mtime_ns + 1
+
+    def checkout():
+        written = (sweep / "report.md").stat().st_mtime_ns >= started
+        return {"commit": "abc123" + ("-dirty" if written else "")}
+
+    monkeypatch.setattr("refexp.report.version.provenance", checkout)
+    build_report(sweep)
+    assert json.loads((sweep / "summary.json").read_text())["rendered_by_commit"] == "abc123"
+
+
 def test_marking_an_old_report_writes_version_0_and_one_notice(tmp_path):
     old = tmp_path / "old"
     shutil.copytree(ROOT / "docs" / "quickstart", old)

@@ -20,6 +20,7 @@ from refexp.report.reading.setup import setup_rows
 from refexp.report.statistics import gold_peak, own_change
 from refexp.report.statistics import selection
 from refexp.report.statistics.summary import AlgoTable, summarize
+from refexp.report.version import rendered_by
 from refexp.report.writing import frontier_report, gao_section
 from refexp.report.writing.plots import make_plots
 from refexp.report.writing.render import write_all
@@ -74,6 +75,9 @@ class Report:
     peaks: dict[str, gold_peak.GoldPeaks] = field(default_factory=dict)
     """algo -> each group's test gold at the step validation chose, and each arm at its gold peak
     (``statistics/gold_peak.py``), where runs log test and validation gold."""
+    rendered: dict = field(default_factory=dict)
+    """summary.json's ``report_version`` and ``rendered_by_commit`` (``version.rendered_by``), read before the build
+    writes anything: rewriting a committed report's own files must not make its checkout read as edited."""
 
     @property
     def shown_dir(self) -> str:
@@ -148,6 +152,7 @@ def _build(sweep_dir: Path, runs: list, *, target, baseline, at_steps, alpha, ma
     if not runs:
         raise NoRunsError(f"no runs found under {sweep_dir} (a run dir has .hydra/, status.json or "
                           f"metrics.jsonl); nothing was written")
+    rendered = rendered_by()  # before the first file is written (Report.rendered)
     plan = make_plan(runs, baseline=baseline, block=comparison, alpha=alpha, margin=margin, allow_mixed=allow_mixed)
     by_algo = group_runs(runs)
 
@@ -185,6 +190,7 @@ def _build(sweep_dir: Path, runs: list, *, target, baseline, at_steps, alpha, ma
     within = {algo: _within_starts(algo, by_algo[algo], target, plan, extra) for algo in tables}
     report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan, frontier, kept,
                     {algo: w for algo, w in within.items() if w}, configs, gao_section.make(runs, plan, plots_dir),
-                    {algo: p for algo in tables if (p := gold_peak.gold_peaks(by_algo[algo], plan.counts, plan))})
+                    {algo: p for algo in tables if (p := gold_peak.gold_peaks(by_algo[algo], plan.counts, plan))},
+                    rendered)
     write_all(report)
     return report

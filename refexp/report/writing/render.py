@@ -344,7 +344,7 @@ def summary_dict(report) -> dict:
                                              for key, c in row.paired.items()}
                            for row in inside.rows}} for start, inside in report.within.get(algo, {}).items()}}
     return {
-        **rendered_by(),
+        **(report.rendered or rendered_by()),
         "sweep_dir": report.shown_dir,
         "confidence": 0.95,
         "comparison": {"kind": report.plan.kind, "declared": report.plan.block, "baseline": report.plan.baseline,
