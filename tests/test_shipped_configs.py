@@ -12,6 +12,7 @@ On top of that, the one-home rule for defaults (refexp/config/__init__.py):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import subprocess
 import sys
@@ -140,8 +141,14 @@ def test_every_option_composes_and_validates(group, option):
 def test_every_experiment_job_composes_and_validates(experiment, job):
     """Each job of each sweep, as Hydra's basic sweeper would compose it (a strategy's own fields must
     not be set for the other strategies of a sweep)."""
-    cfg = to_object(compose_root(f"experiment={experiment}", *job))
+    cfg = _job_config(experiment, tuple(job))
     assert cfg.experiment_name == experiment
+
+
+@functools.lru_cache(maxsize=None)
+def _job_config(experiment: str, job: tuple[str, ...]):
+    """One sweep job's validated config, composed once for the tests that read it (no test changes it)."""
+    return to_object(compose_root(f"experiment={experiment}", *job))
 
 
 # ---------------------------------------------------------------- one home for every default
@@ -154,7 +161,7 @@ def test_every_committed_comparison_has_its_baseline_and_the_headroom_task():
     job from a pretrained checkpoint with no SFT stage (``sft.enable=false``: ``smollm2_grpo``) has no SFT
     demonstrator to do more of: it asks whether what the embedded task found holds on a real model's own start."""
     for experiment in conf_options("experiment"):
-        jobs = [to_object(compose_root(f"experiment={experiment}", *job)) for job in _sweep_jobs(experiment)]
+        jobs = [_job_config(experiment, tuple(job)) for job in _sweep_jobs(experiment)]
         if not any(cfg.sft.enable for cfg in jobs):  # the config refuses sft.enable=false without a checkpoint
             continue
         algos = {cfg.algo.name for cfg in jobs}
