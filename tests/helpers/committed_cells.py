@@ -26,12 +26,9 @@ A docs page cites a cell with an HTML comment right after the verdict phrase tha
 
 DIR is the report's folder under ``docs/`` (e.g. ``frontier_grpo/paired_against_none``).
 
-A paired or kept cell of a report whose runs are kept beside it is decided by its printed verdict (see below), so
-an equivalence within the report's declared margin is read too.
-
 The last four kinds are read only from a report whose runs are kept beside it (run dirs or ``runs.tar.xz``):
 ``tests/test_report_version.py`` makes such a report the current report version's, so its printed verdict is the
-current rule's, equivalence included.
+current rule's, equivalence included; a paired or kept cell of such a report is decided by its printed verdict too.
 
 A paired cell's Holm p is recomputed over its family from the unadjusted p's (a degenerate t entering as 1);
 a kept row stores no unadjusted p, so its committed Holm p is read as it is.
@@ -98,6 +95,7 @@ def _paired_family_holm(family: dict, metric: str, alpha: float) -> dict[str, fl
     return dict(zip(arms, holm(p, alpha).adjusted)) if arms else {}
 
 
+@lru_cache(maxsize=None)
 def runs_kept(folder: str) -> bool:
     """Whether the report in ``docs/<folder>`` has its runs beside it (run dirs or ``runs.tar.xz``)."""
     from refexp.report.reading.archive import ARCHIVE
@@ -132,8 +130,7 @@ def _printed(folder: str, kind: str, spec: str) -> Cell:
         raise KeyError(f"{where}: no such cell (there are {names})")
     cell = match[0]
     text = cell.get("verdict_text") or cell["verdict"]
-    words = VERDICT_IN_TEXT.findall(text)
-    decided = words[0] if words else "no claim"
+    decided = printed_word(text, "no claim")
     difference = cell.get("difference", cell.get("change"))
     return Cell(where, difference, tuple(cell["interval"]) if cell.get("interval") else (float("nan"),) * 2,
                 text, decided)
@@ -171,15 +168,20 @@ def resolve(kind: str, spec: str) -> Cell:
         p_holm = cell["p_holm"]
         proportion = True  # a change of retention, a share of prompts
     decided = _rule(cell, p_holm, alpha, proportion)
-    if runs_kept(folder):
-        # rendered by the current code (tests/test_report_version.py), so its printed verdict is the current rule's,
-        # equivalence within a declared margin included, which the recomputation above cannot see
-        words = VERDICT_IN_TEXT.findall(cell["verdict"])
-        decided = words[0] if words else decided
+    if runs_kept(folder):  # the current rule's printed word: equivalence too, which the recomputation cannot see
+        decided = printed_word(cell["verdict"], decided)
     return Cell(where, cell.get("difference", cell.get("change")), tuple(cell["interval"]), cell["verdict"], decided)
 
 
 VERDICT_IN_TEXT = re.compile(r"(higher|lower|inconclusive|uninformative|degenerate t|equivalent within)")
+
+
+def printed_word(text: str, default: str) -> str:
+    """The first verdict word of a report's printed verdict, else ``default``."""
+    words = VERDICT_IN_TEXT.findall(text)
+    return words[0] if words else default
+
+
 PHRASE_IN_TEXT = re.compile(r"(degenerate t|higher|lower|inconclusive|uninformative|equivalent within|no claim)")
 """The verdict words a page may write before a marker: the rule's, and "no claim" for a primary contrast the
 report could not test (its declared value outside some replicate's runs); "a degenerate t: no claim" is the

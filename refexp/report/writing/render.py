@@ -18,7 +18,6 @@ from refexp.record.atomic import write_text_atomic
 from refexp.report.reading.reduce import COLUMNS, TAIL
 from refexp.report.statistics import own_change
 from refexp.report.statistics.summary import DEFAULT_TARGET_MARGIN
-from refexp.report.version import rendered_by
 from refexp.report.writing import first_screen, frontier_report, gao_section, gold_peak_section
 from refexp.report.writing.frontier_report import WITHIN_START
 from refexp.report.writing.table import error_cell, header_and_cells
@@ -344,7 +343,7 @@ def summary_dict(report) -> dict:
                                              for key, c in row.paired.items()}
                            for row in inside.rows}} for start, inside in report.within.get(algo, {}).items()}}
     return {
-        **(report.rendered or rendered_by()),
+        **report.rendered,  # read before any file was written (build._build)
         "sweep_dir": report.shown_dir,
         "confidence": 0.95,
         "comparison": {"kind": report.plan.kind, "declared": report.plan.block, "baseline": report.plan.baseline,
