@@ -1,10 +1,14 @@
 """The report's first screen: the primary contrasts, one line each (Δ, interval, verdict, detectable difference),
-and the method named once with a pointer to ``docs/runs.md``; every other table follows it as secondary."""
+and the method named once with a pointer to ``docs/runs.md``; every other table follows it as secondary.
+summary.json: ``primary_contrasts``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
+from refexp.report.sections.base import Section
+from refexp.report.writing.blocks import Heading, Paragraph, table_of
 
 METHOD = ("Method: each difference pairs the runs by SFT start, seed and held-out prompt; the verdict is the primary "
           "family's (comparison.primary), Holm over the primary contrasts alone at alpha {alpha:g}, and the interval "
@@ -12,13 +16,6 @@ METHOD = ("Method: each difference pairs the runs by SFT start, seed and held-ou
           "detect with 80% power. How a report is computed and read: `docs/runs.md` in the refexp repository "
           "(\"How to read a report\"), and *How to read this* at the end of this report. Every table below the "
           "primary contrasts is secondary: it claims nothing here.")
-
-FAMILIES = ("Families: the primary contrasts (comparison.primary, on comparison.metrics) are one family, whatever "
-            "their endpoints; each endpoint's other comparisons against the baseline are a family of their own, "
-            "secondary (exploratory without a comparison block), and so are the comparisons within one SFT start; the "
-            "m of a comparison's Bonferroni interval and Holm p is the size of its own family, which its paragraph "
-            "names.")
-"""Appended to the how-to-read text: which comparisons share a family (``statistics/summary.py``)."""
 
 HEADER = ["contrast", "endpoint", "Δ", "simultaneous interval", "verdict", "detectable (80%)"]
 
@@ -79,7 +76,8 @@ def _line(algo: str, contrast: str, endpoint: str, v) -> Line:
 
 def matched_lines(report) -> list[Line]:
     """The primary contrasts declared at matched drift (``comparison.matched``), from the frontier section."""
-    m = report.frontier.primary if report.frontier is not None else None
+    frontier = report.result("frontier")
+    m = frontier.primary if frontier is not None else None
     if m is None:
         return []
     algo = next(iter(report.tables), "")
@@ -125,3 +123,15 @@ def headline(plan) -> str:
         return f"The tables lead with {plan.metric} (no comparison.metric declared)."
     steps = f" and at steps {', '.join(map(str, plan.at_steps))}" if plan.at_steps else ""
     return f"Headline metric (comparison.metric): {plan.metric}, compared at its final value{steps}."
+
+
+class PrimaryContrasts(Section):
+    def blocks(self, report) -> list:
+        out = [Heading("Primary contrasts"), Paragraph(intro(report))]
+        lines = primary_lines(report)
+        if lines:
+            out.append(table_of(HEADER, [ln.cells() for ln in lines], numeric=False))
+        return out + [Paragraph(METHOD.format(alpha=report.plan.alpha), markup=True)]
+
+    def summary(self, report) -> dict:
+        return {"primary_contrasts": [ln.to_dict() for ln in primary_lines(report)]}
