@@ -121,3 +121,32 @@ def test_a_resume_refuses_another_runs_checkpoint_and_other_start_weights(tmp_pa
         run(compose_tiny_run(a, *TINY_GRPO_OVERRIDES, "training.steps=3", f"sft.cache_dir={other}"))
     assert (a / "status.json").read_bytes() == status
 
+
+@pytest.mark.slow
+def test_a_resume_from_an_sft_entry_with_another_models_files_planted_is_refused_before_loading(tmp_path, monkeypatch):
+    """Another model's config.json and model.safetensors copied into the SFT cache entry a preempted run began from
+    (which the loader would read as an HF dir, beside the entry's own ``model/``): the resume is refused in one line
+    naming the entry and the files, before any weights are loaded, and the run's record is kept."""
+    import refexp.titan.checkpoint_dirs as checkpoint_dirs
+    from refexp.record.cache_dirs import CorruptCacheEntry
+
+    cache = tmp_path / "cache"  # its own: the planted files must not reach the session's other runs
+    monkeypatch.setenv("REFEXP_CACHE", str(cache))
+    a = tmp_path / "a"
+    run(compose_tiny_run(a, *TINY_GRPO_OVERRIDES, "training.steps=2"))
+    entry = cache / "sft" / read_status(a)["sft_start"]["key"]
+    for name in ("config.json", "model.safetensors"):  # an HF model of the same shapes, other weights
+        shutil.copy(entry / "hf" / name, entry / name)
+    _flip_a_byte(entry / "model.safetensors")
+    record = {name: (a / name).read_bytes() for name in ("status.json", "metrics.jsonl")}
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("weights were loaded from an entry that does not verify")
+
+    monkeypatch.setattr(checkpoint_dirs, "load_hf_weights_", loaded)
+    monkeypatch.setattr(checkpoint_dirs, "load_model_weights", loaded)
+    with pytest.raises(CorruptCacheEntry) as e:
+        run(compose_tiny_run(a, *TINY_GRPO_OVERRIDES, "training.steps=3"))
+    msg = str(e.value)
+    assert "\n" not in msg and str(entry) in msg and "config.json, model.safetensors not in its manifest" in msg
+    assert {name: (a / name).read_bytes() for name in record} == record
