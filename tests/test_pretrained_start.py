@@ -81,6 +81,7 @@ def test_grpo_from_the_pretrained_checkpoint_and_an_export_that_generates(hf_dir
     assert gen.shape[1] > ids["input_ids"].shape[1]
 
 
+@pytest.mark.slow
 def test_a_run_from_a_checkpoint_in_the_cache_resumes_with_a_copied_cache(hf_dir, data, tmp_path, monkeypatch):
     """A start checkpoint inside the cache dir (as ``model.pretrained`` converts one into it, then sets
     ``model.hf_assets_path``) resumes from a copy of the cache: the cache dir is a resumable change, and the
