@@ -9,6 +9,7 @@ records alone."""
 from __future__ import annotations
 
 import io
+import os
 import pathlib
 import pickle
 import shutil
@@ -66,9 +67,10 @@ def test_the_restricted_unpickler_refuses_every_gadget_unrun(tmp_path, gadget):
     assert not marker.exists()
 
 
-def planted_reader(reader: str, tmp_path, real_dcp, gadget, marker):
-    """``reader``'s layout with ``gadget`` planted in its ``.metadata`` and every manifest re-sealed (whoever can
-    write the file can write its manifest too); returns (the planted file, the calls that read it as a run does).
+def planted_reader(reader: str, tmp_path, real_dcp, plant_into, model=None):
+    """``reader``'s layout with ``plant_into(dcp_dir)`` (which returns the file it wrote) planted in its DCP dir and
+    every manifest re-sealed (whoever can write the file can write its manifest too); returns (the planted file, the
+    calls that read it as a run does, loading into ``model``).
     sft.checkpoint: the tokenizer check (``start_embedding_rows``) and the load; the cache: an SFT entry that
     verifies, then its load; a resume: the step chosen by its manifest, ``is_model_only`` and torchtitan's
     ``dcp_load``; reference.checkpoint: a run dir (``build_frozen`` loads its newest verified step);
@@ -77,7 +79,7 @@ def planted_reader(reader: str, tmp_path, real_dcp, gadget, marker):
     from refexp.components.tokenizer_start import start_embedding_rows
     from refexp.titan.components import CheckpointManager
 
-    model = titan.build_model(TINY, vocab_size=17, device="cpu", seed=1)
+    model = model or titan.build_model(TINY, vocab_size=17, device="cpu", seed=1)
 
     def load(path):
         return lambda: titan.load_weights(model, TINY, path)
@@ -86,7 +88,7 @@ def planted_reader(reader: str, tmp_path, real_dcp, gadget, marker):
         entry = tmp_path / ("start" if reader == "sft.checkpoint" else "cache/sft/0123456789abcdef")
         shutil.copytree(real_dcp, entry / "model")
         (entry / "sft.json").write_text("{}")
-        f = plant(entry / "model", gadget, marker)
+        f = plant_into(entry / "model")
         write_entry_manifest(entry)
         verified_entry(entry, "SFT model")  # the manifest passes: only the unpickler stands in the way
         calls = [load(entry)]
@@ -96,7 +98,7 @@ def planted_reader(reader: str, tmp_path, real_dcp, gadget, marker):
     run_dir = tmp_path / "run"
     step = run_dir / "checkpoint" / "step-2"
     shutil.copytree(real_dcp, step)
-    f = plant(step, gadget, marker)
+    f = plant_into(step)
     write_manifest(step, checksums=True)
     assert newest_verified_step(run_dir / "checkpoint") == 2
     if reader == "resume":
@@ -110,12 +112,134 @@ def planted_reader(reader: str, tmp_path, real_dcp, gadget, marker):
 @pytest.mark.parametrize("reader", READERS)
 def test_every_reader_refuses_every_gadget_in_one_line_unrun(tmp_path, real_dcp, reader, gadget):
     marker = tmp_path / "ran"
-    f, calls = planted_reader(reader, tmp_path, real_dcp, gadget, marker)
+    f, calls = planted_reader(reader, tmp_path, real_dcp, lambda d: plant(d, gadget, marker))
     for read in calls:
         with pytest.raises(ConfigError) as e:
             read()
         assert_refused_in_one_line(str(e.value), f, gadget)
     assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory):
+    """Another model's checkpoint outside every planted dir: its shard is the readable file of known bytes (seed 2's
+    weights) that a crafted ``.metadata`` points the readers at."""
+    out = tmp_path_factory.mktemp("outside") / "model"
+    titan.save_model_weights(titan.build_model(TINY, vocab_size=17, device="cpu", seed=2), out)
+    return out
+
+
+ESCAPES = ["absolute", "dotdot", "symlink"]
+
+
+def plant_escape(dcp_dir: pathlib.Path, escape: str, outside: pathlib.Path) -> pathlib.Path:
+    """``dcp_dir/.metadata`` replaced by ``outside``'s with every shard entry's ``relative_path`` naming ``outside``'s
+    shard: its absolute path, a ``../`` path, or a link in ``dcp_dir`` to it (a real DCP file name); returns the
+    file. A pickle of DCP's own records only: the unpickler admits it, and torch's reader follows the path."""
+    (shard,) = outside.glob("*.distcp")
+    rel = {"absolute": str(shard), "dotdot": os.path.relpath(shard, dcp_dir), "symlink": "__0_1.distcp"}[escape]
+    if escape == "symlink":
+        (dcp_dir / rel).symlink_to(shard)
+    metadata = read_dcp_metadata(outside)
+    for info in metadata.storage_data.values():
+        info.relative_path = rel
+    f = dcp_dir / ".metadata"
+    f.write_bytes(pickle.dumps(metadata, protocol=4))
+    return f
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    return titan.build_model(TINY, vocab_size=17, device="cpu", seed=seed).state_dict()
+
+
+@pytest.mark.parametrize("escape", ESCAPES)
+def test_every_escape_reads_the_outside_file_under_torchs_reader(tmp_path, real_dcp, outside, escape):
+    """The control: torch's own ``FileSystemReader`` follows each crafted path and loads the outside file's bytes."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    shutil.copytree(real_dcp, tmp_path / "ck")
+    plant_escape(tmp_path / "ck", escape, outside)
+    state = weights(3)
+    dcp.load(state, storage_reader=FileSystemReader(str(tmp_path / "ck")))
+    assert all(torch.equal(v, weights(2)[k]) for k, v in state.items())
+
+
+@pytest.mark.parametrize("escape", ESCAPES)
+@pytest.mark.parametrize("reader", READERS)
+def test_every_reader_refuses_a_shard_path_out_of_its_dir_and_loads_nothing(tmp_path, real_dcp, outside, reader,
+                                                                             escape):
+    """A ``.metadata`` of DCP's own records whose shards lie outside the checkpoint dir (an absolute path, ``..``, a
+    link out) would read any readable file into the weights: each reader refuses it in one line naming the file and
+    the path, and the model keeps the weights it had."""
+    model = titan.build_model(TINY, vocab_size=17, device="cpu", seed=3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    f, calls = planted_reader(reader, tmp_path, real_dcp, lambda d: plant_escape(d, escape, outside), model)
+    rel = next(iter(pickle.loads(f.read_bytes()).storage_data.values())).relative_path  # the file we just wrote
+    for read in calls:
+        with pytest.raises(ConfigError) as e:
+            read()
+        message = str(e.value)
+        assert "refused" in message and str(f) in message and rel in message and "\n" not in message, message
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+BAD_ENTRIES = {  # a shard entry's field and a value torch's writer never writes there
+    "a negative offset": ("offset", -1), "a negative length": ("length", -8), "a float offset": ("offset", 0.5),
+    "a bool length": ("length", True), "a string offset": ("offset", "0"), "a missing length": ("length", None),
+    "a bytes path": ("relative_path", b"__0_0.distcp"), "an empty path": ("relative_path", ""),
+    "the dir itself": ("relative_path", "."), "a '..' that comes back": ("relative_path", "x/../__0_0.distcp"),
+    "a NUL in the path": ("relative_path", "__0_0.distcp\0"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_ENTRIES))
+def test_a_shard_entry_outside_what_dcp_writes_is_refused_by_both_readers(tmp_path, real_dcp, bad):
+    """Offsets and lengths are non-negative ints and a path a plain name inside the dir, checked where ``.metadata``
+    is read for a check (``read_dcp_metadata``) and again where it is read to load (``SafeFileSystemReader``)."""
+    from refexp.titan.dcp_reader import SafeFileSystemReader
+
+    field, value = BAD_ENTRIES[bad]
+    shutil.copytree(real_dcp, tmp_path / "ck")
+    metadata = read_dcp_metadata(tmp_path / "ck")
+    info = next(iter(metadata.storage_data.values()))
+    setattr(info, field, value)  # None: dropped by _StorageInfo.__getstate__, so the entry has no such field
+    (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(metadata, protocol=4))
+    for read in (lambda: read_dcp_metadata(tmp_path / "ck"),
+                 lambda: SafeFileSystemReader(str(tmp_path / "ck")).read_metadata()):
+        with pytest.raises(UnsafePickle, match="refused to load") as e:
+            read()
+        assert str(tmp_path / "ck" / ".metadata") in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_metadata_that_is_no_dcp_record_is_refused(tmp_path):
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    for what in ([1, 2], {"storage_data": {}}, Metadata(state_dict_metadata={})):  # the last: storage_data None
+        (tmp_path / ".metadata").write_bytes(pickle.dumps(what, protocol=4))
+        with pytest.raises(UnsafePickle, match="refused to load"):
+            read_dcp_metadata(tmp_path)
+
+
+def test_a_shard_linked_in_a_loop_is_refused_in_one_line(tmp_path, real_dcp):
+    shutil.copytree(real_dcp, tmp_path / "ck")
+    (tmp_path / "ck" / "a.distcp").symlink_to(tmp_path / "ck" / "b.distcp")
+    (tmp_path / "ck" / "b.distcp").symlink_to(tmp_path / "ck" / "a.distcp")
+    metadata = read_dcp_metadata(tmp_path / "ck")
+    next(iter(metadata.storage_data.values())).relative_path = "a.distcp"
+    (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(metadata, protocol=4))
+    with pytest.raises(UnsafePickle, match="refused to load: .*'a.distcp'") as e:
+        read_dcp_metadata(tmp_path / "ck")
+    assert "\n" not in str(e.value)
+
+
+def test_a_linked_checkpoint_dir_still_reads(tmp_path, real_dcp):
+    """The dir itself may be a link (``sft.checkpoint=LINK``): its shards resolve inside where it points."""
+    (tmp_path / "link").symlink_to(real_dcp, target_is_directory=True)
+    assert read_dcp_metadata(tmp_path / "link").storage_data == read_dcp_metadata(real_dcp).storage_data
+    model = titan.build_model(TINY, vocab_size=17, device="cpu", seed=3)
+    titan.load_weights(model, TINY, tmp_path / "link")
+    assert all(torch.equal(v, weights(1)[k]) for k, v in model.state_dict().items())
 
 
 def test_a_real_checkpoint_reads_through_every_reader(tmp_path, real_dcp):

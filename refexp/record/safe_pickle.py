@@ -31,6 +31,11 @@ object's state (pickle's ``BUILD``) is admitted for instances of DCP's dataclass
 overwrite an attribute of an admitted class, function or enum member. torch's own weights-only unpickler
 (``torch._weights_only_unpickler``) cannot stand in: it knows protocol 2's opcodes, and DCP writes protocol 4.
 Torch-free at module level: ``torch`` is imported only when a pickle names one of its modules.
+
+What it admits can still point elsewhere: a ``_StorageInfo``'s ``relative_path`` is opened under the checkpoint
+dir as found, so an absolute path, a ``..`` or a link out of the dir would read any file the run can read into the
+weights. ``check_storage`` (run by ``read_dcp_metadata`` and ``SafeFileSystemReader``) refuses such an entry, and
+an offset or length that is no non-negative int.
 """
 
 from __future__ import annotations
@@ -130,10 +135,80 @@ def restricted_load(f: BinaryIO, *, name: str) -> Any:
     return _Restricted(f, name).load()
 
 
+class UnsafeStorage(UnsafePickle):
+    """A ``.metadata`` that unpickles to something other than DCP's ``Metadata``, or whose shard entry names a file
+    outside its checkpoint dir or a negative or non-integer offset or length; no shard was read. The message is
+    one line naming the file and the entry's path."""
+
+
+PATH_LIMIT = 500
+"""How much of a path a refusal shows: enough to name a real one, not a crafted megabyte."""
+
+
+def _is(obj: Any, module: str, name: str) -> bool:
+    """``obj`` is an instance of ``module``.``name`` (the unpickler builds only the classes that live there)."""
+    return type(obj).__module__ == module and type(obj).__qualname__ == name
+
+
+def _path_problem(rel: Any, root: Path) -> str | None:
+    """Why ``rel`` (a ``_StorageInfo.relative_path``) is not a file inside ``root`` (resolved), or None."""
+    if not isinstance(rel, str):
+        return f"is a {type(rel).__name__}, not a file name"
+    if not rel or "\0" in rel:
+        return "is empty or holds a NUL"
+    if os.path.isabs(rel):
+        return "is an absolute path"
+    if ".." in Path(rel).parts:
+        return "has a '..' part"
+    try:
+        resolved = (root / rel).resolve()  # follows links: a shard linked to a file elsewhere is that file
+    except (OSError, RuntimeError) as e:  # a link loop (RuntimeError before Python 3.13), a name too long
+        return f"cannot be resolved ({type(e).__name__})"
+    if resolved == root or not resolved.is_relative_to(root):
+        inside = _shown(str(root), PATH_LIMIT)
+        return f"resolves to {_shown(str(resolved), PATH_LIMIT)}, not a file inside {inside}"
+    return None
+
+
+def check_storage(metadata: Any, dcp_dir: str | os.PathLike, *, name: str) -> Any:
+    """``metadata`` when it is DCP's ``Metadata`` and every shard entry (``storage_data``: ``MetadataIndex`` ->
+    ``_StorageInfo``) names a file inside ``dcp_dir`` (no absolute path, no ``..`` part, no link out of it) at a
+    non-negative int offset and length, as torch's writer writes them; else ``UnsafeStorage`` naming ``name``.
+
+    torch's ``FileSystemReader`` opens ``dcp_dir / relative_path`` as it finds it, so a ``.metadata`` of DCP's own
+    records (which the unpickler admits) could otherwise read any file the run can read into the weights."""
+    def refuse(what: str) -> UnsafeStorage:
+        return UnsafeStorage(
+            f"{name}: refused to load: {what}; torch.distributed.checkpoint writes each shard as a file name inside "
+            f"the checkpoint dir at a non-negative offset and length, so this .metadata could read another file's "
+            f"bytes into the weights; no shard was read")
+
+    if not _is(metadata, METADATA_MODULE, "Metadata"):
+        raise refuse(f"it holds a {_shown(type(metadata).__qualname__)}, not a DCP Metadata")
+    if not isinstance(storage := getattr(metadata, "storage_data", None), dict):
+        raise refuse(f"its storage_data is a {_shown(type(storage).__qualname__)}, not a dict of shard entries")
+    root = Path(dcp_dir).resolve()
+    checked: set[str] = set()  # a model's many entries share a few files: resolve each once
+    for info in storage.values():
+        if not _is(info, FILESYSTEM_MODULE, "_StorageInfo"):
+            raise refuse(f"a shard entry is a {_shown(type(info).__qualname__)}, not a _StorageInfo")
+        rel = vars(info).get("relative_path")
+        if not (isinstance(rel, str) and rel in checked):
+            if (problem := _path_problem(rel, root)) is not None:
+                raise refuse(f"a shard entry's relative_path {_shown(repr(rel), PATH_LIMIT)} {problem}")
+            checked.add(rel)
+        for field in ("offset", "length"):
+            value = vars(info).get(field)
+            if type(value) is not int or value < 0:  # bool is an int subclass: refused too
+                shown = _shown(repr(rel), PATH_LIMIT)
+                raise refuse(f"the shard entry of {shown} has {field} {_shown(repr(value))}, not a non-negative int")
+    return metadata
+
+
 def read_dcp_metadata(dcp_dir: str | os.PathLike) -> Any:
     """The ``Metadata`` of the DCP checkpoint in ``dcp_dir`` (its ``.metadata``), read by
-    ``restricted_load``: ``UnsafePickle`` for a crafted file, the usual ``OSError``/``EOFError``/
-    ``UnpicklingError`` for a missing or damaged one."""
+    ``restricted_load`` and ``check_storage``: ``UnsafePickle`` for a crafted file (a global it may not name, a
+    shard outside the dir), the usual ``OSError``/``EOFError``/``UnpicklingError`` for a missing or damaged one."""
     path = Path(dcp_dir) / ".metadata"
     with open(path, "rb") as f:
-        return restricted_load(f, name=str(path))
+        return check_storage(restricted_load(f, name=str(path)), dcp_dir, name=str(path))
