@@ -63,3 +63,20 @@ def test_a_rerun_that_never_passes_the_end_changes_nothing(tmp_path):
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
     assert not (run_dir / layout.RERUN_DIR).exists()
     assert completed_end({"status": "failed", "last_step": 3}) is None
+
+
+def test_the_copy_is_promoted_past_the_completed_end_not_at_it(tmp_path):
+    """A rerun logs the completed run's last step (4) again before it reaches step 5: that row is still the
+    completed run's, so the copy stays the record's until step 5 (an off-by-one here writes the completed run's
+    record over with a rerun that may yet stop short of it)."""
+    run_dir = tmp_path / "run"
+    before = _completed_run(run_dir)
+    promoted = []
+    record = RerunRecord(run_dir, 4, on_promote=lambda: promoted.append(True))
+    for step in range(5):
+        assert record.before_log(step) is False, step
+    assert record.protected and not promoted and record.dir == run_dir / layout.RERUN_DIR
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    assert record.before_log(5) is True
+    assert promoted == [True] and not record.protected and record.dir == run_dir
+    assert record.before_log(6) is False  # promoted once
