@@ -16,6 +16,7 @@ report lists failed runs instead of dropping them.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -42,7 +43,7 @@ from refexp.record.lock import FileLock, LockHeld
 from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
                                         KL_REF, VAL_ACCURACY)
 from refexp.record.provenance import provenance
-from refexp.record.rerun import RerunRecord, completed_end
+from refexp.record.rerun import RerunRecord, completed_end, pending_hydra_dir
 from refexp.record.resolved_config import write_resolved_config
 from refexp.record.status import run_dir_busy
 from refexp.record.status import (Heartbeat, RunStatus, close_run_status, open_status, read_status,
@@ -243,6 +244,7 @@ def _run_dir_lock(run_dir: str | None) -> Iterator[None]:
     except LockHeld as e:
         raise RunDirBusy(run_dir_busy(run_dir, e.owner)) from None
     try:
+        shutil.rmtree(pending_hydra_dir(run_dir), ignore_errors=True)  # a killed rerun's; on_checked writes its own
         yield
     finally:
         lock.release()
