@@ -1,4 +1,4 @@
-"""Probe of bench/gpu_check.py: one training step's peak memory with activation checkpointing none and full
+"""Probe of bench/gpu/gpu_check.py: one training step's peak memory with activation checkpointing none and full
 (gpu_smoke's ``fig_peak_mem``: Qwen3-0.6B-shaped, 4 x 2048 tokens) against ``refexp dry_run``'s plan of the
 same shape (``algo=sft`` with that batch and length: the policy, its AdamW state and one training chunk).
 
@@ -7,7 +7,7 @@ step), ``planned_mib`` the plan's training peak, ``planned_step_extra_mib`` the 
 to what stays resident (parameters, optimizer state, references), ``measured_over_plan`` the measured peak
 over the planned one on CUDA and the measured rise over the planned step extra on CPU, and the plan's lines.
 
-    python bench/gpu_probe_memory.py [--toy] [--budget-s N] [gpu_smoke.py's other options]
+    python bench/gpu/gpu_probe_memory.py [--toy] [--budget-s N] [gpu_smoke.py's other options]
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # bench/gpu/ (these modules) and bench/ (_common.py)
 
 import gpu_adapters as A  # noqa: E402
 from gpu_probe import run_probe  # noqa: E402

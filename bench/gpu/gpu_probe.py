@@ -1,4 +1,4 @@
-"""The frame of bench/gpu_check.py's probes: gpu_smoke's options, device choice, ``Bench`` and ``Runner`` (one JSON
+"""The frame of bench/gpu/gpu_check.py's probes: gpu_smoke's options, device choice, ``Bench`` and ``Runner`` (one JSON
 line per figure, errors and the time budget per figure, a watchdog), for figures gpu_smoke.py does not have."""
 
 from __future__ import annotations

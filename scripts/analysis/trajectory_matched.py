@@ -9,7 +9,8 @@ pass it; the printed difference is Student's t over the replicates' differences 
 different estimand (policies part-way through their run, at whatever β reached the drift), chosen after the data
 were seen, so it is exploratory and carries no verdict.
 
-    python bench/trajectory_matched.py docs/overoptimization_grpo --at 0.3 --metric eval/gold --baseline fixed
+    python scripts/analysis/trajectory_matched.py docs/overoptimization_grpo --at 0.3 --metric eval/gold \
+        --baseline fixed
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: refexp without an install
 
 from refexp.record.metric_names import KL_INIT  # noqa: E402
 from refexp.report.reading.archive import runs_source  # noqa: E402

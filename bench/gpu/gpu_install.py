@@ -2,7 +2,7 @@
 folder for ``PYTHONPATH`` (never into the machine's environment, and never over a distribution it has: a copy
 on ``PYTHONPATH`` would shadow the machine's, torch's own requirements included). Writes what it did as JSON.
 
-    python bench/gpu_install.py WHEELS_DIR TARGET_DIR REPORT.json
+    python bench/gpu/gpu_install.py WHEELS_DIR TARGET_DIR REPORT.json
 
 ``pip install --no-index --no-deps --target`` when this Python has pip, else the wheels are unpacked (a wheel
 is a zip of the files to put on ``sys.path``; its ``*.data/purelib`` and ``platlib`` go there too).

@@ -1,4 +1,4 @@
-"""Probe of bench/gpu_check.py: one GRPO step in this process at the Qwen3-0.6B shape (random weights; 16 prompts x
+"""Probe of bench/gpu/gpu_check.py: one GRPO step in this process at the Qwen3-0.6B shape (random weights; 16 prompts x
 8 completions of 128 + 128 tokens on a GPU, gpu_smoke's toy shape and 4 x 2 rows of 8 + 8 tokens at ``--toy``),
 refexp's own ``GRPOStep`` with a fixed reference, timed and measured phase by phase against the memory plan of the
 same config (``refexp dry_run=true``; gpu_adapters.plan_config composes both from the same overrides).
@@ -25,7 +25,7 @@ is the step alone at the shape the plan is for. A first step pays kernel selecti
     The step's ``rollout/logprob_diff``: the mean over completion tokens of |sampler's log-prob - trainer's| on the
     same tokens and weights, in the compute dtype; ``max``: ``rollout/logprob_diff_max``.
 
-    python bench/gpu_probe_grpo_step.py [--toy] [--budget-s N] [gpu_smoke.py's other options]
+    python bench/gpu/gpu_probe_grpo_step.py [--toy] [--budget-s N] [gpu_smoke.py's other options]
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # bench/gpu/ (these modules) and bench/ (_common.py)
 
 import torch  # noqa: E402
 

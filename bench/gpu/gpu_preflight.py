@@ -1,9 +1,9 @@
-"""Preflight of bench/gpu_check.py (~15 s): what the machine is and whether the paths the other steps take work,
+"""Preflight of bench/gpu/gpu_check.py (~15 s): what the machine is and whether the paths the other steps take work,
 one JSON line per figure (gpu_smoke's ``Runner``: a failure is that figure's error, the others still run).
 
 ``preflight_versions``
     Value: how many of ``PACKAGES`` import. Fields: their versions, torch's CUDA, cuDNN and NCCL, the driver and
-    the GPU's SM / memory clocks now (``nvidia-smi``; bench/gpu_check.py reads them again at the end).
+    the GPU's SM / memory clocks now (``nvidia-smi``; bench/gpu/gpu_check.py reads them again at the end).
 ``preflight_refexp_tasks``
     ``import refexp.tasks`` (the tasks' datasets, pyarrow and fsspec against the machine's versions). Value 1.
 ``preflight_collectives``
@@ -14,7 +14,7 @@ one JSON line per figure (gpu_smoke's ``Runner``: a failure is that figure's err
     ``torch.cumsum`` in float64 under ``torch.use_deterministic_algorithms(True)`` on the device
     (``training.deterministic=true``). Value 1; the error says what a deterministic run would hit.
 
-    python bench/gpu_preflight.py [--toy] [--budget-s N] [gpu_smoke.py's other options]
+    python bench/gpu/gpu_preflight.py [--toy] [--budget-s N] [gpu_smoke.py's other options]
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # bench/gpu/ (these modules) and bench/ (_common.py)
 
 import torch  # noqa: E402
 

@@ -18,10 +18,10 @@ the group table to a file to commit, naming the sweep and the start by their dir
 ``--retention`` completes the held-out prompts of the skills RL does not train instead (``task.ops`` minus
 ``task.rl_ops``: the split ``eval/retention`` reads, ``Task.retain_eval``) and files them under
 ``retention_kinds.KINDS`` (the RL skill's answer ``a+b``, a missed or added borrow, the ones digit off by one;
-``bench/retention_kinds.py`` defines them). With ``--prompts`` at the runs' ``eval.num_prompts`` a run's
+``scripts/analysis/retention_kinds.py`` defines them). With ``--prompts`` at the runs' ``eval.num_prompts`` a run's
 ``correct`` share is its last ``eval/retention``.
 
-    python bench/error_kinds.py /path/to/sweep/ --start ~/.cache/refexp/sft/<key>/model --markdown docs/x.md
+    python scripts/analysis/error_kinds.py /path/to/sweep/ --start ~/.cache/refexp/sft/<key>/model --markdown docs/x.md
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from typing import Callable
 from refexp.choices import ARITHMETIC_OPS
 from refexp.tasks.arithmetic import format_problem, ones_carry, slip_carry
 
-import retention_kinds  # bench/: this script's directory
+import retention_kinds  # scripts/analysis/: this script's directory
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KINDS = ("correct", "missed ones-carry", "carry added without one", "other")
 
 
@@ -81,12 +81,12 @@ class Skills:
     kinds_described: str  # the markdown file's sentence on the kinds
 
 
-RL_SKILLS = Skills("eval", KINDS, classify, "Error kinds", "test prompts", "bench/error_kinds.py",
+RL_SKILLS = Skills("eval", KINDS, classify, "Error kinds", "test prompts", "scripts/analysis/error_kinds.py",
                    "a missed ones-carry is the task's own slip, `slip_carry`; a carry added without one is that slip "
                    "undone on a sum whose ones column does not carry")
 RETAINED_SKILLS = Skills("retain_eval", retention_kinds.KINDS, retention_kinds.classify, "Retained-skill error kinds",
                          "held-out prompts of the skills RL does not train (`retain_eval`, what `eval/retention` "
-                         "reads)", "bench/error_kinds.py --retention", retention_kinds.DESCRIBED)
+                         "reads)", "scripts/analysis/error_kinds.py --retention", retention_kinds.DESCRIBED)
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:

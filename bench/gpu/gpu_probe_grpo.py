@@ -1,4 +1,4 @@
-"""Probe of bench/gpu_check.py: a 3-step GRPO run through the CLI (gpu_smoke's ``fig_e2e``: the embedded
+"""Probe of bench/gpu/gpu_check.py: a 3-step GRPO run through the CLI (gpu_smoke's ``fig_e2e``: the embedded
 arithmetic task after a short SFT stage, a fixed reference, ``logger=none``) and where its steps' time went.
 
 ``grpo_3steps_s``
@@ -12,7 +12,7 @@ arithmetic task after a short SFT stage, a fixed reference, ``logger=none``) and
     over the steps, in the run's compute dtype (bfloat16 on CUDA; ``--mixed-precision bfloat16`` on CPU), with
     ``rollout/logprob_diff_max``'s largest value.
 
-    python bench/gpu_probe_grpo.py [--toy] [--budget-s N] [gpu_smoke.py's other options]
+    python bench/gpu/gpu_probe_grpo.py [--toy] [--budget-s N] [gpu_smoke.py's other options]
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # bench/gpu/ (these modules) and bench/ (_common.py)
 
 import gpu_adapters as A  # noqa: E402
 from gpu_probe import run_probe  # noqa: E402

@@ -7,7 +7,7 @@ token after the first difference is scored in both completions, and when the rej
 digits are the correct ones for their positions, pushing the rejected completion down pushes correct
 digits down too (likelihood displacement, Pal et al. 2024; Razin et al. 2024).
 
-    python bench/pair_stats.py [PAIRS_DIR ...]    # default: every stored pair set under $REFEXP_CACHE/pairs
+    python scripts/analysis/pair_stats.py [PAIRS_DIR ...]    # default: every stored pair set under $REFEXP_CACHE/pairs
 
 Prints, per pair set, one JSON line: pairs; mean and distribution of the character edit (Hamming) distance
 between chosen and rejected; the mean position of the first differing character; the share of pairs whose

@@ -61,8 +61,8 @@ watchdog ends the process ``HARD_STOP_GRACE_S`` after the budget if a figure han
 ``"figure": "summary"``. ``--toy`` shrinks everything so that it runs on CPU in seconds
 (tests/test_bench_smoke.py runs it that way).
 
-    python bench/gpu_smoke.py                     # on the GPU machine (see bench/README.md, "GPU smoke")
-    python bench/gpu_smoke.py --toy --device cpu  # the same figures at toy size
+    python bench/gpu/gpu_smoke.py                     # on the GPU machine (see bench/gpu/README.md, "GPU smoke")
+    python bench/gpu/gpu_smoke.py --toy --device cpu  # the same figures at toy size
 """
 
 from __future__ import annotations
@@ -87,10 +87,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-BENCH_DIR = Path(__file__).resolve().parent
+GPU_DIR = Path(__file__).resolve().parent
+BENCH_DIR = GPU_DIR.parent
 REPO = BENCH_DIR.parent
-# A checkout used without `pip install -e .` (the GPU machine): refexp and _common import from here.
-for _p in (str(REPO), str(BENCH_DIR)):
+# A checkout used without `pip install -e .` (the GPU machine): refexp, bench/_common and gpu_adapters import from here.
+for _p in (str(REPO), str(BENCH_DIR), str(GPU_DIR)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
@@ -129,7 +130,7 @@ PEAK_BF16_TFLOPS = (
 HARD_STOP_GRACE_S = 30.0
 
 # Import names of what refexp needs beyond torch (the in-process figures and the end-to-end run's CLI), so
-# the environment line says what a machine with an older image still lacks (bench/README.md, "GPU smoke").
+# the environment line says what a machine with an older image still lacks (bench/gpu/README.md, "GPU smoke").
 DEPENDENCIES = ("torchtitan", "spmd_types", "tyro", "docstring_parser", "hydra", "omegaconf", "antlr4", "datasets",
                 "pyarrow", "pandas", "xxhash", "tokenizers", "transformers", "huggingface_hub", "safetensors",
                 "jinja2", "rich", "tqdm", "yaml", "numpy")
@@ -709,7 +710,7 @@ class Runner:
         self.only = only
         self.counts = {"ok": 0, "error": 0, "skipped": 0}
         self.current: Optional[str] = None
-        self.pending = list(figures)  # a probe of bench/gpu_check.py runs its own figures
+        self.pending = list(figures)  # a probe of bench/gpu/gpu_check.py runs its own figures
         self.watchdog = threading.Timer(max(0.0, budget_s) + HARD_STOP_GRACE_S, self._hard_stop)
         self.watchdog.daemon = True
         self.watchdog.start()

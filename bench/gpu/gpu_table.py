@@ -1,4 +1,4 @@
-"""The GPU check's figures as a compact text table: the last lines bench/gpu_check.py prints on standard output,
+"""The GPU check's figures as a compact text table: the last lines bench/gpu/gpu_check.py prints on standard output,
 which the device machine returns even when the result files do not come back.
 
 One row per figure (``figure  value unit  key fields``): the value, and the few fields that say whether it can

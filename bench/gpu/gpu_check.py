@@ -19,10 +19,10 @@ figure of the table is in the output: a figure its step never printed gets ``"va
 Output, at most ``MAX_RESULT_FILES`` files (what the device machine returns): ``OUT/gpu_check.json`` (``env``,
 ``deps`` from ``OUT/deps.json`` when gpu_check.sh's install step wrote it, ``figures``, ``steps``, ``summary``)
 and ``OUT/gpu_check.log``, every step's standard output and error one after the other under a header line. The
-last lines of standard output are the table of every figure (bench/gpu_table.py): the machine returns standard
+last lines of standard output are the table of every figure (bench/gpu/gpu_table.py): the machine returns standard
 output even when it does not return the files.
 
-    python bench/gpu_check.py OUT [--budget-s N] [--toy]     # bench/gpu_check.sh calls it so
+    python bench/gpu/gpu_check.py OUT [--budget-s N] [--toy]     # bench/gpu_check.sh calls it so
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+GPU_DIR = Path(__file__).resolve().parent  # bench/gpu/: the steps' scripts
+sys.path.insert(0, str(GPU_DIR))
 
 from gpu_table import figure_table  # noqa: E402
 MAX_BUDGET_S = 360.0
@@ -101,7 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def step_command(step: Step, budget_s: float, toy: bool, fp32: bool = False) -> list[str]:
     """``fp32``: the preflight's collective failed, so no FSDP mixed precision (it needs a process group)."""
-    cmd = [sys.executable, str(BENCH / step.script), "--budget-s", f"{budget_s:.1f}"]
+    cmd = [sys.executable, str(GPU_DIR / step.script), "--budget-s", f"{budget_s:.1f}"]
     if step.smoke_only:
         cmd += ["--only", *step.figures]
     if toy:

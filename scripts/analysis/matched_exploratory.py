@@ -16,11 +16,11 @@ monotone in the frontier key (kl/init stops growing once a policy answers every 
 out. The difference arm − baseline per replicate is averaged over each SFT start's
 seeds, and the interval is Student's t over the starts (no prompt resampling).
 
-    python bench/matched_exploratory.py docs/frontier_test --reach 0.05 0.065 0.08 0.1
-    python bench/matched_exploratory.py docs/frontier_test --at 0.1
-    python bench/matched_exploratory.py docs/frontier_test --at 0.065 --reached-only
-    python bench/matched_exploratory.py docs/frontier_test --beta-path 0.065
-    python bench/matched_exploratory.py docs/frontier_test --at 0.065 --along key   # the report's bootstrap, along β
+    python scripts/analysis/matched_exploratory.py docs/frontier_test --reach 0.05 0.065 0.08 0.1
+    python scripts/analysis/matched_exploratory.py docs/frontier_test --at 0.1
+    python scripts/analysis/matched_exploratory.py docs/frontier_test --at 0.065 --reached-only
+    python scripts/analysis/matched_exploratory.py docs/frontier_test --beta-path 0.065
+    python scripts/analysis/matched_exploratory.py docs/frontier_test --at 0.065 --along key  # the report's bootstrap
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: refexp without an install
 
 from refexp.report.reading.archive import runs_source  # noqa: E402
 from refexp.report.reading.load import load_sweep  # noqa: E402

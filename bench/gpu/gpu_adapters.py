@@ -1,4 +1,4 @@
-"""What bench/gpu_check.py's probes read from refexp, in one place, so that each can follow refexp's interfaces
+"""What bench/gpu/gpu_check.py's probes read from refexp, in one place, so that each can follow refexp's interfaces
 as they change (a memory plan with a line per phase, a compile counter of the static decode step).
 
 - ``plan_config(overrides)``: the RootConfig ``refexp dry_run=true ...`` composes; ``plan_lines(overrides)``:
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PEAK = "per-rank peak estimate"
 # A plan that splits its peak by phase names the policy-training phase so (docs/gpus.md, "Plan the memory").
 TRAINING_PHASE_LINES = ("policy training peak", "policy training", "peak: policy training", "training phase")
