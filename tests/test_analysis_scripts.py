@@ -1,6 +1,7 @@
 """The analyses of committed sweeps (scripts/analysis/) compute what their docs quote: pair_stats.py's statistics of
-the DPO pairs (docs/preference-pairs.md), trajectory_matched.py's mid-run reading at a drift (docs/findings.md).
-error_kinds.py and retention_kinds.py have their own files (tests/test_error_kinds.py, test_retention_kinds.py)."""
+the DPO pairs (docs/preference-pairs.md), trajectory_matched.py's mid-run reading at a drift (docs/findings.md), and
+error_kinds.py's table from a real run's last checkpoint (each kind's rule: tests/test_error_kinds.py,
+test_retention_kinds.py)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,42 @@ def test_trajectory_matched_reads_each_run_where_it_passes_the_drift(tmp_path, c
     (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert row["arm"] == "ema" and row["replicates"] == 2
     assert row["difference"] == pytest.approx(f * 0.125)  # ema rises 0.2 + 0.05 seed where fixed rises 0.1
+
+
+def test_error_kinds_classifies_each_mistake_and_reads_a_run(tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    import yaml
+
+    import error_kinds
+    import retention_kinds
+    from refexp.run import run
+    from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_tiny_run
+
+    assert error_kinds.classify("018+025=", "0043") == "correct"
+    assert error_kinds.classify("018+025=", "0033") == "missed ones-carry"  # 8+5 carries; the tens forgot it
+    assert error_kinds.classify("012+025=", "0047") == "carry added without one"  # 2+5 does not carry
+    assert error_kinds.classify("012+025=", "0036") == "other"
+    assert error_kinds.classify("012+025=", "x") == "other"
+    overrides = [*TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=1"]
+    run(compose_tiny_run(tmp_path, *overrides))
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    error_kinds.main([str(tmp_path), "--prompts", "8"])
+    out = capsys.readouterr().out
+    line = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
+    assert line["checkpoint"] == "step-1" and sum(line.get(k, 0) for k in error_kinds.KINDS) == 8
+    assert "| run |" in out  # the group table (no variant override: one group "run")
+    seen = []  # the prompts --retention classifies: the default task keeps subtraction out of RL
+
+    def spy(prompt, completion):
+        seen.append(prompt)
+        return retention_kinds.classify(prompt, completion)
+
+    monkeypatch.setattr(error_kinds, "RETAINED_SKILLS", dataclasses.replace(error_kinds.RETAINED_SKILLS, classify=spy))
+    error_kinds.main([str(tmp_path), "--prompts", "8", "--retention"])
+    out = capsys.readouterr().out
+    line = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
+    assert sum(line.get(k, 0) for k in retention_kinds.KINDS) == 8
+    assert len(seen) == 8 and all(p[3] == "-" for p in seen), seen
+    assert "| run |" in out and "wrote a+b" in out

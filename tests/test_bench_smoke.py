@@ -90,45 +90,6 @@ def test_bench_shared_attention_times_both_ways_and_reports_autos_pick(capsys):
     assert "| 1x8x2x24 | 201 |" in capsys.readouterr().out
 
 
-def test_error_kinds_classifies_each_mistake_and_reads_a_run(tmp_path, capsys, monkeypatch):
-    import dataclasses
-
-    import yaml
-
-    import error_kinds
-    import retention_kinds
-    from refexp.run import run
-    from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_tiny_run
-
-    assert error_kinds.classify("018+025=", "0043") == "correct"
-    assert error_kinds.classify("018+025=", "0033") == "missed ones-carry"  # 8+5 carries; the tens forgot it
-    assert error_kinds.classify("012+025=", "0047") == "carry added without one"  # 2+5 does not carry
-    assert error_kinds.classify("012+025=", "0036") == "other"
-    assert error_kinds.classify("012+025=", "x") == "other"
-    overrides = [*TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=1"]
-    run(compose_tiny_run(tmp_path, *overrides))
-    (tmp_path / ".hydra").mkdir()
-    (tmp_path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    error_kinds.main([str(tmp_path), "--prompts", "8"])
-    out = capsys.readouterr().out
-    line = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
-    assert line["checkpoint"] == "step-1" and sum(line.get(k, 0) for k in error_kinds.KINDS) == 8
-    assert "| run |" in out  # the group table (no variant override: one group "run")
-    seen = []  # the prompts --retention classifies: the default task keeps subtraction out of RL
-
-    def spy(prompt, completion):
-        seen.append(prompt)
-        return retention_kinds.classify(prompt, completion)
-
-    monkeypatch.setattr(error_kinds, "RETAINED_SKILLS", dataclasses.replace(error_kinds.RETAINED_SKILLS, classify=spy))
-    error_kinds.main([str(tmp_path), "--prompts", "8", "--retention"])
-    out = capsys.readouterr().out
-    line = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
-    assert sum(line.get(k, 0) for k in retention_kinds.KINDS) == 8
-    assert len(seen) == 8 and all(p[3] == "-" for p in seen), seen
-    assert "| run |" in out and "wrote a+b" in out
-
-
 def test_compare_trl_interleaved_worker(tmp_path):
     import compare_trl
 
