@@ -1,0 +1,39 @@
+"""Files a report reads but did not write (a copied sweep, a committed runs.tar.xz) are data: nothing in them runs or
+reads this machine (a resolver in ``.hydra/config.yaml``), prints as markup (raw HTML in report.md), or stops the report
+with a traceback (a reward that is text); a bad command line is one error line before anything is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from refexp.report import build_report
+from tests.helpers.report_sweep import make_sweep
+
+SECRET = "hunter2-do-not-print"
+
+
+def _edit_config(run_dir, **top_level) -> None:
+    path = run_dir / ".hydra" / "config.yaml"
+    config = yaml.safe_load(path.read_text()) | top_level
+    path.write_text(yaml.safe_dump(config))
+
+
+def _written(sweep) -> str:
+    return "".join((sweep / name).read_text() for name in ("report.md", "report.html", "summary.json"))
+
+
+def test_a_report_runs_no_resolver_of_a_config_it_reads(tmp_path, monkeypatch):
+    """A run without resolved_config.yaml whose .hydra/config.yaml asks for ``${oc.env:...}``: the report shows the
+    text, never the variable; a node interpolation beside it is still followed."""
+    monkeypatch.setenv("REFEXP_TEST_SECRET", SECRET)
+    make_sweep(tmp_path)
+    for run in ("0", "1", "2"):
+        _edit_config(tmp_path / run, model={"name": "${oc.env:REFEXP_TEST_SECRET}", "flavor": "${algo.name}"})
+    report = build_report(tmp_path, baseline="fixed")
+    assert SECRET not in _written(tmp_path)
+    run = next(r for r in report.runs if r.name == "0")
+    assert run.config["model"] == {"name": "${oc.env:REFEXP_TEST_SECRET}", "flavor": "grpo"}
+    assert "${oc.env:REFEXP_TEST_SECRET}" in (tmp_path / "report.md").read_text()
