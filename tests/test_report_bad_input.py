@@ -37,3 +37,13 @@ def test_a_report_runs_no_resolver_of_a_config_it_reads(tmp_path, monkeypatch):
     run = next(r for r in report.runs if r.name == "0")
     assert run.config["model"] == {"name": "${oc.env:REFEXP_TEST_SECRET}", "flavor": "grpo"}
     assert "${oc.env:REFEXP_TEST_SECRET}" in (tmp_path / "report.md").read_text()
+
+
+def test_a_sample_whose_reward_is_text_prints_as_written(tmp_path):
+    make_sweep(tmp_path)
+    with open(tmp_path / "0" / "samples.jsonl", "w") as f:
+        f.write(json.dumps({"step": 40, "kind": "eval", "prompt": "1+1", "completion": "2", "answer": "2",
+                            "reward": "high"}) + "\n")
+    build_report(tmp_path, baseline="fixed")
+    md = (tmp_path / "report.md").read_text()
+    assert "| grpo | fixed | 0 | 1+1 | 2 | 2 | high (not a number) |" in md
