@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from refexp.report.build import NoRunsError, build_report
+from refexp.report.reading.archive import ArchiveError
 from refexp.report.writing.table import format_table
 
 
@@ -129,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         report = build_report(args.sweep_dir, target=args.target, baseline=args.baseline, at_steps=at_steps,
                               alpha=args.alpha, margin=args.equivalence_margin, allow_mixed=args.allow_mixed)
-    except NoRunsError as e:
+    except (NoRunsError, ArchiveError) as e:
         print(f"refexp-report: error: {e}", file=sys.stderr)
         return 2
     if report.plan.problem:  # one line, then the report as an exploratory one
