@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from refexp.report import build_report
+from refexp.report.__main__ import main as report_main
 from tests.helpers.report_sweep import make_sweep
 
 SECRET = "hunter2-do-not-print"
@@ -47,3 +48,49 @@ def test_a_sample_whose_reward_is_text_prints_as_written(tmp_path):
     build_report(tmp_path, baseline="fixed")
     md = (tmp_path / "report.md").read_text()
     assert "| grpo | fixed | 0 | 1+1 | 2 | 2 | high (not a number) |" in md
+
+
+def _files(sweep) -> dict:
+    return {name: (sweep / name).read_bytes() for name in ("report.md", "report.html", "summary.json")}
+
+
+@pytest.mark.parametrize("margin", ["inf", "-inf", "nan", "0"])
+def test_an_equivalence_margin_that_is_no_finite_positive_number_is_refused_before_anything_is_written(
+        tmp_path, capsys, margin):
+    make_sweep(tmp_path)
+    build_report(tmp_path, baseline="fixed")
+    before = _files(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        report_main([str(tmp_path), "--baseline", "fixed", f"--equivalence-margin={margin}"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"--equivalence-margin={float(margin)} is invalid: expected a finite number > 0")
+    assert _files(tmp_path) == before
+    with pytest.raises(ValueError, match="expected a finite number > 0"):
+        build_report(tmp_path, baseline="fixed", margin=float(margin))
+    assert _files(tmp_path) == before
+
+
+def test_a_declared_infinite_margin_is_a_block_problem_not_a_crash():
+    from refexp.report.reading.plan import block_problem
+
+    block = {"arm_key": "grpo_variant", "arms": ["fixed", "ema"], "baseline": "fixed", "seeds": [0, 1],
+             "equivalence_margin": float("inf")}
+    assert block_problem(block) == ("comparison.equivalence_margin=inf is invalid: expected a finite number > 0, "
+                                    "or null")
+
+
+def test_a_report_that_cannot_be_rendered_leaves_the_previous_files_as_they_were(tmp_path, monkeypatch):
+    """summary.json's rendering fails (here forced): report.md and report.html are not rewritten beside the old
+    summary.json."""
+    make_sweep(tmp_path)
+    build_report(tmp_path, baseline="fixed")
+    before = _files(tmp_path)
+
+    def broken(report):
+        raise ValueError("Out of range float values are not JSON compliant")
+
+    monkeypatch.setattr("refexp.report.writing.render.summary_dict", broken)
+    with pytest.raises(ValueError, match="JSON compliant"):
+        build_report(tmp_path, baseline="ema")  # another baseline: other text, were it written
+    assert _files(tmp_path) == before

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 from refexp.report.build import NoRunsError, build_report
 from refexp.report.reading.archive import ArchiveError
+from refexp.report.reading.plan import valid_margin
 from refexp.report.writing.table import format_table
 
 
@@ -91,8 +92,8 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
 
     if not 0.0 < args.alpha < 1.0:
         parser.error(f"--alpha={args.alpha} is invalid: expected a number in (0, 1)")
-    if args.equivalence_margin is not None and not args.equivalence_margin > 0:
-        parser.error(f"--equivalence-margin={args.equivalence_margin} is invalid: expected a number > 0")
+    if args.equivalence_margin is not None and not valid_margin(args.equivalence_margin):
+        parser.error(f"--equivalence-margin={args.equivalence_margin} is invalid: expected a finite number > 0")
     try:
         at_steps = tuple(int(s) for s in args.at_steps.split(",") if s.strip())
     except ValueError:

@@ -379,7 +379,9 @@ def summary_dict(report) -> dict:
 
 
 def write_all(report) -> None:
-    """report.md, report.html and summary.json into the sweep dir."""
-    _write(report.markdown_path, render_markdown(report))
-    _write(report.html_path, render_html(report))
-    _write(report.summary_path, json.dumps(summary_dict(report), indent=2, allow_nan=False) + "\n")
+    """report.md, report.html and summary.json into the sweep dir, each rendered before the first is written: one
+    that cannot be rendered leaves the previous three as they were, none of them stale beside the others."""
+    texts = {report.markdown_path: render_markdown(report), report.html_path: render_html(report),
+             report.summary_path: json.dumps(summary_dict(report), indent=2, allow_nan=False) + "\n"}
+    for path, text in texts.items():
+        _write(path, text)
