@@ -5,6 +5,8 @@ with a traceback (a reward that is text); a bad command line is one error line b
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,6 +15,7 @@ from refexp.report import build_report
 from refexp.report.__main__ import main as report_main
 from tests.helpers.report_sweep import make_sweep
 
+ROOT = Path(__file__).resolve().parent.parent
 SECRET = "hunter2-do-not-print"
 
 
@@ -94,3 +97,49 @@ def test_a_report_that_cannot_be_rendered_leaves_the_previous_files_as_they_were
     with pytest.raises(ValueError, match="JSON compliant"):
         build_report(tmp_path, baseline="ema")  # another baseline: other text, were it written
     assert _files(tmp_path) == before
+
+
+MALFORMED_SUMMARIES = {
+    "a list": ([1, 2], "the top level is invalid in a report's summary.json: expected an object"),
+    "algos a list": ({"algos": []}, "algos is invalid in a report's summary.json: expected an object of algorithms"),
+    "a group without a label": ({"algos": {"grpo": {"baseline": "fixed", "groups": [{"metrics": {}}]}}},
+                                "algos.grpo.groups[0].label is invalid in a report's summary.json: expected a group "
+                                "label (text)"),
+    "a mean that is text": ({"algos": {"grpo": {"baseline": "fixed", "groups": [
+        {"label": "fixed", "metrics": {"acc_final": {"mean": "0.5"}}}]}}},
+        "algos.grpo.groups[0].metrics.acc_final.mean is invalid in a report's summary.json: expected a number"),
+    "values that are text": ({"algos": {"grpo": {"baseline": "fixed", "groups": [
+        {"label": "ema", "paired_vs_baseline": {"acc_final": {"seed_only_t95": {"values": ["a"]}}}}]}}},
+        "algos.grpo.groups[0].paired_vs_baseline.acc_final.seed_only_t95.values is invalid in a report's "
+        "summary.json: expected a list of numbers"),
+    "a start's comparisons a list": ({"algos": {"grpo": {"baseline": "fixed", "groups": [],
+                                                         "within_sft_start": {"s0": {"paired_vs_baseline": []}}}}},
+                                     "algos.grpo.within_sft_start.s0.paired_vs_baseline is invalid"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED_SUMMARIES, ids=str)
+def test_a_malformed_pilot_summary_is_one_error_line_naming_its_field(tmp_path, capsys, case):
+    from refexp.report.statistics.pilot import PilotError, read_pilot
+    from refexp.report.reading.plan import PRIMARY_ENDPOINTS
+
+    assert PRIMARY_ENDPOINTS["eval/accuracy"] == "acc_final"  # the key the cases name
+    summary, message = MALFORMED_SUMMARIES[case]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(PilotError, match=re.escape(f"--pilot {tmp_path / 'summary.json'}: {message}")):
+        read_pilot(tmp_path / "summary.json")
+    out = tmp_path / "plan.md"
+    assert report_main(["--plan", "quickstart", "--pilot", str(tmp_path / "summary.json"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and message in err[0] and not out.exists()
+
+
+def test_a_plan_written_to_a_missing_directory_is_refused_before_it_is_computed(tmp_path, capsys):
+    pilot = ROOT / "docs" / "quickstart" / "summary.json"
+    for out, why in ((tmp_path / "no" / "plan.md", f"no directory {tmp_path / 'no'}"), (tmp_path, "a directory")):
+        with pytest.raises(SystemExit) as exit_:
+            report_main(["--plan", "quickstart", "--pilot", str(pilot), "--out", str(out)])
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(
+            f"--out {out} is invalid: expected a file in an existing directory ({why})")
+    assert not (tmp_path / "no").exists()

@@ -79,6 +79,9 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
             parser.error("a power plan is --plan EXPERIMENT --pilot SWEEP_OR_SUMMARY [--out FILE], without SWEEP_DIR")
         if not args.pilot.exists():
             parser.error(f"--pilot {args.pilot} does not exist: expected a sweep dir or a summary.json")
+        if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
+            parser.error(f"--out {args.out} is invalid: expected a file in an existing directory "
+                         f"({'a directory' if args.out.is_dir() else f'no directory {args.out.parent}'})")
         from refexp.report.reading.plan import PRIMARY_ENDPOINTS
         if args.pilot_metric is not None and args.pilot_metric not in PRIMARY_ENDPOINTS:
             parser.error(f"--pilot-metric {args.pilot_metric} is invalid: expected a held-out metric the report "
