@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from omegaconf import OmegaConf, grammar_parser
+from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser
 
 _INTERPOLATION_START = re.compile(r"(\\*)\$\{")
@@ -24,7 +25,7 @@ def _calls_a_resolver(text: str) -> bool:
     parse counts as one (it is kept as written)."""
     try:
         tree = grammar_parser.parse(text)
-    except Exception:  # malformed interpolation: OmegaConf would not resolve it either
+    except GrammarParseError:  # malformed interpolation: OmegaConf would not resolve it either
         return True
     stack = [tree]
     while stack:
@@ -57,6 +58,6 @@ def resolve_interpolations(raw: dict) -> dict:
     an interpolation cannot be followed (a missing key: the unresolved text still names the run's settings)."""
     try:
         out = OmegaConf.to_container(OmegaConf.create(_without_resolvers(raw)), resolve=True)
-    except Exception:  # a missing key, a cycle: keep the file's text
+    except (OmegaConfBaseException, ValueError, TypeError):  # a missing key, a cycle, a key OmegaConf refuses
         return raw
     return out if isinstance(out, dict) else raw

@@ -14,7 +14,8 @@ Only what ``from_summary`` reads is checked, on the pilot's metric alone (``key`
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _number(x: Any) -> bool:
