@@ -143,3 +143,23 @@ def test_a_plan_written_to_a_missing_directory_is_refused_before_it_is_computed(
         assert capsys.readouterr().err.splitlines()[-1].endswith(
             f"--out {out} is invalid: expected a file in an existing directory ({why})")
     assert not (tmp_path / "no").exists()
+
+
+def test_report_md_prints_html_in_run_names_and_completions_as_text(tmp_path):
+    """A run dir named ``<svg onload=...>`` (a failed run, listed by name) and a completion holding ``<script>``:
+    report.md writes each ``<`` that could open a tag as ``&lt;``, as report.html escapes them; a ``<`` that opens no
+    HTML (``p <= alpha``) stays."""
+    make_sweep(tmp_path)
+    name = "<svg onload=alert(1)>"
+    (tmp_path / "12").rename(tmp_path / name)
+    with open(tmp_path / "0" / "samples.jsonl", "w") as f:
+        f.write(json.dumps({"step": 40, "kind": "eval", "prompt": "<!-- hi --> 1+1", "answer": "2", "reward": 1.0,
+                            "completion": "<script>alert(1)</script> <answer>2</answer>"}) + "\n")
+    build_report(tmp_path, baseline="fixed")
+    md = (tmp_path / "report.md").read_text()
+    assert re.search(r"<[A-Za-z/!?]", md) is None
+    assert "| &lt;svg onload=alert(1)> | grpo | kl_triggered | failed |" in md
+    assert "| &lt;!-- hi --> 1+1 | &lt;script>alert(1)&lt;/script> &lt;answer>2&lt;/answer> | 2 | 1 |" in md
+    assert "<= alpha" in md
+    page = (tmp_path / "report.html").read_text()
+    assert "<script" not in page and "<svg" not in page and "&lt;svg onload=alert(1)&gt;" in page

@@ -126,6 +126,18 @@ def _target_line(table) -> str:
 
 
 # ---------------------------------------------------------------- markdown
+_HTML_OPENER = re.compile(r"<(?=[A-Za-z/!?])")
+"""A ``<`` that Markdown would read as raw HTML: a tag (``<script>``, ``<svg onload=...>``, ``</b>``), a comment or
+declaration (``<!``), a processing instruction (``<?``) or an autolink (``<http://...>``)."""
+
+
+def _no_raw_html(markdown: str) -> str:
+    """``markdown`` with every ``<`` that could open raw HTML written ``&lt;``, which renders as ``<``: a report
+    prints run names, completions and prompts it did not write, and report.md, like report.html, shows them as text.
+    The report's own Markdown holds no HTML; a ``<`` before a space, a digit or ``=`` (``p <= alpha``) stays."""
+    return _HTML_OPENER.sub("&lt;", markdown)
+
+
 def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -229,7 +241,7 @@ def render_markdown(report) -> str:
     if report.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     out += ["", "## How to read this", "", HOW_TO_READ + " " + first_screen.FAMILIES]
-    return "\n".join(out) + "\n"
+    return _no_raw_html("\n".join(out) + "\n")
 
 
 # ---------------------------------------------------------------- html
