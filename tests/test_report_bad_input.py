@@ -101,17 +101,19 @@ def test_a_report_that_cannot_be_rendered_leaves_the_previous_files_as_they_were
 
 MALFORMED_SUMMARIES = {
     "a list": ([1, 2], "the top level is invalid in a report's summary.json: expected an object"),
-    "algos a list": ({"algos": []}, "algos is invalid in a report's summary.json: expected an object of algorithms"),
+    "algos a list": ({"algos": []}, ("algos is invalid in a report's summary.json: expected an object of "
+                                     "algorithms")),
     "a group without a label": ({"algos": {"grpo": {"baseline": "fixed", "groups": [{"metrics": {}}]}}},
-                                "algos.grpo.groups[0].label is invalid in a report's summary.json: expected a group "
-                                "label (text)"),
+                                ("algos.grpo.groups[0].label is invalid in a report's summary.json: expected a group "
+                                 "label (text)")),
     "a mean that is text": ({"algos": {"grpo": {"baseline": "fixed", "groups": [
         {"label": "fixed", "metrics": {"acc_final": {"mean": "0.5"}}}]}}},
-        "algos.grpo.groups[0].metrics.acc_final.mean is invalid in a report's summary.json: expected a number"),
+        ("algos.grpo.groups[0].metrics.acc_final.mean is invalid in a report's summary.json: expected a "
+         "number")),
     "values that are text": ({"algos": {"grpo": {"baseline": "fixed", "groups": [
         {"label": "ema", "paired_vs_baseline": {"acc_final": {"seed_only_t95": {"values": ["a"]}}}}]}}},
-        "algos.grpo.groups[0].paired_vs_baseline.acc_final.seed_only_t95.values is invalid in a report's "
-        "summary.json: expected a list of numbers"),
+        ("algos.grpo.groups[0].paired_vs_baseline.acc_final.seed_only_t95.values is invalid in a report's "
+         "summary.json: expected a list of numbers")),
     "a start's comparisons a list": ({"algos": {"grpo": {"baseline": "fixed", "groups": [],
                                                          "within_sft_start": {"s0": {"paired_vs_baseline": []}}}}},
                                      "algos.grpo.within_sft_start.s0.paired_vs_baseline is invalid"),
@@ -120,8 +122,8 @@ MALFORMED_SUMMARIES = {
 
 @pytest.mark.parametrize("case", MALFORMED_SUMMARIES, ids=str)
 def test_a_malformed_pilot_summary_is_one_error_line_naming_its_field(tmp_path, capsys, case):
-    from refexp.report.statistics.pilot import PilotError, read_pilot
     from refexp.report.reading.plan import PRIMARY_ENDPOINTS
+    from refexp.report.statistics.pilot import PilotError, read_pilot
 
     assert PRIMARY_ENDPOINTS["eval/accuracy"] == "acc_final"  # the key the cases name
     summary, message = MALFORMED_SUMMARIES[case]
