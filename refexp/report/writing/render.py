@@ -126,6 +126,18 @@ def _target_line(table) -> str:
 
 
 # ---------------------------------------------------------------- markdown
+_HTML_OPENER = re.compile(r"<(?=[A-Za-z/!?])")
+"""A ``<`` that Markdown would read as raw HTML: a tag (``<script>``, ``<svg onload=...>``, ``</b>``), a comment or
+declaration (``<!``), a processing instruction (``<?``) or an autolink (``<http://...>``)."""
+
+
+def _no_raw_html(markdown: str) -> str:
+    """``markdown`` with every ``<`` that could open raw HTML written ``&lt;``, which renders as ``<``: a report
+    prints run names, completions and prompts it did not write, and report.md, like report.html, shows them as text.
+    The report's own Markdown holds no HTML; a ``<`` before a space, a digit or ``=`` (``p <= alpha``) stays."""
+    return _HTML_OPENER.sub("&lt;", markdown)
+
+
 def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -161,8 +173,18 @@ def _sample_rows(report, k: int = 3) -> list[list[str]]:
             for sample in (run.final_samples(k=k) if run is not None else []):
                 rows.append([algo, row.group.label, run.name, _short(sample.get("prompt", "")),
                              _short(sample.get("completion", "")), _short(sample.get("answer", "")),
-                             f"{sample.get('reward', float('nan')):.3g}"])
+                             _reward_cell(sample.get("reward", float("nan")))])
     return rows
+
+
+def _reward_cell(reward) -> str:
+    """A sample's reward: a number to 3 significant digits; anything else (a hand-edited or foreign samples.jsonl)
+    as written, said to be no number."""
+    if isinstance(reward, (int, float)):
+        return f"{reward:.3g}"
+    return f"{_short(reward, 40)} (not a number)"
+
+
 _PLOT_CAPTIONS = {
     "reward": "Reward vs step", "accuracy": "Held-out accuracy vs step",
     "frontier": "Accuracy vs drift from init (kl/init)", "kl_ref": "kl/ref vs step",
@@ -219,7 +241,7 @@ def render_markdown(report) -> str:
     if report.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     out += ["", "## How to read this", "", HOW_TO_READ + " " + first_screen.FAMILIES]
-    return "\n".join(out) + "\n"
+    return _no_raw_html("\n".join(out) + "\n")
 
 
 # ---------------------------------------------------------------- html
@@ -369,7 +391,9 @@ def summary_dict(report) -> dict:
 
 
 def write_all(report) -> None:
-    """report.md, report.html and summary.json into the sweep dir."""
-    _write(report.markdown_path, render_markdown(report))
-    _write(report.html_path, render_html(report))
-    _write(report.summary_path, json.dumps(summary_dict(report), indent=2, allow_nan=False) + "\n")
+    """report.md, report.html and summary.json into the sweep dir, each rendered before the first is written: one
+    that cannot be rendered leaves the previous three as they were, none of them stale beside the others."""
+    texts = {report.markdown_path: render_markdown(report), report.html_path: render_html(report),
+             report.summary_path: json.dumps(summary_dict(report), indent=2, allow_nan=False) + "\n"}
+    for path, text in texts.items():
+        _write(path, text)
