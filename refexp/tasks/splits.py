@@ -115,7 +115,7 @@ def _longest(splits: dict[str, datasets.Dataset], columns: tuple[str, ...], coun
     longest = (0, "")
     for split, ds in splits.items():
         for column in (c for c in columns if c in ds.column_names):
-            for i, text in enumerate(ds[column]):
+            for i, text in enumerate(ds[column][:]):  # [:]: one list (datasets 4 iterates a Column row by row)
                 if (n := count(text)) > longest[0]:
                     longest = (n, f"{split} row {i}")
     return longest
