@@ -2,7 +2,7 @@
 
 Order (cheap checks first, so bad input fails before any model is built):
  1. config -> dataclasses (every ``__post_init__`` check), a generated task's data (``check_task_data``: its
-    splits' sizes, before ``model.pretrained`` is fetched and converted) and the
+    splits' sizes and reference answers, before ``model.pretrained`` is fetched and converted) and the
     model/parallelism check against the world size (torchtitan config only, no weights);
  2. spawn workers when the job asks for N processes but was started as one (``parallelism.nproc_per_node``);
  3. device, process group, threads;
@@ -205,7 +205,7 @@ def run(dcfg: DictConfig, on_checked: Callable[[], None] | None = None) -> dict:
     record is written there: ``refexp/record/hydra_record.py``)."""
     with stop_signals.installed():
         cfg = to_object(dcfg)  # the config layer's checks first: a bad value makes no run dir
-        check_task_data(cfg)  # generated splits' sizes, before a model is fetched
+        check_task_data(cfg)  # generated splits' sizes and reference answers, before a model is fetched
         if resolve_pretrained(dcfg):  # model.pretrained fetched and converted (once) into model.hf_assets_path
             cfg = to_object(dcfg)
         with _run_dir_lock(dcfg.get("run_dir")):

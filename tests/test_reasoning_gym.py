@@ -236,6 +236,45 @@ def test_splits_too_large_for_the_dataset_are_refused_before_the_model_is_fetche
     assert fetches == []
 
 
+NO_ANSWERS = "graph_color"
+"""A reasoning-gym dataset whose entries' answer is None (reasoning-gym 0.1.25; also propositional_logic,
+rubiks_cube, rush_hour, boxnet): puzzles of many valid solutions, which its scorer checks on their own."""
+
+
+def test_a_dataset_without_answers_has_no_demonstration_but_its_scorer_rewards(tokenizer_dir, tmp_path):
+    task = build_task(_cfg(tokenizer_dir, dataset=NO_ANSWERS, dataset_kwargs={}, num_train=8, num_eval=4,
+                           retention_datasets=[], max_new_tokens=512), str(tmp_path), algo="grpo")
+    assert all(json.loads(a)["answer"] is None for a in task.train["answer"])
+    assert set(task.train["completion"]) == {None}  # never the text "<answer>None</answer>"
+    assert task.reward("<answer>None</answer>", task.train["answer"][0]) == 0.0
+
+
+@pytest.mark.parametrize("overrides, trains", [
+    (["algo=sft"], "the SFT stage"),
+    (["algo=grpo"], "the SFT stage"),  # the start every algorithm trains first
+    (["algo=dpo", "sft.enable=false"], "algo=dpo would take them as the chosen side"),
+    (["algo=grpo", "sft.enable=false", "grpo_variant=continued_sft"], "algo.objective=continued_sft"),
+])
+def test_training_on_a_dataset_without_answers_is_refused_in_one_line_before_the_model_is_fetched(
+        overrides, trains, tmp_path, fetches):
+    cfg = compose_root("model=smollm2_135m", "sft.enable=true", "task=reasoning_gym", f"task.dataset={NO_ANSWERS}",
+                       *overrides, f"run_dir={tmp_path}")
+    with pytest.raises(ConfigError) as refused:
+        run(cfg)
+    message = str(refused.value)
+    assert message.startswith(f"task.dataset='{NO_ANSWERS}' has no reference answers to train on")
+    assert "\n" not in message  # `refexp: error: <message>`, one line
+    assert trains in message
+    assert fetches == []
+
+
+def test_grpo_from_a_start_without_demonstrations_scores_a_dataset_without_answers():
+    from refexp.config import to_object
+    from refexp.tasks.data_checks import check_task_data
+
+    check_task_data(to_object(compose_root(*DOCUMENTED_GYM, f"task.dataset={NO_ANSWERS}")))  # sft.enable=false
+
+
 @pytest.mark.slow
 def test_grpo_on_a_reasoning_gym_dataset_logs_reward_retention_and_readable_samples(hf_dir, tmp_path):
     run_dir = tmp_path / "run"

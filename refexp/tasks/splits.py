@@ -121,6 +121,8 @@ def _longest(splits: dict[str, datasets.Dataset], columns: tuple[str, ...], coun
     for split, ds in splits.items():
         for column in (c for c in columns if c in ds.column_names):
             for i, text in enumerate(ds[column][:]):  # [:]: one list (datasets 4 iterates a Column row by row)
+                if text is None:  # no reference answer (refexp.tasks.data_checks refuses training on it)
+                    continue
                 if (n := count(text)) > longest[0]:
                     longest = (n, f"{split} row {i}")
     return longest
