@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: install the wheels of bench/gpu_wheels.sh offline into a temporary folder, then run
-# gpu_smoke.py and the probes (bench/gpu_check.py) within the budget. In OUT: deps.json (what the install did;
+# gpu_smoke.py and the probes (bench/gpu/gpu_check.py) within the budget. In OUT: deps.json (what the install did;
 # not with --toy), gpu_check.json (the figures) and gpu_check.log (every step's output): at most 8 files, what
 # the device machine returns. Standard output ends with the table of every figure.
 #
@@ -10,7 +10,7 @@
 # --toy       toy sizes on CPU in this project's own environment (no wheels installed): what the test runs
 # --wheels    the wheel folder (default: .gpu_wheels/ at the repo root, where gpu_wheels.sh puts it)
 # --deps      install into DIR and keep it (default: a temporary folder, removed at the end), for reruns:
-#             PYTHONPATH=$PWD:DIR python bench/gpu_smoke.py --only FIGURE...
+#             PYTHONPATH=$PWD:DIR python bench/gpu/gpu_smoke.py --only FIGURE...
 # --steps     only these of gpu_check.py's steps (preflight, train, memory, grpo_step, grpo, decode), comma-separated
 set -euo pipefail
 
@@ -55,11 +55,11 @@ if [ "$TOY" = 1 ]; then
     ARGS+=(--toy)
 else
     DEPS="${DEPS:-$WORK/deps}"
-    "$PY" "$REPO/bench/gpu_install.py" "$WHEELS" "$DEPS" "$OUT/deps.json"
+    "$PY" "$REPO/bench/gpu/gpu_install.py" "$WHEELS" "$DEPS" "$OUT/deps.json"
     DEPS="$(cd "$DEPS" && pwd)"
     # the repo first, then the installed wheels, then the machine's own site-packages
     export PYTHONPATH="$REPO:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
 fi
 LEFT=$(awk -v b="$BUDGET" -v used=$((SECONDS - START)) 'BEGIN {printf "%.1f", b - used}')
 cd "$REPO"
-"$PY" bench/gpu_check.py "$OUT" --budget-s "$LEFT" "${ARGS[@]}"
+"$PY" bench/gpu/gpu_check.py "$OUT" --budget-s "$LEFT" "${ARGS[@]}"

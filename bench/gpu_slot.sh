@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU slot in two device calls on one start-up of the machine (bench/README.md, "GPU slot"):
+# The GPU slot in two device calls on one start-up of the machine (bench/gpu/README.md, "GPU slot"):
 #
 #   bash bench/gpu_slot.sh 1 OUT   # the check: budget 330 s, killed at 420 s; keeps the installed wheels
 #   bash bench/gpu_slot.sh 2 OUT   # within 30 s of step 1's end: what needs step 1's warm compile caches

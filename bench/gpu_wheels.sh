@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download, on a machine that reaches the package index, the wheels the GPU machine lacks (bench/gpu_wheels.txt)
+# Download, on a machine that reaches the package index, the wheels the GPU machine lacks (bench/gpu/gpu_wheels.txt)
 # for Python 3.12 on manylinux x86-64, into an ignored folder, and check that they fit the 64 MiB that may
 # travel with the working tree. bench/gpu_check.sh installs them there, offline.
 #
@@ -7,7 +7,7 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LIST="$REPO/bench/gpu_wheels.txt"
+LIST="$REPO/bench/gpu/gpu_wheels.txt"
 DEST="${1:-$REPO/.gpu_wheels}"
 LIMIT_BYTES=$((64 * 1024 * 1024))
 PY="${PYTHON:-python3}"  # the interpreter whose pip downloads (PYTHON=... to choose another)

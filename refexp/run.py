@@ -1,8 +1,9 @@
 """``run(cfg)``: validate, build the parts in a spelled-out order, pick the algorithm, return final metrics.
 
 Order (cheap checks first, so bad input fails before any model is built):
- 1. config -> dataclasses (every ``__post_init__`` check) and the model/parallelism check
-    against the world size (torchtitan config only, no weights);
+ 1. config -> dataclasses (every ``__post_init__`` check), a generated task's data (``check_task_data``: its
+    splits' sizes and reference answers, before ``model.pretrained`` is fetched and converted) and the
+    model/parallelism check against the world size (torchtitan config only, no weights);
  2. spawn workers when the job asks for N processes but was started as one (``parallelism.nproc_per_node``);
  3. device, process group, threads;
  4. task (data + tokenizer + reward), logger (rank 0: W&B + metrics.jsonl), ``status.json``;
@@ -16,6 +17,7 @@ report lists failed runs instead of dropping them.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -42,7 +44,7 @@ from refexp.record.lock import FileLock, LockHeld
 from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
                                         KL_REF, VAL_ACCURACY)
 from refexp.record.provenance import provenance
-from refexp.record.rerun import RerunRecord, completed_end
+from refexp.record.rerun import RerunRecord, completed_end, pending_hydra_dir
 from refexp.record.resolved_config import write_resolved_config
 from refexp.record.status import run_dir_busy
 from refexp.record.status import (Heartbeat, RunStatus, close_run_status, open_status, read_status,
@@ -50,6 +52,7 @@ from refexp.record.status import (Heartbeat, RunStatus, close_run_status, open_s
 from refexp.runtime import distributed as rdist
 from refexp.runtime import stop_signals
 from refexp.runtime.process_settings import apply_process_settings
+from refexp.tasks.data_checks import check_task_data
 def run_from_hydra(cfg: DictConfig) -> float | None:
     """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return a sweep objective."""
     from hydra.core.hydra_config import HydraConfig
@@ -203,6 +206,7 @@ def run(dcfg: DictConfig, on_checked: Callable[[], None] | None = None) -> dict:
     record is written there: ``refexp/record/hydra_record.py``)."""
     with stop_signals.installed():
         cfg = to_object(dcfg)  # the config layer's checks first: a bad value makes no run dir
+        check_task_data(cfg)  # generated splits' sizes and reference answers, before a model is fetched
         if resolve_pretrained(dcfg):  # model.pretrained fetched and converted (once) into model.hf_assets_path
             cfg = to_object(dcfg)
         with _run_dir_lock(dcfg.get("run_dir")):
@@ -243,6 +247,7 @@ def _run_dir_lock(run_dir: str | None) -> Iterator[None]:
     except LockHeld as e:
         raise RunDirBusy(run_dir_busy(run_dir, e.owner)) from None
     try:
+        shutil.rmtree(pending_hydra_dir(run_dir), ignore_errors=True)  # a killed rerun's; on_checked writes its own
         yield
     finally:
         lock.release()

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
+GPU = BENCH / "gpu"  # gpu_smoke.py, the GPU check's figures
+sys.path[:0] = [str(BENCH), str(GPU)]
 
 TINY_BENCH_ARGS = ["--dim", "32", "--layers", "1", "--heads", "2", "--ffn", "64", "--vocab", "64", "--threads", "1",
         "--steps", "1", "--warmup", "1", "--peak-seconds", "0", "--peak-sizes", "128", "--no-probe-peak"]
@@ -87,45 +88,6 @@ def test_bench_shared_attention_times_both_ways_and_reports_autos_pick(capsys):
     assert short["auto_picks"] == "mask" and long["auto_picks"] == "rows"  # 8 * 26 * 126 < 201^2
     assert all(r["mask_ms"] > 0 and r["rows_ms"] > 0 for r in rows)
     assert "| 1x8x2x24 | 201 |" in capsys.readouterr().out
-
-
-def test_error_kinds_classifies_each_mistake_and_reads_a_run(tmp_path, capsys, monkeypatch):
-    import dataclasses
-
-    import yaml
-
-    import error_kinds
-    import retention_kinds
-    from refexp.run import run
-    from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_tiny_run
-
-    assert error_kinds.classify("018+025=", "0043") == "correct"
-    assert error_kinds.classify("018+025=", "0033") == "missed ones-carry"  # 8+5 carries; the tens forgot it
-    assert error_kinds.classify("012+025=", "0047") == "carry added without one"  # 2+5 does not carry
-    assert error_kinds.classify("012+025=", "0036") == "other"
-    assert error_kinds.classify("012+025=", "x") == "other"
-    overrides = [*TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=1"]
-    run(compose_tiny_run(tmp_path, *overrides))
-    (tmp_path / ".hydra").mkdir()
-    (tmp_path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    error_kinds.main([str(tmp_path), "--prompts", "8"])
-    out = capsys.readouterr().out
-    line = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
-    assert line["checkpoint"] == "step-1" and sum(line.get(k, 0) for k in error_kinds.KINDS) == 8
-    assert "| run |" in out  # the group table (no variant override: one group "run")
-    seen = []  # the prompts --retention classifies: the default task keeps subtraction out of RL
-
-    def spy(prompt, completion):
-        seen.append(prompt)
-        return retention_kinds.classify(prompt, completion)
-
-    monkeypatch.setattr(error_kinds, "RETAINED_SKILLS", dataclasses.replace(error_kinds.RETAINED_SKILLS, classify=spy))
-    error_kinds.main([str(tmp_path), "--prompts", "8", "--retention"])
-    out = capsys.readouterr().out
-    line = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
-    assert sum(line.get(k, 0) for k in retention_kinds.KINDS) == 8
-    assert len(seen) == 8 and all(p[3] == "-" for p in seen), seen
-    assert "| run |" in out and "wrote a+b" in out
 
 
 def test_compare_trl_interleaved_worker(tmp_path):
@@ -197,7 +159,7 @@ def test_gpu_smoke_toy_runs_every_figure_on_cpu(tmp_path):
     import gpu_smoke
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, str(BENCH / "gpu_smoke.py"), "--toy", "--device", "cpu", "--threads", "1",
+    p = subprocess.run([sys.executable, str(GPU / "gpu_smoke.py"), "--toy", "--device", "cpu", "--threads", "1",
                         "--budget-s", "150", "--workdir", str(tmp_path)],
                        capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -232,35 +194,3 @@ def test_gpu_smoke_skips_what_the_budget_leaves_no_time_for(capsys):
     assert [row["figure"] for row in lines[1:-1]] == list(gpu_smoke.FIGURES)
     assert all(row["value"] is None and "out of time" in row["skipped"] for row in lines[1:-1])
     assert counts == {"ok": 0, "error": 0, "skipped": len(gpu_smoke.FIGURES)}
-
-
-def test_pair_stats_counts_differences_and_correct_digits_after_them():
-    import pair_stats
-
-    s = pair_stats.pair_stats(["0811", "0359", "1200"], ["0801", "0369", "1200"])
-    assert s["pairs"] == 3
-    assert s["hamming_distribution"] == {"0": 1 / 3, "1": 2 / 3} and s["hamming_mean"] == 2 / 3
-    assert s["first_difference_mean_position"] == 2  # both differ at the third digit
-    assert s["share_with_shared_last_character"] == 2 / 3
-    # after the first difference: "1" in 0801 (correct), "9" in 0369 (correct): 2 of 2 characters
-    assert s["share_of_rejected_chars_after_the_first_difference_that_are_correct"] == 1.0
-
-
-def test_trajectory_matched_reads_each_run_where_it_passes_the_drift(tmp_path, capsys):
-    """tests/helpers/gold_peak_sweeps.py's runs: kl/init = step / 100, so kl/init 0.15 lies halfway in log between
-    the evaluations at steps 10 and 20 (log 1.5 / log 2 of the way); the metric is interpolated there per run, and
-    the arm's value is the replicates' mean against the baseline's."""
-    import trajectory_matched
-    from tests.helpers.gold_peak_sweeps import write_run
-
-    assert trajectory_matched.crossing([(0.1, 0.6), (0.2, 0.8)], 0.15) == pytest.approx(
-        0.6 + 0.2 * math.log(1.5) / math.log(2))
-    assert trajectory_matched.crossing([(0.1, 0.6), (0.2, 0.8)], 0.5) is None
-    f = math.log(1.5) / math.log(2)
-    for seed in (0, 1):
-        write_run(tmp_path, "fixed", 0.5, seed, test=[0.5, 0.6, 0.7, 0.7, 0.7], val=[0.5] * 5, decl={})
-        write_run(tmp_path, "ema", 0.5, seed, test=[0.5, 0.6, 0.8 + 0.05 * seed, 0.7, 0.7], val=[0.5] * 5, decl={})
-    assert trajectory_matched.main([str(tmp_path), "--at", "0.15"]) == 0
-    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert row["arm"] == "ema" and row["replicates"] == 2
-    assert row["difference"] == pytest.approx(f * 0.125)  # ema rises 0.2 + 0.05 seed where fixed rises 0.1

@@ -1,12 +1,11 @@
 """Cache entries are sealed with a checksummed manifest and verified before they are read
-(refexp/record/cache_dirs.py): a corrupt entry is refused in one line naming it, an entry written before
-manifests is used with a warning naming its content digest (and sealed), never rebuilt."""
+(refexp/record/cache_dirs.py): a corrupt entry (a file changed, missing or added, or its manifest gone) is refused
+in one line naming it, never rebuilt behind the run's back."""
 
 from __future__ import annotations
 
 import json
 import re
-import warnings
 from pathlib import Path
 
 import pytest
@@ -61,20 +60,38 @@ def test_a_one_file_entry_has_its_manifest_beside_it(tmp_path):
         verified_entry(f, "reference log-probs")
 
 
-def test_an_entry_without_a_manifest_is_used_with_a_warning_naming_its_digest_and_sealed(tmp_path):
+def test_an_entry_without_its_manifest_is_refused_in_one_line_and_not_sealed(tmp_path):
+    """Every kind of entry is written with a manifest: one without it (deleted, then a bit flipped) is refused,
+    naming what to do, and is not sealed with its damage."""
     entry = make_entry(tmp_path)
-    (entry / "cache-0123.arrow").write_bytes(b"a datasets map cache: a reader's, not the entry's")
-    with pytest.warns(UserWarning, match="no manifest") as w:
-        digest = verified_entry(entry, "SFT model")
-    assert digest in str(w[0].message)
-    assert manifest_path(entry).is_file() and entry_digest(entry) == digest  # sealed as it is now
-    assert sorted(json.loads(manifest_path(entry).read_text())["files"]) == ["done.json", "model/weights.bin"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert verified_entry(entry, "SFT model") == digest  # verified from now on, no warning
-    flip_a_byte(entry / "done.json", at=0)
-    with pytest.raises(CorruptCacheEntry):
+    write_entry_manifest(entry)
+    manifest_path(entry).unlink()
+    flip_a_byte(entry / "model" / "weights.bin")
+    with pytest.raises(CorruptCacheEntry) as e:
         verified_entry(entry, "SFT model")
+    msg = str(e.value)
+    assert "\n" not in msg and str(entry) in msg and "no refexp-manifest.json" in msg and "delete it to rebuild" in msg
+    assert not manifest_path(entry).exists()  # not sealed as it is now
+    with pytest.raises(CorruptCacheEntry, match="no refexp-manifest.json"):
+        verified_entry(entry, "SFT model")  # and refused again
+
+
+def test_a_file_added_to_a_sealed_entry_is_refused_but_a_datasets_readers_files_are_not(tmp_path):
+    """A loader reads what is in the dir (config.json and model.safetensors beside an SFT model's ``model/`` make
+    it an HF dir): a file the manifest does not list is refused, naming it; the cache files ``datasets`` writes
+    beside a dataset it maps are a reader's, not the entry's."""
+    entry = make_entry(tmp_path)
+    write_entry_manifest(entry)
+    digest = verified_entry(entry, "SFT model")
+    for name in ("cache-0123.arrow", "tmpab_c12xy"):
+        (entry / name).write_bytes(b"a datasets map cache: a reader's, not the entry's")
+    assert verified_entry(entry, "SFT model") == digest
+    (entry / "config.json").write_text("{}")
+    (entry / "model.safetensors").write_bytes(b"\0" * 64)
+    with pytest.raises(CorruptCacheEntry) as e:
+        verified_entry(entry, "SFT model")
+    msg = str(e.value)
+    assert "\n" not in msg and str(entry) in msg and "config.json, model.safetensors not in its manifest" in msg
 
 
 def test_the_digest_is_the_contents_not_the_path(tmp_path):
@@ -133,9 +150,9 @@ def test_generated_task_data_is_sealed_and_verified(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_corrupt_sft_cache_entry_is_refused_and_an_old_one_used_never_rebuilt(tmp_path, monkeypatch):
-    """The SFT model's entry: sealed when made; a bit flip in its weights refuses the next run (one line); the
-    same entry without its manifest (as written before manifests) is used with a warning and not retrained."""
+def test_a_corrupt_sft_cache_entry_or_one_without_its_manifest_is_refused_never_rebuilt(tmp_path, monkeypatch):
+    """The SFT model's entry: sealed when made; a bit flip in its weights refuses the next run (one line); so does
+    the same entry without its manifest, which is neither retrained nor sealed."""
     import refexp.algos.sft as sft_mod
     from refexp.run import run
     from tests.helpers.configs import compose_tiny_run
@@ -155,10 +172,11 @@ def test_a_corrupt_sft_cache_entry_is_refused_and_an_old_one_used_never_rebuilt(
     assert str(sft_dir) in str(e.value) and shard.name in str(e.value) and "\n" not in str(e.value)
 
     shard.write_bytes(original)
-    manifest_path(sft_dir).unlink()  # an entry of before manifests
-    with pytest.warns(UserWarning, match=f"no manifest.*{digest}"):
+    manifest_path(sft_dir).unlink()
+    assert entry_digest(sft_dir) == digest
+    with pytest.raises(CorruptCacheEntry, match=re.escape(str(sft_dir)) + r" is corrupt \(no refexp-manifest.json"):
         run(compose_tiny_run(tmp_path / "c", *overrides))
-    assert manifest_path(sft_dir).is_file() and entry_digest(sft_dir) == digest
+    assert not manifest_path(sft_dir).exists()
 
 
 @pytest.mark.slow

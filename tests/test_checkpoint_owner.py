@@ -60,6 +60,31 @@ def test_start_weights_are_pinned_by_content(tmp_path):
     assert content_hash(tmp_path / "no-such-dir") is None
 
 
+def test_the_start_pin_covers_the_weights_the_loader_reads(tmp_path):
+    """Another model's config.json and model.safetensors copied beside an SFT output's ``model/`` (DCP) make the
+    loader read the dir as HF: the pin then covers those files, so a resume from it sees other weights."""
+    import torch
+
+    from refexp import titan
+    from refexp.config import ModelConfig
+
+    cfg = ModelConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32, vocab_size=17)
+    titan.prepare_torchtitan("cpu")
+    start, other = (titan.build_model(cfg, vocab_size=17, device="cpu", seed=s) for s in (1, 2))
+    sft = tmp_path / "sft"
+    titan.save_model_weights(start, sft / "model")
+    titan.export_hf(other, cfg, str(tmp_path / "other"))
+    before = pin(sft)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tmp_path / "other" / name, sft / name)
+
+    loaded = titan.build_model(cfg, vocab_size=17, device="cpu", seed=3)
+    titan.load_weights(loaded, cfg, sft)  # what a run starting from the dir would load: the other model
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), other.state_dict().values()))
+    problem = pin_mismatch({"start model": before}, {"start model": pin(sft)})
+    assert problem is not None and "other weights" in problem
+
+
 @pytest.mark.parametrize("folder", ["/tmp/shared-checkpoints", "../elsewhere", "a/../../b", "."])
 def test_a_checkpoint_folder_outside_the_run_dir_is_refused(folder):
     from refexp.config import to_object
@@ -95,3 +120,33 @@ def test_a_resume_refuses_another_runs_checkpoint_and_other_start_weights(tmp_pa
                                           rf"now {other}/sft/{key} .*other weights"):
         run(compose_tiny_run(a, *TINY_GRPO_OVERRIDES, "training.steps=3", f"sft.cache_dir={other}"))
     assert (a / "status.json").read_bytes() == status
+
+
+@pytest.mark.slow
+def test_a_resume_from_an_sft_entry_with_another_models_files_planted_is_refused_before_loading(tmp_path, monkeypatch):
+    """Another model's config.json and model.safetensors copied into the SFT cache entry a preempted run began from
+    (which the loader would read as an HF dir, beside the entry's own ``model/``): the resume is refused in one line
+    naming the entry and the files, before any weights are loaded, and the run's record is kept."""
+    import refexp.titan.checkpoint_dirs as checkpoint_dirs
+    from refexp.record.cache_dirs import CorruptCacheEntry
+
+    cache = tmp_path / "cache"  # its own: the planted files must not reach the session's other runs
+    monkeypatch.setenv("REFEXP_CACHE", str(cache))
+    a = tmp_path / "a"
+    run(compose_tiny_run(a, *TINY_GRPO_OVERRIDES, "training.steps=2"))
+    entry = cache / "sft" / read_status(a)["sft_start"]["key"]
+    for name in ("config.json", "model.safetensors"):  # an HF model of the same shapes, other weights
+        shutil.copy(entry / "hf" / name, entry / name)
+    _flip_a_byte(entry / "model.safetensors")
+    record = {name: (a / name).read_bytes() for name in ("status.json", "metrics.jsonl")}
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("weights were loaded from an entry that does not verify")
+
+    monkeypatch.setattr(checkpoint_dirs, "load_hf_weights_", loaded)
+    monkeypatch.setattr(checkpoint_dirs, "load_model_weights", loaded)
+    with pytest.raises(CorruptCacheEntry) as e:
+        run(compose_tiny_run(a, *TINY_GRPO_OVERRIDES, "training.steps=3"))
+    msg = str(e.value)
+    assert "\n" not in msg and str(entry) in msg and "config.json, model.safetensors not in its manifest" in msg
+    assert {name: (a / name).read_bytes() for name in record} == record

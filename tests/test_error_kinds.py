@@ -1,5 +1,5 @@
-"""bench/error_kinds.py files each greedy completion under the kind the headroom task defines: its missed
-ones-carry is the task's own slip (``refexp.tasks.arithmetic.slip_carry``), tens digit 0 included."""
+"""scripts/analysis/error_kinds.py files each greedy completion under the kind the headroom task defines: its
+missed ones-carry is the task's own slip (``refexp.tasks.arithmetic.slip_carry``), tens digit 0 included."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "analysis"))
 
 import error_kinds  # noqa: E402
 

@@ -1,5 +1,5 @@
 """The GPU check (bench/gpu_check.sh) at toy size on CPU, and what it rests on: a ``logger=none`` run needs only
-what the GPU machine has plus bench/gpu_wheels.txt (neither wandb nor optuna), and the phase split of a GRPO
+what the GPU machine has plus bench/gpu/gpu_wheels.txt (neither wandb nor optuna), and the phase split of a GRPO
 run's logged times."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import pytest
 from refexp.config import RolloutConfig
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "bench"
-sys.path.insert(0, str(BENCH))
+BENCH = REPO / "bench"  # the entry scripts (gpu_check.sh, gpu_slot.sh)
+GPU = BENCH / "gpu"  # the check's modules and lists
+sys.path[:0] = [str(GPU), str(BENCH)]
 
 import gpu_adapters  # noqa: E402
 import gpu_check  # noqa: E402
@@ -247,7 +248,7 @@ finally:
 
 @pytest.mark.slow
 def test_a_logger_none_run_needs_only_the_gpu_machine_and_the_wheel_list(tmp_path):
-    allowed = _names(BENCH / "gpu_machine.txt") | _names(BENCH / "gpu_wheels.txt") | {"refexp"}
+    allowed = _names(GPU / "gpu_machine.txt") | _names(GPU / "gpu_wheels.txt") | {"refexp"}
     assert not {"wandb", "optuna"} & allowed  # a 34 MB wheel and an optional sweeper: not carried
     overrides = ["debug=fast", "algo=grpo", "logger=none", "logger.progress=false", "model.dim=32",
                  "model.ffn_hidden_dim=64", "model.n_heads=2", "model.n_kv_heads=2", "sft.steps=2", "sft.eval_every=2",

@@ -235,6 +235,47 @@ def test_tost_claims_equivalence_within_a_wide_margin_and_not_within_a_narrow_on
     assert family_verdicts({"a": r}, margin=0.01)["a"].word == "inconclusive"
 
 
+def _spread(center: float, half: float, n: int = 20001) -> BootstrapResult:
+    """Replicates spread evenly over [center - half, center + half]: the (1 - 2a) percentile interval is exactly
+    center ± (1 - 2a) half (90%: ± 0.9 half; 95%: ± 0.95 half)."""
+    reps = center + half * np.linspace(-1.0, 1.0, n)
+    return BootstrapResult.from_replicates(reps, center, alpha=0.05, levels=("seed", "prompt"), n_units=(5, 1000),
+                                           resampled=("seed", "prompt"))
+
+
+@pytest.mark.parametrize("margin, equivalent", [(0.0925, True), (0.0875, False)])
+def test_tost_reads_the_90_percent_interval_at_alpha_005(margin, equivalent):
+    """The 90% interval of a difference spread over ±0.1 is ±0.09, the 95% one ±0.095: a margin of 0.0925 holds the
+    first and not the second, so TOST at alpha 0.05 (two one-sided 5% tests) claims equivalence, and 0.0875 holds
+    neither."""
+    tost = equivalence(_spread(0.0, 0.1), margin, 0.05)
+    assert tost.interval == pytest.approx((-0.09, 0.09), abs=1e-9)
+    assert tost.equivalent is equivalent and (tost.p_value <= 0.05) is equivalent
+    verdict = family_verdicts({"a": _spread(0.0, 0.1)}, margin=margin)["a"]
+    assert verdict.word == ("equivalent within ±" + f"{margin:g}" if equivalent else "inconclusive")
+    assert "two one-sided tests at 0.05, 90% interval [-0.090, +0.090]" in verdict.sentence("fixed")
+
+
+def test_tost_in_a_family_of_two_reads_the_95_percent_interval():
+    """Two comparisons: each TOST at alpha/2 = 0.025, its (1 - 0.05) interval ±0.095; a margin of 0.0925 that one
+    comparison alone would pass is now not enough."""
+    results = {"a": _spread(0.0, 0.1), "b": _spread(0.0, 0.1)}
+    assert family_verdicts(results, margin=0.0925)["a"].word == "inconclusive"
+    assert family_verdicts(results, margin=0.0975)["a"].word == "equivalent within ±0.0975"
+
+
+@pytest.mark.parametrize("center", [0.05, -0.05])
+def test_tost_compares_the_margin_on_both_sides(center):
+    """The 90% interval 0.05 ± 0.09 = [-0.04, +0.14] lies inside -0.1 on its lower side and past +0.1 on its upper
+    side (the mirror for -0.05): equivalence needs both sides inside, so neither is equivalent within ±0.1; at ±0.15
+    both are."""
+    tost = equivalence(_spread(center, 0.1), 0.1, 0.05)
+    assert sorted(abs(x) for x in tost.interval) == pytest.approx([0.04, 0.14])
+    assert not tost.equivalent and tost.p_value > 0.05
+    assert family_verdicts({"a": _spread(center, 0.1)}, margin=0.1)["a"].word == "inconclusive"
+    assert equivalence(_spread(center, 0.1), 0.15, 0.05).equivalent
+
+
 # ------------------------------------------------------------------ (f) determinism
 def test_a_fixed_seed_gives_the_same_replicates_and_another_seed_does_not():
     rng = np.random.default_rng(3)

@@ -81,6 +81,24 @@ def test_grpo_from_the_pretrained_checkpoint_and_an_export_that_generates(hf_dir
     assert gen.shape[1] > ids["input_ids"].shape[1]
 
 
+@pytest.mark.slow
+def test_a_run_from_a_checkpoint_in_the_cache_resumes_with_a_copied_cache(hf_dir, data, tmp_path, monkeypatch):
+    """A start checkpoint inside the cache dir (as ``model.pretrained`` converts one into it, then sets
+    ``model.hf_assets_path``) resumes from a copy of the cache: the cache dir is a resumable change, and the
+    checkpoint's path is the same place in either cache."""
+    import shutil
+
+    first, copy = tmp_path / "cache", tmp_path / "copied-cache"
+    shutil.copytree(hf_dir, first / "pretrained" / "qwen3")
+    monkeypatch.setenv("REFEXP_CACHE", str(first))
+    run_dir = tmp_path / "run"
+    run(_grpo(run_dir, first / "pretrained" / "qwen3", data))
+    shutil.copytree(first, copy, ignore=shutil.ignore_patterns("*.lock"))
+    monkeypatch.setenv("REFEXP_CACHE", str(copy))
+    final = run(_grpo(run_dir, copy / "pretrained" / "qwen3", data, "training.steps=3"))
+    assert final["step"] == 3 and [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]
+
+
 def test_export_of_the_embedded_task_loads_with_its_character_tokenizer(tmp_path):
     from refexp import titan
     from refexp.config import ModelConfig

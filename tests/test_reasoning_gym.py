@@ -16,7 +16,7 @@ from refexp.tasks.tokenizer import TextTokenizer
 from refexp.record.metrics import read_metrics
 from refexp.record.samples import read_samples
 from refexp.run import run
-from tests.helpers.configs import compose_tiny_run
+from tests.helpers.configs import compose_root, compose_tiny_run
 from tests.helpers.tiny_qwen3 import MODEL
 
 reasoning_gym = pytest.importorskip("reasoning_gym", reason="the optional extra pip install -e '.[gym]' (in .[test])")
@@ -177,6 +177,102 @@ def test_the_task_fingerprint_follows_the_dataset_and_its_config(tokenizer_dir):
     assert task_fingerprint(_cfg(tokenizer_dir, dataset_kwargs={**SMALL, "max_digits": 2})) != base
     assert task_fingerprint(_cfg(tokenizer_dir, retention_datasets=[])) != base
     assert TextTokenizer.from_dir(tokenizer_dir).chat_template is not None
+
+
+# The command docs/own-data.md gives (model=smollm2_135m: model.pretrained, fetched and converted by the run).
+DOCUMENTED_GYM = ["algo=grpo", "model=smollm2_135m", "task=reasoning_gym", "task.dataset=basic_arithmetic"]
+ONE_DIGIT_PRODUCTS = {"name": "products", "min_digits": 1, "max_digits": 1}  # the task's default retained skill
+
+
+def test_the_documented_command_fits_the_default_sizes_to_the_default_retained_skill(capsys):
+    """One-digit products hold 100 questions; the defaults ask 200 retained test rows (task.num_eval) and 50
+    retained validation rows (2.5% of 2,000): the two get what the dataset holds, 80 and 20 (the proportion asked),
+    each question in one split, and the run says so."""
+    from refexp.config import to_object
+    from refexp.tasks.data_checks import check_task_data
+    from refexp.tasks.reasoning_gym_splits import drawn
+
+    cfg = to_object(compose_root(*DOCUMENTED_GYM))
+    assert (cfg.task.num_eval, list(cfg.task.retention_datasets)) == (200, [ONE_DIGIT_PRODUCTS])
+    check_task_data(cfg)
+    retained = drawn(cfg.task).retained
+    assert (len(retained["retain_eval"]), len(retained["retain_val"])) == (80, 20)
+    questions = list(retained["retain_eval"]["question"]) + list(retained["retain_val"]["question"])
+    assert len(set(questions)) == 100
+    assert "holds 100 distinct questions, fewer than the 250 asked" in capsys.readouterr().out
+
+
+def test_a_retained_dataset_too_small_for_a_row_per_split_is_refused():
+    from refexp.tasks.reasoning_gym_splits import fit_shares
+
+    row = {"question": "q"}
+    assert fit_shares([row] * 5, {"retain_eval": 8, "retain_val": 2}, ONE_DIGIT_PRODUCTS) == ([row] * 4, [row])
+    assert fit_shares([row] * 2, {"retain_eval": 9, "retain_val": 1}, ONE_DIGIT_PRODUCTS) == ([row], [row])
+    assert fit_shares([row] * 3, {"retain_eval": 9, "retain_val": 0}, ONE_DIGIT_PRODUCTS) == ([row] * 3, [])
+    with pytest.raises(ConfigError, match=r"task.retention_datasets\[\]=.*products.* is too small to measure "
+                                          r"retention: its draws found 1 distinct question"):
+        fit_shares([row], {"retain_eval": 9, "retain_val": 1}, ONE_DIGIT_PRODUCTS)
+
+
+@pytest.fixture
+def fetches(monkeypatch) -> list[str]:
+    """``model.pretrained`` fetches asked for (each refused: none may happen in these tests)."""
+    asked: list[str] = []
+
+    def fetch(name, cache_dir):
+        asked.append(name)
+        raise AssertionError(f"model.pretrained={name} fetched")
+
+    monkeypatch.setattr("refexp.components.pretrained.ensure_pretrained", fetch)
+    return asked
+
+
+def test_splits_too_large_for_the_dataset_are_refused_before_the_model_is_fetched(tmp_path, fetches):
+    tiny = "+task.dataset_kwargs={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, operators: ['+'], " \
+           "allow_negation: false, allow_parentheses: false}"
+    cfg = compose_root(*DOCUMENTED_GYM, tiny, "task.num_train=500", f"run_dir={tmp_path}")
+    with pytest.raises(ConfigError, match="task.dataset='basic_arithmetic'.*too small"):
+        run(cfg)
+    assert fetches == []
+
+
+NO_ANSWERS = "graph_color"
+"""A reasoning-gym dataset whose entries' answer is None (reasoning-gym 0.1.25; also propositional_logic,
+rubiks_cube, rush_hour, boxnet): puzzles of many valid solutions, which its scorer checks on their own."""
+
+
+def test_a_dataset_without_answers_has_no_demonstration_but_its_scorer_rewards(tokenizer_dir, tmp_path):
+    task = build_task(_cfg(tokenizer_dir, dataset=NO_ANSWERS, dataset_kwargs={}, num_train=8, num_eval=4,
+                           retention_datasets=[], max_new_tokens=512), str(tmp_path), algo="grpo")
+    assert all(json.loads(a)["answer"] is None for a in task.train["answer"])
+    assert set(task.train["completion"]) == {None}  # never the text "<answer>None</answer>"
+    assert task.reward("<answer>None</answer>", task.train["answer"][0]) == 0.0
+
+
+@pytest.mark.parametrize("overrides, trains", [
+    (["algo=sft"], "the SFT stage"),
+    (["algo=grpo"], "the SFT stage"),  # the start every algorithm trains first
+    (["algo=dpo", "sft.enable=false"], "algo=dpo would take them as the chosen side"),
+    (["algo=grpo", "sft.enable=false", "grpo_variant=continued_sft"], "algo.objective=continued_sft"),
+])
+def test_training_on_a_dataset_without_answers_is_refused_in_one_line_before_the_model_is_fetched(
+        overrides, trains, tmp_path, fetches):
+    cfg = compose_root("model=smollm2_135m", "sft.enable=true", "task=reasoning_gym", f"task.dataset={NO_ANSWERS}",
+                       *overrides, f"run_dir={tmp_path}")
+    with pytest.raises(ConfigError) as refused:
+        run(cfg)
+    message = str(refused.value)
+    assert message.startswith(f"task.dataset='{NO_ANSWERS}' has no reference answers to train on")
+    assert "\n" not in message  # `refexp: error: <message>`, one line
+    assert trains in message
+    assert fetches == []
+
+
+def test_grpo_from_a_start_without_demonstrations_scores_a_dataset_without_answers():
+    from refexp.config import to_object
+    from refexp.tasks.data_checks import check_task_data
+
+    check_task_data(to_object(compose_root(*DOCUMENTED_GYM, f"task.dataset={NO_ANSWERS}")))  # sft.enable=false
 
 
 @pytest.mark.slow

@@ -173,6 +173,21 @@ def test_grouping_separates_non_seed_settings(sweep):
     assert all("hydra" not in lab and "seed" not in lab for lab in labels)
 
 
+def test_a_number_spelled_two_ways_is_one_group_and_the_baseline_stays_one(tmp_path):
+    """A sweep job rerun by hand records ``training.lr=1e-3`` where its sweeper wrote ``0.001`` (and ``algo.beta=1``
+    where it wrote ``1.0``): still one arm, so ``--baseline fixed`` names one group and the table keeps its verdict."""
+    spellings = {0: ("0.001", "1.0"), 1: ("1e-3", "1"), 2: ("1.0E-3", "1e0")}
+    for job, (strategy, seed) in enumerate((s, seed) for s in ("fixed", "ema") for seed in spellings):
+        lr, beta = spellings[seed] if strategy == "fixed" else spellings[0]
+        write_run(tmp_path / str(job), algo="grpo", strategy=strategy, seed=seed, rows=grpo_rows(strategy, seed, None),
+                  overrides=["algo=grpo", f"reference={strategy}", f"training.lr={lr}", f"algo.beta={beta}",
+                             f"training.seed={seed}"])
+    table = build_report(tmp_path, baseline="fixed").tables["grpo"]
+    assert [(r.group.label, len(r.group.runs)) for r in table.rows] == [("fixed", 3), ("ema", 3)]
+    assert "paired against fixed" in table.verdict and "matches 2 groups" not in table.verdict
+    assert table.rows[1].paired
+
+
 def test_groups_across_a_decimal_setting_are_ordered_by_its_value(tmp_path):
     """algo.beta 0.05 < 0.1 < 0.2 < 0.5 < 2 < 10, not by the digits after the point (0.1, 0.2, 0.05, ...)."""
     from tests.helpers.gold_peak_sweeps import write_run as write_gold_run

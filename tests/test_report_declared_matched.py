@@ -8,10 +8,14 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from refexp.config import ComparisonConfig, ConfigError, MatchedConfig
 from refexp.report import build_report
+from refexp.report.reading.load import load_sweep
+from refexp.report.reading.plan import make_plan
+from refexp.report.statistics import declared_matched, frontier
 from tests.helpers.frontier_sweeps import block, frontier_sweep, write_run
 
 X = 10 ** (1 / 3)
@@ -84,6 +88,52 @@ def test_a_no_claim_counts_the_replicates_whose_runs_did_not_reach_the_declared_
         "the kl/init ema's runs reached in 1 of 3 replicates (the first: seed 2 (from 0.1 to 100)); a matched value "
         "is never extrapolated")
     assert "the baseline's runs reached in 3 of 3 replicates" in low.no_claim
+
+
+def _extrapolating(weights):
+    """``frontier.weights`` that extrapolates the end segment past a curve's runs instead of refusing: with it (and
+    ``_tolerant``) the interpolation's own guards cannot stand in for the rule that a declared value outside the runs
+    makes no claim."""
+    def extrapolated(xs, x, log):
+        t = np.log(np.asarray(xs, dtype=float)) if log else np.asarray(xs, dtype=float)
+        tx = math.log(x) if log else x
+        if t[0] - 1e-12 <= tx <= t[-1] + 1e-12:
+            return weights(xs, x, log)
+        j = 0 if tx < t[0] else len(xs) - 2
+        w = np.zeros(len(xs))
+        share = (tx - t[j]) / (t[j + 1] - t[j])
+        w[j], w[j + 1] = 1.0 - share, share
+        return w
+    return extrapolated
+
+
+def _tolerant(bracket):
+    """``declared_matched.bracket`` that gives (nan, nan) where no run lies on one side of x, instead of raising."""
+    def tolerant(curve, seeds, x):
+        try:
+            return bracket(curve, seeds, x)
+        except ValueError:
+            return math.nan, math.nan
+    return tolerant
+
+
+@pytest.mark.parametrize("short", ["ema", "the baseline"])
+def test_a_declared_drift_outside_one_curves_runs_makes_no_claim_naming_that_curve(tmp_path, monkeypatch, short):
+    """The other curve's extra runs at beta 5 reach kl/init 0.03 in every seed, so at a declared 0.05 only ``short``'s
+    runs (0.1 to 100) fall short: the contrast makes no claim and says so, even where an interpolation would
+    extrapolate rather than fail."""
+    monkeypatch.setattr(frontier, "weights", _extrapolating(frontier.weights))
+    monkeypatch.setattr(declared_matched, "bracket", _tolerant(declared_matched.bracket))
+    decl = {**block(["fixed", "ema", "drifter"], gap=5.0), **declared([0.05, X], primary=["ema"])}
+    frontier_sweep(tmp_path, **declared([0.05, X], primary=["ema"]))
+    for seed in (0, 1, 2):
+        write_run(tmp_path, "fixed" if short == "ema" else "ema", 5.0, seed, solved=60, kl=0.03, decl=decl)
+    runs = load_sweep(tmp_path)
+    low, high = declared_matched.declared_matched(runs, make_plan(runs)).rows  # the statistics alone: nothing written
+    assert low.x == 0.05 and low.result is None and high.result is not None
+    assert low.no_claim == (
+        f"not matched: the declared kl/init 0.05 lies outside the kl/init {short}'s runs reached in 3 of 3 replicates "
+        f"(the first: seed 0 (from 0.1 to 100)); a matched value is never extrapolated")
 
 
 def _non_monotone_sweep(root, along: str, ema_beta_1_kl: float = 0.1) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,28 @@ def test_a_run_recorded_under_a_renamed_choice_resumes_under_its_new_name():
     assert changed_fields(old, {"algo": {"name": "grpo", "objective": "continued_sft"}}) == {}
     assert changed_fields(old, {"algo": {"name": "grpo", "objective": "grpo"}}) == {
         "algo.objective": ("continued_sft", "grpo")}
+
+
+def test_a_path_into_the_cache_dir_compares_by_its_place_in_the_cache():
+    """``model.pretrained``'s converted dir lies in the cache (``model.hf_assets_path``): with a copied cache
+    (another ``sft.cache_dir``, a resumable change) it is the same entry; another entry, or a path outside the
+    cache, is still a change. The run identity's hash follows."""
+    from refexp.components.run_identity import run_identity
+
+    def config(cache: str, hf: str, funcs=()):
+        return {"sft": {"cache_dir": cache}, "model": {"hf_assets_path": hf}, "task": {"reward_funcs": list(funcs)}}
+
+    old = config("/a/cache", "/a/cache/pretrained/smollm2_135m-bcc8-v1", ["/a/cache/rm/k/hf"])
+    copied = config("/b/cache/", "/b/cache/pretrained/smollm2_135m-bcc8-v1", ["/b/cache/rm/k/hf"])
+    assert changed_fields(old, copied) == {}
+    assert run_identity(old, "run")["config_hash"] == run_identity(copied, "run")["config_hash"]
+    other = config("/b/cache", "/b/cache/pretrained/smollm2_135m-0000-v1", ["/b/cache/rm/k/hf"])
+    assert changed_fields(old, other) == {"model.hf_assets_path": ("${sft.cache_dir}/pretrained/smollm2_135m-bcc8-v1",
+                                                                   "${sft.cache_dir}/pretrained/smollm2_135m-0000-v1")}
+    outside = config("/b/cache", "/a/cache/pretrained/smollm2_135m-bcc8-v1", ["/b/cache/rm/k/hf"])
+    assert list(changed_fields(old, outside)) == ["model.hf_assets_path"]
+    home = config("~/cache", str(Path.home() / "cache" / "pretrained" / "x"))  # ensure_pretrained expands ~
+    assert changed_fields(home, config("/b/cache", "/b/cache/pretrained/x")) == {}
 
 
 def test_changed_config_is_refused_and_steps_resume(tmp_path, dense_reward, monkeypatch):

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 import refexp.algos.loop
 from refexp.record import layout
@@ -106,3 +107,36 @@ def test_a_rerun_killed_before_it_passes_the_end_leaves_the_record(completed, tm
         if proc.poll() is None:
             proc.kill()
     assert record(completed) == before
+
+
+def _rerun(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``refexp ... hydra.run.dir=RUN_DIR`` as a user reruns a sweep's job by hand (Hydra's record goes there)."""
+    proc = subprocess.run([sys.executable, "-m", "refexp", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, *overrides,
+                           f"hydra.run.dir={run_dir}"], env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_a_rerun_that_measures_nothing_leaves_the_jobs_hydra_record(completed):
+    """The sweep's job recorded ``training.lr=0.001`` (its sweeper's spelling); the same job rerun by hand says
+    ``training.lr=1e-3`` (TINY_GRPO_OVERRIDES). Resumed at the end, the rerun measures nothing and leaves ``.hydra/``
+    byte for byte (else the report splits the arm in two); one past the end records its own command."""
+    hydra = completed / layout.HYDRA_DIR
+    hydra.mkdir()
+    (hydra / "overrides.yaml").write_text(yaml.safe_dump([*(o.replace("1e-3", "0.001") for o in TINY_GRPO_OVERRIDES),
+                                                          *EVERY_STEP]))
+    (hydra / "config.yaml").write_text("training:\n  lr: 0.001\n")
+    (hydra / "hydra.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
+    before, jobs = record(completed), {p.name: p.read_bytes() for p in hydra.iterdir()}
+
+    proc = _rerun(completed, *EVERY_STEP)
+    assert "record is unchanged" in proc.stderr, proc.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in hydra.iterdir()} == jobs and record(completed) == before
+    assert not (completed / layout.RERUN_DIR).exists()
+
+    _rerun(completed, *EVERY_STEP[1:], "training.steps=5")
+    assert read_status(completed)["last_step"] == 5
+    assert "training.steps=5" in yaml.safe_load((hydra / "overrides.yaml").read_text())
+    assert yaml.safe_load((hydra / "hydra.yaml").read_text())["hydra"]["mode"] == "RUN"
+    assert not (completed / layout.RERUN_DIR).exists()

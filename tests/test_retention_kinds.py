@@ -1,6 +1,6 @@
-"""bench/retention_kinds.py files each greedy completion of a skill RL does not train (subtraction) under one kind:
-the RL skill's answer a+b, a borrow missed or added in one digit above the ones, the ones digit off by one, or
-anything else; and bench/error_kinds.py --retention reports them."""
+"""scripts/analysis/retention_kinds.py files each greedy completion of a skill RL does not train (subtraction) under
+one kind: the RL skill's answer a+b, a borrow missed or added in one digit above the ones, the ones digit off by one,
+or anything else; and scripts/analysis/error_kinds.py --retention reports them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "analysis"))
 
 import error_kinds  # noqa: E402
 import retention_kinds  # noqa: E402

@@ -101,26 +101,48 @@ def test_the_heartbeat_records_the_loops_step_when_the_thread_renews_first(tmp_p
 
 def test_a_rank_failure_written_while_a_heartbeat_renews_is_not_written_over(tmp_path, monkeypatch):
     """Rank k's failure lands between the heartbeat's read of ``running`` and its write: the status lock makes
-    the failure wait for the heartbeat's write, and the heartbeat never writes ``running`` over ``failed``."""
+    the failure wait for the heartbeat's write, and the heartbeat never writes ``running`` over ``failed``.
+
+    The heartbeat goes on only once rank 1's write has settled: rank 1 is blocked on the status lock (its
+    non-blocking try is refused), or it has written. No wait decides it: without the lock rank 1 always writes
+    first and the heartbeat writes over it."""
     import threading
 
     open_status(tmp_path, RunStatus(steps=10))
-    real_read, failure = rstatus.read_status, []
+    real_read, real_flock = rstatus.read_status, rstatus.fcntl.flock
+    failure: list[threading.Thread] = []
+    blocked, settled = threading.Event(), threading.Event()
+
+    def flock(fd, op):  # rank 1's thread: say when the lock it asks for is held by the heartbeat
+        if failure and threading.current_thread() is failure[0] and op == rstatus.fcntl.LOCK_EX:
+            try:
+                return real_flock(fd, op | rstatus.fcntl.LOCK_NB)
+            except BlockingIOError:
+                blocked.set()
+                settled.set()
+        return real_flock(fd, op)
+
+    def rank_1_fails():
+        try:
+            rstatus.record_rank_failure(tmp_path, 1, {"error": "injected failure on rank 1"})
+        finally:
+            settled.set()
 
     def read_then_let_rank_1_fail(run_dir):
         current = real_read(run_dir)
         if threading.current_thread() is threading.main_thread() and not failure:
-            failure.append(threading.Thread(target=rstatus.record_rank_failure,
-                                            args=(tmp_path, 1, {"error": "injected failure on rank 1"})))
+            failure.append(threading.Thread(target=rank_1_fails))
             failure[0].start()
-            failure[0].join(timeout=0.5)  # without the lock it writes "failed" now, before the heartbeat's write
+            assert settled.wait(timeout=60), "rank 1 neither blocked on the status lock nor wrote its failure"
         return current
 
+    monkeypatch.setattr(rstatus.fcntl, "flock", flock)
     monkeypatch.setattr(rstatus, "read_status", read_then_let_rank_1_fail)
     rstatus.beat(tmp_path, 3, every_s=0)
     failure[0].join()
     st = real_read(tmp_path)
     assert st["status"] == "failed" and st["failed_rank"] == 1 and st["heartbeat"]["step"] == 3, st
+    assert blocked.is_set(), "rank 1 never waited for the heartbeat's status lock"
 
 
 # ---------------------------------------------------------------- a full disk

@@ -133,8 +133,7 @@ def test_a_run_started_from_a_crafted_sft_checkpoint_is_refused_unrun(tmp_path):
 @pytest.mark.slow
 def test_a_metadata_planted_in_a_shared_sft_cache_entry_is_refused_unrun(tmp_path, monkeypatch):
     """A ``.metadata`` planted in the SFT cache: refused by the entry's manifest (a checksum); planted with the
-    manifest removed (an entry as old as manifests), the entry is used with a warning and the loader refuses
-    the file in one line, unrun."""
+    manifest removed, the entry is refused for want of it (refexp/record/cache_dirs.py), unrun."""
     import refexp.algos.sft as sft_mod
     from refexp.record.cache_dirs import CorruptCacheEntry, manifest_path
     from refexp.run import run
@@ -145,12 +144,12 @@ def test_a_metadata_planted_in_a_shared_sft_cache_entry_is_refused_unrun(tmp_pat
     sft_dir = Path(run(compose_tiny_run(tmp_path / "a", "algo=sft", *sft))["sft/dir"])
     monkeypatch.setattr(sft_mod, "train_sft", lambda *a, **k: pytest.fail("the cached SFT model was rebuilt"))
     marker = tmp_path / "ran"
-    f = plant_metadata(sft_dir / "model", marker)
+    plant_metadata(sft_dir / "model", marker)
     grpo = compose_tiny_run(tmp_path / "b", *TINY_GRPO_OVERRIDES, *sft)
     with pytest.raises(CorruptCacheEntry, match=re.escape(str(sft_dir)) + ".*model/.metadata"):
         run(grpo)
     manifest_path(sft_dir).unlink()
-    with pytest.warns(UserWarning, match="no manifest"), pytest.raises(ConfigError, match=re.escape(str(f))):
+    with pytest.raises(CorruptCacheEntry, match=re.escape(str(sft_dir)) + r" is corrupt \(no refexp-manifest.json"):
         run(compose_tiny_run(tmp_path / "c", *TINY_GRPO_OVERRIDES, *sft))
     assert not marker.exists()
 

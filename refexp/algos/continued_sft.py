@@ -17,12 +17,14 @@ from refexp.components.timing import now
 from refexp.losses import sft_loss
 from refexp.runtime import distributed as rdist
 from refexp.tasks.batching import pack_sequences
+from refexp.tasks.data_checks import CONTINUED_SFT, check_targets
 
 
 class ContinuedSFTStep:
     """The step function of the continued-SFT baseline (no rollouts, no reference, no KL controller)."""
 
     def __init__(self, ctx: RunContext, policy: Policy):
+        check_targets(ctx.cfg.task, ctx.task.train, [CONTINUED_SFT])  # also checked before any model is fetched
         self.ctx, self.policy = ctx, policy
         self.a = ctx.cfg.algo
 

@@ -23,6 +23,7 @@ from refexp.reference.refcache import checkpoint_stamp
 from refexp.runtime import distributed as rdist
 from refexp.tasks import task_fingerprint
 from refexp.tasks.batching import pack_sequences
+from refexp.tasks.data_checks import DPO_CHOSEN, check_targets
 
 PAIRS_FORMAT = 1
 """Bump when the way pairs are made changes, so stored sets of the old way are not reused."""
@@ -39,6 +40,7 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
     task's pairs of the SFT model at ``sft_dir`` (generated now if not stored yet)."""
     if ctx.task.preference is not None:
         return ctx.task.preference
+    check_targets(ctx.cfg.task, ctx.task.train, [DPO_CHOSEN])  # also checked before any model is fetched
     a = ctx.cfg.algo
     out = rdist.decided_by_rank0(lambda: pairs_dir(ctx.cache_dir, pairs_key(ctx, sft_dir)))  # file times: rank 0's
     # All ranks agree on rank 0's view: every rank must join the sharded forwards of generation.

@@ -34,6 +34,7 @@ from refexp.runtime import distributed as rdist
 from refexp.tasks import task_fingerprint
 from refexp.tasks.arithmetic import imitation_ceiling
 from refexp.tasks.batching import pack_sequences
+from refexp.tasks.data_checks import SFT_STAGE, check_targets
 from refexp.titan import save_model_weights
 
 
@@ -64,6 +65,8 @@ def ensure_sft(ctx: RunContext) -> Path:
         if rdist.decided_by_rank0(lambda: manifest_path(start).is_file()):  # a copied cache entry: still whole?
             rdist.decided_by_rank0(lambda: verified_entry(start, "SFT model"))
         return start
+    check_targets(ctx.cfg.task, ctx.task.demonstrations, [SFT_STAGE])  # also checked before any model is fetched
+
     def look() -> tuple[Path, bool]:  # the key holds the data files' times: rank 0's view of both (NFS)
         out = ctx.cache_dir / "sft" / sft_fingerprint(ctx)
         return out, _sft_cached(out)

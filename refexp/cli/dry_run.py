@@ -61,7 +61,7 @@ def format_plan(cfg, p: Plan) -> str:
 
 def plan_lines(cfg) -> list[tuple[str, float, str]]:
     """``(what, bytes, how)`` of every line ``format_plan`` prints, phase peaks and the peak last, for a
-    validated RootConfig (bench/gpu_adapters.py reads them)."""
+    validated RootConfig (bench/gpu/gpu_adapters.py reads them)."""
     p = plan(cfg)
     out = [(i.what, i.bytes, i.how) for i in p.resident]
     for name, items in p.phases.items():

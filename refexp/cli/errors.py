@@ -56,21 +56,32 @@ def precheck(argv: list[str], config_dir: str) -> None:
         return  # another primary config dir: Hydra reports its own errors
     multirun = any(a in ("-m", "--multirun") for a in argv)
     check_override_syntax(command_line.overrides, multirun=multirun)
-    precheck_search(command_line, config_dir)
+    # A single run's overrides hold no sweep (check_override_syntax): one composition with Hydra's own node serves
+    # the search check, the run dirs and, that node dropped, the job's config (as Hydra's compose API drops it), where
+    # each composed its own (a second or more of every command's start)
+    full = None if multirun else composed_with_hydra(command_line, config_dir, command_line.overrides)
+    precheck_search(command_line, config_dir, composed=full)
     if multirun:
         check_sweep_dir(command_line, config_dir)
         return
     from hydra import compose
     from hydra.errors import HydraException
+    from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     from refexp.config import ConfigError, to_object
     from refexp.config.model import planned_world_size, resolve_shard_degree
 
     try:
-        with hydra_initialized(config_dir, command_line):
-            cfg = compose(command_line.config_name, overrides=command_line.job_overrides)
-        check_run_dirs(command_line, config_dir, cfg.get("run_dir"))
+        hydra_dir = run_dir_of(full) if full is not None else None
+        if full is not None:
+            cfg = full
+            with open_dict(cfg):
+                del cfg["hydra"]
+        else:  # Hydra refused a hydra.* override (it reports that itself) or the job's: the job's error, in one line
+            with hydra_initialized(config_dir, command_line):
+                cfg = compose(command_line.config_name, overrides=command_line.job_overrides)
+        check_run_dirs(command_line, config_dir, cfg.get("run_dir"), hydra_dir=hydra_dir, composed=full is not None)
         if cfg.get("dry_run"):
             return  # a plan needs no data paths (refexp/cli/dry_run.py validates what it needs)
         obj = to_object(cfg)
@@ -86,19 +97,35 @@ def precheck(argv: list[str], config_dir: str) -> None:
         fail(hydra_message_line("\n".join(str(c) for c in reversed(causes))))
 
 
-def check_run_dirs(command_line: CommandLine, config_dir: str, run_dir: str | None) -> None:
-    """Exit 2 with one line naming the path when the run's directories (``hydra.run.dir``, where Hydra
-    writes ``.hydra/``, and ``run_dir`` when set) cannot be made or written (Hydra would print a traceback),
-    or are being written by another process (``refexp/run.py`` takes their lock).
-    Creates the missing parents (Hydra would), never the run dir itself (its name may hold a timestamp)."""
+def composed_with_hydra(command_line: CommandLine, config_dir: str, overrides: list[str]):
+    """The config of ``overrides`` with Hydra's own node (``hydra.*``); None where Hydra refuses to compose it."""
     from hydra import compose
 
     try:
         with hydra_initialized(config_dir, command_line):
-            hydra_dir = compose(command_line.config_name, overrides=command_line.overrides,
-                                return_hydra_config=True).hydra.run.dir
+            return compose(command_line.config_name, overrides=overrides, return_hydra_config=True)
+    except Exception:  # Hydra, the job's check or each job reports it
+        return None
+
+
+def run_dir_of(composed) -> str | None:
+    """``hydra.run.dir`` of a config composed with Hydra's node, None where it does not resolve."""
+    try:
+        return str(composed.hydra.run.dir)
     except Exception:  # Hydra reports its own errors
-        hydra_dir = None
+        return None
+
+
+def check_run_dirs(command_line: CommandLine, config_dir: str, run_dir: str | None, *, hydra_dir: str | None = None,
+                   composed: bool = False) -> None:
+    """Exit 2 with one line naming the path when the run's directories (``hydra.run.dir``, where Hydra
+    writes ``.hydra/``, and ``run_dir`` when set) cannot be made or written (Hydra would print a traceback),
+    or are being written by another process (``refexp/run.py`` takes their lock).
+    Creates the missing parents (Hydra would), never the run dir itself (its name may hold a timestamp).
+    ``composed``: ``hydra_dir`` is the command line's ``hydra.run.dir`` already (else it is composed here)."""
+    if not composed:
+        full = composed_with_hydra(command_line, config_dir, command_line.overrides)
+        hydra_dir = run_dir_of(full) if full is not None else None
     from refexp.record import layout
     from refexp.record.lock import held_by
     from refexp.record.status import run_dir_busy
@@ -187,11 +214,12 @@ def run_dir_problem(path: Path) -> str | None:
     return None
 
 
-def precheck_search(command_line: CommandLine, config_dir: str) -> None:
+def precheck_search(command_line: CommandLine, config_dir: str, composed=None) -> None:
     """Exit 2 with one line when ``argv`` is a search whose task has no validation split
     (``refexp.config.check_search_validation``). Composed from the overrides every trial shares (a swept
     value, ``a=1,2`` or ``choice(...)``, is each trial's own); a search that sweeps the validation fields
-    themselves, or a command line Hydra will reject anyway, is left to the trials and to Hydra."""
+    themselves, or a command line Hydra will reject anyway, is left to the trials and to Hydra. ``composed``: a
+    single run's config with Hydra's node (``composed_with_hydra``: no override is swept), else composed here."""
     from hydra import compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
@@ -201,10 +229,13 @@ def precheck_search(command_line: CommandLine, config_dir: str) -> None:
 
     try:
         parsed = OverridesParser.create().parse_overrides(command_line.overrides)
-        with hydra_initialized(config_dir, command_line):
-            cfg = compose(command_line.config_name,
-                          overrides=[o.input_line for o in parsed if not o.is_sweep_override()],
-                          return_hydra_config=True)
+        if composed is not None:
+            cfg = composed
+        else:
+            with hydra_initialized(config_dir, command_line):
+                cfg = compose(command_line.config_name,
+                              overrides=[o.input_line for o in parsed if not o.is_sweep_override()],
+                              return_hydra_config=True)
         sweeper = str(cfg.hydra.sweeper.get("_target_", ""))
         swept = {o.key_or_group for o in parsed if o.is_sweep_override()} | set(cfg.hydra.sweeper.get("params") or {})
         if cfg.get("dry_run") or swept & set(VALIDATION_FIELDS):

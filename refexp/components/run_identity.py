@@ -2,11 +2,11 @@
 checked before a resume loads it (``refexp/components/checkpoint.py``).
 
 A run's identity: its run dir, its resolved config (compared as a rerun's is, ``refexp/config/diff.py``: fields a
-resume may change and fields only one side has are left out), a short hash of the fields that define it, and the
-pins of the models it started from (``refexp/record/pins.py``). A checkpoint of another configuration, or trained
-from other start weights, is refused in one line naming both; one written in another run dir with the same
-configuration (a run dir moved or copied) is resumed with a warning. A checkpoint written before checkpoints named
-their run is resumed as before.
+resume may change and fields only one side has are left out, paths into the cache dir relative to it), a short
+hash of the fields that define it, and the pins of the models it started from (``refexp/record/pins.py``). A
+checkpoint of another configuration, or trained from other start weights, is refused in one line naming both; one
+written in another run dir with the same configuration (a run dir moved or copied) is resumed with a warning. A
+checkpoint written before checkpoints named their run is resumed as before.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Mapping, Optional
 
-from refexp.config.diff import _resumable, changed_fields, flatten
+from refexp.config.diff import _resumable, changed_fields, comparable
 from refexp.record.hashing import stable_hash
 from refexp.record.pins import pin, pin_mismatch
 
@@ -23,7 +23,7 @@ from refexp.record.pins import pin, pin_mismatch
 def run_identity(resolved: Mapping, run_dir: str | Path, pins: Optional[Mapping] = None) -> dict:
     """``{run_dir, config_hash, config, pins}`` of a run: ``resolved`` its resolved config (plain containers),
     ``pins`` ``{role: {path, sha256}}`` of its start and reward models."""
-    defining = {k: v for k, v in flatten(resolved).items() if not _resumable(k)}
+    defining = {k: v for k, v in comparable(resolved).items() if not _resumable(k)}  # the same from a copied cache
     return {"run_dir": str(Path(run_dir).resolve()), "config_hash": stable_hash(defining, 12),
             "config": dict(resolved), "pins": dict(pins or {})}
 

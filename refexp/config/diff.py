@@ -2,16 +2,23 @@
 
 A rerun in the same run dir resumes from its checkpoint, and its metrics continue the earlier ones in
 one ``metrics.jsonl``: with a different configuration the run's numbers would come from two experiments.
-Fields that change how a run executes but not what it computes may differ (``RESUMABLE_CHANGES``). A choice
+Fields that change how a run executes but not what it computes may differ (``RESUMABLE_CHANGES``), the cache dir
+among them; a path inside the cache dir (``model.hf_assets_path`` of ``model.pretrained``, which refexp converts into
+the cache) compares by where it lies in the cache (``cache_relative``), so a run resumes with a copied cache. A choice
 renamed since the run was recorded (``refexp/choices.py``'s ``RENAMED_CHOICES``: ``algo.objective: sft``) compares
 under today's name, so a run dir of the continued-SFT baseline recorded before the rename still resumes.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 from refexp.choices import current_choice
+
+CACHE_DIR = "sft.cache_dir"
+IN_CACHE = "${sft.cache_dir}"
+"""What a path inside the cache dir starts with once ``cache_relative`` has rewritten it."""
 
 RESUMABLE_CHANGES = (
     "training.steps",      # a finished run continues (the LR schedule does not depend on it)
@@ -39,6 +46,32 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def cache_relative(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``flat`` (a ``flatten``ed config) with every path inside its ``sft.cache_dir`` (a value, or an item of a list)
+    written as ``${sft.cache_dir}/<its place in the cache>``: a cache entry is named by what determines it, so
+    the same path in a copy of the cache (another ``REFEXP_CACHE``) names the same thing."""
+    cache = flat.get(CACHE_DIR)
+    if not isinstance(cache, str) or not cache:
+        return dict(flat)
+    roots = {os.path.normpath(c) for c in (cache, os.path.expanduser(cache))}
+
+    def relative(v: Any) -> Any:
+        if isinstance(v, list):
+            return [relative(x) for x in v]
+        if not isinstance(v, str) or not v:
+            return v
+        path = os.path.normpath(v)
+        root = next((r for r in roots if path == r or path.startswith(r.rstrip(os.sep) + os.sep)), None)
+        return v if root is None else IN_CACHE + path[len(root.rstrip(os.sep)):]
+
+    return {k: v if k == CACHE_DIR else relative(v) for k, v in flat.items()}
+
+
+def comparable(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """A resolved config as two runs' configs are compared: flattened, paths into the cache relative to it."""
+    return cache_relative(flatten(tree))
+
+
 def _resumable(name: str) -> bool:
     return any(name == p or (p.endswith(".") and name.startswith(p)) for p in RESUMABLE_CHANGES)
 
@@ -47,7 +80,8 @@ def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, 
     """``{field: (old value, new value)}`` for the fields both configs have and a rerun may not change.
 
     A field only one of them has is left out: the schema grew or shrank between versions of refexp,
-    and the run then used what is now the default. ``old``'s renamed choices read as today's (``current_choice``).
+    and the run then used what is now the default. ``old``'s renamed choices read as today's (``current_choice``);
+    paths into each side's cache dir compare relative to it (``cache_relative``).
     """
-    a, b = {k: current_choice(k, v) for k, v in flatten(old).items()}, flatten(new)
+    a, b = {k: current_choice(k, v) for k, v in comparable(old).items()}, comparable(new)
     return {k: (a[k], b[k]) for k in sorted(a.keys() & b.keys()) if a[k] != b[k] and not _resumable(k)}

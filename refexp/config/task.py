@@ -77,7 +77,8 @@ class TaskConfig:
     retention_datasets: list[Any] = field(default_factory=list)
     """reasoning_gym: datasets RL does not train, whose held-out rows measure what RL keeps of the start
     (``eval/retention``, ``val/retention``, ``kl/init_retain``): each a name or ``{name: NAME, <config fields>}``;
-    ``num_eval`` rows split evenly over them. Empty = no retention measured."""
+    ``num_eval`` rows split evenly over them (a dataset holding fewer distinct questions than its share of those and
+    of the retained validation rows gives what it holds, in that proportion). Empty = no retention measured."""
     answer_prefill: str = ""
     """reasoning_gym: text written at the start of the assistant's turn, after the prompt (``<answer>``: the model
     starts inside the tags the reward reads, which SmolLM2-135M-Instruct never writes on its own); the reward reads

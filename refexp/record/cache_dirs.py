@@ -6,10 +6,13 @@ log-probs: one file) is written with a manifest of every file's size and sha256,
 (``refexp/record/checkpoints.py``): a dir's ``refexp-manifest.json`` is written into its temporary dir last,
 before the rename that publishes it (``record.atomic.atomic_dir(..., manifest=True)``); a file's is
 ``<file>.refexp-manifest.json`` beside it, written after it. ``verified_entry`` checks it before the entry is
-read: a corrupt entry (bit flips, a truncation, a file missing) is ``CorruptCacheEntry``, one line naming the
-entry and its first bad file, and is not read. An entry written before refexp wrote manifests is used with a
-warning naming its content digest, and sealed with a manifest of what it holds now (so a later change shows);
-it is never rebuilt, which would swap a run's start under it.
+read: a corrupt entry (bit flips, a truncation, a file missing, a file its manifest does not list: a loader
+reads what is in the dir, e.g. ``config.json`` and ``*.safetensors`` beside an SFT model's ``model/``) is
+``CorruptCacheEntry``, one line naming the entry and its first bad file, and is not read. So is an entry without
+a manifest: every kind of entry is written with one, and every kind's key but generated task data's changed
+after manifests came (that data is deterministic: rebuilding it changes nothing), so a missing manifest was
+deleted or lost; the files it would have checked are not trusted, nor sealed as they are (which would seal any
+damage with them).
 
 ``entry_digest`` is an entry's content identity: the sha256 of its files' names and sha256s, the same whether
 read from its manifest or hashed. A manifest guards against corruption, not against someone who can write the
@@ -23,16 +26,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
+import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 from refexp.record.checkpoints import MANIFEST, checksums_of, manifest_mismatch, publish_manifest
 
 
 class CorruptCacheEntry(ValueError):
-    """A cache entry does not match its manifest (or its manifest is unreadable); the message is one line
-    naming the entry, its first bad file and what to do."""
+    """A cache entry does not match its manifest (or its manifest is missing or unreadable); the message is one
+    line naming the entry, its first bad file and what to do."""
 
 
 def marker_check(marker: str) -> Callable[[Path], bool]:
@@ -70,21 +73,32 @@ def _digest(files: dict) -> str:
     return hashlib.sha256(json.dumps(listing, sort_keys=True).encode()).hexdigest()
 
 
+def _entry_files(entry: Path) -> list[Path]:
+    """The files of dir ``entry`` that are part of it, sorted: all but its manifest (and a sealer's temporary of
+    it) and the files readers of a dataset write into it."""
+    return sorted(p for p in entry.rglob("*") if p.is_file() and not p.name.startswith(MANIFEST)
+                  and not _datasets_reader_file(p))
+
+
 def _hashed_files(entry: Path) -> dict:
     """``{name: {"size", "sha256"}}`` of ``entry``'s files as they are now (its manifest left out)."""
     if entry.is_dir():
-        paths = sorted(p for p in entry.rglob("*") if p.is_file() and not p.name.startswith(MANIFEST)
-                       and not _datasets_cache_file(p))
+        paths = _entry_files(entry)
         names = [p.relative_to(entry).as_posix() for p in paths]
     else:
         paths, names = [entry], [entry.name]
     return {n: {"size": p.stat().st_size, "sha256": s} for n, p, s in zip(names, paths, checksums_of(paths))}
 
 
-def _datasets_cache_file(p: Path) -> bool:
+_TEMPFILE_NAME = re.compile(r"tmp[a-z0-9_]{8}")
+"""``tempfile.NamedTemporaryFile``'s default name: ``datasets`` maps into one before renaming it to its cache file."""
+
+
+def _datasets_reader_file(p: Path) -> bool:
     """A ``cache-<fingerprint>.arrow`` that ``datasets`` writes beside a dataset loaded from disk when it is
-    mapped or filtered: made by readers after the entry was written, not part of it."""
-    return p.name.startswith("cache-") and p.suffix == ".arrow"
+    mapped or filtered, or the temporary it writes it through: made by readers after the entry was written, not
+    part of it (and no loader of weights reads either name)."""
+    return (p.name.startswith("cache-") and p.suffix == ".arrow") or _TEMPFILE_NAME.fullmatch(p.name) is not None
 
 
 def entry_digest(entry: str | os.PathLike) -> str:
@@ -97,25 +111,36 @@ def entry_digest(entry: str | os.PathLike) -> str:
 
 
 def verified_entry(entry: str | os.PathLike, what: str) -> str:
-    """``entry``'s content digest once it matches its manifest; ``CorruptCacheEntry`` when it does not. An entry
-    without a manifest (written before manifests) is used: a warning names its digest, and it is sealed with a
-    manifest of what it holds now (best effort: a read-only shared cache stays unsealed). ``what`` names the
-    kind of entry in messages ("SFT model", "reward model", ...)."""
+    """``entry``'s content digest once it holds exactly what its manifest lists; else ``CorruptCacheEntry`` (one
+    line naming the entry and its first bad file): a file changed or missing, a file added (a loader would read
+    it: ``config.json`` and ``model.safetensors`` beside the SFT model's ``model/`` make it an HF dir), or no
+    manifest at all. ``what`` names the kind of entry in messages ("SFT model", "reward model", ...)."""
     entry = Path(entry)
-    if manifest_path(entry).is_file():
-        root = entry if entry.is_dir() else entry.parent
-        problem = manifest_mismatch(root, checksums=True, name=manifest_path(entry).name)
-        if problem is not None:
-            raise CorruptCacheEntry(
-                f"the {what} cache entry {entry} is corrupt ({problem}) and was not read: delete it to rebuild "
-                f"it (in a shared cache, tell whoever else uses it)")
-        return entry_digest(entry)
-    files = _hashed_files(entry)
-    digest = _digest(files)
-    warnings.warn(f"[refexp] the {what} cache entry {entry} has no manifest (written before manifests): using it "
-                  f"unverified, content sha256 {digest}", stacklevel=2)
+    if not manifest_path(entry).is_file():
+        _refuse(entry, what, f"no {manifest_path(entry).name}: deleted or lost, so what it holds cannot be verified")
+    root = entry if entry.is_dir() else entry.parent
+    problem = manifest_mismatch(root, checksums=True, name=manifest_path(entry).name)
+    if problem is None and entry.is_dir():
+        problem = _unlisted(entry)
+    if problem is not None:
+        _refuse(entry, what, problem)
+    return entry_digest(entry)
+
+
+def _unlisted(entry: Path) -> str | None:
+    """None when every file of dir ``entry`` is in its manifest; else what is not."""
     try:
-        _publish(entry, files)
-    except OSError:
-        pass
-    return digest
+        listed = set(_manifest_files(entry))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # manifest_mismatch has already named an unreadable manifest
+    extra = [p.relative_to(entry).as_posix() for p in _entry_files(entry)]
+    extra = [rel for rel in extra if rel not in listed]
+    if not extra:
+        return None
+    more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+    return f"{', '.join(extra[:3])}{more} not in its manifest: added since it was written"
+
+
+def _refuse(entry: Path, what: str, problem: str) -> NoReturn:
+    raise CorruptCacheEntry(f"the {what} cache entry {entry} is corrupt ({problem}) and was not read: delete it to "
+                            f"rebuild it (in a shared cache, tell whoever else uses it)")

@@ -22,11 +22,17 @@ ROOM_BYTES = 1 << 20
 
 
 def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and every error it was raised from or while handling: both links of each (``__cause__`` and
+    ``__context__``; an error raised ``from`` one while handling a full disk has the full disk in its context)."""
     seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
+    todo: list[BaseException] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__context__, e.__cause__]  # the cause first
 
 
 def free_bytes(where: str | os.PathLike) -> Optional[int]:
@@ -42,8 +48,9 @@ def free_bytes(where: str | os.PathLike) -> Optional[int]:
 
 
 def disk_full(error: BaseException, where: str | os.PathLike | None = None) -> bool:
-    """Whether ``error`` (or an error it was raised from) is a write refused by a full disk: an ``OSError`` with
-    ENOSPC or EDQUOT, or torch's failed file write while the file system of ``where`` has no room left."""
+    """Whether ``error`` (or an error it was raised from or while handling) is a write refused by a full disk: an
+    ``OSError`` with ENOSPC or EDQUOT, or torch's failed file write while the file system of ``where`` has no room
+    left."""
     for e in _chain(error):
         if isinstance(e, OSError) and e.errno in FULL_ERRNOS:
             return True

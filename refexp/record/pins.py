@@ -6,9 +6,11 @@ are found by path or cache key, and what lies there can change between two invoc
 run's checkpoints (``refexp/components/run_identity.py``) and its ``status.json``; a resume onto other weights is
 refused.
 
-Only weight files count (``weight_files``): a DCP dir's ``.metadata`` and shards, else the safetensors / bin / pt
-files, sizes and names included; tokenizers, configs and logs do not. Hashing reads every byte once per invocation
-(~1.2 GB/s per core, files in parallel threads).
+Only weight files count (``weight_files``): the files of the format a load reads the dir as (``is_hf_dir`` decides
+for the pin and for ``refexp/titan/checkpoint_dirs.py``'s ``load_weights`` alike, so the pin covers what is loaded):
+an HF dir's safetensors / bin / pt files, else a DCP dir's ``.metadata`` and shards, sizes and names included;
+tokenizers, configs and logs do not. Hashing reads every byte once per invocation (~1.2 GB/s per core, files in
+parallel threads).
 """
 
 from __future__ import annotations
@@ -23,14 +25,23 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".distcp")
 DCP_METADATA = ".metadata"
 
 
+def is_hf_dir(path: str | Path) -> bool:
+    """An HF checkpoint dir: config.json beside safetensors weights. ``load_weights`` reads such a dir with the HF
+    reader, whatever else it holds (an SFT output's ``model/`` included)."""
+    p = Path(path)
+    return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
+
+
 def weight_files(model_dir: str | Path) -> list[Path]:
-    """The files whose bytes are the weights a load reads: an SFT output's ``model/`` (DCP), a DCP dir's own files,
-    else every file with a ``WEIGHT_SUFFIXES`` suffix below ``model_dir`` (an HF export); sorted."""
+    """The files whose bytes are the weights a load reads, sorted: an SFT output's ``model/`` (DCP), a DCP dir's own
+    files, else every file with a ``WEIGHT_SUFFIXES`` suffix below ``model_dir``; an HF dir (``is_hf_dir``, which the
+    loader reads as HF whatever else it holds) always the latter."""
     d = Path(model_dir)
-    if (d / "model" / DCP_METADATA).is_file():
-        d = d / "model"
-    if (d / DCP_METADATA).is_file():
-        return sorted(p for p in d.iterdir() if p.is_file() and (p.name == DCP_METADATA or p.suffix == ".distcp"))
+    if not is_hf_dir(d):
+        if (d / "model" / DCP_METADATA).is_file():
+            d = d / "model"
+        if (d / DCP_METADATA).is_file():
+            return sorted(p for p in d.iterdir() if p.is_file() and (p.name == DCP_METADATA or p.suffix == ".distcp"))
     return sorted(p for p in d.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
 
 

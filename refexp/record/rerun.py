@@ -10,7 +10,11 @@ promotes the copy (``RerunRecord.promote``): the run dir's status becomes this i
 first (so that a kill in the middle leaves a run that is running, hence resumable from its newest checkpoint,
 never a ``completed`` one with another run's rows), then each copied file replaces its original. A rerun that
 ends without passing the end (completed, stopped or failed) removes the copy: the run dir is as it was.
-docs/runs.md, "Rerunning a run dir".
+
+``.hydra/`` too: the rerun's Hydra record (``refexp/record/hydra_record.py``) waits in ``<run_dir>/.rerun/.hydra``
+(``pending_hydra_dir``), since the rerun's command may spell the job's overrides another way (``training.lr=1e-3``
+for the sweep's ``0.001``) or extend it (``training.steps``): the promotion moves it into ``.hydra/``, a rerun that
+does not pass the end removes it with the copy. docs/runs.md, "Rerunning a completed run".
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ from refexp.record import layout
 
 RECORD_FILES = (layout.RESOLVED_CONFIG, layout.SAMPLES, layout.EVAL_OUTCOMES, layout.METRICS)
 """What a rerun writes to the copy (``metrics.jsonl`` last: a reader that sees its new rows sees the rest)."""
+
+
+def pending_hydra_dir(run_dir: str | Path) -> Path:
+    """Where a rerun of a completed run writes its ``.hydra/`` until it passes that run's end."""
+    return layout.path(run_dir, layout.RERUN_DIR) / layout.HYDRA_DIR
 
 
 class RerunRecord:
@@ -40,10 +49,10 @@ class RerunRecord:
         self.on_promote = on_promote
         self.scratch = layout.path(run_dir, layout.RERUN_DIR)
         self.protected = completed_at is not None
-        if enabled:
-            shutil.rmtree(self.scratch, ignore_errors=True)  # a killed rerun's: this one copies the record again
+        if enabled:  # a killed rerun's: this one copies the record again (its own pending .hydra stays)
+            _clear(self.scratch, keep=layout.HYDRA_DIR if self.protected else None)
         if enabled and self.protected:
-            self.scratch.mkdir(parents=True)
+            self.scratch.mkdir(parents=True, exist_ok=True)
             for name in RECORD_FILES:
                 if layout.path(run_dir, name).is_file():
                     shutil.copyfile(layout.path(run_dir, name), self.scratch / name)
@@ -61,8 +70,15 @@ class RerunRecord:
         return False
 
     def promote(self) -> None:
-        """The copy becomes the run's record: status first (``on_promote``), then each file, then the copy goes."""
+        """The copy becomes the run's record: status first (``on_promote``), then the pending ``.hydra/`` files,
+        then each record file, then the copy goes."""
         self.on_promote()
+        pending = pending_hydra_dir(self.run_dir)
+        if pending.is_dir():
+            hydra = layout.path(self.run_dir, layout.HYDRA_DIR)
+            hydra.mkdir(exist_ok=True)
+            for src in sorted(pending.iterdir()):
+                os.replace(src, hydra / src.name)
         for name in RECORD_FILES:
             src = self.scratch / name
             if src.is_file():
@@ -74,6 +90,20 @@ class RerunRecord:
         """The end of an invocation that did not pass the completed end: the copy goes, the run dir is as it was."""
         if self.protected:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _clear(scratch: Path, keep: str | None) -> None:
+    """``scratch`` removed, but for its entry ``keep``."""
+    if keep is None or not (scratch / keep).exists():
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
+    for p in scratch.iterdir():
+        if p.name == keep:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def completed_end(earlier: dict) -> Optional[int]:

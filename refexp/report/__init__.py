@@ -40,10 +40,10 @@ Rooms, in the order a report is made (``build`` runs them), each importing only 
 
 ``version.REPORT_VERSION`` is bumped whenever a report's output changes; summary.json records it.
 
-Besides the report, the readers an exploratory analysis of a sweep builds on (``bench/``): ``runs_source`` and
-``load_sweep`` (a sweep's runs, from its dir or its ``runs.tar.xz``), ``make_plan`` (its comparison), ``last`` (a
-run's final value of a metric), and the frontier's ``curves``, ``declared_matched``, ``key_crossing`` and
-``DRIFT_AXIS``.
+Besides the report, the readers an exploratory analysis of a sweep builds on (``scripts/analysis/``):
+``runs_source`` and ``load_sweep`` (a sweep's runs, from its dir or its ``runs.tar.xz``), ``make_plan`` (its
+comparison), ``last`` (a run's final value of a metric), and the frontier's ``curves``, ``declared_matched``,
+``key_crossing`` and ``DRIFT_AXIS``.
 """
 
 from refexp.report.build import Report, build_report

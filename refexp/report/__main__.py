@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from refexp.report.build import NoRunsError, build_report
+from refexp.report.reading.archive import ArchiveError
+from refexp.report.reading.plan import valid_margin
 from refexp.report.writing.table import format_table
 
 
@@ -77,6 +79,9 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
             parser.error("a power plan is --plan EXPERIMENT --pilot SWEEP_OR_SUMMARY [--out FILE], without SWEEP_DIR")
         if not args.pilot.exists():
             parser.error(f"--pilot {args.pilot} does not exist: expected a sweep dir or a summary.json")
+        if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
+            parser.error(f"--out {args.out} is invalid: expected a file in an existing directory "
+                         f"({'a directory' if args.out.is_dir() else f'no directory {args.out.parent}'})")
         from refexp.report.reading.plan import PRIMARY_ENDPOINTS
         if args.pilot_metric is not None and args.pilot_metric not in PRIMARY_ENDPOINTS:
             parser.error(f"--pilot-metric {args.pilot_metric} is invalid: expected a held-out metric the report "
@@ -90,8 +95,8 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
 
     if not 0.0 < args.alpha < 1.0:
         parser.error(f"--alpha={args.alpha} is invalid: expected a number in (0, 1)")
-    if args.equivalence_margin is not None and not args.equivalence_margin > 0:
-        parser.error(f"--equivalence-margin={args.equivalence_margin} is invalid: expected a number > 0")
+    if args.equivalence_margin is not None and not valid_margin(args.equivalence_margin):
+        parser.error(f"--equivalence-margin={args.equivalence_margin} is invalid: expected a finite number > 0")
     try:
         at_steps = tuple(int(s) for s in args.at_steps.split(",") if s.strip())
     except ValueError:
@@ -129,7 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         report = build_report(args.sweep_dir, target=args.target, baseline=args.baseline, at_steps=at_steps,
                               alpha=args.alpha, margin=args.equivalence_margin, allow_mixed=args.allow_mixed)
-    except NoRunsError as e:
+    except (NoRunsError, ArchiveError) as e:
         print(f"refexp-report: error: {e}", file=sys.stderr)
         return 2
     if report.plan.problem:  # one line, then the report as an exploratory one

@@ -16,7 +16,7 @@ from refexp.report.reading.archive import runs_source
 from refexp.report.reading.config_history import ConfigHistory, histories
 from refexp.report.reading.group import group_runs, merged_note
 from refexp.report.reading.load import Run, load_sweep
-from refexp.report.reading.plan import ComparisonPlan, make_plan
+from refexp.report.reading.plan import ComparisonPlan, make_plan, valid_margin
 from refexp.report.reading.reduce import at_step_columns
 from refexp.report.reading.setup import setup_rows
 from refexp.report.sections.base import AlgorithmSection, Section, Sweep
@@ -135,14 +135,17 @@ def build_report(sweep_dir, *, target: Optional[float] = None, baseline: Optiona
     ``equivalence_margin``, if any); ``allow_mixed`` counts
     the runs outside the plan (``plan.make_plan``). ``at_steps`` (default: the block's) adds, per step S,
     the headline metric (``comparison.metric``, else accuracy) at S, the gain after it and a verdict at S.
-    ``repo``: the refexp checkout whose ``conf/experiment/`` the runs' experiment file is read from, with its git
-    history (None: the one this package lives in; ``config_history``).
+    A ``margin`` that is no finite number > 0 raises ValueError first. ``repo``: the refexp checkout whose
+    ``conf/experiment/`` the runs' experiment file is read from, with its git history (None: the one this package
+    lives in; ``config_history``).
     A dir without run dirs but with a ``runs.tar.xz`` (a committed report's runs, ``reading/archive.py``) is read
     from that archive. Safe to call again on the same dir at any time. Raises ``NoRunsError`` (no run) before
     writing anything."""
     sweep_dir = Path(sweep_dir).resolve()
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"sweep dir {sweep_dir} does not exist")
+    if margin is not None and not valid_margin(margin):
+        raise ValueError(f"margin={margin!r} is invalid: expected a finite number > 0 (the equivalence margin)")
     with runs_source(sweep_dir) as source:  # a committed report's runs.tar.xz, extracted for the build's duration
         return _build(sweep_dir, load_sweep(source), target=target, baseline=baseline, at_steps=at_steps,
                       alpha=alpha, margin=margin, allow_mixed=allow_mixed, comparison=comparison, repo=repo)

@@ -12,7 +12,7 @@ from typing import Optional
 
 from refexp.record.provenance import provenance
 
-REPORT_VERSION = 5
+REPORT_VERSION = 6
 """Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version`` in
 their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
 inconclusive), primary contrasts (``comparison.primary``) form the verdict family and the first screen, every other
@@ -28,7 +28,10 @@ and ``val/gold`` get the gold-peak tables (``statistics/gold_peak.py``: each gro
 chose against its step 0, each arm at its gold peak against the baseline's), the declared matched contrasts say
 between which runs each curve was read (``declared_matched.bracket``), an unfinished run that has not recorded its SFT
 start is no start of its own in the setup block, a validation budget's floors read its prompts too, and groups across a decimal setting are
-ordered by its value (0.05 before 0.1)."""
+ordered by its value (0.05 before 0.1). 6: report.md writes every ``<`` that could open raw HTML (a tag in a
+completion or a run name: ``<answer>``, ``<script>``) as ``&lt;``, as report.html escapes it; a run's
+``.hydra/config.yaml`` has its node interpolations followed and no resolver run (``${oc.env:...}`` prints as
+written); a sample's reward that is no number prints as written, "(not a number)"."""
 
 
 def rendered_by(version: int = REPORT_VERSION, commit: Optional[str] = "current") -> dict:

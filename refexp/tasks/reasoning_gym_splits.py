@@ -15,20 +15,28 @@ block                  rows
 3 + 2k: retained val   as many rows as the validation split has, the same way
 =====================  =========================================================================================
 
-``gym_splits`` renders the prompts (``refexp.tasks.reasoning_gym.render_prompt``) and builds the reward.
+A split of ``task.dataset`` that cannot get its distinct questions is refused (its size is the user's). A retained
+dataset that holds fewer distinct questions than its two shares ask (the default one-digit products: 100) gives
+them what it holds instead, split between them in the proportion asked, and says so: a first command with the
+task's default sizes runs (``retention``).
+
+``drawn`` draws every split once per process (the run's checks before any model is fetched and the task build read
+the same draws); ``gym_splits`` renders the prompts (``refexp.tasks.reasoning_gym.render_prompt``) and builds the
+reward.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import datasets
 
 from refexp.config import ConfigError, TaskConfig
 from refexp.tasks import reasoning_gym as gym
-from refexp.tasks.splits import val_split
+from refexp.tasks.splits import val_count, val_split
 from refexp.tasks.tokenizer import TextTokenizer
 
 SEED_STRIDE = 10**9
@@ -61,8 +69,10 @@ class Draws:
         self.entries: dict[gym.EntryKey, dict] = {}
         """Every entry drawn, by ``(name, seed, index)`` (what the reward scores against)."""
 
-    def rows(self, name: str, kwargs: dict[str, Any], n: int, block: int, field: str) -> list[dict]:
-        """``n`` rows of dataset ``name`` with new questions, from the seeds of ``block``."""
+    def rows(self, name: str, kwargs: dict[str, Any], n: int, block: int, field: str, *, at_most: bool = False
+             ) -> list[dict]:
+        """``n`` rows of dataset ``name`` with new questions, from the seeds of ``block``; ``at_most``: the rows
+        found when ``MAX_DRAWS_PER_ROW * n`` draws give fewer (else a ConfigError naming ``field``)."""
         if n == 0:
             return []
         draws = MAX_DRAWS_PER_ROW * n
@@ -80,6 +90,8 @@ class Draws:
                         "answer": gym.answer_record((name, seed, i), entry), "question": entry["question"]})
             if len(out) == n:
                 return out
+        if at_most:
+            return out
         raise ConfigError(f"{field}={name!r} with config {kwargs!r} is too small for the sizes asked: {draws} draws "
                           f"gave {len(out)} new questions of the {n} wanted (every split's questions are distinct); "
                           f"lower task.num_train / task.num_eval or widen the dataset's config")
@@ -95,22 +107,89 @@ def generate(task_cfg: TaskConfig) -> tuple[datasets.Dataset, datasets.Dataset, 
     return datasets.Dataset.from_list(train), datasets.Dataset.from_list(test), draws
 
 
+RETAINED_FIELD = "task.retention_datasets[]"
+
+
 def retention(task_cfg: TaskConfig, draws: Draws, n_val: int) -> dict[str, datasets.Dataset | None]:
     """``retain_eval`` (``task.num_eval`` rows) and ``retain_val`` (``n_val`` rows; None when 0) over the
     ``task.retention_datasets``, split evenly (the first taking the remainder), interleaved by a seeded shuffle;
-    {} when none is listed."""
+    {} when none is listed. A dataset whose draws find fewer distinct questions than its two shares ask gives what
+    they found (``fit_shares``)."""
     specs = retention_specs(task_cfg)
     if not specs:
         return {}
-    out: dict[str, datasets.Dataset | None] = {}
-    for key, n, offset in (("retain_eval", task_cfg.num_eval, 2), ("retain_val", n_val, 3)):
-        rows = []
+    wanted = {"retain_eval": task_cfg.num_eval, "retain_val": n_val}
+    shares = {key: [n // len(specs) + (k < n % len(specs)) for k in range(len(specs))] for key, n in wanted.items()}
+    found: dict[str, list[list[dict]]] = {key: [] for key in wanted}  # key -> dataset k's rows
+    for key, offset in (("retain_eval", 2), ("retain_val", 3)):
         for k, (name, kwargs) in enumerate(specs):
-            share = n // len(specs) + (k < n % len(specs))
-            rows += draws.rows(name, kwargs, share, offset + 2 * k, "task.retention_datasets[]")
+            found[key].append(draws.rows(name, kwargs, shares[key][k], offset + 2 * k, RETAINED_FIELD, at_most=True))
+    for k, spec in enumerate(task_cfg.retention_datasets):
+        asked = {key: shares[key][k] for key in wanted}
+        if any(len(found[key][k]) < asked[key] for key in wanted):
+            pool = found["retain_eval"][k] + found["retain_val"][k]  # every question its draws found, all distinct
+            found["retain_eval"][k], found["retain_val"][k] = fit_shares(pool, asked, spec)
+    out: dict[str, datasets.Dataset | None] = {}
+    for key in wanted:
+        rows = [row for per_dataset in found[key] for row in per_dataset]
         random.Random(f"{task_cfg.data_seed}/{key}").shuffle(rows)
         out[key] = datasets.Dataset.from_list(rows) if rows else None
     return out
+
+
+def fit_shares(pool: list[dict], asked: dict[str, int], spec: Any) -> tuple[list[dict], list[dict]]:
+    """``(retained test rows, retained validation rows)`` of a retained dataset whose draws found only the questions
+    of ``pool`` (fewer than the two shares ``asked`` add up to): ``pool`` split in the proportion asked, each share
+    that asked for rows given at least one, and a note saying so; a ConfigError naming ``spec`` when ``pool`` cannot
+    give each one a row."""
+    eval_n, val_n = asked["retain_eval"], asked["retain_val"]
+    needed = (eval_n > 0) + (val_n > 0)
+    if len(pool) < needed:
+        raise ConfigError(f"{RETAINED_FIELD}={spec!r} is too small to measure retention: its draws found "
+                          f"{len(pool)} distinct question(s), and the retained test and validation splits need a "
+                          f"question each; widen its config or list another dataset")
+    keep_eval = min(eval_n, max(1 if eval_n else 0, round(len(pool) * eval_n / (eval_n + val_n))))
+    keep_eval = min(keep_eval, len(pool) - (val_n > 0))
+    keep_val = min(val_n, len(pool) - keep_eval)
+    print(f"[refexp] note: {RETAINED_FIELD}={json.dumps(spec)} holds {len(pool)} distinct questions, fewer than "
+          f"the {eval_n + val_n} asked (the retained test split's {eval_n}, the retained validation split's "
+          f"{val_n}): they get {keep_eval} and {keep_val} (each question in one split)", flush=True)
+    return pool[:keep_eval], pool[keep_eval:keep_eval + keep_val]
+
+
+class Drawn(NamedTuple):
+    """Every split of a reasoning-gym task as drawn, its prompts not rendered yet (``drawn``)."""
+
+    train: datasets.Dataset
+    """``task.num_train`` rows of ``task.dataset``, validation still in them."""
+    test: datasets.Dataset
+    retained: dict[str, Optional[datasets.Dataset]]
+    """``retention``'s ``retain_eval`` / ``retain_val``; {} without retained datasets."""
+    draws: Draws
+
+
+DRAW_FIELDS = ("dataset", "dataset_kwargs", "retention_datasets", "data_seed", "answer_prefill", "num_train",
+               "num_eval", "val_fraction", "val_path")
+"""The ``task.*`` fields the draws depend on (the tokenizer and the rendering do not enter them)."""
+
+
+def drawn(task_cfg: TaskConfig) -> Drawn:
+    """Every split of ``task_cfg``'s datasets, drawn once per process for the same ``DRAW_FIELDS``: the run's checks
+    before a model is fetched (``refexp.tasks.data_checks``) and the task build read the same rows."""
+    gym.library()  # a missing install is named every time, not only on the first draw
+    key = json.dumps({f: getattr(task_cfg, f) for f in DRAW_FIELDS}, sort_keys=True, default=str)
+    if key not in _DRAWN:
+        train, test, draws = generate(task_cfg)
+        retained = retention(task_cfg, draws, val_count(task_cfg, len(train)))
+        while len(_DRAWN) >= KEEP_DRAWN:
+            _DRAWN.pop(next(iter(_DRAWN)))
+        _DRAWN[key] = Drawn(train, test, retained, draws)
+    return _DRAWN[key]
+
+
+KEEP_DRAWN = 2
+"""Tasks whose draws ``drawn`` keeps (the oldest go first): a run reads one."""
+_DRAWN: dict[str, Drawn] = {}
 
 
 def gym_splits(task_cfg: TaskConfig, tokenizer: TextTokenizer, hf_cache: str
@@ -120,9 +199,8 @@ def gym_splits(task_cfg: TaskConfig, tokenizer: TextTokenizer, hf_cache: str
     validation split carved off train (``task.val_fraction``), ``retention``'s ``retain_eval`` / ``retain_val``, every
     prompt rendered (with the tokenizer's chat template when ``task.chat_template``), and the reward that scores
     them all (``refexp.tasks.reasoning_gym.make_reward``)."""
-    train, test, draws = generate(task_cfg)
+    train, test, retained, draws = drawn(task_cfg)
     train, val = val_split(task_cfg, train, hf_cache)
-    retained = retention(task_cfg, draws, 0 if val is None else len(val))
     system = gym.system_prompt(task_cfg.system_prompt)
     renderer = tokenizer if task_cfg.chat_template else None
     if renderer is not None:

@@ -69,13 +69,18 @@ def val_split(task_cfg: TaskConfig, train: datasets.Dataset, hf_cache: str
     share = task_cfg.val_share()
     if not share:
         return train, None
-    n_val = int(round(share * len(train)))
+    n_val = val_count(task_cfg, len(train))
     if not 0 < n_val < len(train):
         raise ConfigError(f"task.val_fraction={share} is invalid: it leaves {n_val} of the "
                           f"{len(train)} training rows for validation; expected a share giving at least one "
                           f"row to each side")
     split = train.train_test_split(test_size=n_val, shuffle=True, seed=task_cfg.data_seed)
     return split["train"], split["test"]
+
+
+def val_count(task_cfg: TaskConfig, n_train: int) -> int:
+    """How many of ``n_train`` training rows ``val_split`` carves off as validation (``task.val_fraction``)."""
+    return int(round(task_cfg.val_share() * n_train))
 
 
 def check_lengths(task_cfg: TaskConfig, tokenizer: TextTokenizer, splits: dict[str, datasets.Dataset],
@@ -115,7 +120,9 @@ def _longest(splits: dict[str, datasets.Dataset], columns: tuple[str, ...], coun
     longest = (0, "")
     for split, ds in splits.items():
         for column in (c for c in columns if c in ds.column_names):
-            for i, text in enumerate(ds[column]):
+            for i, text in enumerate(ds[column][:]):  # [:]: one list (datasets 4 iterates a Column row by row)
+                if text is None:  # no reference answer (refexp.tasks.data_checks refuses training on it)
+                    continue
                 if (n := count(text)) > longest[0]:
                     longest = (n, f"{split} row {i}")
     return longest

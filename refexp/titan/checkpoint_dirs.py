@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from refexp.config import ConfigError, ModelConfig
 from refexp.record.checkpoints import complete_steps, dcp_structure_mismatch, newest_verified_step
+from refexp.record.pins import is_hf_dir  # the start's pin decides the format as the loader does: re-exported
 from refexp.runtime.distributed import decided_by_rank0
 from refexp.titan.dcp_reader import SafeFileSystemReader, checked_dcp_metadata
 from refexp.titan.hf_weights import load_hf_weights_
@@ -21,12 +22,6 @@ def latest_checkpoint_step(folder: str | os.PathLike) -> int:
     """Highest ``step-N`` under folder whose DCP metadata was written (-1 if none); unverified: the
     newest that passes its manifest is ``refexp.record.checkpoints.newest_verified_step``."""
     return max(complete_steps(folder), default=-1)
-
-
-def is_hf_dir(path: str | os.PathLike) -> bool:
-    """An HF checkpoint dir: config.json beside safetensors weights."""
-    p = Path(path)
-    return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
 
 
 def save_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> None:

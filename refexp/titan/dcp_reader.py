@@ -17,17 +17,23 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from refexp.config import ConfigError
-from refexp.record.safe_pickle import UnsafePickle, read_dcp_metadata, restricted_load
+from refexp.record.safe_pickle import (
+    UnsafePickle,
+    check_storage,
+    read_dcp_metadata,
+    restricted_load,
+)
 
 
 class SafeFileSystemReader(FileSystemReader):
     """torch's ``FileSystemReader`` (torch 2.13's ``read_metadata``, line for line) with ``.metadata``
-    read by ``restricted_load``."""
+    read by ``restricted_load`` and its shard entries checked by ``check_storage`` (each a file inside the dir):
+    the reader that loads reads ``.metadata`` again, so the check is here too, not only before the load."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as f:
-            metadata = restricted_load(f, name=str(path))
+            metadata = check_storage(restricted_load(f, name=str(path)), self.path, name=str(path))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -36,7 +42,8 @@ class SafeFileSystemReader(FileSystemReader):
 
 def checked_dcp_metadata(dcp_dir: str | os.PathLike) -> Metadata:
     """``dcp_dir``'s ``Metadata``, or ``ConfigError`` in one line naming its ``.metadata``: refused (a
-    global no DCP checkpoint holds: nothing of it ran) or unreadable (truncated, garbled, missing)."""
+    global no DCP checkpoint holds: nothing of it ran; a shard outside the dir: nothing was read) or unreadable
+    (truncated, garbled, missing)."""
     try:
         return read_dcp_metadata(dcp_dir)
     except UnsafePickle as e:

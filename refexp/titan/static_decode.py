@@ -42,7 +42,7 @@ kernel launches cost). Tests set a counting backend. On CUDA the step is compile
 
 @dataclass
 class StaticDecodeStats:
-    """What fixed-shape decoding has cost this process (read by bench/gpu_smoke.py and the compile-count test)."""
+    """What fixed-shape decoding has cost this process (read by bench/gpu/gpu_smoke.py and the compile-count test)."""
 
     compiles: int = 0
     """Graphs the backend compiled (one per bucket when nothing recompiles)."""

@@ -26,7 +26,7 @@ A docs page cites a cell with an HTML comment right after the verdict phrase tha
 
 DIR is the report's folder under ``docs/`` (e.g. ``frontier_grpo/paired_against_none``).
 
-The last four kinds are read only from a report whose runs are kept beside it (run dirs or ``runs.tar.xz``):
+The last four kinds are read only from a report whose runs are kept beside it (its ``runs.tar.xz``):
 ``tests/test_report_version.py`` makes such a report the current report version's, so its printed verdict is the
 current rule's, equivalence included; a paired or kept cell of such a report is decided by its printed verdict too.
 
@@ -97,10 +97,10 @@ def _paired_family_holm(family: dict, metric: str, alpha: float) -> dict[str, fl
 
 @lru_cache(maxsize=None)
 def runs_kept(folder: str) -> bool:
-    """Whether the report in ``docs/<folder>`` has its runs beside it (run dirs or ``runs.tar.xz``)."""
+    """Whether the report in ``docs/<folder>`` has its runs beside it, as its ``runs.tar.xz`` (the one way a committed
+    report keeps them: tests/test_what_git_holds.py)."""
     from refexp.report.reading.archive import ARCHIVE
-    from refexp.report.reading.load import find_run_dirs
-    return (DOCS / folder / ARCHIVE).is_file() or bool(find_run_dirs(DOCS / folder))
+    return (DOCS / folder / ARCHIVE).is_file()
 
 
 def _printed(folder: str, kind: str, spec: str) -> Cell:

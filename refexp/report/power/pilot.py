@@ -20,11 +20,12 @@ from typing import Optional
 
 import numpy as np
 
+from refexp.report.power.detectable import Components
+from refexp.report.power.pilot_summary import check_summary
 from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import load_sweep
 from refexp.report.reading.plan import PRIMARY_ENDPOINTS, make_plan
 from refexp.report.statistics.paired import final_step
-from refexp.report.power.detectable import Components
 from refexp.report.statistics.summary import find_baseline, in_comparison
 
 
@@ -126,6 +127,7 @@ def from_summary(path: Path, metric: str = "eval/accuracy") -> Pilot:
         summary = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise PilotError(f"--pilot {path}: not a readable summary.json ({e})") from e
+    check_summary(summary, key, lambda why: PilotError(f"--pilot {path}: {why}"))
     estimates, labels, notes, prompts = [], [], [], set()
     for algo in (summary.get("algos") or {}).values():
         groups = {g["label"]: g for g in algo.get("groups", [])}
@@ -137,8 +139,8 @@ def from_summary(path: Path, metric: str = "eval/accuracy") -> Pilot:
             starts = list(dict.fromkeys(c.get("sft_starts") or [""]))
             top = np.array(c["seed_only_t95"]["values"], dtype=float)
             if len(starts) >= 2:
-                inside = [((algo.get("within_sft_start") or {}).get(s, {}).get("paired_vs_baseline", {})
-                           .get(label, {}).get(key, {}).get("seed_only_t95") or {}).get("values") for s in starts]
+                inside = [(((algo.get("within_sft_start") or {}).get(s, {}).get("paired_vs_baseline", {})
+                            .get(label, {}).get(key) or {}).get("seed_only_t95") or {}).get("values") for s in starts]
                 inside = [np.array(v, dtype=float) for v in inside if v]
             else:
                 inside = [top]

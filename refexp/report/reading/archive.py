@@ -6,7 +6,12 @@ the configs): per-prompt 0/1 scores and floats that xz packs several times small
 writes every file of the sweep dir except what a report never reads (checkpoints, W&B's offline files) and what it
 writes itself (report.md, report.html, summary.json, report_plots/); ``runs_source`` extracts it into a temporary
 dir for ``build_report`` to read, with ``tarfile``'s ``data`` filter (PEP 706): an archive is data, so a member that
-is a link, a device, an absolute path or a path out of the dir is refused before anything is written.
+is a link, a device, an absolute path or a path out of the dir is refused before anything is written. What it extracts
+is capped (``MAX_MEMBER_BYTES`` a member; in all ``MAX_TOTAL_BYTES``, and ``MAX_RATIO`` times the archive's own size
+past ``RATIO_FLOOR``), so a small archive cannot fill the disk; any of these, a file that is no xz tar or one cut
+short is one ``ArchiveError`` line naming the archive. Where run dirs sit beside the archive, the run dirs are read and
+the archive is not: they are what a sweep writes, the archive a copy of them made for the repo (a stale one, when
+runs were added or removed since it was packed).
 
     python -m refexp.report.pack_runs SWEEP_DIR OUT_DIR   # OUT_DIR/runs.tar.xz; then refexp-report OUT_DIR
 """
@@ -14,6 +19,7 @@ is a link, a device, an absolute path or a path out of the dir is refused before
 from __future__ import annotations
 
 import contextlib
+import lzma
 import tarfile
 import tempfile
 from pathlib import Path
@@ -25,6 +31,16 @@ ARCHIVE = "runs.tar.xz"
 SKIPPED_DIRS = {"checkpoint", "wandb", "report_plots"}
 """Never read by a report (checkpoints, W&B's offline run files) or written by it (its plots)."""
 SKIPPED_FILES = {"report.md", "report.html", "summary.json", "wandb_id", ARCHIVE}
+MAX_MEMBER_BYTES = 64 * 2**20
+"""The largest file extracted: a run's largest text file is under 1 MB in the committed archives."""
+MAX_TOTAL_BYTES = 4 * 2**30
+MAX_RATIO, RATIO_FLOOR = 100, 64 * 2**20
+"""Past ``RATIO_FLOOR`` extracted bytes, at most ``MAX_RATIO`` times the archive's size: xz packs a sweep's run
+text 13-17x (docs/frontier_test: 14 MB -> 193 MB), and an archive that unpacks 100x more is no run record."""
+
+
+class ArchiveError(ValueError):
+    """``runs.tar.xz`` cannot be read as a report's runs; the message names the archive and why, in one line."""
 
 
 def _members(sweep_dir: Path) -> list[Path]:
@@ -58,17 +74,53 @@ def pack(sweep_dir: Path, out_dir: Path) -> Path:
     return target
 
 
+def _limit(archive: Path) -> int:
+    """The most bytes ``archive`` may extract to (module doc)."""
+    return min(MAX_TOTAL_BYTES, max(RATIO_FLOOR, MAX_RATIO * archive.stat().st_size))
+
+
+def _capped(tar: tarfile.TarFile, archive: Path) -> Iterator[tarfile.TarInfo]:
+    """The archive's members, one at a time as ``extractall`` takes them, refusing the first past a cap before it is
+    written."""
+    limit, total = _limit(archive), 0
+    for member in tar:
+        if member.size > MAX_MEMBER_BYTES:
+            raise ArchiveError(f"{archive}: member {member.name!r} holds {member.size:,} bytes, more than the "
+                               f"{MAX_MEMBER_BYTES:,} a run's file may (refexp/report/reading/archive.py)")
+        total += member.size
+        if total > limit:
+            raise ArchiveError(f"{archive}: its members hold more than {limit:,} bytes, more than an archive of "
+                               f"{archive.stat().st_size:,} bytes of runs may extract to (at most {MAX_RATIO}x its "
+                               f"size past {RATIO_FLOOR:,} bytes, {MAX_TOTAL_BYTES:,} in all)")
+        yield member
+
+
+def _extract(archive: Path, into: Path) -> None:
+    """``archive`` extracted into ``into`` (the ``data`` filter, the caps); ``ArchiveError`` where it cannot be."""
+    expected = "expected the runs.tar.xz `python -m refexp.report.pack_runs` writes"
+    try:
+        with tarfile.open(archive, "r:xz") as tar:
+            tar.extractall(into, members=_capped(tar, archive), filter="data")
+    except tarfile.FilterError as e:
+        raise ArchiveError(f"{archive}: member {e.tarinfo.name!r} refused ({e}): an archive of runs holds only "
+                           f"files and dirs inside it") from e
+    except (tarfile.ReadError, tarfile.CompressionError) as e:
+        raise ArchiveError(f"{archive}: not a readable xz tar archive ({e}); {expected}") from e
+    except (EOFError, lzma.LZMAError, tarfile.TarError) as e:
+        raise ArchiveError(f"{archive}: cut short or corrupt ({type(e).__name__}: {e}); {expected}") from e
+
+
 @contextlib.contextmanager
 def runs_source(sweep_dir: Path) -> Iterator[Path]:
-    """The dir a report reads its runs from: ``sweep_dir`` itself where it holds run dirs or has no archive; else
-    a temporary dir holding its ``runs.tar.xz`` extracted (removed on exit). A member the ``data`` filter refuses
-    raises ``tarfile.FilterError`` naming it, before the report reads anything."""
+    """The dir a report reads its runs from: ``sweep_dir`` itself where it holds run dirs (beside an archive too:
+    module doc) or has no archive; else a temporary dir holding its ``runs.tar.xz`` extracted (removed on exit).
+    Raises ``ArchiveError`` (a member the ``data`` filter refuses, a cap passed, no xz tar, one cut short) before
+    the report reads anything."""
     sweep_dir = Path(sweep_dir)
     archive = sweep_dir / ARCHIVE
     if not archive.is_file() or find_run_dirs(sweep_dir):
         yield sweep_dir
         return
     with tempfile.TemporaryDirectory(prefix="refexp-runs-") as tmp:
-        with tarfile.open(archive, "r:xz") as tar:
-            tar.extractall(tmp, filter="data")
+        _extract(archive, Path(tmp))
         yield Path(tmp)

@@ -5,6 +5,10 @@ A group is (algorithm, strategy, the other swept settings). The swept settings a
 ``reference=periodic_reset reference.reset_every=20,50 training.seed=0,1,2`` gives one group per
 reset_every with three seeds each (a strategy's own fields can only be set for that strategy).
 
+A group's identity does not depend on how a number was spelled: ``training.lr=1e-3`` (a sweep job rerun by hand)
+and ``training.lr=0.001`` (the job as its sweeper wrote it) are one group (``record/overrides.py``'s
+``normalised_value``), and so are ``algo.beta=1`` and ``algo.beta=1.0``; the label spells it as the first run did.
+
 A setting the algorithm does not read for a strategy (``UNREAD_SETTINGS``: GRPO's β without a reference) does
 not tell groups apart: ``none`` swept over four β is one configuration run four times, so it is one group, and
 of the runs that repeat one (SFT start, seed) the first is counted and the others are listed as repeats.
@@ -12,10 +16,11 @@ of the runs that repeat one (SFT start, seed) the first is counted and the other
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from refexp.choices import REFERENCE_STRATEGIES
-from refexp.record.overrides import swept_settings
+from refexp.record.overrides import spelled_number, swept_settings
 
 from refexp.report.reading.load import Run, natural_key
 
@@ -75,6 +80,12 @@ def _rank(name: str, order: tuple[str, ...]) -> tuple:
     return (order.index(name), "") if name in order else (len(order), name)
 
 
+def _same_value(value: str):
+    """What tells a setting's values apart: a finite number by its value (``1`` and ``1.0`` alike), else the text."""
+    number = spelled_number(value)
+    return float(number) if number is not None and math.isfinite(number) else value
+
+
 def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
     """algo -> its groups, ordered by strategy (as ``REFERENCE_STRATEGIES``, unknown ones after, by name) then
     settings; every run (failed too) is in one."""
@@ -84,13 +95,14 @@ def group_runs(runs: list[Run]) -> dict[str, list[Group]]:
         swept = swept_settings(run.overrides)
         unread = {k: swept.pop(k) for k in UNREAD_SETTINGS.get((run.algo, run.strategy), ()) if k in swept}
         settings = tuple(sorted(swept.items()))
-        key = (run.algo, run.strategy, run.loss_type, run.nll_weight, run.objective, settings)
+        identity = tuple((k, _same_value(v)) for k, v in settings)
+        key = (run.algo, run.strategy, run.loss_type, run.nll_weight, run.objective, identity)
         if key not in groups:
             groups[key] = Group(run.algo, run.strategy, settings)
         g = groups[key]
         for k, v in unread.items():
             values = g.unread.setdefault(k, [])
-            if v not in values:
+            if _same_value(v) not in map(_same_value, values):
                 values.append(v)
         unit = (run.sft_start, run.seed)
         if unread and run.problem is None and any((r.sft_start, r.seed) == unit for r in g.completed):

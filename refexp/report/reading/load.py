@@ -29,6 +29,7 @@ from refexp.record.outcomes import read_outcomes
 from refexp.record.resolved_config import read_resolved_config
 from refexp.record.samples import read_samples
 from refexp.record.status import read_status_file, stale_reason
+from refexp.report.reading.interpolation import resolve_interpolations
 
 _NOT_RUNS = {layout.WANDB_DIR, "report_plots", "__pycache__"}
 """Folders in a sweep dir that are never runs: W&B's local files and this report's own plots."""
@@ -82,22 +83,15 @@ def _read_yaml(path: Path) -> Any:
 def read_config(run_dir: Path) -> dict:
     """The run's config: ``resolved_config.yaml`` (what the run used) or else ``.hydra/config.yaml``.
 
-    The Hydra file is resolved leniently: OmegaConf resolution is tried, and when an interpolation
-    needs Hydra's runtime (``${hydra:...}``, ``${now:...}``) the raw values are kept instead.
+    The Hydra file's node interpolations are followed and no resolver runs (``interpolation.py``: an ``oc.env`` would
+    read this machine's environment into the report); a value that calls one (``${hydra:...}``, ``${now:...}``)
+    keeps its text.
     """
     resolved = read_resolved_config(run_dir)
     if resolved is not None:
         return resolved
     raw = _read_yaml(run_dir / layout.HYDRA_DIR / "config.yaml")
-    if not isinstance(raw, dict):
-        return {}
-    try:
-        from omegaconf import OmegaConf
-
-        out = OmegaConf.to_container(OmegaConf.create(raw), resolve=True)
-        return out if isinstance(out, dict) else raw
-    except Exception:  # any resolver error: unresolved values are still useful for names and seeds
-        return raw
+    return resolve_interpolations(raw) if isinstance(raw, dict) else {}
 
 
 def read_overrides(run_dir: Path) -> list[str]:

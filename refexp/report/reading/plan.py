@@ -14,6 +14,7 @@ one note and an exploratory report, never an exception.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
@@ -208,9 +209,15 @@ def block_problem(block: dict) -> Optional[str]:
         return (f"comparison.matched.along={matched.get('along')!r} is invalid: expected "
                 f"{' or '.join(MATCHED_ALONG)}")
     margin = block.get("equivalence_margin")
-    if margin is not None and not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin > 0):
-        return f"comparison.equivalence_margin={margin!r} is invalid: expected a number > 0, or null"
+    if margin is not None and not valid_margin(margin):
+        return f"comparison.equivalence_margin={margin!r} is invalid: expected a finite number > 0, or null"
     return None
+
+
+def valid_margin(value: object) -> bool:
+    """Whether ``value`` can be an equivalence margin: a finite number > 0 (an infinite one claims every difference
+    equivalent, and summary.json holds no infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def declared_margin(block: dict) -> Optional[float]:
@@ -219,9 +226,9 @@ def declared_margin(block: dict) -> Optional[float]:
     value = block.get("equivalence_margin")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"comparison.equivalence_margin={value!r} is invalid: expected a number > 0 (the largest "
-                         f"difference called equivalent), or null")
+    if not valid_margin(value):
+        raise ValueError(f"comparison.equivalence_margin={value!r} is invalid: expected a finite number > 0 (the "
+                         f"largest difference called equivalent), or null")
     return float(value)
 
 

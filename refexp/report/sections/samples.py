@@ -22,8 +22,16 @@ def sample_rows(report, k: int = 3) -> list[list[str]]:
             for sample in (run.final_samples(k=k) if run is not None else []):
                 rows.append([algo, row.group.label, run.name, _short(sample.get("prompt", "")),
                              _short(sample.get("completion", "")), _short(sample.get("answer", "")),
-                             f"{sample.get('reward', float('nan')):.3g}"])
+                             _reward_cell(sample.get("reward", float("nan")))])
     return rows
+
+
+def _reward_cell(reward) -> str:
+    """A sample's reward: a number to 3 significant digits; anything else (a hand-edited or foreign samples.jsonl)
+    as written, said to be no number."""
+    if isinstance(reward, (int, float)):
+        return f"{reward:.3g}"
+    return f"{_short(reward, 40)} (not a number)"
 
 
 class Samples(Section):

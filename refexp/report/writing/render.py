@@ -41,6 +41,18 @@ def _blocks(report) -> list:
 
 
 # ---------------------------------------------------------------- markdown
+_HTML_OPENER = re.compile(r"<(?=[A-Za-z/!?])")
+"""A ``<`` that Markdown would read as raw HTML: a tag (``<script>``, ``<svg onload=...>``, ``</b>``), a comment or
+declaration (``<!``), a processing instruction (``<?``) or an autolink (``<http://...>``)."""
+
+
+def _no_raw_html(markdown: str) -> str:
+    """``markdown`` with every ``<`` that could open raw HTML written ``&lt;``, which renders as ``<``: a report
+    prints run names, completions and prompts it did not write, and report.md, like report.html, shows them as text.
+    The report's own Markdown holds no HTML; a ``<`` before a space, a digit or ``=`` (``p <= alpha``) stays."""
+    return _HTML_OPENER.sub("&lt;", markdown)
+
+
 def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -83,7 +95,7 @@ def render_markdown(report) -> str:
     out = []
     for block in _blocks(report):
         out += _markdown_lines(block, report.sweep_dir) + [""]
-    return "\n".join(out[:-1]) + "\n"
+    return _no_raw_html("\n".join(out[:-1]) + "\n")
 
 
 # ---------------------------------------------------------------- html
@@ -166,7 +178,9 @@ def summary_dict(report) -> dict:
 
 
 def write_all(report) -> None:
-    """report.md, report.html and summary.json into the sweep dir."""
-    _write(report.markdown_path, render_markdown(report))
-    _write(report.html_path, render_html(report))
-    _write(report.summary_path, json.dumps(summary_dict(report), indent=2, allow_nan=False) + "\n")
+    """report.md, report.html and summary.json into the sweep dir, each rendered before the first is written: one
+    that cannot be rendered leaves the previous three as they were, none of them stale beside the others."""
+    texts = {report.markdown_path: render_markdown(report), report.html_path: render_html(report),
+             report.summary_path: json.dumps(summary_dict(report), indent=2, allow_nan=False) + "\n"}
+    for path, text in texts.items():
+        _write(path, text)
