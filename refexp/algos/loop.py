@@ -51,7 +51,8 @@ def build_policy(ctx: RunContext, init_path: Path) -> Policy:
     cfg = ctx.cfg
     model = build_run_model(ctx, trainable=True, weights_loaded_next=True)  # the start checkpoint is loaded next
     src = cfg.checkpoint.initial_load_path or init_path
-    # initial_load_in_hf forces the HF reader; otherwise the directory's contents decide.
+    # initial_load_in_hf (only with initial_load_path: CheckpointConfig) forces the HF reader on it, and its pin
+    # hashes what that reader loads (run_identity.start_pins); otherwise the directory's contents decide.
     titan.load_weights(model, cfg.model, src, hf=True if cfg.checkpoint.initial_load_in_hf else None)
     t = cfg.training
     # The schedule advances once per optimizer update, and GRPO takes algo.updates_per_batch of them per step.
