@@ -13,7 +13,7 @@ import copy
 
 from omegaconf import DictConfig, OmegaConf
 
-from refexp.cli.memory_plan import GIB, Plan, layout, plan, static_decode_warning
+from refexp.cli.memory_plan import GIB, MemoryPlan, layout, plan, static_decode_warning
 from refexp.config.task import ignored_fields
 
 UNSET = "<unset in a dry run>"
@@ -38,7 +38,7 @@ def _row(what: str, b: float, how: str) -> str:
     return f"  {what:<36} {b / GIB:>9.2f} GiB   {how}"
 
 
-def format_plan(cfg, p: Plan) -> str:
+def format_plan(cfg, p: MemoryPlan) -> str:
     world, rep, shard, tp = layout(cfg)
     where = f"{world} ranks: {rep} replicate x {shard} shard x {tp} TP" if world > 1 else "1 process"
     # model.pretrained's shapes are its converted config.json's: its flavor (debugmodel) only names the family

@@ -107,7 +107,7 @@ class Item:
 
 
 @dataclass
-class Plan:
+class MemoryPlan:
     """Per-rank bytes: ``resident`` in every phase, ``phases[name]`` on top of it in that phase."""
 
     device: str
@@ -240,7 +240,7 @@ def _anchor_how(cfg, has_ref: bool) -> str:
     return "frozen copy"
 
 
-def static_decode_warning(p: Plan) -> str | None:
+def static_decode_warning(p: MemoryPlan) -> str | None:
     """A warning when ``rollout.static_decode``'s kept K/V buffers outweigh the model's own memory (parameters,
     their gradients and the optimizer state), else None: the buffers are held for the whole run."""
     buffers = sum(i.bytes for i in p.resident if i.what == STATIC_BUFFERS)
@@ -253,7 +253,7 @@ def static_decode_warning(p: Plan) -> str | None:
             "rollout.decode_capacity, fewer rows per generation, or rollout.static_decode=false frees them")
 
 
-def plan(cfg) -> Plan:
+def plan(cfg) -> MemoryPlan:
     """The per-rank memory plan of a validated RootConfig."""
     from refexp.reference import anchor, strategies
 
@@ -300,7 +300,7 @@ def plan(cfg) -> Plan:
         resident.append(Item("static-decode weights", s.params * compute / tp if wrapped else 0,
                              f"the whole model in {compute_name} at fixed addresses (titan/static_weights.py)"
                              if wrapped else "not FSDP-wrapped: the step reads the parameters"))
-    out = Plan(device=device_how, compute=compute_name, resident=resident)
+    out = MemoryPlan(device=device_how, compute=compute_name, resident=resident)
     out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
 
     chunk = training_chunk(cfg, dp)
