@@ -8,7 +8,7 @@ checkpoints it together with its weights when they can differ from the start che
 
 ``reference.offload``: the frozen model lives in host memory (``refexp/reference/offload.py``) and is lent to the
 compute device for its forwards, never copied back; an update blends the policy's shards into the host copy
-itself. The kl/init anchor (refexp/components/evaluation.py) is offloaded likewise.
+itself. The kl/init anchor (``refexp/reference/anchor.py``) is offloaded likewise.
 
 Precision: an EMA reference stored in bf16 (``reference.dtype`` or ``training.dtype=bfloat16``) keeps a float32
 master copy (``titan.fp32_master``) that the updates accumulate in, the bf16 model cast from it after each
