@@ -351,7 +351,7 @@ def fused_adamw(model, t):
     """What-if (``--what-if-fused-adamw``): ``refexp.components.optim.build_optimizer`` with torch's fused AdamW kernel,
     which exists on CPU since torch 2.4 (refexp uses foreach there). Same containers, hyper-parameters and
     schedule; numerically equal up to float rounding."""
-    from refexp.titan.components import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
+    from refexp.titan.optim_checkpoint import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
 
     kwargs = {"lr": t.lr, "weight_decay": t.weight_decay, "betas": (t.beta1, t.beta2), "eps": t.eps}
     cfg = OptimizersContainer.Config(param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=t.optimizer,

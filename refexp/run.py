@@ -54,7 +54,7 @@ from refexp.runtime import stop_signals
 from refexp.runtime.process_settings import apply_process_settings
 from refexp.tasks.data_checks import check_task_data
 def run_from_hydra(cfg: DictConfig) -> float | None:
-    """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return a sweep objective."""
+    """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return what a sweeper maximises."""
     from hydra.core.hydra_config import HydraConfig
 
     hydra_record = HydraRecord(cfg)  # as Hydra passed the config, before run_dir is filled in
@@ -67,7 +67,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         final = run(cfg, on_checked=hydra_record.write)
         if rdist.is_rank0() and isinstance(final, dict):
             print(summary_line(final, time.monotonic() - started, cfg.run_dir))
-        return objective(final)
+        return search_value(final)
     # In a sweep, one failing job must not stop the others (Hydra would re-raise the first failure
     # after the batch and skip the report): the failure is in the job's status.json and log, the
     # report lists it, and refexp.cli.sweep.ReportCallback makes the sweep exit non-zero at the end.
@@ -89,10 +89,10 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
             record_failed_job(HydraConfig.get().sweep.dir, cfg.run_dir, e)
         print(f"[refexp] job failed: {cfg.run_dir} (see its status.json)", file=sys.stderr)
         return None
-    return objective(final)
+    return search_value(final)
 
 
-def objective(final) -> float | None:
+def search_value(final) -> float | None:
     """What a sweeper (Optuna's, conf/hparams_search/) maximises: the final validation accuracy
     (``val/accuracy``), else None, never the held-out ``eval/accuracy``: a search must not select on test.
     Optuna records a None as a failed trial; a search without a validation split is refused before its

@@ -1,84 +1,11 @@
 """The per-rank memory plan of a configured run (``refexp dry_run=true``): what one device holds in each
 phase of a step, and the largest of them.
 
-Shapes come from a meta-device build of the model preset (the torchtitan flavor with its own vocabulary,
-or ``config.json`` when ``model.hf_assets_path`` is given); lengths from ``task.max_prompt_len`` + the
-generation budget; rows from the algorithm's batch, the evaluation's batches, the data-parallel degree and
-``training.micro_batch_size``. ``training.device=auto`` is planned as the device the run would resolve on
-this machine (``titan.resolve_device``: CUDA when one is visible, else CPU, whose compute dtype is float32).
-
-Per rank, in bytes (P = parameters, s = FSDP shard degree, t = tensor-parallel degree; sharding divides by
-s * t, replication does not; c = the compute dtype's bytes). "Wrapped": the model is FSDP-wrapped (several
-ranks, or a compute dtype other than the master's: refexp/titan/build.py).
-
-Held in every phase: the parameters in ``training.dtype`` (the optimizer's master copy), AdamW's two
-moments in float32, the frozen reference (none for ``reference=none`` and for a fixed DPO reference whose
-log-probs are precomputed; with the float32 master a bf16 EMA reference keeps) and the ``kl/init`` anchor
-(none when it is the fixed reference itself), the last two in host memory with ``reference.offload=true``.
-The anchor stays in the policy's dtype (``training.dtype``) whatever ``reference.dtype`` says, so that kl/init
-is measured the same way for every strategy (``reference/anchor.py``); a fixed reference in another dtype
-(``reference.dtype=bfloat16``) is therefore a second copy beside it, and the plan's total grows even though
-the reference itself halves;
-learned reward models (``task.reward_model`` & co., ``tasks/reward_model.reward_models_plan_line``);
-``rollout.static_decode``'s kept K/V buffers (``static_decode_warning`` says when they outweigh the model's own
-parameters, gradients and optimizer state) and, wrapped, its kept copy of the weights the step reads (P x c / t:
-FSDP's gathered parameters move between generations, a CUDA graph needs fixed addresses;
-``titan/static_weights.py``). Gradients are freed after each optimizer step
-(``optim.clip_and_step`` zeroes them to None), so only the training phase holds them.
-
-Rollout (the decode loop, ``titan/decode.py``, for the GRPO step's rows and the evaluation's batches):
-- wrapped, every FSDP unit is unsharded at once for the whole generation: P x c / t;
-- the plain one-token step (``decode_step_plain.py``; not under TP, not with ``rollout.static_decode``)
-  concatenates w1 and w3 of every layer once per generation: 2 x ffn x dim x layers x c;
-- the KV cache of the largest generating batch: rows x (prompt + new tokens) x layers x 2 x kv_dim x c / t;
-  and while a cache is copied to fewer rows (GRPO's prompt prefilled once then repeated for its group; the
-  sampler dropping finished rows once ``sampler.DROP_FINISHED_SHARE`` of them have stopped, at most all
-  but that share) both copies live; with ``rollout.static_decode`` the cache is the kept buffers of
-  ``titan/static_decode.py`` (rows padded to a power of two, ``rollout.decode_capacity`` slots, one per row
-  bucket, held in every phase) and the rollout adds the prompts' ordinary prefill copied into them;
-- a decode step's logits and the sampler's float32/float64 working tensors over the whole vocabulary.
-Policy training (one forward/backward chunk of ``training.micro_batch_size`` rows of L tokens):
-- the gradients, the dtype of the parameters, sharded like them;
-- wrapped: two transformer blocks unsharded (the one computing and the one prefetched), and the unit
-  holding the final norm and lm_head (with the embedding when tied): unsharded at the chunk's peak, the end
-  of forward and the start of backward, whatever ``parallelism.fsdp_reshard_after_forward`` says (torchtitan
-  keeps it unsharded from forward to backward by default), and its gradient, unsharded in the compute dtype
-  until it is reduced, and the copy of that gradient in ``training.mixed_precision_reduce`` (float32 by
-  default) that FSDP reduce-scatters (~2 GiB at Llama-8B: 0.53B parameters of lm_head) at the start of
-  backward, while every activation is still kept but the other units' gradients are not yet computed: what
-  it exceeds those gradients by (a sharded run's; one rank's gradients outweigh it);
-- activations per token and layer (elements, compute dtype), counted from what autograd keeps in
-  torchtitan's decoder block (tests/test_memory_plan.py counts them): each RMSNorm its input, the normalised
-  input, the output the next matmul reads and one rstd (3*dim + 1, twice); SDPA its queries, keys, values,
-  output and log-sum-exp (2*q_dim + 2*kv_dim + n_heads; the attention matrix is not kept: flash /
-  memory-efficient SDPA); with QK-norm (Qwen3) the per-head norms of queries and keys their inputs, outputs
-  and rstd (2*q_dim + 2*kv_dim + n_heads + n_kv_heads); SwiGLU w1's and w3's outputs, the SiLU and the
-  product w2 reads (4*ffn). q_dim = n_heads x head_dim is not dim in every model (Qwen3-0.6B: 2048 against
-  1024). That is without checkpointing; 2*dim + 2*q_dim + 2*kv_dim + 2*ffn with ``selective`` per-op
-  checkpointing (matmul outputs kept), dim per block with ``full`` plus one block's full set while it is
-  recomputed;
-- the logits, only at the positions the loss reads (``titan.token_logprobs(select_BT=...)``: GRPO's completion
-  tokens, DPO's chosen and rejected completion tokens, SFT's demonstration tokens; every usual row's completion
-  budget), ``FP32_CHUNK_ELEMENTS // vocab`` positions at a time through the output layer: one chunk's logits in
-  the compute dtype, their float32 copy the log-softmax reads, and the gradients of both, since with more than one
-  chunk backward recomputes each chunk's logits (``torch.utils.checkpoint``) instead of keeping them (the
-  selected hidden states each chunk is recomputed from are not counted); under TP the output layer runs at every
-  position (``_selected_forward`` falls back to the vocab-sharded logits), so every token's [V/t] slice;
-- shared prompts (``algo.share_prompt``, ``refexp/algos/shared_prompt.py``), attended the way the run will
-  (``attention_way``): the dense mask, U x S^2 booleans per chunk, or for ``titan.CausalRows`` the usual
-  rows' queries, keys, values and outputs that SDPA keeps (N x T x (2*q_dim + 2*kv_dim) per layer whose
-  activations are kept) in place of the shared rows' queries, keys and values (U x S x (q_dim + 2*kv_dim),
-  counted among the activations above);
-- at the end of backward, the embedding's own FSDP unit unsharded, its gradient and its reduce-scatter copy,
-  while the activations are freed: only what that moment exceeds the lines above (but the gradients) by.
-Reference forward (no graph, one chunk): the reference's shards moved to the device when offloaded; wrapped,
-two blocks and the lm_head unit unsharded; the logits of the same selected positions, one output-layer chunk at
-a time (each freed before the next) in the compute dtype and float32, every position's under TP. The decode
-loop projects only the last position onto the vocabulary (the rollout's "decode logits and sampling").
-The peak is the largest phase. One checkpoint on disk: weights (``training.dtype``) + AdamW state (8
-bytes/parameter) + the moving reference's weights when ``checkpoint.save_reference``.
-These are estimates: allocator fragmentation, NCCL buffers and the CUDA context (~1-3 GiB), FSDP's
-transient all-gather buffers and a layer's transient intermediates are not counted.
+Shapes come from a meta-device build of the model (``memory_shapes.py``), rows and lengths from the config
+(``memory_rows.py``), activations and logits per token from ``memory_activations.py``. Three phases on top of what
+every phase holds (parameters, optimizer state, the frozen reference and the kl/init anchor): the rollout's decode
+loop, policy training (one forward/backward chunk) and the reference forward. What each line counts and why, the
+formulas and what is not counted: docs/gpus.md, "What the plan counts".
 """
 
 from __future__ import annotations
@@ -107,7 +34,7 @@ class Item:
 
 
 @dataclass
-class Plan:
+class MemoryPlan:
     """Per-rank bytes: ``resident`` in every phase, ``phases[name]`` on top of it in that phase."""
 
     device: str
@@ -240,7 +167,7 @@ def _anchor_how(cfg, has_ref: bool) -> str:
     return "frozen copy"
 
 
-def static_decode_warning(p: Plan) -> str | None:
+def static_decode_warning(p: MemoryPlan) -> str | None:
     """A warning when ``rollout.static_decode``'s kept K/V buffers outweigh the model's own memory (parameters,
     their gradients and the optimizer state), else None: the buffers are held for the whole run."""
     buffers = sum(i.bytes for i in p.resident if i.what == STATIC_BUFFERS)
@@ -253,7 +180,7 @@ def static_decode_warning(p: Plan) -> str | None:
             "rollout.decode_capacity, fewer rows per generation, or rollout.static_decode=false frees them")
 
 
-def plan(cfg) -> Plan:
+def plan(cfg) -> MemoryPlan:
     """The per-rank memory plan of a validated RootConfig."""
     from refexp.reference import anchor, strategies
 
@@ -300,7 +227,7 @@ def plan(cfg) -> Plan:
         resident.append(Item("static-decode weights", s.params * compute / tp if wrapped else 0,
                              f"the whole model in {compute_name} at fixed addresses (titan/static_weights.py)"
                              if wrapped else "not FSDP-wrapped: the step reads the parameters"))
-    out = Plan(device=device_how, compute=compute_name, resident=resident)
+    out = MemoryPlan(device=device_how, compute=compute_name, resident=resident)
     out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
 
     chunk = training_chunk(cfg, dp)

@@ -37,8 +37,8 @@ from refexp.record.checkpoints import (MANIFEST, checked_steps, complete_steps, 
                                        write_manifest)
 from refexp.components.run_identity import foreign_checkpoint
 from refexp.runtime import distributed as rdist
-from refexp.titan.components import CheckpointManager
 from refexp.titan.dcp_reader import checked_dcp_metadata
+from refexp.titan.optim_checkpoint import CheckpointManager
 from refexp.titan.unwrap import local_tensor
 
 

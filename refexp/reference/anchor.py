@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from refexp import titan
-from refexp.reference.offload import build_kept, on_device
+from refexp.reference.offload import build_parked, on_device
 
 
 class InitAnchor:
@@ -30,7 +30,7 @@ class InitAnchor:
 
     def _ensure_model(self) -> torch.nn.Module:
         if self.model is None:
-            self.model, self._device = build_kept(self.build_frozen, offload=self.offload)
+            self.model, self._device = build_parked(self.build_frozen, offload=self.offload)
         return self.model
 
     @contextmanager

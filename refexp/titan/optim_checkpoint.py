@@ -1,4 +1,4 @@
-"""torchtitan's training components that refexp uses: optimizer and LR-schedule containers, and the DCP
+"""What refexp uses of ``torchtitan.components``: the optimizer and LR-schedule containers, and the DCP
 ``CheckpointManager`` (pruning deferred, see below).
 
 Re-exported here so that every torchtitan import in refexp goes through ``refexp.titan``
