@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -16,6 +16,7 @@ import torch
 from refexp.components.context import RunContext
 from refexp.components.models import build_frozen
 from refexp.components.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
+from refexp.config.model import model_identity
 from refexp.record.atomic import atomic_dir
 from refexp.record.cache_dirs import marker_check, verified_entry, write_entry_manifest
 from refexp.record.hashing import digest, stable_hash
@@ -72,7 +73,7 @@ def pairs_key(ctx: RunContext, sft_dir: Path) -> dict:
     a = ctx.cfg.algo
     return {"task": task_fingerprint(ctx.cfg.task),
             "start": {"path": str(Path(sft_dir).resolve()), "stamp": checkpoint_stamp(sft_dir)},
-            "model": asdict(ctx.cfg.model), "dtype": ctx.cfg.training.dtype,
+            "model": model_identity(ctx.cfg.model), "dtype": ctx.cfg.training.dtype,
             "num_pairs": a.num_pairs, "pair_seed": a.pair_seed, "max_new_tokens": ctx.task.max_new_tokens}
 
 
