@@ -10,8 +10,9 @@ The entropy is a metric: always computed without gradient.
 With ``select_BT`` (the positions a loss or a metric reads, e.g. completion tokens) the output layer runs
 only there: the trunk (embeddings, layers, final norm) once, then the output projection on the selected
 positions' hidden states in chunks of ``FP32_CHUNK_ELEMENTS``, so no [B, T, V] logits exist; in a
-differentiable call each chunk's logits are recomputed in backward (``torch.utils.checkpoint``). TRL's
-GRPO/DPO trainers likewise take logits of completion tokens only (``logits_to_keep``).
+differentiable call each chunk's logits are recomputed in backward (``torch.utils.checkpoint``). TRL 1.16's
+GRPO/DPO trainers project only the completion tokens only where Triton runs (CUDA, XPU: ``add_fused_lm_head``'s
+``compact``); on a CPU their fused output layer projects every position, in tiles.
 """
 
 from __future__ import annotations
