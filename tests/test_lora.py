@@ -138,3 +138,16 @@ def test_the_dry_run_plan_shows_the_adapters_and_no_reference_copy_for_fixed():
     assert lines["optimizer state"][0] == pytest.approx(2 * adapters)  # AdamW's 2 float32 moments of the adapters
     assert lines["reference logits"][0] == full["reference logits"] > 0  # the reference forward remains
     assert lines["per-rank peak estimate"][0] < full["per-rank peak estimate"]
+
+
+def test_the_sft_stage_and_its_cache_key_do_not_see_lora():
+    from types import SimpleNamespace
+
+    from refexp.algos.sft import sft_fingerprint
+
+    def key(*overrides):
+        cfg = to_object(compose_root("algo=grpo", *overrides))
+        return sft_fingerprint(SimpleNamespace(cfg=cfg, task=SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=64)),
+                                               device=torch.device("cpu")))
+
+    assert key("model.lora.rank=16", "model.lora.target_modules=[wo]") == key()
