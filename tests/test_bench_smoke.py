@@ -264,3 +264,14 @@ def test_trajectory_matched_reads_each_run_where_it_passes_the_drift(tmp_path, c
     (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert row["arm"] == "ema" and row["replicates"] == 2
     assert row["difference"] == pytest.approx(f * 0.125)  # ema rises 0.2 + 0.05 seed where fixed rises 0.1
+
+
+def test_bench_step_trains_a_lora_policy_with_a_free_fixed_reference(tmp_path, capsys):
+    import bench_step
+
+    rows = bench_step.main([*TINY_BENCH_ARGS, *BATCH, "--in-process", "--workdir", str(tmp_path), "--algo", "grpo",
+                            "--reference", "fixed", "ema", "--lora-rank", "2"])
+    by = {r["reference"]: r for r in rows}
+    assert all(r["lora_rank"] == 2 and 0 < r["trainable_params"] < r["policy_params"] for r in rows)
+    assert by["fixed"]["ref_params_resident"] == 0  # the base with the adapters off
+    assert by["ema"]["ref_params_resident"] > by["fixed"]["trainable_params"]  # the dense delta
