@@ -74,6 +74,8 @@ def build_strategy(ctx: RunContext, init_path: Path, *, defer_build: bool = Fals
     ``base`` view (``refexp/reference/lora.py``), no copy built."""
     rcfg = ctx.cfg.reference
     if ctx.cfg.model.lora.enabled:
+        if policy is None:
+            raise ValueError("model.lora: build_strategy needs the policy, whose reference and kl/init anchor it holds")
         strategy = build_lora_reference(rcfg, policy, defer_build=defer_build)
         shared = strategy if rcfg.name == "fixed" else None  # kl/ref is kl/init: the same view of the same model
         return strategy, InitAnchor(lambda: build_frozen(ctx, init_path), shared, lora_policy=policy)

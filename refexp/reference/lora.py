@@ -27,6 +27,7 @@ from refexp.reference.strategies import (
     NoReference,
     PeriodicResetReference,
     ReferenceStrategy,
+    check_schema,
 )
 
 
@@ -105,6 +106,7 @@ LORA_REGISTRY: dict[str, type[ReferenceStrategy]] = {
 def build_lora_reference(cfg, policy: torch.nn.Module, *, defer_build: bool = False) -> ReferenceStrategy:
     """The strategy ``reference.name`` of a LoRA ``policy`` (built with its reference part:
     ``config.model.LORA_REFERENCE_STATE``)."""
+    check_schema(cfg)
     cls = LORA_REGISTRY[cfg.name]
     if cls is NoReference:
         return NoReference(cfg, None, defer_build=defer_build)
