@@ -77,6 +77,14 @@ a time (each freed before the next) in the compute dtype and float32, every posi
 loop projects only the last position onto the vocabulary (the rollout's "decode logits and sampling").
 The peak is the largest phase. One checkpoint on disk: weights (``training.dtype``) + AdamW state (8
 bytes/parameter) + the moving reference's weights when ``checkpoint.save_reference``.
+With ``model.lora`` (``memory_shapes.lora_shapes``): the parameters are the frozen base; the adapters (rank x (in +
+out) per adapted layer) are a line of their own, and they alone have gradients and AdamW state (the frozen output
+layer and embedding none, so no reduce-scatter or end-of-backward lines); the reference is no copy but the policy's
+own part (``config.model.LORA_REFERENCE_STATE``): nothing for ``fixed`` (the base with the adapters off), one more
+set of adapters for a reset strategy, a dense in x out delta per adapted layer (and a float32 master beside a bf16
+one) for ``ema``; the kl/init anchor is the base view (nothing). The reference forward's activations and logits
+remain. The adapters and the reference's part are gathered with each block under FSDP; decoding runs through the
+layers (no fused gate/up copy); a checkpoint holds the adapters, their AdamW state and the reference's part.
 These are estimates: allocator fragmentation, NCCL buffers and the CUDA context (~1-3 GiB), FSDP's
 transient all-gather buffers and a layer's transient intermediates are not counted.
 """
