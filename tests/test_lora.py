@@ -110,6 +110,28 @@ def test_wrong_lora_settings_are_refused_before_anything_is_built(tmp_path, over
         validate(compose_small_run(tmp_path, *SMALL_GRPO_OVERRIDES, *overrides))
 
 
+def test_an_adapted_output_layer_is_read_with_its_adapter_at_selected_positions():
+    _, model = _lora_model(target_modules=["lm_head"])
+    _randomise_adapters_(model)
+    x = _tokens()
+    select = torch.zeros(x.shape[0], x.shape[1] - 1, dtype=torch.bool)
+    select[:, 5:] = True
+    with torch.no_grad():
+        full = titan.token_logprobs(model, x)
+        torch.testing.assert_close(titan.token_logprobs(model, x, select_BT=select)[select], full[select])
+        with titan.lora_view(model, titan.lora.BASE):
+            assert not torch.allclose(titan.token_logprobs(model, x, select_BT=select)[select], full[select])
+
+
+def test_an_adapter_on_a_tied_output_layer_is_refused():
+    cfg = tiny_model_config("qwen3", vocab_size=VOCAB)  # qwen3's debug model ties lm_head to the embedding
+    with pytest.raises(ConfigError, match="lm_head is tied to the token embedding"):
+        titan.lora_targets(titan.build_model_spec(cfg, vocab_size=VOCAB).model,
+                           LoRAConfig(rank=2, target_modules=["lm_head"]))
+    spec = titan.build_model_spec(tiny_model_config(vocab_size=VOCAB), vocab_size=VOCAB)  # llama3: untied
+    assert [t[0] for t in titan.lora_targets(spec.model, LoRAConfig(rank=2, target_modules=["lm_head"]))] == ["lm_head"]
+
+
 def test_lora_outside_grpo_is_refused():
     with pytest.raises(ConfigError, match="model.lora.rank=4 is invalid with algo=dpo"):
         to_object(compose_root("algo=dpo", "model.lora.rank=4"))

@@ -129,6 +129,10 @@ def lora_targets(model_config: Module.Config, lora: LoRAConfig) -> list[tuple[st
         raise ConfigError(f"model.lora.target_modules={names} is invalid: {', '.join(map(repr, missing))} matches no "
                           f"linear layer of this model (its linear layers: {', '.join(sorted(found))})")
     targets = [(fqn, c.in_features, c.out_features) for fqn, c in linears if fqn.rsplit(".", 1)[-1] in names]
+    if getattr(model_config, "enable_weight_tying", False) and any(fqn == "lm_head" for fqn, _, _ in targets):
+        raise ConfigError(f"model.lora.target_modules={names} is invalid: lm_head is tied to the token embedding in "
+                          f"this model, and an adapter on it alone would untie them (the HF export could not write "
+                          f"it); expected the blocks' layers")
     fqn, n_in, n_out = min(targets, key=lambda t: min(t[1], t[2]))
     if lora.rank > min(n_in, n_out):
         raise ConfigError(f"model.lora.rank={lora.rank} is invalid: {fqn} is {n_out} x {n_in}, so an adapter of it "
