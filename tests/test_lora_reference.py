@@ -20,6 +20,7 @@ from refexp.config.model import LORA_REFERENCE_STATE, LoRAConfig
 from refexp.reference.anchor import InitAnchor
 from refexp.reference.lora import LORA_REGISTRY, build_lora_reference
 from refexp.reference.strategies import REGISTRY, build_reference
+from refexp.titan.unwrap import local_tensor
 from tests.helpers.models import tiny_model_config
 
 VOCAB = 50
@@ -53,8 +54,8 @@ def _train_(policy, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in titan.lora.adapted_modules(policy).values():
-            for part in (m.lora_a, m.lora_b):
-                part.weight.add_(0.1 * torch.randn(part.weight.shape, generator=gen))
+            for part in (m.lora_a, m.lora_b):  # one process: the local shard is the whole tensor
+                local_tensor(part.weight).add_(0.1 * torch.randn(part.weight.shape, generator=gen))
 
 
 def _tokens() -> torch.Tensor:
@@ -182,3 +183,25 @@ def test_the_state_round_trips_with_the_reference_part_in_the_policy(start):
 def test_none_builds_nothing():
     strategy = build_lora_reference(NoReferenceConfig(), torch.nn.Linear(1, 1))
     assert strategy.model is None and strategy.logprobs(_tokens()) is None
+
+
+@pytest.mark.numerics
+def test_in_bf16_compute_the_reset_reference_is_the_policy_bit_for_bit(start):
+    """FSDP's mixed precision (1-rank mesh on CPU) casts the reference adapter as it casts the adapters, so right
+    after a reset the reference's bf16 forward is the policy's exactly; the base view is the bf16 frozen copy's."""
+    from refexp.config import TrainingConfig
+
+    bf16 = TrainingConfig(mixed_precision_param="bfloat16")
+    policy = titan.build_model(CFG, vocab_size=VOCAB, device="cpu", seed=1, training_cfg=bf16, lora=LORA,
+                               lora_reference="adapter")
+    titan.load_weights(policy, CFG, start)
+    frozen = titan.build_model(CFG, vocab_size=VOCAB, device="cpu", training_cfg=bf16, requires_grad=False)
+    titan.load_weights(frozen, CFG, start)
+    _train_(policy, 1)
+    strategy = build_lora_reference(PeriodicResetReferenceConfig(reset_every=1), policy)
+    assert strategy.after_step(1, policy, {})
+    assert torch.equal(strategy.logprobs(_tokens()), _policy_logprobs(policy))
+    with titan.lora_view(policy, titan.lora.BASE), torch.inference_mode():
+        base = titan.token_logprobs(policy, _tokens())
+    with torch.inference_mode():
+        assert torch.equal(base, titan.token_logprobs(frozen, _tokens()))
