@@ -175,7 +175,9 @@ def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:
     # The tokenizer is not loaded yet: an HF checkpoint's config.json states its own vocabulary, and the
     # embedded task's is small; 64 stands in for it only to check the shapes against the parallelism.
     vocab = cfg.model.vocab_size or (None if cfg.model.hf_assets_path else 64)
-    titan.build_model_spec(cfg.model, vocab_size=vocab, parallelism=cfg.parallelism)
+    spec = titan.build_model_spec(cfg.model, vocab_size=vocab, parallelism=cfg.parallelism)
+    if cfg.model.lora.enabled:  # every target names a layer, and the rank fits each one
+        titan.lora_targets(spec.model, cfg.model.lora)
     from refexp.tasks.sources import check_sources
 
     check_sources(cfg.task)  # local paths, Hub ids (reachable?), the task.reward hook

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -18,6 +18,7 @@ from refexp.components.context import RunContext
 from refexp.components.models import build_frozen
 from refexp.components.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.config.diff import in_cache_terms
+from refexp.config.model import model_identity
 from refexp.record.atomic import atomic_dir
 from refexp.record.cache_dirs import marker_check, verified_entry, write_entry_manifest
 from refexp.record.hashing import digest, stable_hash
@@ -77,7 +78,7 @@ def pairs_key(ctx: RunContext, sft_dir: Path) -> dict:
     cfg, a = ctx.cfg, ctx.cfg.algo
     return {"task": task_fingerprint(cfg.task, cfg.sft.cache_dir),
             "start": {"path": start_in_key(cfg, sft_dir), "stamp": checkpoint_stamp(sft_dir)},
-            "model": in_cache_terms(asdict(cfg.model), cfg.sft.cache_dir), "dtype": cfg.training.dtype,
+            "model": in_cache_terms(model_identity(cfg.model), cfg.sft.cache_dir), "dtype": cfg.training.dtype,
             "num_pairs": a.num_pairs, "pair_seed": a.pair_seed, "max_new_tokens": ctx.task.max_new_tokens}
 
 

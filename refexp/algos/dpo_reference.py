@@ -5,7 +5,6 @@ the per-version memo of a moving one, or none (docs/algorithms.md, DPO); and pai
 from __future__ import annotations
 
 import gc
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from refexp.algos.start_key import start_in_key
 from refexp.components.context import RunContext
 from refexp.components.timing import now
 from refexp.config.diff import in_cache_terms
+from refexp.config.model import model_identity
 from refexp.reference import refcache
 from refexp.reference.refcache import RefLogps
 from refexp.reference.strategies import ReferenceStrategy, reference_source
@@ -69,7 +69,7 @@ def _table_key(ctx: RunContext, pairs: datasets.Dataset, ref_path: Path) -> str:
     dtype = ctx.cfg.reference.dtype or ctx.cfg.training.dtype
     # share_prompt changes the float summation order of the reference forward (not its values beyond ~1e-7):
     # part of the key, so a run reads exactly what its own layout computes.
-    model_key = {**in_cache_terms(asdict(ctx.cfg.model), ctx.cfg.sft.cache_dir), "share_prompt": a.share_prompt}
+    model_key = {**in_cache_terms(model_identity(ctx.cfg.model), ctx.cfg.sft.cache_dir), "share_prompt": a.share_prompt}
     compute_dtype = ctx.cfg.training.compute_dtype(ctx.device.type)
     if compute_dtype != "float32":  # bf16 compute gives other values; float32 keys stay those of existing caches
         model_key["compute_dtype"] = compute_dtype

@@ -44,8 +44,9 @@ def format_plan(cfg, p: MemoryPlan) -> str:
     where = f"{world} ranks: {rep} replicate x {shard} shard x {tp} TP" if world > 1 else "1 process"
     # model.pretrained's shapes are its converted config.json's: its flavor (debugmodel) only names the family
     model = cfg.model.pretrained or cfg.model.flavor
+    lora = f", LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.enabled else ""
     out = [f"refexp dry run: {cfg.algo.name} x reference={cfg.reference.name}, model {cfg.model.name} "
-           f"{model}, {where}, device {p.device}, compute {p.compute}",
+           f"{model}{lora}, {where}, device {p.device}, compute {p.compute}",
            "held in every phase:", *(_row(i.what, i.bytes, i.how) for i in p.resident)]
     for name, items in p.phases.items():
         out += [f"{name}, on top:", *(_row(i.what, i.bytes, i.how) for i in items)]

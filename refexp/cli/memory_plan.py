@@ -5,7 +5,8 @@ Shapes come from a meta-device build of the model (``memory_shapes.py``), rows a
 (``memory_rows.py``), activations and logits per token from ``memory_activations.py``. Three phases on top of what
 every phase holds (parameters, optimizer state, the frozen reference and the kl/init anchor): the rollout's decode
 loop, policy training (one forward/backward chunk) and the reference forward. What each line counts and why, the
-formulas and what is not counted: docs/gpus.md, "What the plan counts".
+formulas and what is not counted: docs/gpus.md, "What the plan counts". With ``model.lora`` the adapters, their
+optimizer state and the reference's part inside the policy are lines of their own (the same section).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from refexp.choices import MOVING_STRATEGIES
 from refexp.cli.memory_activations import (activation_elems_per_token, logit_bytes, output_positions,
                                            shared_attention_bytes)
 from refexp.cli.memory_rows import Generation, generations, training_chunk
-from refexp.cli.memory_shapes import Shapes, layout, model_shapes
+from refexp.cli.memory_shapes import LoRAShapes, Shapes, layout, lora_shapes, model_shapes
+from refexp.config.model import LORA_REFERENCE_STATE
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
@@ -70,18 +72,22 @@ def planned_device(cfg) -> tuple[str, str]:
     return "cpu", device
 
 
-def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: int) -> list[Item]:
-    """What the decode loop holds on top of the resident state (see the module docstring)."""
+def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: int, lora_extra: int = 0
+             ) -> list[Item]:
+    """What the decode loop holds on top of the resident state (see the module docstring). ``lora_extra``: the
+    parameters ``model.lora`` adds (adapters and the reference's part), gathered with the rest."""
     compute = BYTES[compute_name]
     static = cfg.rollout.static_decode
-    items = [Item("unsharded model for decoding", s.params * compute / tp if wrapped else 0,
+    lora = cfg.model.lora.enabled
+    items = [Item("unsharded model for decoding", (s.params + lora_extra) * compute / tp if wrapped else 0,
                   f"every FSDP unit gathered at once (titan/decode.py), {compute_name}"
                   if wrapped else "not FSDP-wrapped: decoding reads the parameters")]
-    fused = tp == 1 and not static
+    fused = tp == 1 and not static and not lora
     items.append(Item("fused gate/up weights", 2 * s.ffn * s.dim * s.n_layers * compute if fused else 0,
                       f"w1|w3 of {s.n_layers} layers concatenated per generation (titan/decode_step_plain.py)" if fused
-                      else ("rollout.static_decode reads w1 and w3 as they are" if static else "TP: decoded by the "
-                            "sub-modules")))
+                      else ("rollout.static_decode reads w1 and w3 as they are" if static else
+                            "model.lora: decoded by the layers' forwards, adapters included" if lora else
+                            "TP: decoded by the sub-modules")))
     from refexp.components.sampler import DROP_FINISHED_SHARE
 
     per_slot = s.n_layers * 2 * s.kv_dim * compute / tp
@@ -124,7 +130,8 @@ def _static_buckets(cfg, s: Shapes, compute: int, dp: int) -> Item:
                 f"row buckets {'+'.join(map(str, buckets))} x {capacity} slots, kept between generations")
 
 
-def _reduce_scatter_item(cfg, s: Shapes, *, wrapped: bool, master: int, split: int, tp: int) -> Item:
+def _reduce_scatter_item(cfg, s: Shapes, *, wrapped: bool, master: int, split: int, tp: int, trainable: int
+                         ) -> Item:
     """FSDP's reduce-scatter input for the lm_head unit: its unsharded gradient copied into a
     ``training.mixed_precision_reduce`` buffer (``torch.distributed.fsdp._fully_shard._fsdp_collectives.
     foreach_reduce``), held until the next unit's reduce-scatter. It lives at the start of backward, when the
@@ -132,9 +139,12 @@ def _reduce_scatter_item(cfg, s: Shapes, *, wrapped: bool, master: int, split: i
     them by (sharded runs; with one rank the gradients outweigh it)."""
     if not wrapped:
         return Item("lm_head unit reduce-scatter", 0, "not FSDP-wrapped")
+    if cfg.model.lora.enabled:
+        return Item("lm_head unit reduce-scatter", 0, "model.lora: the output layer is frozen (no gradient), or its "
+                    "adapter's is counted among the gradients")
     reduce_name = cfg.training.mixed_precision_reduce
     buffer = s.head_params * BYTES[reduce_name] / tp
-    not_yet = (s.params - s.head_params) * master / split
+    not_yet = (trainable - s.head_params) * master / split
     return Item("lm_head unit reduce-scatter", max(0.0, buffer - not_yet),
                 f"{buffer / GIB:.2f} GiB {reduce_name} copy of its gradient less the other units' gradients, "
                 f"not yet computed ({not_yet / GIB:.2f} GiB)")
@@ -148,9 +158,10 @@ def _embedding_backward_item(cfg, s: Shapes, *, wrapped: bool, compute: int, tp:
     that moment and the chunk's peak, so this adds what it exceeds the chunk's other lines (``others``, all but the
     gradients) by: nothing at scale, the peak of a short chunk."""
     own = s.params - s.n_layers * s.block_params - s.head_params  # the embedding; 0 when tied to lm_head
-    if not wrapped or own <= 0:
+    if not wrapped or own <= 0 or cfg.model.lora.enabled:
         return Item("embedding unit, end of backward", 0,
-                    "not FSDP-wrapped" if not wrapped else "tied to lm_head: in the lm_head unit")
+                    "not FSDP-wrapped" if not wrapped else "model.lora: the embedding is frozen (no gradient)"
+                    if cfg.model.lora.enabled else "tied to lm_head: in the lm_head unit")
     reduce_name = cfg.training.mixed_precision_reduce
     end = own * (2 * compute + BYTES[reduce_name]) / tp
     return Item("embedding unit, end of backward", max(0.0, end - others),
@@ -205,18 +216,28 @@ def plan(cfg) -> MemoryPlan:
     anchor_shared = anchor.anchor_is_reference(cfg, anchor.reference_start(cfg, start), start)
     has_anchor = a.name != "sft" and not (anchor_shared and has_ref)
     ref_master = s.params * ref_cfg.fp32_master_bytes(cfg.training.dtype) / split  # a bf16 EMA's fp32 master
+    lora = lora_shapes(cfg.model, cfg.parallelism)
+    trainable = lora.adapter_params if lora else s.params
     resident = [
-        Item("parameters", s.params * master / split, f"{s.params / 1e9:.3f}B x {master} B / {split} ranks"),
-        Item("optimizer state", s.params * 8 / split, f"{cfg.training.optimizer}: 2 moments x 4 B / {split}"),
-        Item("reference", 0 if (ref_cfg.offload or not has_ref) else ref_shards + ref_master,
-             "host memory (reference.offload)" if has_ref and ref_cfg.offload else
-             (f"frozen copy, {ref_cfg.dtype or cfg.training.dtype}" + (" + float32 master" if ref_master else "")
-              if has_ref else "none")),
-        Item("kl/init anchor", 0 if (ref_cfg.offload or not has_anchor) else s.params * master / split,
-             "the fixed reference itself" if not has_anchor and a.name != "sft" else
-             ("host memory (reference.offload)" if ref_cfg.offload and has_anchor else
-              (_anchor_how(cfg, has_ref) if has_anchor else "none"))),
+        Item("parameters", s.params * master / split, f"{s.params / 1e9:.3f}B x {master} B / {split} ranks"
+             + (" (the frozen base)" if lora else "")),
+        Item("optimizer state", trainable * 8 / split, f"{cfg.training.optimizer}: 2 moments x 4 B / {split}"
+             + (" of the adapters" if lora else "")),
     ]
+    if lora:
+        resident += _lora_items(cfg, lora, master=master, split=split, has_ref=has_ref)
+    else:
+        resident += [
+            Item("reference", 0 if (ref_cfg.offload or not has_ref) else ref_shards + ref_master,
+                 "host memory (reference.offload)" if has_ref and ref_cfg.offload else
+                 (f"frozen copy, {ref_cfg.dtype or cfg.training.dtype}" + (" + float32 master" if ref_master else "")
+                  if has_ref else "none")),
+            Item("kl/init anchor", 0 if (ref_cfg.offload or not has_anchor) else s.params * master / split,
+                 "the fixed reference itself" if not has_anchor and a.name != "sft" else
+                 ("host memory (reference.offload)" if ref_cfg.offload and has_anchor else
+                  (_anchor_how(cfg, has_ref) if has_anchor else "none"))),
+        ]
+    lora_extra = (lora.adapter_params + lora.reference_params(LORA_REFERENCE_STATE[ref_cfg.name])) if lora else 0
     from refexp.tasks.reward_model import reward_models_plan_line
 
     reward_models = reward_models_plan_line(cfg.task, s.params)  # learned rewards: beside the policy throughout
@@ -228,7 +249,8 @@ def plan(cfg) -> MemoryPlan:
                              f"the whole model in {compute_name} at fixed addresses (titan/static_weights.py)"
                              if wrapped else "not FSDP-wrapped: the step reads the parameters"))
     out = MemoryPlan(device=device_how, compute=compute_name, resident=resident)
-    out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
+    out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp,
+                                     lora_extra=lora_extra)
 
     chunk = training_chunk(cfg, dp)
     rows, length = chunk.rows, chunk.length
@@ -237,14 +259,18 @@ def plan(cfg) -> MemoryPlan:
     positions, what = output_positions(chunk, tp)
     train_logits, train_logits_how = logit_bytes(positions, what, s, compute, tp, backward=True)
     ref_logits, ref_logits_how = logit_bytes(positions, what, s, compute, tp, backward=False)
-    blocks = 2 * s.block_params * compute / tp if wrapped else 0
+    # model.lora's parameters inside the blocks are gathered with them (an adapted lm_head's: negligible)
+    blocks = 2 * (s.block_params + lora_extra / s.n_layers) * compute / tp if wrapped else 0
     shared, shared_how = shared_attention_bytes(cfg, s, rows, length, compute, tp)
     out.phases["policy training"] = [
-        Item("gradients", s.params * master / split, f"same as the parameters ({cfg.training.dtype})"),
+        Item("gradients", trainable * master / split, f"same as the {'adapters' if lora else 'parameters'} "
+             f"({cfg.training.dtype})"),
         Item("FSDP unsharded blocks", blocks, "2 blocks in the compute dtype" if wrapped else "not FSDP-wrapped"),
-        Item("norm + lm_head unit", 2 * s.head_params * compute / tp if wrapped else 0,
-             "unsharded from forward to backward, and its unsharded gradient" if wrapped else "not FSDP-wrapped"),
-        _reduce_scatter_item(cfg, s, wrapped=wrapped, master=master, split=split, tp=tp),
+        Item("norm + lm_head unit", (1 if lora else 2) * s.head_params * compute / tp if wrapped else 0,
+             ("unsharded from forward to backward" + (" (frozen: no gradient)" if lora else
+                                                      ", and its unsharded gradient")) if wrapped
+             else "not FSDP-wrapped"),
+        _reduce_scatter_item(cfg, s, wrapped=wrapped, master=master, split=split, tp=tp, trainable=trainable),
         Item("activations", tokens * (kept + one_block) * compute / tp,
              f"{rows} rows x {length} tokens, activation_checkpoint={cfg.activation_checkpoint.mode}"),
         Item("logits and log-probs", train_logits, f"{train_logits_how}, and their gradient"),
@@ -262,9 +288,37 @@ def plan(cfg) -> MemoryPlan:
         Item("reference logits", ref_logits if live_ref else 0,
              f"{ref_logits_how}, no graph" if live_ref else "no live reference forward"),
     ]
+    saves_reference = (ref_cfg.name in MOVING_STRATEGIES and a.name != "sft"
+                       and getattr(cfg.checkpoint, "save_reference", True))
+    if lora:  # the adapters and their state, the reference's part; the frozen base is the start checkpoint's
+        ref_part = lora.reference_params(LORA_REFERENCE_STATE[ref_cfg.name]) * master if saves_reference else 0
+        out.checkpoint = Item("one checkpoint on disk (all ranks)", trainable * (master + 8) + ref_part,
+                              "adapters + AdamW state" + (" + the reference's part" if ref_part else ""))
+        return out
     ckpt = s.params * master + s.params * 8
-    if ref_cfg.name in MOVING_STRATEGIES and a.name != "sft" and getattr(cfg.checkpoint, "save_reference", True):
+    if saves_reference:
         ckpt += s.params * ref_bytes
     out.checkpoint = Item("one checkpoint on disk (all ranks)", ckpt, "weights + AdamW state" +
                           (" + moving reference" if ckpt > s.params * (master + 8) else ""))
     return out
+
+
+def _lora_items(cfg, lora: LoRAShapes, *, master: int, split: int, has_ref: bool) -> list[Item]:
+    """``model.lora``'s resident lines: the adapters, the reference (the policy's own base with the adapters off, a
+    reference adapter, or a dense EMA delta with the float32 master a bf16 one keeps) and the kl/init anchor (the
+    base with the adapters off: never a copy)."""
+    r = cfg.reference
+    state = LORA_REFERENCE_STATE[r.name]
+    part = lora.reference_params(state)
+    fp32 = 4 if state == "delta" and cfg.training.dtype != "float32" else 0
+    how = {"none": "the base with the adapters off (model.lora): no copy" if has_ref else "none",
+           "adapter": f"a reference adapter, {part / 1e6:.2f}M parameters (model.lora)",
+           "delta": f"dense EMA delta of the {lora.layers} adapted layers, {part / 1e6:.1f}M parameters (model.lora)"
+                    + (" + float32 master" if fp32 else "")}[state]
+    return [
+        Item("LoRA adapters", lora.adapter_params * master / split,
+             f"rank {cfg.model.lora.rank} on {', '.join(lora.targets)} ({lora.layers} layers): "
+             f"{lora.adapter_params / 1e6:.2f}M parameters, trained"),
+        Item("reference", part * (master + fp32) / split, how),
+        Item("kl/init anchor", 0, "the base with the adapters off (model.lora): no copy"),
+    ]

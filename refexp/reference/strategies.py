@@ -220,11 +220,16 @@ def build_reference(cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Mo
     """The strategy named by ``reference.name``; ``build_frozen()`` makes its frozen model (not called for
     none; with ``defer_build`` not before ``ensure_model()``). ``cfg`` is that strategy's own schema
     (``REFERENCE_SCHEMAS[name]``): its fields are the ones the strategy reads."""
+    check_schema(cfg)
+    return REGISTRY[cfg.name](cfg, build_frozen, defer_build=defer_build)
+
+
+def check_schema(cfg: ReferenceConfig) -> None:
+    """``ConfigError`` unless ``cfg`` is its strategy's own schema (``REFERENCE_SCHEMAS[cfg.name]``)."""
     schema = REFERENCE_SCHEMAS.get(cfg.name)
     if schema is None or not isinstance(cfg, schema):
         raise ConfigError(f"reference.name={cfg.name!r} needs a {schema.__name__ if schema else 'known strategy'} "
                           f"config (got {type(cfg).__name__}): expected one of {', '.join(REFERENCE_SCHEMAS)}")
-    return REGISTRY[cfg.name](cfg, build_frozen, defer_build=defer_build)
 
 
 REFERENCE_SOURCES = ("none", "live", "versioned", "precomputed")

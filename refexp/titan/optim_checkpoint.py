@@ -18,7 +18,7 @@ from torchtitan.components.optimizer.optimizer import OptimizersContainer, Param
 
 from refexp.titan.dcp_reader import SafeFileSystemReader, checked_dcp_metadata
 
-__all__ = ["CheckpointManager", "LRSchedulersContainer", "OptimizersContainer", "ParamGroupConfig"]
+__all__ = ["MODEL", "CheckpointManager", "LRSchedulersContainer", "OptimizersContainer", "ParamGroupConfig"]
 
 STEP_DIR = re.compile(r"step-(\d+)")
 """The name of a checkpoint dir refexp writes (``fullmatch``: nothing before or after)."""
