@@ -63,6 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="GRPO with model.lora: adapters of this rank on every linear layer of the blocks (0: the "
+                        "whole model trains); the FLOP counts still assume full weight gradients")
+    p.add_argument("--lora-alpha", type=float, default=None, help="model.lora.alpha (default: the rank)")
     p.add_argument("--compile", action="store_true", help="per-block torch.compile of policy and reference")
     p.add_argument("--full-logits", action="store_true",
                    help="the output layer at every position, as before select_BT (titan.logprobs.SELECT_POSITIONS "
@@ -108,6 +112,7 @@ def build(args, algo: str, reference: str, precompute: bool):
     from refexp import titan
     from refexp.config import (CheckpointConfig, CompileConfig, DPOConfig, GRPOConfig, ModelConfig, RootConfig,
                                 TrainingConfig)
+    from refexp.config.model import LoRAConfig
     from refexp.tasks import Task
 
     device = titan.resolve_device(args.device)
@@ -138,9 +143,13 @@ def build(args, algo: str, reference: str, precompute: bool):
                              share_prompt=args.share_prompt)
     task = Task(name="random", tokenizer=tok, train=train, eval=train, max_new_tokens=args.new_tokens,
                 reward=C.content_blind_reward, max_prompt_len=args.prompt_len, preference=pairs)
+    if args.lora_rank and algo != "grpo":
+        raise SystemExit(f"--lora-rank is for --algo grpo (model.lora trains GRPO's policy), not {algo}")
+    model_cfg = (ModelConfig(name="llama3", hf_assets_path=args.hf_dir, max_seq_len=seq + 1) if args.hf_dir
+                 else shape.model_config(max_seq_len=max(64, seq + 1)))
+    model_cfg.lora = LoRAConfig(rank=args.lora_rank, alpha=args.lora_alpha)
     cfg = RootConfig(
-        model=(ModelConfig(name="llama3", hf_assets_path=args.hf_dir, max_seq_len=seq + 1) if args.hf_dir
-               else shape.model_config(max_seq_len=max(64, seq + 1))),
+        model=model_cfg,
         training=TrainingConfig(steps=n_steps, seed=args.seed, lr=args.lr, num_threads=args.threads,
                                 device=args.device),
         checkpoint=CheckpointConfig(enable=False),
@@ -173,7 +182,7 @@ def build(args, algo: str, reference: str, precompute: bool):
     if algo == "grpo":
         from refexp.algos.grpo import GRPOStep
 
-        strategy, _ = build_strategy(ctx, init_dir)
+        strategy, _ = build_strategy(ctx, init_dir, policy=policy.model)
         step_fn = GRPOStep(ctx, policy, strategy)
     else:
         from refexp.algos.dpo import DPOStep, build_ref_source
@@ -299,6 +308,8 @@ class Bench:
             return C.median([mfu(flops, r[key], r["probe_gflops"]) for r in timed])
 
         ref_params = titan.count_parameters(strategy.model) if strategy.model is not None else 0
+        if strategy.model is self.policy.model:  # model.lora: the reference's own part of the policy, if any
+            ref_params = titan.lora.count_adapter_parameters(self.policy.model, reference=True)
         out = {
             "bench": "step", "algo": self.algo, "reference": strategy.name,
             "precompute_ref": bool(getattr(ctx.cfg.algo, "precompute_ref", False)) and self.algo == "dpo",
@@ -333,6 +344,8 @@ class Bench:
                              "step": mfu_adjacent(step_flops, "step_s")},
             "gflop_per_step": round(step_flops / 1e9, 3),
             "policy_params": titan.count_parameters(self.policy.model),
+            "trainable_params": sum(p.numel() for p in self.policy.model.parameters() if p.requires_grad),
+            "lora_rank": ctx.cfg.model.lora.rank,
             "ref_params_resident": ref_params,
             "ref_param_mb": round(ref_params * 4 / 2**20, 2),
             "peak_rss_timed_mb": round(peak_rss_timed, 1) if peak_rss_timed is not None else None,
@@ -351,7 +364,7 @@ def fused_adamw(model, t):
     """What-if (``--what-if-fused-adamw``): ``refexp.components.optim.build_optimizer`` with torch's fused AdamW kernel,
     which exists on CPU since torch 2.4 (refexp uses foreach there). Same containers, hyper-parameters and
     schedule; numerically equal up to float rounding."""
-    from refexp.titan.components import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
+    from refexp.titan.optim_checkpoint import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
 
     kwargs = {"lr": t.lr, "weight_decay": t.weight_decay, "betas": (t.beta1, t.beta2), "eps": t.eps}
     cfg = OptimizersContainer.Config(param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=t.optimizer,

@@ -71,6 +71,11 @@ def parse_args(argv=None):
                    help="random: the small random Llama above; smollm2_135m: SmolLM2-135M-Instruct (refexp's "
                         "model=smollm2_135m, fetched and converted into $REFEXP_CACHE on first use), prompts and "
                         "completions of its own vocabulary's words")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="GRPO workloads with LoRA adapters of this rank on every linear layer of the blocks: refexp's "
+                        "model.lora (one adapter on the fused q/k/v projection) against TRL + peft's LoraConfig "
+                        "(target_modules='all-linear', lora_alpha = rank, no dropout: q, k and v each adapted); "
+                        "needs peft")
     p.add_argument("--refexp-args", default="",
                    help="extra bench_step.py options for the refexp side, e.g. --refexp-args=--compile")
     p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"],
@@ -236,10 +241,20 @@ def build_trl(args, name: str, callbacks: list):
                          top_p=1.0, top_k=0, beta=beta, loss_type="grpo", scale_rewards="group",
                          shuffle_dataset=True)
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok,
-                              callbacks=callbacks)
+                              callbacks=callbacks, peft_config=peft_config(args))
         tokens_per_step = args.prompts * args.group * (args.prompt_len + args.new_tokens)
     C.set_threads(args.threads)  # whatever the trainer's set-up did
     return trainer, tokens_per_step
+
+
+def peft_config(args):
+    """peft's LoraConfig matching refexp's ``model.lora`` at ``--lora-rank`` (None without it)."""
+    if not args.lora_rank:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=args.lora_rank, lora_alpha=args.lora_rank, lora_dropout=0.0, bias="none",
+                      target_modules="all-linear", task_type="CAUSAL_LM")
 
 
 def trl_worker(args, name: str) -> dict:
@@ -385,6 +400,8 @@ def refexp_argv(args, name: str) -> list[str]:
     else:
         argv += ["--prompts", str(args.prompts), "--group", str(args.group), "--new-tokens", str(args.new_tokens),
                  "--beta", str(0.0 if w["reference"] == "none" else GRPO_BETA)]
+        if args.lora_rank:
+            argv += ["--lora-rank", str(args.lora_rank)]
     return argv + args.refexp_args.split()
 
 
@@ -401,6 +418,9 @@ def machine() -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.lora_rank and any(WORKLOADS[n]["algo"] != "grpo" for n in args.workloads):
+        raise SystemExit("--lora-rank is for the GRPO workloads (refexp's model.lora trains GRPO's policy): "
+                         "pass --workloads grpo_ref grpo_noref")
     if args.trl_worker:
         print(json.dumps(trl_worker(args, args.trl_worker)), flush=True)
         return
@@ -428,7 +448,7 @@ def main(argv=None) -> None:
                      "--warmup", str(args.warmup), "--pairs", str(args.pairs), "--prompts", str(args.prompts),
                      "--group", str(args.group), "--prompt-len", str(args.prompt_len),
                      "--completion-len", str(args.completion_len), "--new-tokens", str(args.new_tokens),
-                     f"--refexp-args={args.refexp_args}"]
+                     "--lora-rank", str(args.lora_rank), f"--refexp-args={args.refexp_args}"]
     results: dict[str, list[dict]] = {n: [] for n in args.workloads}
     for r in range(args.rounds):
         for name in args.workloads:

@@ -54,7 +54,7 @@ from refexp.runtime import stop_signals
 from refexp.runtime.process_settings import apply_process_settings
 from refexp.tasks.data_checks import check_task_data
 def run_from_hydra(cfg: DictConfig) -> float | None:
-    """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return a sweep objective."""
+    """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return what a sweeper maximises."""
     from hydra.core.hydra_config import HydraConfig
 
     hydra_record = HydraRecord(cfg)  # as Hydra passed the config, before run_dir is filled in
@@ -67,7 +67,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         final = run(cfg, on_checked=hydra_record.write)
         if rdist.is_rank0() and isinstance(final, dict):
             print(summary_line(final, time.monotonic() - started, cfg.run_dir))
-        return objective(final)
+        return search_value(final)
     # In a sweep, one failing job must not stop the others (Hydra would re-raise the first failure
     # after the batch and skip the report): the failure is in the job's status.json and log, the
     # report lists it, and refexp.cli.sweep.ReportCallback makes the sweep exit non-zero at the end.
@@ -89,10 +89,10 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
             record_failed_job(HydraConfig.get().sweep.dir, cfg.run_dir, e)
         print(f"[refexp] job failed: {cfg.run_dir} (see its status.json)", file=sys.stderr)
         return None
-    return objective(final)
+    return search_value(final)
 
 
-def objective(final) -> float | None:
+def search_value(final) -> float | None:
     """What a sweeper (Optuna's, conf/hparams_search/) maximises: the final validation accuracy
     (``val/accuracy``), else None, never the held-out ``eval/accuracy``: a search must not select on test.
     Optuna records a None as a failed trial; a search without a validation split is refused before its
@@ -175,7 +175,9 @@ def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:
     # The tokenizer is not loaded yet: an HF checkpoint's config.json states its own vocabulary, and the
     # embedded task's is small; 64 stands in for it only to check the shapes against the parallelism.
     vocab = cfg.model.vocab_size or (None if cfg.model.hf_assets_path else 64)
-    titan.build_model_spec(cfg.model, vocab_size=vocab, parallelism=cfg.parallelism)
+    spec = titan.build_model_spec(cfg.model, vocab_size=vocab, parallelism=cfg.parallelism)
+    if cfg.model.lora.enabled:  # every target names a layer, and the rank fits each one
+        titan.lora_targets(spec.model, cfg.model.lora)
     from refexp.tasks.sources import check_sources
 
     check_sources(cfg.task)  # local paths, Hub ids (reachable?), the task.reward hook

@@ -194,3 +194,14 @@ def test_gpu_smoke_skips_what_the_budget_leaves_no_time_for(capsys):
     assert [row["figure"] for row in lines[1:-1]] == list(gpu_smoke.FIGURES)
     assert all(row["value"] is None and "out of time" in row["skipped"] for row in lines[1:-1])
     assert counts == {"ok": 0, "error": 0, "skipped": len(gpu_smoke.FIGURES)}
+
+
+def test_bench_step_trains_a_lora_policy_with_a_free_fixed_reference(tmp_path, capsys):
+    import bench_step
+
+    rows = bench_step.main([*TINY_BENCH_ARGS, *BATCH, "--in-process", "--workdir", str(tmp_path), "--algo", "grpo",
+                            "--reference", "fixed", "ema", "--lora-rank", "2"])
+    by = {r["reference"]: r for r in rows}
+    assert all(r["lora_rank"] == 2 and 0 < r["trainable_params"] < r["policy_params"] for r in rows)
+    assert by["fixed"]["ref_params_resident"] == 0  # the base with the adapters off
+    assert by["ema"]["ref_params_resident"] > by["fixed"]["trainable_params"]  # the dense delta

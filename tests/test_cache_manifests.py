@@ -216,8 +216,8 @@ def test_dpo_pairs_are_sealed_and_verified_before_they_are_read(tmp_path, monkey
     monkeypatch.setattr(dpo_data, "pairs_key", lambda ctx, sft_dir: {})
     monkeypatch.setattr(dpo_data, "pairs_dir", lambda cache_dir, key: out)
     monkeypatch.setattr(dpo_data, "build_frozen", lambda *a: pytest.fail("stored pairs were sampled again"))
-    ctx = type("Ctx", (), {"task": type("T", (), {"preference": None})(), "cache_dir": tmp_path,
-                           "cfg": type("C", (), {"algo": None})()})()
+    ctx = type("Ctx", (), {"task": type("T", (), {"preference": None, "train": None})(), "cache_dir": tmp_path,
+                           "cfg": type("C", (), {"algo": None, "task": None})()})()
     victim = next(out.glob("*.arrow"))
     flip_a_byte(victim, at=len(victim.read_bytes()) // 2)
     with pytest.raises(CorruptCacheEntry, match="DPO pairs cache entry " + re.escape(str(out))):

@@ -144,7 +144,7 @@ def test_a_damaged_checkpoint_from_before_manifests_is_refused_naming_it(tmp_pat
     loads are not finite, and the resume says which checkpoint, not a NonFiniteError at the first update."""
     import torch
 
-    from refexp.titan.components import CheckpointManager
+    from refexp.titan.optim_checkpoint import CheckpointManager
 
     run(compose_tiny_run(tmp_path, *CKPT, f"training.steps={K}"))
     for manifest in (tmp_path / "checkpoint").glob(f"step-*/{MANIFEST}"):

@@ -85,6 +85,45 @@ def test_the_start_pin_covers_the_weights_the_loader_reads(tmp_path):
     assert problem is not None and "other weights" in problem
 
 
+def test_the_pin_of_an_initial_load_read_as_hf_covers_what_the_hf_reader_loads(tmp_path):
+    """``checkpoint.initial_load_in_hf`` reads ``initial_load_path`` as HF whatever it holds: a DCP checkpoint with
+    another model's ``model.safetensors`` beside it (no config.json, so its files alone say DCP) loads that model,
+    and its pin covers those files, so a resume onto other safetensors there is refused."""
+    import torch
+
+    from refexp import titan
+    from refexp.components.run_identity import start_pins
+    from refexp.config import ModelConfig, to_object
+
+    cfg = ModelConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32, vocab_size=17)
+    titan.prepare_torchtitan("cpu")
+    start, other, third = (titan.build_model(cfg, vocab_size=17, device="cpu", seed=s) for s in (1, 2, 3))
+    initial = tmp_path / "initial"
+    titan.save_model_weights(start, initial)
+    for name, model in (("other", other), ("third", third)):
+        titan.export_hf(model, cfg, str(tmp_path / name))
+    shutil.copy(tmp_path / "other" / "model.safetensors", initial)
+
+    loaded = titan.build_model(cfg, vocab_size=17, device="cpu", seed=4)
+    titan.load_weights(loaded, cfg, initial, hf=True)  # what build_policy loads with initial_load_in_hf=true
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), other.state_dict().values()))
+    root = to_object(compose_root(f"checkpoint.initial_load_path={initial}", "checkpoint.initial_load_in_hf=true"))
+    before = start_pins(root, tmp_path / "sft")
+    shutil.copy(tmp_path / "third" / "model.safetensors", initial)  # the DCP files the dir's contents name stay
+    problem = pin_mismatch(before, start_pins(root, tmp_path / "sft"))
+    assert problem is not None and problem.startswith("the checkpoint.initial_load_path this run began from")
+
+
+def test_initial_load_in_hf_without_initial_load_path_is_refused():
+    """It says how ``initial_load_path`` is read; the start the reference and the kl/init anchor read too is read as
+    its files say, so forcing the HF reader on it for the policy alone is refused in one line."""
+    from refexp.config import to_object
+
+    with pytest.raises(ConfigError, match=r"^checkpoint\.initial_load_in_hf=True is invalid: expected false without "
+                                          r"checkpoint\.initial_load_path"):
+        to_object(compose_root("checkpoint.initial_load_in_hf=true"))
+
+
 @pytest.mark.parametrize("folder", ["/tmp/shared-checkpoints", "../elsewhere", "a/../../b", "."])
 def test_a_checkpoint_folder_outside_the_run_dir_is_refused(folder):
     from refexp.config import to_object

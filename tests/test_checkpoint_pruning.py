@@ -1,5 +1,5 @@
 """``checkpoint.keep_latest_k`` prunes only the ``step-<N>`` dirs refexp writes: a user's file or dir in the
-checkpoint folder whose name merely contains ``step-N`` stays (refexp/titan/components.py)."""
+checkpoint folder whose name merely contains ``step-N`` stays (refexp/titan/optim_checkpoint.py)."""
 
 from __future__ import annotations
 

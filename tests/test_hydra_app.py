@@ -85,12 +85,12 @@ def test_a_search_without_a_validation_split_is_refused_before_its_first_trial(t
     assert time.monotonic() - t0 < 10
 
 
-def test_objective_is_validation_accuracy_and_never_test_accuracy():
-    from refexp.run import objective
+def test_search_value_is_validation_accuracy_and_never_test_accuracy():
+    from refexp.run import search_value
 
-    assert objective({"val/accuracy": 0.5, "eval/accuracy": 0.9}) == 0.5
-    assert objective({"eval/accuracy": 0.9}) is None
-    assert objective(None) is None
+    assert search_value({"val/accuracy": 0.5, "eval/accuracy": 0.9}) == 0.5
+    assert search_value({"eval/accuracy": 0.9}) is None
+    assert search_value(None) is None
 
 
 @pytest.mark.parametrize("overrides, has_validation", [

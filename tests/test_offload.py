@@ -66,7 +66,7 @@ def test_each_use_copies_to_the_device_once_and_nothing_comes_back(cfg, moves):
             with strat.resident():  # a nested use (a step's micro-batches) does not move it again
                 assert all(t.device == DEVICE for t in _tensors(strat.model))
         assert moves["to_device"] == n
-        # back on the kept host tensors: no copy from the device (impossible from meta), no new host memory
+        # back on the parked host tensors: no copy from the device (impossible from meta), no new host memory
         assert [t.data_ptr() for t in _tensors(strat.model)] == host
         assert all(torch.equal(v, before[k]) for k, v in strat.model.state_dict().items())
         moved = strat.after_step(step, policy, {})

@@ -3,8 +3,8 @@ page matches them, names every field, and each field's meaning is its docstring.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Literal, Optional
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Literal, Optional, get_type_hints
 
 from refexp.config import GROUP_SCHEMAS, OPTION_SCHEMAS, RootConfig
 from refexp.config.docs import PAGE, field_docs, field_table, render
@@ -22,9 +22,17 @@ def test_every_field_of_every_schema_has_a_docstring():
     assert not missing, f"fields without a docstring under them: {missing}"
 
 
+def _field_rows(schema: type, prefix: str) -> list[str]:
+    """``prefix.field`` of every field; a block inside a group (``model.lora``) by its own fields."""
+    hints = get_type_hints(schema)
+    return [row for f in fields(schema)
+            for row in (_field_rows(hints[f.name], f"{prefix}.{f.name}") if is_dataclass(hints[f.name])
+                        else [f"{prefix}.{f.name}"])]
+
+
 def test_the_page_has_a_row_for_every_field():
     page = render()
-    rows = [f"{group}.{f.name}" for group, schema in GROUP_SCHEMAS.items() for f in fields(schema)]
+    rows = [row for group, schema in GROUP_SCHEMAS.items() for row in _field_rows(schema, group)]
     rows += [f"{group}.{f.name}" for group, options in OPTION_SCHEMAS.items() for schema in options.values()
              for f in fields(schema) if f.name != "name"]
     rows += ["eval.every", "sft.patience", "experiment_name", "dry_run"]

@@ -102,7 +102,7 @@ def test_a_resume_refuses_a_crafted_checkpoint_with_a_manifest(tmp_path):
     """The resume's path: ``is_model_only`` reads the chosen step's ``.metadata`` and torchtitan's manager
     loads it (``CheckpointManager.dcp_load``); a verified manifest does not make it trusted."""
     from refexp.components.checkpoint import is_model_only
-    from refexp.titan.components import CheckpointManager
+    from refexp.titan.optim_checkpoint import CheckpointManager
 
     marker = tmp_path / "ran"
     step = tmp_path / "checkpoint" / "step-2"

@@ -77,7 +77,7 @@ def planted_reader(reader: str, tmp_path, real_dcp, plant_into, model=None):
     checkpoint.initial_load_path: a ``step-N`` dir (``build_policy``)."""
     from refexp.components.checkpoint import is_model_only
     from refexp.components.tokenizer_start import start_embedding_rows
-    from refexp.titan.components import CheckpointManager
+    from refexp.titan.optim_checkpoint import CheckpointManager
 
     model = model or titan.build_model(TINY, vocab_size=17, device="cpu", seed=1)
 

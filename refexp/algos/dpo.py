@@ -153,7 +153,7 @@ class DPOStepMetrics:
 def train_dpo(ctx: RunContext, sft_dir: Path) -> dict:
     pairs = load_pairs(ctx, sft_dir)
     policy = build_policy(ctx, sft_dir)
-    strategy, anchor = build_strategy(ctx, sft_dir, defer_build=True)
+    strategy, anchor = build_strategy(ctx, sft_dir, defer_build=True, policy=policy.model)
     ref_source, stats = build_ref_source(ctx, strategy, pairs, reference_path(ctx, sft_dir))
     if ctx.dist.is_rank0:
         src = type(ref_source).__name__ if ref_source is not None else "none (reference-free)"

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
 import torch
 
+from refexp.algos.start_key import start_in_key
 from refexp.components.context import RunContext
 from refexp.components.models import build_frozen
 from refexp.components.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
+from refexp.config.diff import in_cache_terms
+from refexp.config.model import model_identity
 from refexp.record.atomic import atomic_dir
 from refexp.record.cache_dirs import marker_check, verified_entry, write_entry_manifest
 from refexp.record.hashing import digest, stable_hash
@@ -70,11 +73,12 @@ def load_pairs(ctx: RunContext, sft_dir: Path) -> datasets.Dataset:
 
 
 def pairs_key(ctx: RunContext, sft_dir: Path) -> dict:
-    """What the pairs sampled from the model at ``sft_dir`` are a function of (see the module doc)."""
-    a = ctx.cfg.algo
-    return {"task": task_fingerprint(ctx.cfg.task),
-            "start": {"path": str(Path(sft_dir).resolve()), "stamp": checkpoint_stamp(sft_dir)},
-            "model": asdict(ctx.cfg.model), "dtype": ctx.cfg.training.dtype,
+    """What the pairs sampled from the model at ``sft_dir`` are a function of (see the module doc); paths into the
+    cache by their place in it (``in_cache_terms``, ``start_in_key``), so a copied or moved cache keeps the key."""
+    cfg, a = ctx.cfg, ctx.cfg.algo
+    return {"task": task_fingerprint(cfg.task, cfg.sft.cache_dir),
+            "start": {"path": start_in_key(cfg, sft_dir), "stamp": checkpoint_stamp(sft_dir)},
+            "model": in_cache_terms(model_identity(cfg.model), cfg.sft.cache_dir), "dtype": cfg.training.dtype,
             "num_pairs": a.num_pairs, "pair_seed": a.pair_seed, "max_new_tokens": ctx.task.max_new_tokens}
 
 

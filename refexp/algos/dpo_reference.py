@@ -5,7 +5,6 @@ the per-version memo of a moving one, or none (docs/algorithms.md, DPO); and pai
 from __future__ import annotations
 
 import gc
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -13,8 +12,11 @@ import datasets
 
 from refexp.algos.dpo_data import PairBatch, pack_pairs, pairs_fingerprint
 from refexp.algos.shared_prompt import SharedPrompt, pair_logprobs, share_prompts
+from refexp.algos.start_key import start_in_key
 from refexp.components.context import RunContext
 from refexp.components.timing import now
+from refexp.config.diff import in_cache_terms
+from refexp.config.model import model_identity
 from refexp.reference import refcache
 from refexp.reference.refcache import RefLogps
 from refexp.reference.strategies import ReferenceStrategy, reference_source
@@ -61,16 +63,18 @@ def build_ref_source(ctx: RunContext, strategy: ReferenceStrategy, pairs: datase
 
 
 def _table_key(ctx: RunContext, pairs: datasets.Dataset, ref_path: Path) -> str:
-    """The precomputed table's cache key: the reference checkpoint and dtype, the pairs, the model and layout."""
+    """The precomputed table's cache key: the reference checkpoint and dtype, the pairs, the model and layout; paths
+    into the cache by their place in it (``in_cache_terms``, ``start_in_key``), so a copied or moved cache keeps it."""
     a = ctx.cfg.algo
     dtype = ctx.cfg.reference.dtype or ctx.cfg.training.dtype
     # share_prompt changes the float summation order of the reference forward (not its values beyond ~1e-7):
     # part of the key, so a run reads exactly what its own layout computes.
-    model_key = {**asdict(ctx.cfg.model), "share_prompt": a.share_prompt}
+    model_key = {**in_cache_terms(model_identity(ctx.cfg.model), ctx.cfg.sft.cache_dir), "share_prompt": a.share_prompt}
     compute_dtype = ctx.cfg.training.compute_dtype(ctx.device.type)
     if compute_dtype != "float32":  # bf16 compute gives other values; float32 keys stay those of existing caches
         model_key["compute_dtype"] = compute_dtype
-    return refcache.cache_key(ref_path, dtype, pairs_fingerprint(pairs, ctx.task.tokenizer), model_key)
+    return refcache.cache_key(ref_path, dtype, pairs_fingerprint(pairs, ctx.task.tokenizer), model_key,
+                              path=start_in_key(ctx.cfg, ref_path))
 
 
 def _precomputed(ctx: RunContext, strategy: ReferenceStrategy, pairs: datasets.Dataset, ref_path: Path, compute):

@@ -208,7 +208,7 @@ def ratio_against_trainer(a: GRPOConfig, compute_dtype: str) -> bool:
 
 def train_grpo(ctx: RunContext, sft_dir: Path) -> dict:
     policy = build_policy(ctx, sft_dir)
-    strategy, anchor = build_strategy(ctx, sft_dir)
+    strategy, anchor = build_strategy(ctx, sft_dir, policy=policy.model)
     if ctx.cfg.algo.objective == "continued_sft":  # the continued-SFT baseline: same prompts, no rollouts, no KL controller
         return run_loop(ctx, policy, strategy, anchor, ContinuedSFTStep(ctx, policy), desc="grpo")
     step_fn = GRPOStep(ctx, policy, strategy)

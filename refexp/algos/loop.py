@@ -33,6 +33,7 @@ from refexp.components.progress import progress_bar
 from refexp.components.timing import now
 from refexp.record.status import beat
 from refexp.reference.anchor import InitAnchor, anchor_is_reference, reference_start
+from refexp.reference.lora import build_lora_reference
 from refexp.reference.strategies import ReferenceStrategy, build_reference
 from refexp.runtime import distributed as rdist
 from refexp.runtime.stop_signals import PREEMPT_SIGNALS, Preempted, foreign
@@ -48,10 +49,14 @@ class Policy:
 
 
 def build_policy(ctx: RunContext, init_path: Path) -> Policy:
+    """The policy from its start checkpoint, its optimizer and schedule; with ``model.lora`` the start's weights are
+    the frozen base of adapters that alone train (and alone are in the optimizer)."""
     cfg = ctx.cfg
-    model = build_run_model(ctx, trainable=True, weights_loaded_next=True)  # the start checkpoint is loaded next
+    model = build_run_model(ctx, trainable=True, weights_loaded_next=True,  # the start checkpoint is loaded next
+                            lora=cfg.model.lora)
     src = cfg.checkpoint.initial_load_path or init_path
-    # initial_load_in_hf forces the HF reader; otherwise the directory's contents decide.
+    # initial_load_in_hf (only with initial_load_path: CheckpointConfig) forces the HF reader on it, and its pin
+    # hashes what that reader loads (run_identity.start_pins); otherwise the directory's contents decide.
     titan.load_weights(model, cfg.model, src, hf=True if cfg.checkpoint.initial_load_in_hf else None)
     t = cfg.training
     # The schedule advances once per optimizer update, and GRPO takes algo.updates_per_batch of them per step.
@@ -62,11 +67,19 @@ def build_policy(ctx: RunContext, init_path: Path) -> Policy:
     return Policy(model, optimizers, schedulers)
 
 
-def build_strategy(ctx: RunContext, init_path: Path, *, defer_build: bool = False
-                   ) -> tuple[ReferenceStrategy, InitAnchor]:
+def build_strategy(ctx: RunContext, init_path: Path, *, defer_build: bool = False,
+                   policy: torch.nn.Module | None = None) -> tuple[ReferenceStrategy, InitAnchor]:
     """The reference strategy (its frozen model built now, or at ``ensure_model()`` with ``defer_build``)
-    and the kl/init anchor (built at its first use and kept; both in host memory with ``reference.offload``)."""
+    and the kl/init anchor (built at its first use and kept; both in host memory with ``reference.offload``).
+    A LoRA ``policy`` (``model.lora``) holds both itself: the reference in its ``reference`` view, the anchor in its
+    ``base`` view (``refexp/reference/lora.py``), no copy built."""
     rcfg = ctx.cfg.reference
+    if ctx.cfg.model.lora.enabled:
+        if policy is None:
+            raise ValueError("model.lora: build_strategy needs the policy, whose reference and kl/init anchor it holds")
+        strategy = build_lora_reference(rcfg, policy, defer_build=defer_build)
+        shared = strategy if rcfg.name == "fixed" else None  # kl/ref is kl/init: the same view of the same model
+        return strategy, InitAnchor(lambda: build_frozen(ctx, init_path), shared, lora_policy=policy)
     ref_path = reference_path(ctx, init_path)
     strategy = build_reference(
         rcfg, lambda: build_frozen(ctx, ref_path, dtype=rcfg.dtype, compile_enable=rcfg.compile),

@@ -36,10 +36,12 @@ from refexp.algos.rm_accuracy import prompt_interval
 from refexp.algos.rm_pairs import by_prompt, pair_accuracy, pair_index, pairwise_loss
 from refexp.algos.rm_sources import labelled_samples, policy_dirs
 from refexp.algos.sft import read_sft_summary
+from refexp.algos.start_key import start_in_key
 from refexp.components.context import RunContext
 from refexp.components.metric_logger import MetricLogger
 from refexp.components.timing import now
 from refexp.config import ConfigError
+from refexp.config.diff import in_cache_terms
 from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
 from refexp.record.cache_dirs import marker_check, verified_entry, write_entry_manifest
 from refexp.record.hashing import stable_hash
@@ -68,16 +70,17 @@ def rm_fingerprint(ctx: RunContext, sft_dir: Path) -> str:
     """Hash of what determines the reward model: the start model (its dir in the cache and what its ``sft.json``
     says), the task's data and verifier, the ``rm`` block (its temperatures, policies and loss among it), each policy's
     HF export and the sha256 of its weights (a policy re-exported under the same path is another proxy), the
-    generation budget, the rollout engine and the clip (``training.max_norm``)."""
-    cfg = ctx.cfg
-    policies = [{"dir": str(d), "sha256": content_hash(d)} for d in policy_dirs(cfg.rm)]
-    rm = asdict(cfg.rm)
+    generation budget, the rollout engine and the clip (``training.max_norm``). Paths into the cache count by their
+    place in it (``in_cache_terms``, ``start_in_key``), so a copied or moved cache keeps the key."""
+    cfg, cache = ctx.cfg, ctx.cfg.sft.cache_dir
+    policies = [{"dir": in_cache_terms(str(d), cache), "sha256": content_hash(d)} for d in policy_dirs(cfg.rm)]
+    rm = in_cache_terms(asdict(cfg.rm), cache)
     if rm["loss"] == "bce":  # the default leaves the key of the models cached before rm.loss existed as it was
         del rm["loss"]
     else:  # pairwise keeps the step of the best held-out pair accuracy (_better)
         rm["kept_by"] = "val_pair_accuracy"
-    key = {"start": str(Path(sft_dir).resolve()), "start_summary": read_sft_summary(sft_dir),
-           "task": task_fingerprint(cfg.task), "rm": rm, "policies": policies,
+    key = {"start": start_in_key(cfg, sft_dir), "start_summary": read_sft_summary(sft_dir),
+           "task": task_fingerprint(cfg.task, cache), "rm": rm, "policies": policies,
            "max_new_tokens": ctx.task.max_new_tokens, "rollout": asdict(cfg.rollout),
            "chat_template": cfg.task.chat_template, "max_norm": cfg.training.max_norm,
            "version": 2}  # 2: several sources, rm.json's per-source records and interval

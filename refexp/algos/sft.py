@@ -24,6 +24,8 @@ from refexp.components.optim import build_optimizer, clip_and_step
 from refexp.components.progress import progress_bar
 from refexp.components.rollout import build_engine, decode_capacity
 from refexp.components.timing import now
+from refexp.config.diff import in_cache_terms
+from refexp.config.model import model_identity
 from refexp.losses import sft_loss
 from refexp.record.atomic import atomic_dir, remove_temporaries, write_json_atomic
 from refexp.record.cache_dirs import manifest_path, marker_check, verified_entry, write_entry_manifest
@@ -40,11 +42,14 @@ from refexp.titan import save_model_weights
 
 def sft_fingerprint(ctx: RunContext) -> str:
     """Hash of what determines the SFT model: model shape, task data, the sft block, dtypes, and how many
-    validation prompts its stop rules read (``eval.num_prompts``)."""
+    validation prompts its stop rules read (``eval.num_prompts``). A path into the cache (``model.pretrained``'s
+    ``model.hf_assets_path``) counts by its place in it (``in_cache_terms``): a copied or moved cache keeps the key."""
     cfg = ctx.cfg
+    cache = cfg.sft.cache_dir
     # enable is always true here; leaving it out keeps the keys of caches made before it existed.
     sft = {k: v for k, v in asdict(cfg.sft).items() if k not in ("cache_dir", "checkpoint", "enable")}
-    key = {"model": asdict(cfg.model), "task": task_fingerprint(cfg.task), "sft": sft, "dtype": cfg.training.dtype,
+    key = {"model": in_cache_terms(model_identity(cfg.model), cache), "task": task_fingerprint(cfg.task, cache),
+           "sft": in_cache_terms(sft, cache), "dtype": cfg.training.dtype,
            "vocab": ctx.task.tokenizer.vocab_size, "version": 2,  # 2: the plateau rule waits for the accuracy floor
            # the stop rules read this many validation prompts
            "val_prompts": cfg.eval.num_prompts}

@@ -4,7 +4,8 @@ The models are built on the meta device (shapes only: no checkpoint, no data, no
 of an 8-GPU 8B run prints in seconds on a laptop. Data paths, which only a real run reads, may stay unset.
 A ``model.pretrained`` checkpoint's shapes are its converted config.json's, so a dry run fetches and converts it
 on first use, as the run would (refexp/components/pretrained.py).
-What is counted in each phase (rollout, policy training, reference forward) and why: refexp/cli/memory_plan.py.
+What is counted in each phase (rollout, policy training, reference forward) and why: docs/gpus.md, "What the plan
+counts" (the code: refexp/cli/memory_plan.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import copy
 
 from omegaconf import DictConfig, OmegaConf
 
-from refexp.cli.memory_plan import GIB, Plan, layout, plan, static_decode_warning
+from refexp.cli.memory_plan import GIB, MemoryPlan, layout, plan, static_decode_warning
 from refexp.config.task import ignored_fields
 
 UNSET = "<unset in a dry run>"
@@ -38,13 +39,14 @@ def _row(what: str, b: float, how: str) -> str:
     return f"  {what:<36} {b / GIB:>9.2f} GiB   {how}"
 
 
-def format_plan(cfg, p: Plan) -> str:
+def format_plan(cfg, p: MemoryPlan) -> str:
     world, rep, shard, tp = layout(cfg)
     where = f"{world} ranks: {rep} replicate x {shard} shard x {tp} TP" if world > 1 else "1 process"
     # model.pretrained's shapes are its converted config.json's: its flavor (debugmodel) only names the family
     model = cfg.model.pretrained or cfg.model.flavor
+    lora = f", LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.enabled else ""
     out = [f"refexp dry run: {cfg.algo.name} x reference={cfg.reference.name}, model {cfg.model.name} "
-           f"{model}, {where}, device {p.device}, compute {p.compute}",
+           f"{model}{lora}, {where}, device {p.device}, compute {p.compute}",
            "held in every phase:", *(_row(i.what, i.bytes, i.how) for i in p.resident)]
     for name, items in p.phases.items():
         out += [f"{name}, on top:", *(_row(i.what, i.bytes, i.how) for i in items)]

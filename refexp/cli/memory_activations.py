@@ -1,6 +1,7 @@
 """What one training chunk keeps for backward, per token and per block: the activation counts, the shared-prompt
 attention's own memory and the logits (of the positions the loss selects, one output-layer chunk at a time). The
-memory plan (``refexp/cli/memory_plan.py``, whose module docstring says what each count holds and why) adds them into its "policy training" and "reference forward" phases;
+memory plan (``refexp/cli/memory_plan.py``; what each count holds and why: docs/gpus.md, "What the plan counts") adds
+them into its "policy training" and "reference forward" phases;
 ``tests/test_activation_count.py`` checks ``block_activation_elems`` against what autograd saves."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from refexp.cli.memory_shapes import Shapes
 
 def shared_attention_bytes(cfg, s: Shapes, shared_rows: int, shared_len: int, compute: int,
                            tp: int) -> tuple[float, str]:
-    """Bytes and description of the shared-prompt attention's own memory for one training chunk (the
-    memory plan's module docstring, refexp/cli/memory_plan.py)."""
+    """Bytes and description of the shared-prompt attention's own memory for one training chunk
+    (docs/gpus.md, "What the plan counts")."""
     a, task = cfg.algo, cfg.task
     if not getattr(a, "share_prompt", False):
         return 0, "prompts not shared"
@@ -35,8 +36,8 @@ def shared_attention_bytes(cfg, s: Shapes, shared_rows: int, shared_len: int, co
 
 
 def block_activation_elems(s: Shapes) -> int:
-    """Elements one decoder block keeps for backward per token without checkpointing (the memory plan's module
-    docstring, refexp/cli/memory_plan.py)."""
+    """Elements one decoder block keeps for backward per token without checkpointing (docs/gpus.md, "What the
+    plan counts")."""
     q, kv = s.q_width, s.kv_dim
     norms = 2 * (3 * s.dim + 1)  # attention_norm, ffn_norm: input, normalised input, matmul input, rstd
     sdpa = 2 * q + 2 * kv + s.n_heads  # queries, keys, values, output, log-sum-exp
@@ -45,8 +46,8 @@ def block_activation_elems(s: Shapes) -> int:
 
 
 def activation_elems_per_token(s: Shapes, ac) -> tuple[int, int]:
-    """(elements kept per token for all blocks, elements of one block's full set), as the memory plan's module
-    docstring (refexp/cli/memory_plan.py) counts them."""
+    """(elements kept per token for all blocks, elements of one block's full set), as docs/gpus.md ("What the
+    plan counts") counts them."""
     full_block = block_activation_elems(s)
     if ac.mode == "full":
         return s.n_layers * s.dim, full_block

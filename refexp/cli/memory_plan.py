@@ -1,84 +1,12 @@
 """The per-rank memory plan of a configured run (``refexp dry_run=true``): what one device holds in each
 phase of a step, and the largest of them.
 
-Shapes come from a meta-device build of the model preset (the torchtitan flavor with its own vocabulary,
-or ``config.json`` when ``model.hf_assets_path`` is given); lengths from ``task.max_prompt_len`` + the
-generation budget; rows from the algorithm's batch, the evaluation's batches, the data-parallel degree and
-``training.micro_batch_size``. ``training.device=auto`` is planned as the device the run would resolve on
-this machine (``titan.resolve_device``: CUDA when one is visible, else CPU, whose compute dtype is float32).
-
-Per rank, in bytes (P = parameters, s = FSDP shard degree, t = tensor-parallel degree; sharding divides by
-s * t, replication does not; c = the compute dtype's bytes). "Wrapped": the model is FSDP-wrapped (several
-ranks, or a compute dtype other than the master's: refexp/titan/build.py).
-
-Held in every phase: the parameters in ``training.dtype`` (the optimizer's master copy), AdamW's two
-moments in float32, the frozen reference (none for ``reference=none`` and for a fixed DPO reference whose
-log-probs are precomputed; with the float32 master a bf16 EMA reference keeps) and the ``kl/init`` anchor
-(none when it is the fixed reference itself), the last two in host memory with ``reference.offload=true``.
-The anchor stays in the policy's dtype (``training.dtype``) whatever ``reference.dtype`` says, so that kl/init
-is measured the same way for every strategy (``reference/anchor.py``); a fixed reference in another dtype
-(``reference.dtype=bfloat16``) is therefore a second copy beside it, and the plan's total grows even though
-the reference itself halves;
-learned reward models (``task.reward_model`` & co., ``tasks/reward_model.reward_models_plan_line``);
-``rollout.static_decode``'s kept K/V buffers (``static_decode_warning`` says when they outweigh the model's own
-parameters, gradients and optimizer state) and, wrapped, its kept copy of the weights the step reads (P x c / t:
-FSDP's gathered parameters move between generations, a CUDA graph needs fixed addresses;
-``titan/static_weights.py``). Gradients are freed after each optimizer step
-(``optim.clip_and_step`` zeroes them to None), so only the training phase holds them.
-
-Rollout (the decode loop, ``titan/decode.py``, for the GRPO step's rows and the evaluation's batches):
-- wrapped, every FSDP unit is unsharded at once for the whole generation: P x c / t;
-- the plain one-token step (``decode_step_plain.py``; not under TP, not with ``rollout.static_decode``)
-  concatenates w1 and w3 of every layer once per generation: 2 x ffn x dim x layers x c;
-- the KV cache of the largest generating batch: rows x (prompt + new tokens) x layers x 2 x kv_dim x c / t;
-  and while a cache is copied to fewer rows (GRPO's prompt prefilled once then repeated for its group; the
-  sampler dropping finished rows once ``sampler.DROP_FINISHED_SHARE`` of them have stopped, at most all
-  but that share) both copies live; with ``rollout.static_decode`` the cache is the kept buffers of
-  ``titan/static_decode.py`` (rows padded to a power of two, ``rollout.decode_capacity`` slots, one per row
-  bucket, held in every phase) and the rollout adds the prompts' ordinary prefill copied into them;
-- a decode step's logits and the sampler's float32/float64 working tensors over the whole vocabulary.
-Policy training (one forward/backward chunk of ``training.micro_batch_size`` rows of L tokens):
-- the gradients, the dtype of the parameters, sharded like them;
-- wrapped: two transformer blocks unsharded (the one computing and the one prefetched), and the unit
-  holding the final norm and lm_head (with the embedding when tied): unsharded at the chunk's peak, the end
-  of forward and the start of backward, whatever ``parallelism.fsdp_reshard_after_forward`` says (torchtitan
-  keeps it unsharded from forward to backward by default), and its gradient, unsharded in the compute dtype
-  until it is reduced, and the copy of that gradient in ``training.mixed_precision_reduce`` (float32 by
-  default) that FSDP reduce-scatters (~2 GiB at Llama-8B: 0.53B parameters of lm_head) at the start of
-  backward, while every activation is still kept but the other units' gradients are not yet computed: what
-  it exceeds those gradients by (a sharded run's; one rank's gradients outweigh it);
-- activations per token and layer (elements, compute dtype), counted from what autograd keeps in
-  torchtitan's decoder block (tests/test_memory_plan.py counts them): each RMSNorm its input, the normalised
-  input, the output the next matmul reads and one rstd (3*dim + 1, twice); SDPA its queries, keys, values,
-  output and log-sum-exp (2*q_dim + 2*kv_dim + n_heads; the attention matrix is not kept: flash /
-  memory-efficient SDPA); with QK-norm (Qwen3) the per-head norms of queries and keys their inputs, outputs
-  and rstd (2*q_dim + 2*kv_dim + n_heads + n_kv_heads); SwiGLU w1's and w3's outputs, the SiLU and the
-  product w2 reads (4*ffn). q_dim = n_heads x head_dim is not dim in every model (Qwen3-0.6B: 2048 against
-  1024). That is without checkpointing; 2*dim + 2*q_dim + 2*kv_dim + 2*ffn with ``selective`` per-op
-  checkpointing (matmul outputs kept), dim per block with ``full`` plus one block's full set while it is
-  recomputed;
-- the logits, only at the positions the loss reads (``titan.token_logprobs(select_BT=...)``: GRPO's completion
-  tokens, DPO's chosen and rejected completion tokens, SFT's demonstration tokens; every usual row's completion
-  budget), ``FP32_CHUNK_ELEMENTS // vocab`` positions at a time through the output layer: one chunk's logits in
-  the compute dtype, their float32 copy the log-softmax reads, and the gradients of both, since with more than one
-  chunk backward recomputes each chunk's logits (``torch.utils.checkpoint``) instead of keeping them (the
-  selected hidden states each chunk is recomputed from are not counted); under TP the output layer runs at every
-  position (``_selected_forward`` falls back to the vocab-sharded logits), so every token's [V/t] slice;
-- shared prompts (``algo.share_prompt``, ``refexp/algos/shared_prompt.py``), attended the way the run will
-  (``attention_way``): the dense mask, U x S^2 booleans per chunk, or for ``titan.CausalRows`` the usual
-  rows' queries, keys, values and outputs that SDPA keeps (N x T x (2*q_dim + 2*kv_dim) per layer whose
-  activations are kept) in place of the shared rows' queries, keys and values (U x S x (q_dim + 2*kv_dim),
-  counted among the activations above);
-- at the end of backward, the embedding's own FSDP unit unsharded, its gradient and its reduce-scatter copy,
-  while the activations are freed: only what that moment exceeds the lines above (but the gradients) by.
-Reference forward (no graph, one chunk): the reference's shards moved to the device when offloaded; wrapped,
-two blocks and the lm_head unit unsharded; the logits of the same selected positions, one output-layer chunk at
-a time (each freed before the next) in the compute dtype and float32, every position's under TP. The decode
-loop projects only the last position onto the vocabulary (the rollout's "decode logits and sampling").
-The peak is the largest phase. One checkpoint on disk: weights (``training.dtype``) + AdamW state (8
-bytes/parameter) + the moving reference's weights when ``checkpoint.save_reference``.
-These are estimates: allocator fragmentation, NCCL buffers and the CUDA context (~1-3 GiB), FSDP's
-transient all-gather buffers and a layer's transient intermediates are not counted.
+Shapes come from a meta-device build of the model (``memory_shapes.py``), rows and lengths from the config
+(``memory_rows.py``), activations and logits per token from ``memory_activations.py``. Three phases on top of what
+every phase holds (parameters, optimizer state, the frozen reference and the kl/init anchor): the rollout's decode
+loop, policy training (one forward/backward chunk) and the reference forward. What each line counts and why, the
+formulas and what is not counted: docs/gpus.md, "What the plan counts". With ``model.lora`` the adapters, their
+optimizer state and the reference's part inside the policy are lines of their own (the same section).
 """
 
 from __future__ import annotations
@@ -91,7 +19,8 @@ from refexp.choices import MOVING_STRATEGIES
 from refexp.cli.memory_activations import (activation_elems_per_token, logit_bytes, output_positions,
                                            shared_attention_bytes)
 from refexp.cli.memory_rows import Generation, generations, training_chunk
-from refexp.cli.memory_shapes import Shapes, layout, model_shapes
+from refexp.cli.memory_shapes import LoRAShapes, Shapes, layout, lora_shapes, model_shapes
+from refexp.config.model import LORA_REFERENCE_STATE
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
@@ -107,7 +36,7 @@ class Item:
 
 
 @dataclass
-class Plan:
+class MemoryPlan:
     """Per-rank bytes: ``resident`` in every phase, ``phases[name]`` on top of it in that phase."""
 
     device: str
@@ -143,18 +72,22 @@ def planned_device(cfg) -> tuple[str, str]:
     return "cpu", device
 
 
-def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: int) -> list[Item]:
-    """What the decode loop holds on top of the resident state (see the module docstring)."""
+def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: int, lora_extra: int = 0
+             ) -> list[Item]:
+    """What the decode loop holds on top of the resident state (see the module docstring). ``lora_extra``: the
+    parameters ``model.lora`` adds (adapters and the reference's part), gathered with the rest."""
     compute = BYTES[compute_name]
     static = cfg.rollout.static_decode
-    items = [Item("unsharded model for decoding", s.params * compute / tp if wrapped else 0,
+    lora = cfg.model.lora.enabled
+    items = [Item("unsharded model for decoding", (s.params + lora_extra) * compute / tp if wrapped else 0,
                   f"every FSDP unit gathered at once (titan/decode.py), {compute_name}"
                   if wrapped else "not FSDP-wrapped: decoding reads the parameters")]
-    fused = tp == 1 and not static
+    fused = tp == 1 and not static and not lora
     items.append(Item("fused gate/up weights", 2 * s.ffn * s.dim * s.n_layers * compute if fused else 0,
                       f"w1|w3 of {s.n_layers} layers concatenated per generation (titan/decode_step_plain.py)" if fused
-                      else ("rollout.static_decode reads w1 and w3 as they are" if static else "TP: decoded by the "
-                            "sub-modules")))
+                      else ("rollout.static_decode reads w1 and w3 as they are" if static else
+                            "model.lora: decoded by the layers' forwards, adapters included" if lora else
+                            "TP: decoded by the sub-modules")))
     from refexp.components.sampler import DROP_FINISHED_SHARE
 
     per_slot = s.n_layers * 2 * s.kv_dim * compute / tp
@@ -197,7 +130,8 @@ def _static_buckets(cfg, s: Shapes, compute: int, dp: int) -> Item:
                 f"row buckets {'+'.join(map(str, buckets))} x {capacity} slots, kept between generations")
 
 
-def _reduce_scatter_item(cfg, s: Shapes, *, wrapped: bool, master: int, split: int, tp: int) -> Item:
+def _reduce_scatter_item(cfg, s: Shapes, *, wrapped: bool, master: int, split: int, tp: int, trainable: int
+                         ) -> Item:
     """FSDP's reduce-scatter input for the lm_head unit: its unsharded gradient copied into a
     ``training.mixed_precision_reduce`` buffer (``torch.distributed.fsdp._fully_shard._fsdp_collectives.
     foreach_reduce``), held until the next unit's reduce-scatter. It lives at the start of backward, when the
@@ -205,9 +139,12 @@ def _reduce_scatter_item(cfg, s: Shapes, *, wrapped: bool, master: int, split: i
     them by (sharded runs; with one rank the gradients outweigh it)."""
     if not wrapped:
         return Item("lm_head unit reduce-scatter", 0, "not FSDP-wrapped")
+    if cfg.model.lora.enabled:
+        return Item("lm_head unit reduce-scatter", 0, "model.lora: the output layer is frozen (no gradient), or its "
+                    "adapter's is counted among the gradients")
     reduce_name = cfg.training.mixed_precision_reduce
     buffer = s.head_params * BYTES[reduce_name] / tp
-    not_yet = (s.params - s.head_params) * master / split
+    not_yet = (trainable - s.head_params) * master / split
     return Item("lm_head unit reduce-scatter", max(0.0, buffer - not_yet),
                 f"{buffer / GIB:.2f} GiB {reduce_name} copy of its gradient less the other units' gradients, "
                 f"not yet computed ({not_yet / GIB:.2f} GiB)")
@@ -221,9 +158,10 @@ def _embedding_backward_item(cfg, s: Shapes, *, wrapped: bool, compute: int, tp:
     that moment and the chunk's peak, so this adds what it exceeds the chunk's other lines (``others``, all but the
     gradients) by: nothing at scale, the peak of a short chunk."""
     own = s.params - s.n_layers * s.block_params - s.head_params  # the embedding; 0 when tied to lm_head
-    if not wrapped or own <= 0:
+    if not wrapped or own <= 0 or cfg.model.lora.enabled:
         return Item("embedding unit, end of backward", 0,
-                    "not FSDP-wrapped" if not wrapped else "tied to lm_head: in the lm_head unit")
+                    "not FSDP-wrapped" if not wrapped else "model.lora: the embedding is frozen (no gradient)"
+                    if cfg.model.lora.enabled else "tied to lm_head: in the lm_head unit")
     reduce_name = cfg.training.mixed_precision_reduce
     end = own * (2 * compute + BYTES[reduce_name]) / tp
     return Item("embedding unit, end of backward", max(0.0, end - others),
@@ -240,7 +178,7 @@ def _anchor_how(cfg, has_ref: bool) -> str:
     return "frozen copy"
 
 
-def static_decode_warning(p: Plan) -> str | None:
+def static_decode_warning(p: MemoryPlan) -> str | None:
     """A warning when ``rollout.static_decode``'s kept K/V buffers outweigh the model's own memory (parameters,
     their gradients and the optimizer state), else None: the buffers are held for the whole run."""
     buffers = sum(i.bytes for i in p.resident if i.what == STATIC_BUFFERS)
@@ -253,7 +191,7 @@ def static_decode_warning(p: Plan) -> str | None:
             "rollout.decode_capacity, fewer rows per generation, or rollout.static_decode=false frees them")
 
 
-def plan(cfg) -> Plan:
+def plan(cfg) -> MemoryPlan:
     """The per-rank memory plan of a validated RootConfig."""
     from refexp.reference import anchor, strategies
 
@@ -278,18 +216,28 @@ def plan(cfg) -> Plan:
     anchor_shared = anchor.anchor_is_reference(cfg, anchor.reference_start(cfg, start), start)
     has_anchor = a.name != "sft" and not (anchor_shared and has_ref)
     ref_master = s.params * ref_cfg.fp32_master_bytes(cfg.training.dtype) / split  # a bf16 EMA's fp32 master
+    lora = lora_shapes(cfg.model, cfg.parallelism)
+    trainable = lora.adapter_params if lora else s.params
     resident = [
-        Item("parameters", s.params * master / split, f"{s.params / 1e9:.3f}B x {master} B / {split} ranks"),
-        Item("optimizer state", s.params * 8 / split, f"{cfg.training.optimizer}: 2 moments x 4 B / {split}"),
-        Item("reference", 0 if (ref_cfg.offload or not has_ref) else ref_shards + ref_master,
-             "host memory (reference.offload)" if has_ref and ref_cfg.offload else
-             (f"frozen copy, {ref_cfg.dtype or cfg.training.dtype}" + (" + float32 master" if ref_master else "")
-              if has_ref else "none")),
-        Item("kl/init anchor", 0 if (ref_cfg.offload or not has_anchor) else s.params * master / split,
-             "the fixed reference itself" if not has_anchor and a.name != "sft" else
-             ("host memory (reference.offload)" if ref_cfg.offload and has_anchor else
-              (_anchor_how(cfg, has_ref) if has_anchor else "none"))),
+        Item("parameters", s.params * master / split, f"{s.params / 1e9:.3f}B x {master} B / {split} ranks"
+             + (" (the frozen base)" if lora else "")),
+        Item("optimizer state", trainable * 8 / split, f"{cfg.training.optimizer}: 2 moments x 4 B / {split}"
+             + (" of the adapters" if lora else "")),
     ]
+    if lora:
+        resident += _lora_items(cfg, lora, master=master, split=split, has_ref=has_ref)
+    else:
+        resident += [
+            Item("reference", 0 if (ref_cfg.offload or not has_ref) else ref_shards + ref_master,
+                 "host memory (reference.offload)" if has_ref and ref_cfg.offload else
+                 (f"frozen copy, {ref_cfg.dtype or cfg.training.dtype}" + (" + float32 master" if ref_master else "")
+                  if has_ref else "none")),
+            Item("kl/init anchor", 0 if (ref_cfg.offload or not has_anchor) else s.params * master / split,
+                 "the fixed reference itself" if not has_anchor and a.name != "sft" else
+                 ("host memory (reference.offload)" if ref_cfg.offload and has_anchor else
+                  (_anchor_how(cfg, has_ref) if has_anchor else "none"))),
+        ]
+    lora_extra = (lora.adapter_params + lora.reference_params(LORA_REFERENCE_STATE[ref_cfg.name])) if lora else 0
     from refexp.tasks.reward_model import reward_models_plan_line
 
     reward_models = reward_models_plan_line(cfg.task, s.params)  # learned rewards: beside the policy throughout
@@ -300,8 +248,9 @@ def plan(cfg) -> Plan:
         resident.append(Item("static-decode weights", s.params * compute / tp if wrapped else 0,
                              f"the whole model in {compute_name} at fixed addresses (titan/static_weights.py)"
                              if wrapped else "not FSDP-wrapped: the step reads the parameters"))
-    out = Plan(device=device_how, compute=compute_name, resident=resident)
-    out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp)
+    out = MemoryPlan(device=device_how, compute=compute_name, resident=resident)
+    out.phases["rollout"] = _rollout(cfg, s, wrapped=wrapped, compute_name=compute_name, tp=tp, dp=dp,
+                                     lora_extra=lora_extra)
 
     chunk = training_chunk(cfg, dp)
     rows, length = chunk.rows, chunk.length
@@ -310,14 +259,18 @@ def plan(cfg) -> Plan:
     positions, what = output_positions(chunk, tp)
     train_logits, train_logits_how = logit_bytes(positions, what, s, compute, tp, backward=True)
     ref_logits, ref_logits_how = logit_bytes(positions, what, s, compute, tp, backward=False)
-    blocks = 2 * s.block_params * compute / tp if wrapped else 0
+    # model.lora's parameters inside the blocks are gathered with them (an adapted lm_head's: negligible)
+    blocks = 2 * (s.block_params + lora_extra / s.n_layers) * compute / tp if wrapped else 0
     shared, shared_how = shared_attention_bytes(cfg, s, rows, length, compute, tp)
     out.phases["policy training"] = [
-        Item("gradients", s.params * master / split, f"same as the parameters ({cfg.training.dtype})"),
+        Item("gradients", trainable * master / split, f"same as the {'adapters' if lora else 'parameters'} "
+             f"({cfg.training.dtype})"),
         Item("FSDP unsharded blocks", blocks, "2 blocks in the compute dtype" if wrapped else "not FSDP-wrapped"),
-        Item("norm + lm_head unit", 2 * s.head_params * compute / tp if wrapped else 0,
-             "unsharded from forward to backward, and its unsharded gradient" if wrapped else "not FSDP-wrapped"),
-        _reduce_scatter_item(cfg, s, wrapped=wrapped, master=master, split=split, tp=tp),
+        Item("norm + lm_head unit", (1 if lora else 2) * s.head_params * compute / tp if wrapped else 0,
+             ("unsharded from forward to backward" + (" (frozen: no gradient)" if lora else
+                                                      ", and its unsharded gradient")) if wrapped
+             else "not FSDP-wrapped"),
+        _reduce_scatter_item(cfg, s, wrapped=wrapped, master=master, split=split, tp=tp, trainable=trainable),
         Item("activations", tokens * (kept + one_block) * compute / tp,
              f"{rows} rows x {length} tokens, activation_checkpoint={cfg.activation_checkpoint.mode}"),
         Item("logits and log-probs", train_logits, f"{train_logits_how}, and their gradient"),
@@ -335,9 +288,37 @@ def plan(cfg) -> Plan:
         Item("reference logits", ref_logits if live_ref else 0,
              f"{ref_logits_how}, no graph" if live_ref else "no live reference forward"),
     ]
+    saves_reference = (ref_cfg.name in MOVING_STRATEGIES and a.name != "sft"
+                       and getattr(cfg.checkpoint, "save_reference", True))
+    if lora:  # the adapters and their state, the reference's part; the frozen base is the start checkpoint's
+        ref_part = lora.reference_params(LORA_REFERENCE_STATE[ref_cfg.name]) * master if saves_reference else 0
+        out.checkpoint = Item("one checkpoint on disk (all ranks)", trainable * (master + 8) + ref_part,
+                              "adapters + AdamW state" + (" + the reference's part" if ref_part else ""))
+        return out
     ckpt = s.params * master + s.params * 8
-    if ref_cfg.name in MOVING_STRATEGIES and a.name != "sft" and getattr(cfg.checkpoint, "save_reference", True):
+    if saves_reference:
         ckpt += s.params * ref_bytes
     out.checkpoint = Item("one checkpoint on disk (all ranks)", ckpt, "weights + AdamW state" +
                           (" + moving reference" if ckpt > s.params * (master + 8) else ""))
     return out
+
+
+def _lora_items(cfg, lora: LoRAShapes, *, master: int, split: int, has_ref: bool) -> list[Item]:
+    """``model.lora``'s resident lines: the adapters, the reference (the policy's own base with the adapters off, a
+    reference adapter, or a dense EMA delta with the float32 master a bf16 one keeps) and the kl/init anchor (the
+    base with the adapters off: never a copy)."""
+    r = cfg.reference
+    state = LORA_REFERENCE_STATE[r.name]
+    part = lora.reference_params(state)
+    fp32 = 4 if state == "delta" and cfg.training.dtype != "float32" else 0
+    how = {"none": "the base with the adapters off (model.lora): no copy" if has_ref else "none",
+           "adapter": f"a reference adapter, {part / 1e6:.2f}M parameters (model.lora)",
+           "delta": f"dense EMA delta of the {lora.layers} adapted layers, {part / 1e6:.1f}M parameters (model.lora)"
+                    + (" + float32 master" if fp32 else "")}[state]
+    return [
+        Item("LoRA adapters", lora.adapter_params * master / split,
+             f"rank {cfg.model.lora.rank} on {', '.join(lora.targets)} ({lora.layers} layers): "
+             f"{lora.adapter_params / 1e6:.2f}M parameters, trained"),
+        Item("reference", part * (master + fp32) / split, how),
+        Item("kl/init anchor", 0, "the base with the adapters off (model.lora): no copy"),
+    ]

@@ -83,3 +83,37 @@ def layout(cfg) -> tuple[int, int, int, int]:
         return 1, 1, 1, 1
     p = cfg.parallelism
     return world, p.data_parallel_replicate_degree, resolve_shard_degree(p, world), p.tensor_parallel_degree
+
+
+@dataclass
+class LoRAShapes:
+    """What ``model.lora`` adds to the model: its adapters and what each reference strategy keeps beside them."""
+
+    adapter_params: int
+    """Parameters of every adapter: rank x (in + out) per adapted layer (the only ones that train)."""
+    delta_params: int
+    """in x out per adapted layer: the dense delta an EMA reference keeps (``titan/lora.py``)."""
+    targets: list[str]
+    """The adapted layers' names (``wqkv``, ``wo``, ...)."""
+    layers: int
+    """How many layers are adapted."""
+
+    def reference_params(self, reference_state: str) -> int:
+        """Parameters of the reference's part (``config.model.LORA_REFERENCE_STATE``): none, a reference adapter, or
+        the dense delta."""
+        return {"none": 0, "adapter": self.adapter_params, "delta": self.delta_params}[reference_state]
+
+
+def lora_shapes(model_cfg, parallelism) -> LoRAShapes | None:
+    """The adapters of ``model.lora`` (None when it is off); ConfigError for targets the model lacks or a rank too
+    large (``titan.lora_targets``)."""
+    if not model_cfg.lora.enabled:
+        return None
+    from refexp import titan
+
+    spec = titan.build_model_spec(model_cfg, vocab_size=None, parallelism=parallelism)
+    targets = titan.lora_targets(spec.model, model_cfg.lora)
+    r = model_cfg.lora.rank
+    return LoRAShapes(adapter_params=sum(r * (n_in + n_out) for _, n_in, n_out in targets),
+                      delta_params=sum(n_in * n_out for _, n_in, n_out in targets),
+                      targets=sorted({fqn.rsplit(".", 1)[-1] for fqn, _, _ in targets}), layers=len(targets))

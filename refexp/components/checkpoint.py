@@ -1,9 +1,10 @@
 """Save and resume through torchtitan's ``CheckpointManager`` (DCP), including the reference strategy.
 
-What a checkpoint holds: the policy, the optimizer (FQN-keyed, reshardable), the LR schedule, and
-the extra ``Stateful`` objects the algorithm registers: ``train_state`` (step, data position, KL
-controller) and ``reference`` (version, last update step, and the reference weights when the
-strategy moves them). Sampling randomness is keyed to (seed, step, prompt, sample), so no RNG
+What a checkpoint holds: the policy (of a LoRA policy, ``model.lora``, only its adapters and its reference's
+part: the frozen base is the start checkpoint's, pinned by its sha256), the optimizer (FQN-keyed, reshardable),
+the LR schedule, and the extra ``Stateful`` objects the algorithm registers: ``train_state`` (step, data position,
+KL controller) and ``reference`` (version, last update step, and the reference weights when the strategy moves
+them). Sampling randomness is keyed to (seed, step, prompt, sample), so no RNG
 state is needed for an exact resume.
 
 Disk (launch/README.md, "Checkpoint size"): ``checkpoint.save_reference=false`` leaves a moving
@@ -37,8 +38,9 @@ from refexp.record.checkpoints import (MANIFEST, checked_steps, complete_steps, 
                                        write_manifest)
 from refexp.components.run_identity import foreign_checkpoint
 from refexp.runtime import distributed as rdist
-from refexp.titan.components import CheckpointManager
 from refexp.titan.dcp_reader import checked_dcp_metadata
+from refexp.titan.lora import AdapterStates, has_adapters
+from refexp.titan.optim_checkpoint import MODEL, CheckpointManager
 from refexp.titan.unwrap import local_tensor
 
 
@@ -140,6 +142,8 @@ class Checkpointer:
             sd_adapter=None,
             base_folder=str(run_dir),
         )
+        if cfg.enable and has_adapters(model):  # LoRA: the frozen base is the (pinned) start checkpoint's
+            self.manager.states[MODEL] = AdapterStates(model, with_reference=cfg.save_reference)
 
     def _dir(self, step: int) -> Path:
         return self.folder / f"step-{step}"

@@ -1,41 +1,7 @@
-"""Held-out measurements made the same way for every algorithm and strategy.
-
-- ``eval/accuracy``: greedy decoding on the first ``eval.num_prompts`` held-out prompts, mean reward
-  (exact match for the embedded task).
-- ``val/accuracy`` (when the task has a validation split, ``task.val_fraction`` / ``task.val_path``): the
-  same on the first ``eval.num_prompts`` validation prompts; what a hyper-parameter search selects on, so the
-  held-out ``eval/accuracy`` prompts are only ever reported.
-- ``eval/retention`` / ``val/retention`` (when ``task.rl_ops`` leaves out some of ``task.ops``): the same greedy
-  exact match on the held-out / validation prompts of the skills the SFT stage taught and RL does not train
-  (``Task.retain_eval`` / ``Task.retain_val``): what RL keeps of its start.
-- ``eval/pass_at_k`` (``eval.pass_k`` > 0): on the first ``eval.pass_k_prompts`` held-out prompts, n =
-  ``eval.pass_k_samples`` completions sampled at the run's sampling temperature (and GRPO's ``algo.top_p``), c of
-  them correct (the verifier's reward >= 1), and the unbiased estimator of Chen et al. 2021 ("Evaluating Large
-  Language Models Trained on Code", eq. 1): pass@k = 1 - C(n-c, k) / C(n, k), averaged over prompts. The samples are
-  keyed to the prompt and the sample's index, as ``kl/init``'s. A policy that collapsed onto one answer per prompt
-  keeps its greedy accuracy and loses this.
-- ``eval/gold``, ``val/gold`` (when a learned reward is optimised, ``task.reward_model``): the gold reward (the
-  task's verifier, or ``task.gold_reward_model``) of the same greedy completions, whose optimised reward is then
-  ``eval/accuracy`` / ``val/accuracy`` (docs/reward-models.md).
-- ``kl/init``: KL(policy || frozen initial model) on the first ``eval.kl_prompts`` held-out prompts,
-  with one completion per prompt sampled from the policy; the per-token k3 estimator averaged over
-  completion tokens (the same estimator and averaging as ``kl/ref``, refexp.losses.kl.mean_token_kl).
-  The sampling uniforms are keyed to the prompt only (common random numbers), so successive evals
-  differ by the policy, not by sampling noise. Completions are sampled, and every model's log-probs
-  are taken, at the run's sampling temperature (GRPO's ``algo.temperature``; 1 for DPO), so a model
-  equal to the policy is at KL 0 at any temperature.
-  Each prompt's linearised contribution (``kl_influence``; their mean is ``kl/init``) goes to
-  ``eval_outcomes.jsonl``, so a report can resample the drift measurement prompt by prompt.
-- ``kl/init_retain`` (when ``task.rl_ops`` leaves out some of ``task.ops``): the same on the first
-  ``eval.kl_prompts`` held-out prompts of the skills RL does not train (``Task.retain_eval``), sampled with the
-  same keys: drift where no reward pulls the policy, beside ``eval/retention``. Per prompt in
-  ``eval_outcomes.jsonl`` too.
-- ``kl/ref`` (only when the caller passes a reference, DPO): the same estimate on the *same* samples
-  against the current reference. GRPO logs its own ``kl/ref`` on the training batch instead.
-- ``eval/logp_correct`` (only when asked, DPO): the policy's mean per-sequence log-prob (summed over
-  completion tokens, EOS included, as SFT's targets) of the task's reference completion on the same
-  ``eval.kl_prompts`` held-out prompts. A fall flags likelihood displacement (Pal et al. 2024, "Smaug";
-  Razin et al. 2024, "Unintentional Unalignment").
+"""Held-out measurements made the same way for every algorithm and strategy: ``eval/accuracy``, ``val/accuracy``,
+``eval/retention``, ``val/retention``, ``eval/pass_at_k``, ``eval/gold``, ``val/gold``, ``kl/init``, ``kl/init_retain``,
+DPO's ``kl/ref`` and ``eval/logp_correct``. What each means, on which prompts and when it is logged: docs/metrics.md
+(generated from ``refexp/record/metric_names.py``).
 
 The held-out rows are split over the data-parallel ranks (``distributed.padded_share``: contiguous
 blocks, padded so that every rank makes the same sharded forward calls; the padding's results are

@@ -15,15 +15,18 @@ import torch
 
 from refexp import titan
 from refexp.components.context import RunContext
+from refexp.config.model import LORA_REFERENCE_STATE, LoRAConfig
 
 
 def build_run_model(ctx: RunContext, *, trainable: bool, seed: int | None = None, dtype: str | None = None,
-                    compile_enable: bool | None = None, weights_loaded_next: bool = False) -> torch.nn.Module:
+                    compile_enable: bool | None = None, weights_loaded_next: bool = False,
+                    lora: LoRAConfig | None = None) -> torch.nn.Module:
     """A model of the configured family/shape with the run's parallelism and compute dtype (weights: fresh
     init, from ``seed``, default ``training.seed``); ``dtype``/``compile_enable`` override the training ones.
     A trainable model gets ``activation_checkpoint``; frozen copies have no backward to recompute for.
     ``weights_loaded_next``: a checkpoint is loaded right after, so each rank allocates only its shards
-    (``titan.build_model``)."""
+    (``titan.build_model``). ``lora``: adapters on it (the RL stage's policy only), each layer keeping the part its
+    reference strategy needs (``config.model.LORA_REFERENCE_STATE``)."""
     cfg = ctx.cfg
     compile_cfg = cfg.compile
     if compile_enable is not None and compile_enable != compile_cfg.enable:
@@ -41,6 +44,8 @@ def build_run_model(ctx: RunContext, *, trainable: bool, seed: int | None = None
         requires_grad=trainable,
         ac_cfg=cfg.activation_checkpoint if trainable else None,
         weights_loaded_next=weights_loaded_next,
+        lora=lora,
+        lora_reference=LORA_REFERENCE_STATE[cfg.reference.name],
     )
     if not trainable:
         model.eval()

@@ -20,7 +20,7 @@ def build_optimizer(model: torch.nn.Module, *, optimizer: str, lr: float, beta1:
     """(optimizers, lr_schedulers) for a model whose trainable parameters all share one group; the LR
     decays to 0 over the last ``decay_ratio`` of the steps after warm-up (torchtitan's warm-up/stable/decay;
     0 = constant after warm-up, what the RL loops use: see the module docstring)."""
-    from refexp.titan.components import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
+    from refexp.titan.optim_checkpoint import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
 
     kwargs = {"lr": lr, "weight_decay": weight_decay}
     if optimizer in ("Adam", "AdamW"):

@@ -58,10 +58,12 @@ START = "start model"
 
 def start_pins(cfg, sft_dir: Path) -> dict:
     """``{role: pin}`` of the models the run (``cfg``, its RootConfig) starts from: ``sft_dir`` and, when set,
-    ``checkpoint.initial_load_path`` and ``reference.checkpoint`` (``foreign_checkpoint`` checks them at a resume)."""
+    ``checkpoint.initial_load_path`` and ``reference.checkpoint`` (``foreign_checkpoint`` checks them at a resume),
+    each pinned by the files its loader reads (``checkpoint.initial_load_in_hf``: ``initial_load_path`` as HF)."""
     pins = {START: pin(sft_dir)}
-    for role, path in (("checkpoint.initial_load_path", cfg.checkpoint.initial_load_path),
-                       ("reference.checkpoint", getattr(cfg.reference, "checkpoint", None))):
+    for role, path, read_as_hf in (
+            ("checkpoint.initial_load_path", cfg.checkpoint.initial_load_path, cfg.checkpoint.initial_load_in_hf),
+            ("reference.checkpoint", getattr(cfg.reference, "checkpoint", None), False)):
         if path:
-            pins[role] = pin(path)
+            pins[role] = pin(path, read_as_hf)
     return pins

@@ -132,11 +132,10 @@ class DPOConfig(AlgoConfig):
     """A ``DPOLossType`` (needs a reference) or a ``DPOReferenceFreeLoss`` (refexp/choices.py; sft = NLL of the
     chosen completions only, TRL's loss_type="sft": the continued-SFT baseline)."""
     beta: float = 1.0
-    """1 was picked in an earlier session by looking at held-out test accuracy on the embedded task with the
-    tiny model (at the DPO paper's 0.1 the chosen log-probs fell, likelihood displacement, and test accuracy
-    dropped below the SFT model's): a choice made on test, not on validation, and not a published value. It
-    is not re-chosen on validation yet; docs/compare_refs_dpo/report.md is run at 1. SimPO's beta is in its
-    own units (conf/dpo_variant/simpo.yaml)."""
+    """Chosen on held-out test accuracy (embedded task, tiny model), not on validation, and not a published
+    value: at the DPO paper's 0.1 the chosen log-probs fall (likelihood displacement) and test accuracy drops
+    below the SFT model's. docs/compare_refs_dpo/report.md is run at 1. SimPO's beta is in its own units
+    (conf/dpo_variant/simpo.yaml)."""
     label_smoothing: float = 0.0
     """Conservative DPO / robust DPO's assumed label-noise rate."""
     gamma: float = 0.5

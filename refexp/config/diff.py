@@ -18,7 +18,7 @@ from refexp.choices import current_choice
 
 CACHE_DIR = "sft.cache_dir"
 IN_CACHE = "${sft.cache_dir}"
-"""What a path inside the cache dir starts with once ``cache_relative`` has rewritten it."""
+"""What a path inside the cache dir starts with once ``in_cache_terms`` has rewritten it."""
 
 RESUMABLE_CHANGES = (
     "training.steps",      # a finished run continues (the LR schedule does not depend on it)
@@ -46,25 +46,38 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def cache_relative(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``flat`` (a ``flatten``ed config) with every path inside its ``sft.cache_dir`` (a value, or an item of a list)
-    written as ``${sft.cache_dir}/<its place in the cache>``: a cache entry is named by what determines it, so
-    the same path in a copy of the cache (another ``REFEXP_CACHE``) names the same thing."""
-    cache = flat.get(CACHE_DIR)
-    if not isinstance(cache, str) or not cache:
-        return dict(flat)
-    roots = {os.path.normpath(c) for c in (cache, os.path.expanduser(cache))}
+def in_cache_terms(value: Any, cache_dir: str | None) -> Any:
+    """``value`` (a path, or a list, tuple or dict holding some) with every path inside ``cache_dir`` written as
+    ``${sft.cache_dir}/<its place in the cache>``, anything else as it was: a cache entry is named by what
+    determines it, so the same path in a copy of the cache (another ``REFEXP_CACHE``) names the same thing. The
+    config comparison (``cache_relative``) and every cache key that holds a config part use it. ``cache_dir`` is
+    recognised as written, with ``~`` expanded, made absolute and with its links resolved (``Path.resolve``)."""
+    if not isinstance(cache_dir, str) or not cache_dir:
+        return value
+    expanded = os.path.expanduser(cache_dir)
+    roots = {os.path.normpath(cache_dir), os.path.normpath(expanded), os.path.abspath(expanded),
+             os.path.realpath(expanded)}
+    roots = sorted((r.rstrip(os.sep) for r in roots), key=len, reverse=True)  # the innermost root names the place
 
     def relative(v: Any) -> Any:
-        if isinstance(v, list):
-            return [relative(x) for x in v]
+        if isinstance(v, Mapping):
+            return {k: relative(x) for k, x in v.items()}
+        if type(v) in (list, tuple):
+            return type(v)(relative(x) for x in v)
         if not isinstance(v, str) or not v:
             return v
         path = os.path.normpath(v)
-        root = next((r for r in roots if path == r or path.startswith(r.rstrip(os.sep) + os.sep)), None)
-        return v if root is None else IN_CACHE + path[len(root.rstrip(os.sep)):]
+        root = next((r for r in roots if path == r or path.startswith(r + os.sep)), None)
+        return v if root is None else IN_CACHE + path[len(root):]
 
-    return {k: v if k == CACHE_DIR else relative(v) for k, v in flat.items()}
+    return relative(value)
+
+
+def cache_relative(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``flat`` (a ``flatten``ed config) with every path inside its ``sft.cache_dir`` (a value, or an item of a list)
+    written relative to it (``in_cache_terms``)."""
+    cache = flat.get(CACHE_DIR)
+    return {k: v if k == CACHE_DIR else in_cache_terms(v, cache) for k, v in flat.items()}
 
 
 def comparable(tree: Mapping[str, Any]) -> dict[str, Any]:

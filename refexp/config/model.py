@@ -10,6 +10,50 @@ from refexp.choices import PRETRAINED_CHECKPOINTS
 
 from .errors import ConfigError, check, one_of, positive_int
 
+LORA_REFERENCE_STATE: dict[str, str] = {"fixed": "none", "none": "none", "periodic_reset": "adapter",
+                                        "kl_triggered": "adapter", "ema": "delta"}
+"""``reference.name`` -> what a LoRA policy carries for its reference besides its adapters (refexp/titan/lora.py):
+nothing (``fixed`` is the base with the adapters off, ``none`` has no reference), a frozen reference adapter set
+to the adapters at each reset, or the dense running average of the adapters' weight update (EMA)."""
+
+
+@dataclass
+class LoRAConfig:
+    """``model.lora``: low-rank adapters on the RL stage's policy (torchtitan's ``LoRAConverter``): each target
+    linear layer computes ``W x + (alpha / rank) * B A x`` with W frozen, A [rank, in] and B [out, rank] trained
+    (B starts at 0, so the policy starts as the start model). The SFT stage and its cache are unaffected. How each
+    reference strategy is kept exact under LoRA: docs/algorithms.md, "LoRA policies"."""
+
+    rank: int = 0
+    """Rank of every adapter; 0 = off (the whole model trains)."""
+    alpha: Optional[float] = None
+    """Scale numerator: the adapter's output is multiplied by alpha / rank. None = rank (a scale of 1)."""
+    target_modules: Optional[list[str]] = None
+    """Linear layers to adapt, by the last part of their name (torchtitan's: ``wqkv`` or ``wq``/``wk``/``wv``,
+    ``wo``, ``w1``, ``w2``, ``w3``, ``lm_head``). None = every linear layer of the transformer blocks (peft's
+    ``all-linear``: the output layer stays frozen)."""
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.rank, int) and not isinstance(self.rank, bool) and self.rank >= 0, "model.lora.rank",
+              self.rank, "an integer >= 0 (0 = no adapters)")
+        if self.alpha is not None:
+            check(isinstance(self.alpha, (int, float)) and self.alpha > 0, "model.lora.alpha", self.alpha,
+                  "a number > 0, or null for model.lora.rank")
+        if self.target_modules is not None:
+            names = list(self.target_modules)
+            check(bool(names) and all(isinstance(n, str) and n and "." not in n for n in names)
+                  and len(set(names)) == len(names), "model.lora.target_modules", names,
+                  "a non-empty list of distinct layer names (the last part of a name, e.g. [wqkv, wo]), or null")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank: what the adapter's output ``B A x`` is multiplied by."""
+        return (self.alpha if self.alpha is not None else self.rank) / self.rank
+
 
 @dataclass
 class ModelConfig:
@@ -49,6 +93,8 @@ class ModelConfig:
     """sdpa on CPU (flex has no CPU backward, docs/torchtitan-notes.md §3); flex or varlen on GPUs."""
     embedding_init_std: Optional[float] = None
     """Std of the token-embedding init; None keeps torchtitan's N(0, 1) (see model/tiny.yaml for why 0.02)."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """Low-rank adapters on the RL stage's policy (``model.lora.rank=16``); off by default."""
 
     def __post_init__(self) -> None:
         one_of("model.name", self.name, ("llama3", "qwen3"))
@@ -64,6 +110,16 @@ class ModelConfig:
         one_of("model.attn_backend", self.attn_backend, ("sdpa", "flex", "varlen"))
         if self.pretrained is not None:
             one_of("model.pretrained", self.pretrained, PRETRAINED_CHECKPOINTS)
+
+
+def model_identity(model: ModelConfig) -> dict:
+    """What of ``model.*`` makes a model's weights and outputs: every field but ``lora``, which changes only the RL
+    stage's policy. The SFT stage's cache key and the caches of what the start model computes (DPO's pairs, a
+    reference's log-probs: the adapters-off reference of a LoRA run is the start model) are keyed by it, so turning
+    LoRA on reuses them."""
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(model).items() if k != "lora"}
 
 
 @dataclass

@@ -239,6 +239,7 @@ def check_cross_fields(cfg: RootConfig) -> None:
         raise ConfigError(
             f"training.micro_batch_size={mbs} is invalid with algo.share_prompt=true: a chunk must hold whole "
             f"prompt groups, expected a multiple of algo.group_size={cfg.algo.group_size} (or algo.share_prompt=false)")
+    check_lora(cfg)
     if isinstance(cfg.algo, DPOConfig):
         if cfg.reference.name == "none" and not cfg.algo.reference_free:
             raise ConfigError(
@@ -246,6 +247,36 @@ def check_cross_fields(cfg: RootConfig) -> None:
                 f"reference; use algo.loss_type=<one of {', '.join(DPO_REFERENCE_FREE_LOSSES)}>, or pick a "
                 f"reference strategy ({', '.join(s for s in REFERENCE_STRATEGIES if s != 'none')})"
             )
+
+
+def check_lora(cfg: RootConfig) -> None:
+    """``model.lora`` against the rest of the run: adapters train GRPO's policy, whose reference lives in the policy
+    itself (the base with the adapters off, a reference adapter, or a dense EMA delta: refexp/titan/lora.py), so
+    the fields that describe a separate reference model have nothing to act on. Its shapes (a rank larger than a
+    target layer, a target matching no layer) are checked against the model by ``titan.lora_targets``."""
+    lora = cfg.model.lora
+    if not lora.enabled:
+        return
+    what = f"model.lora.rank={lora.rank}"
+    if cfg.algo.name != "grpo":
+        raise ConfigError(f"{what} is invalid with algo={cfg.algo.name}: adapters train the GRPO stage's policy "
+                          f"(the SFT stage and its cache are unchanged); expected algo=grpo, or model.lora.rank=0")
+    r = cfg.reference
+    for field_name, value, unset in (("reference.checkpoint", r.checkpoint, None),
+                                     ("reference.offload", r.offload, False), ("reference.compile", r.compile, None)):
+        if value != unset:
+            raise ConfigError(f"{field_name}={value!r} is invalid with {what}: the LoRA policy's reference is the "
+                              f"policy's own base weights (adapters off, or a reference adapter or EMA delta), not a "
+                              f"separate model; expected {unset!r}")
+    if r.dtype not in (None, cfg.training.dtype):
+        raise ConfigError(f"reference.dtype={r.dtype!r} is invalid with {what}: the reference is the policy's own base "
+                          f"weights, in training.dtype={cfg.training.dtype!r}; expected null")
+    if cfg.parallelism.tensor_parallel_degree > 1:
+        raise ConfigError(f"parallelism.tensor_parallel_degree={cfg.parallelism.tensor_parallel_degree} is invalid "
+                          f"with {what}: refexp's LoRA reference parts are built for FSDP; expected 1")
+    if cfg.rollout.static_decode:
+        raise ConfigError(f"rollout.static_decode=true is invalid with {what}: the fixed-shape step reads the base "
+                          f"weights at fixed addresses and would decode without the adapters; expected false")
 
 
 def generation_budget(cfg: RootConfig) -> tuple[str, int]:

@@ -27,7 +27,8 @@ class CheckpointConfig:
     initial_load_path: Optional[str] = None
     """Start the policy from this checkpoint instead of the SFT stage's output."""
     initial_load_in_hf: bool = False
-    """``initial_load_path`` is an HF safetensors directory rather than a refexp checkpoint."""
+    """``initial_load_path`` is an HF safetensors directory rather than a refexp checkpoint: read (and pinned, for a
+    resume's check) as HF whatever else it holds. Needs ``initial_load_path``."""
     last_save_in_hf: bool = False
     """Also export the final policy as HF safetensors (``<folder>/hf``)."""
     load_step: int = -1
@@ -66,6 +67,13 @@ class CheckpointConfig:
         check(isinstance(self.last_save_model_only, bool), "checkpoint.last_save_model_only",
               self.last_save_model_only, "true or false")
         one_of("checkpoint.verify", self.verify, ("checksum", "size"))
+        # It says how initial_load_path is read: the start from the SFT stage, sft.checkpoint or
+        # model.hf_assets_path is read (and pinned, refexp/record/pins.py) as its contents say, and the reference and
+        # kl/init anchor read that dir so too; forcing HF on it alone would load other weights than they read.
+        check(not self.initial_load_in_hf or bool(self.initial_load_path), "checkpoint.initial_load_in_hf",
+              self.initial_load_in_hf, "false without checkpoint.initial_load_path (it says that dir is an HF "
+              "safetensors dir; the start from the SFT stage, sft.checkpoint or model.hf_assets_path is read as its "
+              "files say)")
 
 
 @dataclass

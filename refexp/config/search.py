@@ -8,14 +8,14 @@ from .task import TaskConfig
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 """Hydra's grid sweeper: it runs every job and ignores their return values. Every other sweeper (Optuna's,
-``conf/hparams_search/``) maximises what the jobs return, ``refexp.run.objective``: validation accuracy."""
+``conf/hparams_search/``) maximises what the jobs return, ``refexp.run.search_value``: validation accuracy."""
 VALIDATION_FIELDS = ("task", "task.name", "task.val_fraction", "task.val_path")
 """Config keys that decide whether a run has a validation split."""
 
 
 def check_search_validation(sweeper_target: str, task: TaskConfig) -> None:
     """Refuse a search (a sweeper other than ``BASIC_SWEEPER``) whose task has no validation split: every
-    trial would return no objective, since ``run.objective`` never falls back to test accuracy."""
+    trial would return no value, since ``run.search_value`` never falls back to test accuracy."""
     if sweeper_target == BASIC_SWEEPER or task.has_validation():
         return
     search = f"a search (hparams_search, hydra.sweeper={sweeper_target.rsplit('.', 1)[-1]})"

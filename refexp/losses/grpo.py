@@ -154,9 +154,6 @@ def grpo_loss(
         ``r > 1 + eps_high`` and ``A > 0``, ``clip/ratio``: either (the tokens whose gradient the
         clip removes; TRL's ``clip_ratio/*``), all token-weighted over the mask.
 
-    Long for its docstring: the equation, the aggregations and the departures from TRL stay next to the code
-    that computes them.
-
     Departures from TRL: ``bnpo`` is not offered (it is ``dapo`` without ``num_active_tokens``);
     TRL's division by gradient-accumulation steps is left to the caller; the log-ratio is not
     clamped (as TRL; torchtitan clamps it to +-10).

@@ -91,9 +91,6 @@ def dpo_loss(
     (fraction of pairs with chosen reward strictly greater), ``logps/chosen``, ``logps/rejected``
     (policy, as used in the loss, i.e. averaged for IPO with lengths), ``loss/total``.
 
-    Long for its docstring: the four equations, IPO's length handling and the departures from TRL stay next to
-    the code that computes them.
-
     Departures from TRL 1.16: ``"sigmoid"`` with ``label_smoothing > 0`` is conservative DPO (cDPO, the
     form above and of earlier TRL releases); TRL 1.16's sigmoid ignores ``label_smoothing``, so the two agree
     only at ``label_smoothing = 0``. ``label_smoothing != 0`` with ``ipo``/``hinge`` raises (TRL ignores

@@ -106,12 +106,16 @@ METRICS: tuple[Metric, ...] = (
     Metric(VAL_RETENTION, "the same on the validation split (what a selection rule with a retention floor reads)",
            f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops` and the task has a validation split", thresholded=True),
     Metric(EVAL_PASS_AT_K, "pass@k with k = `eval.pass_k`: the chance that one of k completions sampled at the "
-           "training temperature is correct, on the first `eval.pass_k_prompts` held-out test prompts (of the RL "
-           "skills), the unbiased estimator of Chen et al. 2021 over `eval.pass_k_samples` samples; a policy whose "
-           "distribution collapsed loses it; per prompt in `eval_outcomes.jsonl`",
+           "training temperature (and GRPO's `algo.top_p`) is correct (the verifier's reward ≥ 1), on the first "
+           "`eval.pass_k_prompts` held-out test prompts (of the RL skills): per prompt the unbiased estimator of "
+           "Chen et al. 2021 (eq. 1), 1 − C(n−c, k) / C(n, k) with n = `eval.pass_k_samples` samples of which c are "
+           "correct, averaged over prompts; the samples are keyed to the prompt and the sample's index, as "
+           "`kl/init`'s; a policy whose distribution collapsed onto one answer keeps its greedy accuracy and loses "
+           "this; per prompt in `eval_outcomes.jsonl`",
            f"{_EVAL}, when `eval.pass_k` > 0 and the task has a reward", summary="last", thresholded=True),
-    Metric(EVAL_GOLD, "with a learned reward: the gold reward of the same greedy held-out completions, whose "
-           "learned (proxy) reward is then `eval/accuracy`; per prompt in `eval_outcomes.jsonl`",
+    Metric(EVAL_GOLD, "with a learned reward: the gold reward (the task's verifier, or `task.gold_reward_model`) "
+           "of the same greedy held-out completions, whose learned (proxy) reward is then `eval/accuracy` "
+           "(docs/reward-models.md); per prompt in `eval_outcomes.jsonl`",
            f"GRPO with a learned reward, {_EVAL}", thresholded=True),
     Metric(VAL_GOLD, "the same on the validation split; per prompt in `eval_outcomes.jsonl` (split `val`): a "
            "`comparison.select.budget` reads the gold of its first N prompts only, the labels a user could afford",
@@ -140,13 +144,17 @@ METRICS: tuple[Metric, ...] = (
     Metric("sft/grad_norm", "the SFT stage: gradient norm before clipping", "the SFT stage, every step"),
     Metric("sft/wall_s", "seconds the SFT stage trained", "`algo=sft`: final value only (W&B summary)"),
     Metric("sft/dir", "the SFT model's directory in the cache", "`algo=sft`: final value only (W&B summary)"),
-    Metric(KL_INIT, "KL(policy ‖ frozen SFT model), mean per-token k3 on the first `eval.kl_prompts` held-out "
-           "prompts, one sampled completion each; each prompt's linearised contribution (their mean is the value) "
-           "in `eval_outcomes.jsonl`", _EVAL, summary="last"),
+    Metric(KL_INIT, "KL(policy ‖ the frozen initial (SFT) model), mean per-token k3 on the first `eval.kl_prompts` "
+           "held-out prompts, one sampled completion each, averaged over completion tokens as `kl/ref` is; the "
+           "sampling is keyed to the prompt only (common random numbers), so successive evaluations differ by the "
+           "policy, not by sampling noise; completions are sampled, and every model's log-probs taken, at the run's "
+           "sampling temperature (GRPO's `algo.temperature`; 1 for DPO), so a model equal to the policy is at 0 at "
+           "any temperature; each prompt's linearised contribution (their mean is the value) in `eval_outcomes.jsonl`",
+           _EVAL, summary="last"),
     Metric(KL_INIT_RETAIN, "the same on the first `eval.kl_prompts` held-out prompts of the skills RL does not "
-           "train (`task.ops` minus `task.rl_ops`, where RL does not sample): drift beside `eval/retention`; per "
-           "prompt in `eval_outcomes.jsonl`", f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops`",
-           summary="last"),
+           "train (`task.ops` minus `task.rl_ops`, where RL does not sample), sampled with the same keys: drift "
+           "beside `eval/retention`; per prompt in `eval_outcomes.jsonl`",
+           f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops`", summary="last"),
     Metric(KL_REF, "KL(policy ‖ current reference), mean per-token k3 on the policy's own samples (absent when "
            "reference-free). GRPO: the training batch's completions; DPO: the `kl/init` samples, before that "
            "step's reference update", f"GRPO: every step; DPO: {_EVAL}", "GRPO: `kl`", summary="last"),
@@ -172,8 +180,10 @@ METRICS: tuple[Metric, ...] = (
            summary="max", thresholded=True),
     Metric(EVAL_PREF_MARGIN, "DPO on `task=preference`: `rewards/margins` over the same held-out pairs",
            f"DPO on `task=preference`, {_EVAL}"),
-    Metric("eval/logp_correct", "DPO: the policy's mean summed log-prob (EOS included) of the correct answer on "
-           "the `eval.kl_prompts` held-out prompts", f"DPO on a task with answers, {_EVAL}"),
+    Metric("eval/logp_correct", "DPO: the policy's mean summed log-prob (EOS included, as SFT's targets) of the "
+           "task's reference completion on the `eval.kl_prompts` held-out prompts; a fall flags likelihood "
+           "displacement (Pal et al. 2024, \"Smaug\"; Razin et al. 2024, \"Unintentional Unalignment\")",
+           f"DPO on a task with answers, {_EVAL}"),
     Metric("clip/ratio", "GRPO: fraction of tokens clipped", "GRPO, every step", "`clip_ratio/region_mean`", thresholded=True),
     Metric("clip/low", "GRPO: fraction of tokens clipped at the low end", "GRPO, every step",
            "`clip_ratio/low_mean`", thresholded=True),

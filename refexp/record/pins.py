@@ -7,7 +7,8 @@ run's checkpoints (``refexp/components/run_identity.py``) and its ``status.json`
 refused.
 
 Only weight files count (``weight_files``): the files of the format a load reads the dir as (``is_hf_dir`` decides
-for the pin and for ``refexp/titan/checkpoint_dirs.py``'s ``load_weights`` alike, so the pin covers what is loaded):
+for the pin and for ``refexp/titan/checkpoint_dirs.py``'s ``load_weights`` alike, so the pin covers what is loaded;
+``checkpoint.initial_load_in_hf`` makes the loader read its dir as HF whatever it holds, and that pin follows):
 an HF dir's safetensors / bin / pt files, else a DCP dir's ``.metadata`` and shards, sizes and names included;
 tokenizers, configs and logs do not. Hashing reads every byte once per invocation (~1.2 GB/s per core, files in
 parallel threads).
@@ -32,12 +33,13 @@ def is_hf_dir(path: str | Path) -> bool:
     return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
 
 
-def weight_files(model_dir: str | Path) -> list[Path]:
+def weight_files(model_dir: str | Path, read_as_hf: bool = False) -> list[Path]:
     """The files whose bytes are the weights a load reads, sorted: an SFT output's ``model/`` (DCP), a DCP dir's own
     files, else every file with a ``WEIGHT_SUFFIXES`` suffix below ``model_dir``; an HF dir (``is_hf_dir``, which the
-    loader reads as HF whatever else it holds) always the latter."""
+    loader reads as HF whatever else it holds) or one the loader is told to read as HF (``read_as_hf``: its
+    safetensors, whatever DCP files lie beside them) always the latter."""
     d = Path(model_dir)
-    if not is_hf_dir(d):
+    if not read_as_hf and not is_hf_dir(d):
         if (d / "model" / DCP_METADATA).is_file():
             d = d / "model"
         if (d / DCP_METADATA).is_file():
@@ -45,11 +47,11 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
 
 
-def content_hash(model_dir: str | Path) -> Optional[str]:
+def content_hash(model_dir: str | Path, read_as_hf: bool = False) -> Optional[str]:
     """The sha256 (hex) over each weight file's path relative to ``model_dir``, size and sha256; None when
-    ``model_dir`` holds no weight file (a Hub id, a missing dir)."""
+    ``model_dir`` holds no weight file (a Hub id, a missing dir). ``read_as_hf``: as ``weight_files``."""
     d = Path(model_dir)
-    files = weight_files(d) if d.is_dir() else []
+    files = weight_files(d, read_as_hf) if d.is_dir() else []
     if not files:
         return None
     h = hashlib.sha256()
@@ -58,10 +60,11 @@ def content_hash(model_dir: str | Path) -> Optional[str]:
     return h.hexdigest()
 
 
-def pin(model_dir: str | Path) -> dict:
-    """``{path, sha256}`` of a model dir (``sha256`` None when it holds no weight file)."""
+def pin(model_dir: str | Path, read_as_hf: bool = False) -> dict:
+    """``{path, sha256}`` of a model dir (``sha256`` None when it holds no weight file); ``read_as_hf``: the loader
+    reads it as HF whatever it holds (``checkpoint.initial_load_in_hf``)."""
     return {"path": str(Path(model_dir).resolve()) if Path(model_dir).exists() else str(model_dir),
-            "sha256": content_hash(model_dir)}
+            "sha256": content_hash(model_dir, read_as_hf)}
 
 
 def pin_mismatch(recorded: Mapping, current: Mapping) -> Optional[str]:

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from refexp import titan
-from refexp.reference.offload import build_kept, on_device
+from refexp.reference.offload import build_parked, on_device
 
 
 class InitAnchor:
@@ -21,16 +21,21 @@ class InitAnchor:
     copy). Otherwise ``build_frozen()`` makes it at the first measurement and it is kept for the run,
     never rebuilt from disk; with ``offload`` (``reference.offload``) it waits in host memory between
     measurements and is lent to the compute device for each (``refexp/reference/offload.py``).
+
+    With a LoRA policy (``lora_policy``) the start model is the policy with its adapters off: nothing is built, and
+    ``kl/init`` reads the same weights the policy's base holds (none is ever merged into it).
     """
 
-    def __init__(self, build_frozen: Callable[[], torch.nn.Module], shared=None, *, offload: bool = False):
+    def __init__(self, build_frozen: Callable[[], torch.nn.Module], shared=None, *, offload: bool = False,
+                 lora_policy: torch.nn.Module | None = None):
         self.build_frozen, self.shared, self.offload = build_frozen, shared, offload
+        self.lora_policy = lora_policy
         self.model: torch.nn.Module | None = None
         self._device: torch.device | None = None  # where an offloaded anchor computes
 
     def _ensure_model(self) -> torch.nn.Module:
         if self.model is None:
-            self.model, self._device = build_kept(self.build_frozen, offload=self.offload)
+            self.model, self._device = build_parked(self.build_frozen, offload=self.offload)
         return self.model
 
     @contextmanager
@@ -39,6 +44,15 @@ class InitAnchor:
         initial model (kwargs: ``titan.token_logprobs``'s ``temperature``, positions, attention mask)."""
         if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
             yield self.shared.logprobs
+            return
+        if self.lora_policy is not None:
+            policy = self.lora_policy
+
+            def base_fn(tokens_BT, **kwargs):
+                with titan.lora_view(policy, titan.lora.BASE), torch.inference_mode():
+                    return titan.token_logprobs(policy, tokens_BT, **kwargs).clone()
+
+            yield base_fn
             return
         model = self._ensure_model()
 

@@ -1,8 +1,8 @@
-"""``reference.offload``: a frozen model kept in host memory and lent to the compute device for its forwards.
+"""``reference.offload``: a frozen model parked in host memory and lent to the compute device for its forwards.
 
 The host copy is made once (``park_on_host``), pinned where there is an accelerator, so each move to the
 device is a non-blocking copy that can overlap the host's work. After a use the module's parameters and
-buffers point at the kept host tensors again: nothing is copied back, because a forward does not change
+buffers point at the parked host tensors again: nothing is copied back, because a forward does not change
 the weights, and a moving reference is updated on its host copy itself (``refexp/reference/strategies.py``), so its
 host copy is always the current one. Per use that is one host-to-device copy of the model, and none back.
 
@@ -59,8 +59,8 @@ def park_on_host(model: torch.nn.Module) -> None:
     model._apply(lambda t: host_copy(t, pin))
 
 
-def build_kept(build: Callable[[], torch.nn.Module], *, offload: bool
-               ) -> tuple[torch.nn.Module, torch.device | None]:
+def build_parked(build: Callable[[], torch.nn.Module], *, offload: bool
+                 ) -> tuple[torch.nn.Module, torch.device | None]:
     """A frozen model from ``build()`` and, with ``offload``, the device it computes on, the model parked in host
     memory until ``on_device`` lends it there (None without: the model stays where it was built). The reference
     strategies and the kl/init anchor keep their frozen models so."""
@@ -81,17 +81,17 @@ def on_device(model: torch.nn.Module | None, device: torch.device | None):
     if model is None or device is None or device == HOST:
         yield model
         return
-    kept: list[torch.Tensor] = []  # the host tensors, in Module._apply's order (the same both ways)
+    parked: list[torch.Tensor] = []  # the host tensors, in Module._apply's order (the same both ways)
 
     def to_device(t: torch.Tensor) -> torch.Tensor:
-        kept.append(t.detach())  # an alias of the host storage; survives the swap of a DTensor parameter
+        parked.append(t.detach())  # an alias of the host storage; survives the swap of a DTensor parameter
         return copy_to_device(t, device)
 
     model._apply(to_device)
     try:
         yield model
     finally:
-        back = iter(kept)
+        back = iter(parked)
 
         def to_host(t: torch.Tensor) -> torch.Tensor:
             h = next(back)

@@ -162,10 +162,11 @@ def _file_stamp(f: Path, root: Path) -> dict:
     return {"file": str(f.relative_to(root)), "mtime_ns": st.st_mtime_ns, "size": st.st_size}
 
 
-def cache_key(checkpoint: str | os.PathLike, dtype: str, data_fingerprint: str, model: dict | None = None) -> str:
-    """Hash of the reference's identity (resolved path + stamp + dtype + the model config it is loaded
-    into) and the pairs' fingerprint."""
-    key = {"path": str(Path(checkpoint).resolve()), "stamp": checkpoint_stamp(checkpoint), "dtype": dtype,
+def cache_key(checkpoint: str | os.PathLike, dtype: str, data_fingerprint: str, model: dict | None = None, *,
+              path: str | None = None) -> str:
+    """Hash of the reference's identity (``path``, by default ``checkpoint`` resolved, + stamp + dtype + the model
+    config it is loaded into) and the pairs' fingerprint."""
+    key = {"path": path or str(Path(checkpoint).resolve()), "stamp": checkpoint_stamp(checkpoint), "dtype": dtype,
            "model": model, "data": data_fingerprint, "format": CACHE_FORMAT}
     return stable_hash(key, 20)
 

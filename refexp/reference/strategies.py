@@ -8,7 +8,7 @@ checkpoints it together with its weights when they can differ from the start che
 
 ``reference.offload``: the frozen model lives in host memory (``refexp/reference/offload.py``) and is lent to the
 compute device for its forwards, never copied back; an update blends the policy's shards into the host copy
-itself. The kl/init anchor (refexp/components/evaluation.py) is offloaded likewise.
+itself. The kl/init anchor (``refexp/reference/anchor.py``) is offloaded likewise.
 
 Precision: an EMA reference stored in bf16 (``reference.dtype`` or ``training.dtype=bfloat16``) keeps a float32
 master copy (``titan.fp32_master``) that the updates accumulate in, the bf16 model cast from it after each
@@ -38,7 +38,7 @@ from refexp.config import (
     PeriodicResetReferenceConfig,
     ReferenceConfig,
 )
-from refexp.reference.offload import build_kept, on_device
+from refexp.reference.offload import build_parked, on_device
 
 
 class ReferenceStrategy:
@@ -68,7 +68,7 @@ class ReferenceStrategy:
     def ensure_model(self) -> torch.nn.Module | None:
         """Build the frozen model if this strategy holds one and has none yet (after ``defer_build``)."""
         if self.model is None and self.holds_model and self._build_frozen is not None:
-            self.model, self._device = build_kept(self._build_frozen, offload=self.cfg.offload)
+            self.model, self._device = build_parked(self._build_frozen, offload=self.cfg.offload)
             if self.gradual and any(p.is_floating_point() and p.dtype != torch.float32
                                     for p in self.model.parameters()):
                 self.master = titan.fp32_master(self.model)  # where the model is: host memory when offloaded
@@ -220,11 +220,16 @@ def build_reference(cfg: ReferenceConfig, build_frozen: Callable[[], torch.nn.Mo
     """The strategy named by ``reference.name``; ``build_frozen()`` makes its frozen model (not called for
     none; with ``defer_build`` not before ``ensure_model()``). ``cfg`` is that strategy's own schema
     (``REFERENCE_SCHEMAS[name]``): its fields are the ones the strategy reads."""
+    check_schema(cfg)
+    return REGISTRY[cfg.name](cfg, build_frozen, defer_build=defer_build)
+
+
+def check_schema(cfg: ReferenceConfig) -> None:
+    """``ConfigError`` unless ``cfg`` is its strategy's own schema (``REFERENCE_SCHEMAS[cfg.name]``)."""
     schema = REFERENCE_SCHEMAS.get(cfg.name)
     if schema is None or not isinstance(cfg, schema):
         raise ConfigError(f"reference.name={cfg.name!r} needs a {schema.__name__ if schema else 'known strategy'} "
                           f"config (got {type(cfg).__name__}): expected one of {', '.join(REFERENCE_SCHEMAS)}")
-    return REGISTRY[cfg.name](cfg, build_frozen, defer_build=defer_build)
 
 
 REFERENCE_SOURCES = ("none", "live", "versioned", "precomputed")

@@ -25,10 +25,19 @@ from refexp.titan.hf_config import model_cfg_overrides_from_hf
 from refexp.titan.hf_weights import export_hf, load_hf_weights_
 from refexp.titan.kv_cache import DecodeState
 from refexp.titan.logprobs import logits, token_logprobs
+from refexp.titan.lora import (
+    AdapterStates,
+    delta_master,
+    has_adapters,
+    lora_targets,
+    lora_view,
+    update_reference_,
+)
 from refexp.titan.spec import build_model_spec
 from refexp.titan.static_decode import release_static_buckets, static_decode_stats
 
 __all__ = [
+    "AdapterStates",
     "CausalRows",
     "DecodeState",
     "MaskedSDPA",
@@ -38,9 +47,11 @@ __all__ = [
     "copy_shards_to_host",
     "count_parameters",
     "decode_step",
+    "delta_master",
     "export_hf",
     "finish_decode",
     "fp32_master",
+    "has_adapters",
     "is_hf_dir",
     "latest_checkpoint_step",
     "lerp_weights_",
@@ -48,6 +59,8 @@ __all__ = [
     "load_model_weights",
     "load_weights",
     "logits",
+    "lora_targets",
+    "lora_view",
     "make_parallel_dims",
     "model_cfg_overrides_from_hf",
     "prefill",
@@ -59,4 +72,5 @@ __all__ = [
     "save_model_weights",
     "static_decode_stats",
     "token_logprobs",
+    "update_reference_",
 ]

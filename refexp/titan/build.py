@@ -26,9 +26,10 @@ from refexp.config import (
     ParallelismConfig,
     TrainingConfig,
 )
-from refexp.config.model import resolve_shard_degree
+from refexp.config.model import LoRAConfig, resolve_shard_degree
 from refexp.runtime import distributed as rdist
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
+from refexp.titan.lora import apply_lora, init_adapters_
 from refexp.titan.spec import build_model_spec
 from refexp.titan.unwrap import decoder_of
 
@@ -253,6 +254,8 @@ def build_model(
     requires_grad: bool = True,
     ac_cfg: ActivationCheckpointConfig | None = None,
     weights_loaded_next: bool = False,
+    lora: LoRAConfig | None = None,
+    lora_reference: str = "none",
 ) -> nn.Module:
     """Build, initialise under ``seed``, parallelize and maybe compile a torchtitan decoder.
 
@@ -267,6 +270,9 @@ def build_model(
     size (a 1-rank mesh for one process, see the module docstring). ``requires_grad=False`` freezes it
     (eval mode) for reference copies. Per-block ``torch.compile`` when ``compile_cfg.enable``.
     ``ac_cfg``: activation checkpointing of a trainable model (ignored with ``requires_grad=False``).
+    ``lora`` (enabled): adapters on the target layers, the rest frozen, each layer keeping ``lora_reference``'s
+    part for the reference (``titan/lora.py``); the adapters are drawn from ``seed`` on full tensors, the same at
+    any world size.
     """
     device = resolve_device(device) if isinstance(device, str) else device
     prepare_torchtitan(device.type)
@@ -277,6 +283,9 @@ def build_model(
         raise ConfigError("model.attn_backend='varlen' is invalid on CPU: it is CUDA-only "
                           "(expected sdpa; docs/torchtitan-notes.md §3)")
     spec = build_model_spec(model_cfg, vocab_size=vocab_size, parallelism=parallelism)
+    adapted = lora is not None and lora.enabled
+    if adapted:  # after the sharding declarations: the adapters' derive from the layers'
+        spec.model = apply_lora(spec.model, lora, lora_reference)
     # A model-wide switch that torchtitan reads while running, not only while building
     # (docs/torchtitan-notes.md §4).
     tt_dist_utils.set_spmd_backend(parallelism.spmd_backend)
@@ -289,10 +298,12 @@ def build_model(
     tt_ac = titan_ac_config(ac_cfg) if requires_grad else None  # a frozen model has no backward
     if mesh is None:
         _checkpoint_and_compile_one_process(model, tt_compile, tt_ac, parallelism.spmd_backend)
-        return model
-    _parallelize(model, spec, mesh, parallelism, training_cfg, compute_dtype, tt_compile, tt_ac,
-                 requires_grad=requires_grad)
-    if sharded_init:  # each rank allocates its shards; init_states also fills the buffers (RoPE tables)
-        model.to_empty(device=device)
-        _init_weights_(model, device, seed, None)
+    else:
+        _parallelize(model, spec, mesh, parallelism, training_cfg, compute_dtype, tt_compile, tt_ac,
+                     requires_grad=requires_grad)
+        if sharded_init:  # each rank allocates its shards; init_states also fills the buffers (RoPE tables)
+            model.to_empty(device=device)
+            _init_weights_(model, device, seed, None)
+    if adapted:
+        init_adapters_(model, seed)
     return model

@@ -16,6 +16,7 @@ from refexp.record.pins import is_hf_dir  # the start's pin decides the format a
 from refexp.runtime.distributed import decided_by_rank0
 from refexp.titan.dcp_reader import SafeFileSystemReader, checked_dcp_metadata
 from refexp.titan.hf_weights import load_hf_weights_
+from refexp.titan.lora import is_adapter_name
 
 
 def latest_checkpoint_step(folder: str | os.PathLike) -> int:
@@ -73,9 +74,13 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str | os.PathLike) -> N
         return path
 
     path = decided_by_rank0(checked)
-    state = model.state_dict()
+    # A LoRA policy's adapters and reference parts are not in a start checkpoint: they keep their initial values
+    state = {k: v for k, v in model.state_dict().items() if not is_adapter_name(k)}
     dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
-    model.load_state_dict(state)
+    missing, _ = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not is_adapter_name(k)]
+    if missing:
+        raise RuntimeError(f"{path}: loading left {missing[:5]} unset")
 
 
 def load_weights(model: nn.Module, model_cfg: ModelConfig, path: str | os.PathLike, *,

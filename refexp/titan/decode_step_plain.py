@@ -1,7 +1,7 @@
 """The one-token decode step on plain (unsharded, non-DTensor) weights: the decoder's sub-modules'
 arithmetic with a fraction of their per-token operators (``plain_decode_step``), and its fixed-shape form
 for CUDA graphs (``plain_static_step``, ``rollout.static_decode``; compiled per bucket in ``static_decode.py``). ``PlainStepWeights.of(model)`` is None
-where it does not apply (TP, MoE): decoding then takes the module path. Why: docs/torchtitan-notes.md §16.
+where it does not apply (TP, MoE, a LoRA policy's adapted layers): decoding then takes the module path. Why: docs/torchtitan-notes.md §16.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from refexp.titan.kv_cache import append_kv
+from refexp.titan.lora import has_adapters
 
 
 @dataclass
@@ -44,8 +45,8 @@ class PlainStepWeights:
     def of(decoder: nn.Module, *, fuse_ffn: bool = True) -> "PlainStepWeights | None":
         """``fuse_ffn``: concatenate w1 and w3 for one GEMM (a copy per generation; the fixed-shape step
         reads the parameters themselves, whose addresses a CUDA graph keeps)."""
-        if any(isinstance(p, DTensor) for p in decoder.parameters()):
-            return None
+        if any(isinstance(p, DTensor) for p in decoder.parameters()) or has_adapters(decoder):
+            return None  # a LoRA policy decodes through its layers' forwards, adapters included
         layers = []
         for block in decoder.layers.values():
             att, ffn = getattr(block, "attention", None), getattr(block, "feed_forward", None)

@@ -14,6 +14,7 @@ from torchtitan.models.common import FusedQKVLinear
 
 from refexp.config import ModelConfig
 from refexp.titan.families import model_family
+from refexp.titan.lora import is_adapter_name
 from refexp.titan.unwrap import canonical_name, decoder_of, local_tensor, reshard_fsdp
 
 
@@ -75,13 +76,16 @@ def native_load_targets(model: nn.Module) -> dict[str, torch.Tensor]:
     """Where each native (unfused ``wq``/``wk``/``wv``) tensor is read into, by canonical name.
 
     A parameter is its own target (DCP reads this rank's shard straight into it, tied weights
-    under each name); a fused ``wqkv`` gets three fresh targets, fused by ``fuse_qkv_``.
+    under each name); a fused ``wqkv`` gets three fresh targets, fused by ``fuse_qkv_``. A LoRA policy's adapters
+    and reference parts (``titan/lora.py``) are not in a start checkpoint: they keep their initial values.
     """
     reshard_fsdp(model)
     fused = _fused_qkv_modules(model)
     targets = {}
     for name, param in decoder_of(model).named_parameters(remove_duplicate=False):
         name = canonical_name(name)
+        if is_adapter_name(name):
+            continue
         prefix = name.removesuffix("wqkv.weight")
         if name.endswith("wqkv.weight") and prefix in fused:
             module = fused[prefix]
@@ -112,12 +116,15 @@ def fuse_qkv_(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 def native_export_entries(model: nn.Module) -> list[tuple[str, torch.Tensor, FusedQKVLinear | None]]:
     """(canonical name, parameter, its fused Q/K/V module or None) for every tensor an HF export writes,
-    in a fixed order (every rank gathers them in this order)."""
+    in a fixed order (every rank gathers them in this order). A LoRA policy's adapters and reference parts are not
+    among them: the export writes each adapted weight merged (``hf_weights._write_hf_weights``)."""
     reshard_fsdp(model)
     fused = _fused_qkv_modules(model)
     entries = []
     for name, param in decoder_of(model).named_parameters(remove_duplicate=False):
         name = canonical_name(name)
+        if is_adapter_name(name):
+            continue
         prefix = name.removesuffix("wqkv.weight")
         entries.append((name, param, fused.get(prefix) if name.endswith("wqkv.weight") else None))
     return entries

@@ -20,6 +20,7 @@ import torch.nn as nn
 from refexp.config import ModelConfig
 from refexp.titan.families import arch_from_model_config
 from refexp.titan.hf_config import write_hf_config
+from refexp.titan.lora import adapted_modules, merged_full
 from refexp.titan.hf_tensors import (
     fuse_qkv_,
     native_export_entries,
@@ -133,10 +134,13 @@ def _write_hf_weights(model: nn.Module, model_cfg: ModelConfig, out_dir: str, ma
     sizes = {k: v.numel() * v.element_size() for hf in planned for k, v in hf.items()}
     file_of = _plan_hf_files(sizes, max_shard_bytes)
     buffers: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+    adapted = {f"{name}.weight": m for name, m in adapted_modules(decoder_of(model)).items()}  # LoRA: merged
     for (name, param, module), hf in zip(entries, planned):
         if not hf:  # dropped by the adapter (a tied lm_head): nothing to gather
             continue
         full = full_tensor(param)  # full_tensor() on every rank: a collective per sharded tensor
+        if name in adapted:
+            full = merged_full(adapted[name], full)  # W + scale * B A (gathers A and B on every rank)
         if not rank0:
             continue
         for k, v in to_hf_tensors(adapter, name, full.detach().to("cpu"), module).items():
@@ -168,6 +172,7 @@ def export_hf(model: nn.Module, model_cfg: ModelConfig, out_dir: str, *, tokeniz
 
     The weights are one ``model.safetensors`` when they fit in ``max_shard_bytes``, else
     ``model-0000i-of-0000N.safetensors`` files with transformers' ``model.safetensors.index.json``.
+    A LoRA policy is written merged: each adapted weight as ``W + scale * B A`` (``titan/lora.py``), no adapters.
     Collective: call on every rank; sharded tensors are gathered one at a time into rank 0's host memory,
     then rank 0 writes every file while the other ranks wait at a barrier of their own, with no collective
     in flight (``_write_hf_weights``, ``_waiting_group``).

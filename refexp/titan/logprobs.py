@@ -10,8 +10,9 @@ The entropy is a metric: always computed without gradient.
 With ``select_BT`` (the positions a loss or a metric reads, e.g. completion tokens) the output layer runs
 only there: the trunk (embeddings, layers, final norm) once, then the output projection on the selected
 positions' hidden states in chunks of ``FP32_CHUNK_ELEMENTS``, so no [B, T, V] logits exist; in a
-differentiable call each chunk's logits are recomputed in backward (``torch.utils.checkpoint``). TRL's
-GRPO/DPO trainers likewise take logits of completion tokens only (``logits_to_keep``).
+differentiable call each chunk's logits are recomputed in backward (``torch.utils.checkpoint``). TRL 1.16's
+GRPO/DPO trainers project only the completion tokens only where Triton runs (CUDA, XPU: ``add_fused_lm_head``'s
+``compact``); on a CPU their fused output layer projects every position, in tiles.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torchtitan.models.common import ScaledDotProductAttention
 
 from refexp.titan.attention import MaskedSDPA
+from refexp.titan.lora import has_adapters
 from refexp.titan.unwrap import decoder_of, full_tensor
 
 
@@ -273,16 +275,19 @@ def _selected_forward(model: nn.Module, tokens_BT: torch.Tensor, positions_BT, a
     replaced by ``_selected_logprobs`` on its input, the final hidden states. Under tensor parallelism the
     output layer is vocabulary-sharded (DTensor weight and hooks that turn its output into a Shard(-1)
     DTensor): there the replacement calls the layer itself and ``token_logprobs`` goes on with the
-    vocab-parallel path over all positions (correct, not cheaper), from the logits returned.
+    vocab-parallel path over all positions (correct, not cheaper), from the logits returned; so does an output layer
+    with a LoRA adapter, whose forward (and view) is its own.
     """
     lm_head = decoder_of(model).lm_head
     layer_forward = type(lm_head).forward
+    adapted = has_adapters(lm_head)
     targets_BT = tokens_BT[:, 1:]
     entropy: list = []
 
     def forward(h_BTD):
         weight, bias = lm_head.weight, lm_head.bias
-        if isinstance(h_BTD, DTensor) or isinstance(weight, DTensor):  # tensor parallel: the full logits
+        # tensor parallel, or an output layer with a LoRA adapter (model.lora): the layer itself, the full logits
+        if isinstance(h_BTD, DTensor) or isinstance(weight, DTensor) or adapted:
             return layer_forward(lm_head, h_BTD)
         logp_K, ent_K = _selected_logprobs(h_BTD[:, :-1], weight, bias, targets_BT, select_BT, temperature,
                                            with_entropy)

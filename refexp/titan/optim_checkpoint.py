@@ -1,4 +1,4 @@
-"""torchtitan's training components that refexp uses: optimizer and LR-schedule containers, and the DCP
+"""What refexp uses of ``torchtitan.components``: the optimizer and LR-schedule containers, and the DCP
 ``CheckpointManager`` (pruning deferred, see below).
 
 Re-exported here so that every torchtitan import in refexp goes through ``refexp.titan``
@@ -18,7 +18,7 @@ from torchtitan.components.optimizer.optimizer import OptimizersContainer, Param
 
 from refexp.titan.dcp_reader import SafeFileSystemReader, checked_dcp_metadata
 
-__all__ = ["CheckpointManager", "LRSchedulersContainer", "OptimizersContainer", "ParamGroupConfig"]
+__all__ = ["MODEL", "CheckpointManager", "LRSchedulersContainer", "OptimizersContainer", "ParamGroupConfig"]
 
 STEP_DIR = re.compile(r"step-(\d+)")
 """The name of a checkpoint dir refexp writes (``fullmatch``: nothing before or after)."""
