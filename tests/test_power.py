@@ -1,4 +1,4 @@
-"""refexp/report/statistics/power.py against R's power.t.test (its documented examples) and a hand computation."""
+"""refexp/report/power/detectable.py against R's power.t.test (its documented examples) and a hand computation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy.stats import norm
 
-from refexp.report.statistics.power import (Components, Design, degrees_of_freedom, design_detectable_difference,
+from refexp.report.power.detectable import (Components, Design, degrees_of_freedom, design_detectable_difference,
                                             detectable_difference, power_at, standard_error)
 
 

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from refexp.report.__main__ import main
-from refexp.report.reading.experiment import read_experiment
-from refexp.report.statistics.pilot import from_sweep, read_pilot
-from refexp.report.statistics.power import Components, Design, design_detectable_difference
-from refexp.report.writing.power_plan import design_of, plan_text
+from refexp.report.power.detectable import Components, Design, design_detectable_difference
+from refexp.report.power.experiment import read_experiment
+from refexp.report.power.pilot import from_sweep, read_pilot
+from refexp.report.power.plan import design_of, plan_text
 from tests.helpers.primary_sweeps import block, write_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,6 +24,7 @@ from refexp.report import build_report, format_table, t_quantile
 from refexp.report.__main__ import main
 from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import load_sweep
+from refexp.report.sections.comparison import flags
 from refexp.report.statistics.stats import mean_ci, t_cdf
 from refexp.report.statistics.summary import summarize
 from refexp.report.writing.table import header_and_cells
@@ -607,7 +608,7 @@ def test_a_falling_chosen_log_prob_is_flagged_as_likelihood_displacement(tmp_pat
         write_run(tmp_path / str(job), algo="dpo", strategy=strategy, seed=job % 3,
                    overrides=["algo=dpo", f"reference={strategy}", f"training.seed={job % 3}"], rows=rows)
     table = build_report(tmp_path).tables["dpo"]
-    (flag,) = table.flags
+    (flag,) = flags(table)
     assert flag.startswith("Likelihood displacement: the chosen completions' log-prob fell below its start in fixed (")
     assert "none" not in flag and "ema" not in flag  # rose; fell on average without an interval below 0
     assert "**Flag.** Likelihood displacement" in (tmp_path / "report.md").read_text()

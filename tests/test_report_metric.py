@@ -16,7 +16,7 @@ from refexp.config.comparison import COMPARED_METRICS
 from refexp.record.metric_names import BY_NAME
 from refexp.report import build_report
 from refexp.report.__main__ import main
-from refexp.report.statistics.pilot import from_sweep
+from refexp.report.power.pilot import from_sweep
 from tests.helpers.primary_sweeps import PROMPTS, block, flipped, write_run
 
 

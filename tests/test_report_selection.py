@@ -12,7 +12,7 @@ import pytest
 from refexp.config import ComparisonConfig, ConfigError, SelectionConfig
 from refexp.report import build_report
 from refexp.report.statistics import selection
-from refexp.report.writing import frontier_report
+from refexp.report.sections import frontier as frontier_report
 from tests.helpers.frontier_sweeps import PROMPTS, block, write_run
 
 RULE = {"metric": "val/accuracy", "maximize": True, "floor": {}}

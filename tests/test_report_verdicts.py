@@ -19,7 +19,7 @@ from refexp.record.resolved_config import write_resolved_config
 from refexp.record.status import write_status
 from refexp.report import build_report
 from refexp.report.__main__ import main
-from refexp.report.writing.render import HOW_TO_READ
+from refexp.report.sections.how_to_read import HOW_TO_READ
 
 STEPS, PROMPTS = 10, 200
 BLOCK = {"arm_key": "grpo_variant", "arms": ["fixed", "ema", "none", "periodic_reset"], "baseline": "fixed",

@@ -19,28 +19,44 @@ by too). The files it reads, per run dir
   group. ``resolved_config.yaml`` (else ``.hydra/config.yaml``) supplies algo.name, reference.name
   and training.seed when status.json lacks them.
 
-Three rooms, in the order a report is made (``build`` runs them):
+Rooms, in the order a report is made (``build`` runs them), each importing only the ones before it:
 
 - ``reading/``: load (read runs) → group (seeds together, variant names) → reduce (one number per run) →
   plan (the declared comparison, the runs it leaves out) → setup (what the runs were).
 - ``statistics/``: stats (mean, t-interval over seeds or SFT starts, seed bands), paired (bootstrap differences
   against the baseline over seeds and the prompts they share, ``bootstrap``; the verdict Holm's step-down
   decides, beside simultaneous intervals, ``inference``), summary (a table's numbers and
-  verdicts), own_change, metric_scores; with ``frontier_key`` or ``select``, frontier (accuracy against drift
-  across that key, arms at matched drift) and selection (each arm at its setting chosen on validation,
-  compared on test).
-- ``writing/``: cells and table (the strings every output prints), first_screen (the primary contrasts, one line
-  each), plots, render (report.md, report.html, summary.json), frontier_plots and frontier_report (the frontier and
-  selection sections), wandb_table and wandb_workspace, not_kept (the notice on a committed report whose runs are
-  gone).
+  verdicts), own_change, gold_peak, gao, metric_scores; with ``frontier_key`` or ``select``, frontier (accuracy
+  against drift across that key, arms at matched drift), selection (each arm at its setting chosen on validation,
+  compared on test) and oracle.
+- ``writing/``: blocks (what a section says: headings, paragraphs, tables, images), render (blocks into report.md
+  and report.html, entries into summary.json), cells and table (the strings every output prints), plots and
+  frontier_plots, wandb_table and wandb_workspace, not_kept (the notice on a committed report whose runs are gone).
+- ``sections/``: one module per analysis (first screen, comparison table, own change, gold peak, within start,
+  frontier, Gao, samples, ...), each computing its result and saying it as blocks and summary.json entries;
+  ``sections/__init__.py`` lists them once.
+- ``power/``: the power plan (``refexp-report --plan EXPERIMENT --pilot PILOT``): experiment (the declared design),
+  pilot (variance components from a pilot), detectable (the detectable difference), plan (its text).
 
-``version.REPORT_VERSION`` is bumped whenever a report's output changes; summary.json records it. The power plan
-(``refexp-report --plan EXPERIMENT --pilot PILOT``): reading/experiment (the declared design), statistics/pilot
-(variance components from a pilot) and statistics/power (the detectable difference), writing/power_plan (its text).
+``version.REPORT_VERSION`` is bumped whenever a report's output changes; summary.json records it.
+
+Besides the report, the readers an exploratory analysis of a sweep builds on (``scripts/analysis/``):
+``runs_source`` and ``load_sweep`` (a sweep's runs, from its dir or its ``runs.tar.xz``), ``make_plan`` (its
+comparison), ``last`` (a run's final value of a metric), and the frontier's ``curves``, ``declared_matched``,
+``key_crossing`` and ``DRIFT_AXIS``.
 """
 
 from refexp.report.build import Report, build_report
+from refexp.report.reading.archive import runs_source
+from refexp.report.reading.load import load_sweep
+from refexp.report.reading.plan import make_plan
+from refexp.report.reading.reduce import last
+from refexp.report.statistics.declared_matched import declared_matched
+from refexp.report.statistics.frontier import curves
+from refexp.report.statistics.frontier_key import key_crossing
+from refexp.report.statistics.frontier_points import DRIFT_AXIS
 from refexp.report.statistics.stats import t_quantile
 from refexp.report.writing.table import format_table
 
-__all__ = ["Report", "build_report", "format_table", "t_quantile"]
+__all__ = ["DRIFT_AXIS", "Report", "build_report", "curves", "declared_matched", "format_table", "key_crossing", "last",
+           "load_sweep", "make_plan", "runs_source", "t_quantile"]

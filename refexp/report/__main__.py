@@ -108,9 +108,9 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
 
 def _plan(args: argparse.Namespace) -> int:
     """Print (and with --out write) the power plan; a bad experiment or pilot is one error line, exit 2."""
-    from refexp.report.reading.experiment import ExperimentError, read_experiment
-    from refexp.report.statistics.pilot import PilotError, read_pilot
-    from refexp.report.writing.power_plan import plan_text
+    from refexp.report.power.experiment import ExperimentError, read_experiment
+    from refexp.report.power.pilot import PilotError, read_pilot
+    from refexp.report.power.plan import plan_text
 
     try:
         exp = read_experiment(args.plan)

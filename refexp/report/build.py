@@ -1,27 +1,27 @@
-"""build_report: sweep dir -> tables, plots, report.md / report.html / summary.json.
+"""build_report: sweep dir -> tables, plots, sections, report.md / report.html / summary.json.
 
-The order is spelled out: read every run, group by swept settings, summarise per algorithm,
-plot, write. Nothing here knows a metric's meaning; that lives in ``reduce.py``.
+The order is spelled out: read every run, group by swept settings, summarise per algorithm (the comparison
+tables every section reads), plot, compute each section (``refexp/report/sections/``, in its registry's order),
+write. Nothing here knows a metric's meaning (that lives in ``reduce.py``) or names an analysis.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
+from refexp.report import sections as registry
 from refexp.report.reading.archive import runs_source
 from refexp.report.reading.config_history import ConfigHistory, histories
-from refexp.report.reading.group import Group, group_runs, merged_note
-from refexp.report.reading.load import Run, load_sweep, sft_start_keys
+from refexp.report.reading.group import group_runs, merged_note
+from refexp.report.reading.load import Run, load_sweep
 from refexp.report.reading.plan import ComparisonPlan, make_plan, valid_margin
 from refexp.report.reading.reduce import at_step_columns
 from refexp.report.reading.setup import setup_rows
-from refexp.report.statistics import gold_peak, own_change
-from refexp.report.statistics import selection
+from refexp.report.sections.base import AlgorithmSection, Section, Sweep
 from refexp.report.statistics.summary import AlgoTable, summarize
 from refexp.report.version import rendered_by
-from refexp.report.writing import frontier_report, gao_section
 from refexp.report.writing.plots import make_plots
 from refexp.report.writing.render import write_all
 
@@ -45,15 +45,18 @@ class Problem:
     error: str
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Report:
-    """What build_report made: the tables (numbers), the runs left out, and the files written."""
+    """What build_report made: the tables (numbers), the runs left out, each section's result, and the files
+    written. A section's result is ``report.<its name>`` (``report.frontier``; an algorithm section's is algo ->
+    result: ``report.kept["grpo"]``)."""
 
     sweep_dir: Path
     runs: list[Run]
     tables: dict[str, AlgoTable]
-    problems: list[Problem]
-    plots: dict[str, dict[str, Path]]
+    """algo -> its comparison table, for the algorithms with a completed run."""
+    problems: list[Problem] = field(default_factory=list)
+    plots: dict[str, dict[str, Path]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     setup: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     """algo -> the setup block's (label, value) rows."""
@@ -62,22 +65,32 @@ class Report:
     and its gain after S)."""
     plan: ComparisonPlan = field(default_factory=lambda: ComparisonPlan(None, None))
     """The comparison the verdicts read (declared or exploratory) and the runs it leaves out."""
-    frontier: Optional[frontier_report.FrontierReport] = None
-    """The frontier across ``comparison.frontier_key`` and the tuned comparison (``comparison.select``)."""
-    kept: dict[str, own_change.OwnChanges] = field(default_factory=dict)
-    """algo -> each group's change of ``eval/retention`` from its runs' starts (groups that measured it)."""
-    within: dict[str, dict[str, AlgoTable]] = field(default_factory=dict)
-    """algo -> SFT start -> the table and verdicts of that start's runs alone (with several starts only)."""
     configs: list[ConfigHistory] = field(default_factory=list)
     """The experiment files the runs were launched with, against when the first run began (``config_history``)."""
-    gao: Optional[gao_section.GaoSection] = None
-    """Gao et al.'s RL form fitted per reference strategy, when runs log ``eval/gold`` (``statistics/gao.py``)."""
-    peaks: dict[str, gold_peak.GoldPeaks] = field(default_factory=dict)
-    """algo -> each group's test gold at the step validation chose, and each arm at its gold peak
-    (``statistics/gold_peak.py``), where runs log test and validation gold."""
     rendered: dict = field(default_factory=dict)
     """summary.json's ``report_version`` and ``rendered_by_commit`` (``version.rendered_by``), read before the build
     writes anything: rewriting a committed report's own files must not make its checkout read as edited."""
+    sections: list[Section] = field(default_factory=list)
+    """What the report says, top to bottom (``sections.SECTIONS``)."""
+    algorithm_sections: list[AlgorithmSection] = field(default_factory=list)
+    """What it says under each algorithm (``sections.ALGORITHM_SECTIONS``)."""
+    summary_keys: tuple[str, ...] = ()
+    """summary.json's top-level order (``sections.SUMMARY_KEYS``)."""
+    results: dict[str, Any] = field(default_factory=dict)
+    """section name -> its result."""
+
+    def result(self, name: str) -> Any:
+        """The result of the section called ``name`` (None: no such section, or it had nothing to say)."""
+        return self.results.get(name)
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_") and name in self.__dict__.get("results", {}):
+            return self.results[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def title(self) -> str:
+        return f"Reference-strategy report: {self.sweep_dir.name}"
 
     @property
     def shown_dir(self) -> str:
@@ -99,17 +112,6 @@ class Report:
     @property
     def summary_path(self) -> Path:
         return self.sweep_dir / "summary.json"
-
-
-def _within_starts(algo: str, groups: list[Group], target: Optional[float], plan: ComparisonPlan,
-                   extra: tuple) -> dict[str, AlgoTable]:
-    """SFT start -> the table of its runs alone, when the counted runs come from several starts: conditional on
-    a start, its seeds then prompts are the units of the verdict, where the main table's unit is the start."""
-    starts = sft_start_keys(r for g in groups for r in g.completed if plan.counts(r))
-    if len(starts) < 2:
-        return {}
-    return {s: summarize(algo, [replace(g, runs=[r for r in g.runs if r.sft_start == s]) for g in groups], target,
-                         plan, extra, conditional=True) for s in starts}
 
 
 def _clear_old_plots(plots_dir: Path) -> None:
@@ -182,18 +184,16 @@ def _build(sweep_dir: Path, runs: list, *, target, baseline, at_steps, alpha, ma
     plots = {algo: make_plots(algo, by_algo[algo], plots_dir) for algo in tables}
 
     configs = histories(runs, repo)
-    setup = {algo: setup_rows(by_algo[algo], plan, tuple(configs)) for algo in tables}
-    frontier = frontier_report.make(runs, plan, plots_dir)
-    if frontier is not None and frontier.selection is not None:
-        for algo, groups in by_algo.items():  # the chosen settings go to the setup block of the arms' algorithm
-            if algo in setup and any(plan.arm(r) is not None for g in groups for r in g.runs):
-                setup[algo] += selection.setup_rows(frontier.selection)
-    kept = {algo: oc for algo in tables
-            if (oc := own_change.own_changes(by_algo[algo], plan.counts, alpha=plan.alpha, margin=plan.margin))}
-    within = {algo: _within_starts(algo, by_algo[algo], target, plan, extra) for algo in tables}
-    report = Report(sweep_dir, runs, tables, problems, plots, notes, setup, extra, plan, frontier, kept,
-                    {algo: w for algo, w in within.items() if w}, configs, gao_section.make(runs, plan, plots_dir),
-                    {algo: p for algo in tables if (p := gold_peak.gold_peaks(by_algo[algo], plan.counts, plan))},
-                    rendered)
+    sweep = Sweep(runs, plan, by_algo, tables, plots_dir, target, extra)
+    sections, per_algo = list(registry.SECTIONS), list(registry.ALGORITHM_SECTIONS)
+    results = {s.name: s.compute(sweep) for s in sections if s.name}
+    for s in per_algo:  # an algorithm's result is kept where there is one
+        results[s.name] = {algo: r for algo in tables if (r := s.compute(sweep, algo))}
+    setup = {algo: setup_rows(by_algo[algo], plan, tuple(configs))
+             + [row for s in sections for row in s.setup_rows(results.get(s.name), algo, sweep)] for algo in tables}
+    report = Report(sweep_dir=sweep_dir, runs=runs, tables=tables, problems=problems, plots=plots, notes=notes,
+                    setup=setup, extra_columns=extra, plan=plan, configs=configs, rendered=rendered,
+                    sections=sections, algorithm_sections=per_algo, summary_keys=registry.SUMMARY_KEYS,
+                    results=results)
     write_all(report)
     return report

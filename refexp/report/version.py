@@ -12,7 +12,7 @@ from typing import Optional
 
 from refexp.record.provenance import provenance
 
-REPORT_VERSION = 6
+REPORT_VERSION = 7
 """Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version`` in
 their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
 inconclusive), primary contrasts (``comparison.primary``) form the verdict family and the first screen, every other
@@ -31,7 +31,10 @@ start is no start of its own in the setup block, a validation budget's floors re
 ordered by its value (0.05 before 0.1). 6: report.md writes every ``<`` that could open raw HTML (a tag in a
 completion or a run name: ``<answer>``, ``<script>``) as ``&lt;``, as report.html escapes it; a run's
 ``.hydra/config.yaml`` has its node interpolations followed and no resolver run (``${oc.env:...}`` prints as
-written); a sample's reward that is no number prints as written, "(not a number)"."""
+written); a sample's reward that is no number prints as written, "(not a number)". 7: where declared primary
+contrasts exist and none can be tested for want of seeds (one seed per arm), the first screen says "One seed: no
+claim" once and shows each arm against its start (final accuracy and its change, final retention and its change,
+kl/init) and the accuracy-vs-drift plot, instead of the no-claim lines and the method paragraph."""
 
 
 def rendered_by(version: int = REPORT_VERSION, commit: Optional[str] = "current") -> dict:

@@ -37,14 +37,7 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: refexp without an install
 
-from refexp.report.reading.archive import runs_source  # noqa: E402
-from refexp.report.reading.load import load_sweep  # noqa: E402
-from refexp.report.reading.plan import make_plan  # noqa: E402
-from refexp.report.reading.reduce import last  # noqa: E402
-from refexp.report.statistics.declared_matched import declared_matched  # noqa: E402
-from refexp.report.statistics.frontier import curves  # noqa: E402
-from refexp.report.statistics.frontier_points import DRIFT_AXIS  # noqa: E402
-from refexp.report.statistics.frontier_key import key_crossing  # noqa: E402
+from refexp.report import DRIFT_AXIS, curves, declared_matched, key_crossing, last, load_sweep, make_plan, runs_source  # noqa: E402
 
 
 def ranges(runs, plan, axis: str) -> dict[str, dict[tuple, tuple[float, float]]]:

@@ -28,8 +28,7 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: refexp without an install
 
 from refexp.record.metric_names import KL_INIT  # noqa: E402
-from refexp.report.reading.archive import runs_source  # noqa: E402
-from refexp.report.reading.load import load_sweep  # noqa: E402
+from refexp.report import load_sweep, runs_source  # noqa: E402
 
 
 def crossing(steps_kl: list[tuple[float, float]], at: float):

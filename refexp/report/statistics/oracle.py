@@ -67,24 +67,3 @@ def oracle_choice(sel: Selection) -> Oracle:
                 f"in the first screen). Beside it, {validated} ({sel.rule}) and its mean final {sel.metric}; their "
                 f"difference is what tuning without the oracle gave up." + "".join(f" {n}." for n in notes))
     return out
-
-
-def header(o: Oracle) -> list[str]:
-    return ["arm", "oracle setting (test)", f"oracle mean final {o.metric}", "validation choice",
-            f"its mean final {o.metric}", "oracle − validation choice", "settings tried"]
-
-
-def rows(o: Oracle) -> list[list[str]]:
-    def num(x: Optional[float], sign: bool = False) -> str:
-        return "—" if x is None else (f"{x:+.3f}" if sign else f"{x:.3f}")
-
-    return [[r.arm, r.oracle.shown if r.oracle else "—", num(r.oracle_test), r.chosen.shown if r.chosen else "—",
-             num(r.chosen_test), num(r.given_up, sign=True), str(r.tried)] for r in o.rows]
-
-
-def summary(o: Oracle) -> dict:
-    """summary.json's entry: labelled an upper bound, apart from every verdict."""
-    return {"label": TITLE, "upper_bound": True, "metric": o.metric, "notes": o.notes, "text": o.text, "rows": [
-        {"arm": r.arm, "oracle": dict(r.oracle.settings) if r.oracle else None, "oracle_test": r.oracle_test,
-         "validation_choice": dict(r.chosen.settings) if r.chosen else None, "validation_choice_test": r.chosen_test,
-         "given_up": r.given_up, "settings_tried": r.tried} for r in o.rows]}

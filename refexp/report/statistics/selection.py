@@ -315,15 +315,3 @@ def _compare(sel: Selection, plan: ComparisonPlan) -> None:
     if unclaimed:
         parts.append("No claim (fewer than 2 paired seeds): " + "; ".join(unclaimed) + ".")
     sel.text = " ".join(parts + [curse_text(sel)])
-
-
-def setup_rows(sel: Selection) -> list[tuple[str, str]]:
-    """The setup block's rows: the rule, each arm's chosen setting and budget, and the notes."""
-    rows = [("selection rule", sel.rule)]
-    for arm, c in sel.choices.items():
-        chosen = (f"{c.chosen.shown} ({c.chosen.score:.3f})" if c.chosen and c.chosen.score is not None
-                  else "none chosen")
-        n = len(c.candidates)
-        bias = "" if c.optimism is None else f"; validation-minus-test gap above runners-up' {c.optimism:+.3f}"
-        rows.append((f"chosen for {arm}", f"{chosen}; {n} setting{'s' * (n != 1)} tried{bias}"))
-    return rows + [("selection note", n) for n in sel.notes]

@@ -1,7 +1,8 @@
 """The comparison table of one algorithm in numbers: a row per group, the target, the paired comparisons
 against the baseline and their verdicts (``AlgoTable``, what summary.json holds).
 
-``refexp/report/writing/table.py`` turns these numbers into the strings every output prints.
+``refexp/report/writing/table.py`` turns these numbers into the strings every output prints, and
+``refexp/report/sections/comparison.py`` writes them into the report.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from refexp.report.reading.reduce import COLUMNS, Column, at_step_prefix, start_
 from refexp.report.statistics.inference import Verdict, difference_bound
 from refexp.report.statistics.paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
 from refexp.report.statistics.stats import Estimate, mean_ci, replicate_ci, with_evaluation_noise
-from refexp.report.writing.cells import cell_text
 
 
 HEADLINE_KEYS = ("acc_final", "heldout_pref_final")
@@ -86,8 +86,9 @@ class AlgoTable:
     over all of them), "secondary" (a declared block's other comparisons: a Holm family per endpoint, no claim in
     the report's summary) or "exploratory" (no declared block)."""
     verdict: str = ""
-    flags: list[str] = field(default_factory=list)
-    """Warnings the numbers support (likelihood displacement), one sentence each."""
+    displaced: list[Row] = field(default_factory=list)
+    """The groups whose chosen completions ended less likely than at the start (likelihood displacement,
+    ``displaced_rows``): what the report flags."""
 
 
 def default_target(groups: list[Group]) -> tuple[Optional[float], str]:
@@ -141,23 +142,20 @@ def summarize(algo: str, groups: list[Group], target: Optional[float] = None, pl
     columns = [c for c in (*COLUMNS, *extra_columns) if any(row.cells[c.key] is not None for row in rows)]
     table = AlgoTable(algo, target, note, columns, rows)
     _pair_against_baseline(table, groups, plan or ComparisonPlan(None, None), extra_columns, conditional)
-    table.flags = displacement_flags(rows)
+    table.displaced = displaced_rows(rows)
     return table
 
 
-def displacement_flags(rows: list[Row]) -> list[str]:
-    """Likelihood displacement (Pal et al. 2024; Razin et al. 2024): groups whose chosen completions ended
-    less likely than at the start, with the 95% interval below 0 (one seed: flagged without an interval)."""
-    flagged = []
+def displaced_rows(rows: list[Row]) -> list[Row]:
+    """Likelihood displacement (Pal et al. 2024; Razin et al. 2024): the rows whose chosen completions ended
+    less likely than at the start (``chosen_delta``), with the 95% interval below 0 (one seed: without an interval)."""
+    out = []
     for row in rows:
         est = row.cells.get("chosen_delta")
         if est is None or est.mean >= 0 or (est.half_width is not None and est.mean + est.half_width >= 0):
             continue
-        flagged.append(f"{row.group.label} ({cell_text(est)})")
-    if not flagged:
-        return []
-    return ["Likelihood displacement: the chosen completions' log-prob fell below its start in " + "; ".join(flagged)
-            + " — the margin grew by pushing the chosen answers down too (Pal et al. 2024)."]
+        out.append(row)
+    return out
 
 
 def headline_column(columns: list[Column], plan: ComparisonPlan) -> tuple[Optional[Column], str]:

@@ -1,4 +1,4 @@
-"""Variance components of arm - baseline differences (``power.Components``) estimated from a pilot: a sweep dir
+"""Variance components of arm - baseline differences (``detectable.Components``) estimated from a pilot: a sweep dir
 (per-prompt outcomes: every component) or a report's summary.json (per-seed and per-start differences: the
 prompts' share is bounded, not measured).
 
@@ -20,12 +20,12 @@ from typing import Optional
 
 import numpy as np
 
+from refexp.report.power.detectable import Components
+from refexp.report.power.pilot_summary import check_summary
 from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import load_sweep
 from refexp.report.reading.plan import PRIMARY_ENDPOINTS, make_plan
 from refexp.report.statistics.paired import final_step
-from refexp.report.statistics.pilot_summary import check_summary
-from refexp.report.statistics.power import Components
 from refexp.report.statistics.summary import find_baseline, in_comparison
 
 

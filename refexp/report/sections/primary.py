@@ -1,10 +1,22 @@
 """The report's first screen: the primary contrasts, one line each (Δ, interval, verdict, detectable difference),
-and the method named once with a pointer to ``docs/runs.md``; every other table follows it as secondary."""
+and the method named once with a pointer to ``docs/runs.md``; every other table follows it as secondary.
+summary.json: ``primary_contrasts``.
+
+Where the declared primary contrasts exist but none can be tested for want of seeds (the quickstart runs one seed:
+no paired t), the first screen says so once and shows what the runs did instead: each arm's final accuracy and
+retention against its start, its drift from the start, and the accuracy-vs-drift plot."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
+from refexp.report.reading.reduce import ACC, change_from_start
+from refexp.report.sections.base import Section
+from refexp.report.sections.comparison import PLOT_CAPTIONS
+from refexp.report.statistics.stats import Estimate, replicate_ci
+from refexp.report.writing.blocks import Heading, Image, Paragraph, table_of
+from refexp.report.writing.cells import cell_text
 
 METHOD = ("Method: each difference pairs the runs by SFT start, seed and held-out prompt; the verdict is the primary "
           "family's (comparison.primary), Holm over the primary contrasts alone at alpha {alpha:g}, and the interval "
@@ -12,13 +24,6 @@ METHOD = ("Method: each difference pairs the runs by SFT start, seed and held-ou
           "detect with 80% power. How a report is computed and read: `docs/runs.md` in the refexp repository "
           "(\"How to read a report\"), and *How to read this* at the end of this report. Every table below the "
           "primary contrasts is secondary: it claims nothing here.")
-
-FAMILIES = ("Families: the primary contrasts (comparison.primary, on comparison.metrics) are one family, whatever "
-            "their endpoints; each endpoint's other comparisons against the baseline are a family of their own, "
-            "secondary (exploratory without a comparison block), and so are the comparisons within one SFT start; the "
-            "m of a comparison's Bonferroni interval and Holm p is the size of its own family, which its paragraph "
-            "names.")
-"""Appended to the how-to-read text: which comparisons share a family (``statistics/summary.py``)."""
 
 HEADER = ["contrast", "endpoint", "Δ", "simultaneous interval", "verdict", "detectable (80%)"]
 
@@ -37,6 +42,8 @@ class Line:
     detectable: Optional[float]
     interval_text: str = ""
     """As the verdict prints it: "[-0.031, +0.105]", or "uninformative (1 df)" past the metric's range."""
+    no_claim: str = ""
+    """Why there is no verdict ("one paired seed"); empty with one."""
 
     def cells(self) -> list[str]:
         if self.difference is None:
@@ -63,8 +70,9 @@ def primary_lines(report) -> list[Line]:
                 contrast = f"{label} − {table.baseline}"
                 if v is None:
                     c = row.paired.get(ep.key)
-                    lines.append(Line(algo, contrast, ep.doc_name, None, None, None,
-                                      f"no claim ({c.no_claim if c is not None else 'no pair'})", None))
+                    why = c.no_claim if c is not None else "no pair"
+                    lines.append(Line(algo, contrast, ep.doc_name, None, None, None, f"no claim ({why})", None,
+                                      no_claim=why))
                     continue
                 lines.append(_line(algo, contrast, ep.doc_name, v))
     return lines + matched_lines(report)
@@ -79,7 +87,8 @@ def _line(algo: str, contrast: str, endpoint: str, v) -> Line:
 
 def matched_lines(report) -> list[Line]:
     """The primary contrasts declared at matched drift (``comparison.matched``), from the frontier section."""
-    m = report.frontier.primary if report.frontier is not None else None
+    frontier = report.result("frontier")
+    m = frontier.primary if frontier is not None else None
     if m is None:
         return []
     algo = next(iter(report.tables), "")
@@ -89,7 +98,8 @@ def matched_lines(report) -> list[Line]:
         endpoint = f"final {r.metric or m.metric} at matched {m.axis.key} {r.x:.3g}"
         v = m.verdicts.get(r.label)
         if v is None:
-            out.append(Line(algo, contrast, endpoint, None, None, None, f"no claim ({r.no_claim})", None))
+            out.append(Line(algo, contrast, endpoint, None, None, None, f"no claim ({r.no_claim})", None,
+                            no_claim=r.no_claim))
             continue
         out.append(_line(algo, contrast, endpoint, v))
     return out
@@ -125,3 +135,76 @@ def headline(plan) -> str:
         return f"The tables lead with {plan.metric} (no comparison.metric declared)."
     steps = f" and at steps {', '.join(map(str, plan.at_steps))}" if plan.at_steps else ""
     return f"Headline metric (comparison.metric): {plan.metric}, compared at its final value{steps}."
+
+
+ONE_SEED = "one paired seed"
+"""The reason a contrast of one seed per arm makes no claim (``paired.unit_result``)."""
+FROM_START = ("acc_final", "retention_final", "retention_change", "kl_init")
+"""The main table's columns the arms' first screen shows, beside each arm's accuracy change from its start."""
+
+
+def untestable(lines: list[Line]) -> bool:
+    """Whether primary contrasts are declared and none can be tested for want of seeds: each makes no claim with
+    one paired seed (the quickstart's one seed per arm). A contrast without a claim for another reason (a declared
+    drift the runs did not reach) keeps the primary contrasts on the first screen, with that reason."""
+    return bool(lines) and all(ln.difference is None and ln.no_claim.startswith(ONE_SEED) for ln in lines)
+
+
+def _signed(est: Optional[Estimate]) -> str:
+    text = cell_text(est)
+    return text if text.startswith(("-", "—")) else "+" + text
+
+
+def arm_rows(table) -> tuple[list[str], list[list[str]]]:
+    """Each group of an algorithm's table against its start: final accuracy and its change from the start (each
+    run's final minus its step-0 evaluation), final retention and its change, drift from the start (kl/init); a
+    column no group has is left out."""
+    header = ["arm", "final accuracy", "Δ accuracy from the start", "final retention", "Δ retention from the start",
+              "drift from the start (kl/init)"]
+    rows = []
+    for row in table.rows:
+        acc, retention, change, drift = (row.cells.get(k) for k in FROM_START)
+        gain = replicate_ci((r.sft_start, change_from_start(r, ACC)) for r in row.group.completed)
+        rows.append([(acc, cell_text), (gain, _signed), (retention, cell_text), (change, _signed),
+                     (drift, cell_text)])
+    keep = [i for i in range(5) if any(r[i][0] is not None for r in rows)]
+    return ([header[0]] + [header[i + 1] for i in keep],
+            [[row.group.label] + [cells[i][1](cells[i][0]) for i in keep] for row, cells in zip(table.rows, rows)])
+
+
+def _no_claim_sentence(report) -> str:
+    """Said once: no primary contrast makes a claim, what was declared, and what the table below shows."""
+    plan = report.plan
+    return (f"One seed: no claim. The declared primary contrasts ({', '.join(plan.primary)}, each against "
+            f"{plan.baseline}, on {', '.join(plan.primary_metrics)}) need two paired seeds or more. Below, each arm "
+            f"against the start it trained from; the tables further down hold every number, none of them a claim.")
+
+
+def from_start_blocks(report, lines: list[Line]) -> list:
+    """The first screen where no primary contrast can be tested: the sentence, then per algorithm its arms against
+    their start and its accuracy-vs-drift plot."""
+    out = [Heading("Each arm against its start"), Paragraph(_no_claim_sentence(report))]
+    algos = list(dict.fromkeys(ln.algo for ln in lines))
+    for algo in algos:
+        header, rows = arm_rows(report.tables[algo])
+        if len(algos) > 1:
+            header[0] = f"{algo.upper()} arm"
+        out.append(table_of(header, rows))
+        plot = report.plots.get(algo, {}).get("frontier")
+        if plot is not None:
+            out.append(Image(plot, f"{algo.upper()}: {PLOT_CAPTIONS['frontier']}"))
+    return out
+
+
+class PrimaryContrasts(Section):
+    def blocks(self, report) -> list:
+        lines = primary_lines(report)
+        if untestable(lines):
+            return from_start_blocks(report, lines)
+        out = [Heading("Primary contrasts"), Paragraph(intro(report))]
+        if lines:
+            out.append(table_of(HEADER, [ln.cells() for ln in lines], numeric=False))
+        return out + [Paragraph(METHOD.format(alpha=report.plan.alpha), markup=True)]
+
+    def summary(self, report) -> dict:
+        return {"primary_contrasts": [ln.to_dict() for ln in primary_lines(report)]}

@@ -1,14 +1,17 @@
 """The report's gold-peak tables (``statistics/gold_peak.py``): each group's test gold at the step validation
 chose against its own step 0, and each arm at its gold peak against the baseline's; their text, cells and
-summary.json entries. Written per algorithm where counted runs log test and validation gold; secondary."""
+summary.json entries (``algos.<algo>.gold_peak``). Written per algorithm where counted runs log test and validation
+gold; secondary."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from refexp.report.statistics.gold_peak import START, GoldPeaks
+from refexp.report.sections.base import AlgorithmSection, Sweep
+from refexp.report.sections.own_change import CHANGE_WORDS, change_cell
+from refexp.report.statistics.gold_peak import START, GoldPeaks, gold_peaks
 from refexp.report.statistics.inference import Verdict
-from refexp.report.statistics.own_change import CHANGE_WORDS, change_cell
+from refexp.report.writing.blocks import Paragraph, table_of
 
 TITLE = "Gold at its peak"
 RISE_HEADER = ["group", "runs", "peak step (chosen on validation)", "kl/init there", "gold at step 0",
@@ -69,24 +72,6 @@ def arm_rows(p: GoldPeaks) -> list[list[str]]:
              "—" if a.arm not in p.arm_verdicts else p.arm_verdicts[a.arm].p_text] for a in p.arms]
 
 
-def markdown(p: GoldPeaks, alpha: float, md_table) -> list[str]:
-    """The tables as markdown lines (``md_table``: render's pipe-table writer)."""
-    out = [f"**{TITLE}.** {rise_text(p, alpha)}", ""] + md_table(RISE_HEADER, rise_rows(p)) + [""]
-    if p.arms:
-        out += [f"**Each arm at its gold peak.** {arm_text(p, alpha)}", ""]
-        out += md_table(ARM_HEADER, arm_rows(p)) + [""]
-    return out
-
-
-def html_parts(p: GoldPeaks, alpha: float, table, escape) -> list[str]:
-    """The tables as HTML (``table``: render's table writer; ``escape``: html.escape)."""
-    parts = [f"<p><strong>{TITLE}.</strong> {escape(rise_text(p, alpha))}</p>", table(RISE_HEADER, rise_rows(p))]
-    if p.arms:
-        parts += [f"<p><strong>Each arm at its gold peak.</strong> {escape(arm_text(p, alpha))}</p>",
-                  table(ARM_HEADER, arm_rows(p))]
-    return parts
-
-
 def _verdict_dict(v: Optional[Verdict]) -> dict:
     return {} if v is None else {"change": v.result.point, "interval": list(v.interval), "p_holm": v.p_holm,
                                  "verdict": v.word, "verdict_text": v.phrase}
@@ -104,3 +89,22 @@ def summary(p: GoldPeaks, alpha: float) -> dict:
         "arms": [{"arm": a.arm, "group": a.group.label, "peak_step": a.group.step, "gold_at_peak": a.group.at_peak,
                   "replicates": [list(u) for u in a.units], "no_claim": a.no_claim or None,
                   **_verdict_dict(p.arm_verdicts.get(a.arm))} for a in p.arms]}
+
+
+class GoldPeak(AlgorithmSection):
+    name = "peaks"
+
+    def compute(self, sweep: Sweep, algo: str):
+        return gold_peaks(sweep.groups[algo], sweep.plan.counts, sweep.plan)
+
+    def blocks(self, report, algo: str) -> list:
+        p, alpha = report.peaks.get(algo), report.plan.alpha
+        if p is None:
+            return []
+        out = [Paragraph(rise_text(p, alpha), lead=f"{TITLE}."), table_of(RISE_HEADER, rise_rows(p))]
+        if p.arms:
+            out += [Paragraph(arm_text(p, alpha), lead="Each arm at its gold peak."), table_of(ARM_HEADER, arm_rows(p))]
+        return out
+
+    def summary(self, report, algo: str) -> dict:
+        return {"gold_peak": summary(report.peaks[algo], report.plan.alpha) if algo in report.peaks else None}

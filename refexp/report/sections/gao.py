@@ -1,10 +1,9 @@
 """The report's section on Gao et al.'s RL form (``statistics/gao.py``): a table of each reference strategy's fitted
-parameters with their intervals, the fitted curves over the points in one plot, and summary.json's entries. Written
+parameters with their intervals, the fitted curves over the points in one plot, and summary.json's ``gao``. Written
 only when counted runs log ``eval/gold`` and ``kl/init``; descriptive and secondary, so it carries no verdict."""
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,9 @@ from matplotlib.figure import Figure
 
 from refexp.report.reading.load import Run
 from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.sections.base import Section, Sweep
 from refexp.report.statistics import gao
+from refexp.report.writing.blocks import Heading, Image, Paragraph, table_of
 
 TITLE = "Gold against drift: Gao et al.'s RL form per reference strategy"
 PLOT = "gao_fit.png"
@@ -116,22 +117,6 @@ def _plot(path: Path, fits: list[gao.GaoFit]) -> Optional[Path]:
     return path
 
 
-def markdown(section: GaoSection, sweep_dir: Path, md_table) -> list[str]:
-    """The section as markdown lines (``md_table``: render's pipe-table writer)."""
-    out = [f"## {TITLE}", "", section.text, ""] + md_table(HEADER, rows(section)) + [""]
-    if section.plot is not None:
-        out += [f"![Δgold vs √kl/init, Gao et al.'s form]({section.plot.relative_to(sweep_dir).as_posix()})", ""]
-    return out
-
-
-def html_parts(section: GaoSection, table, data_uri) -> list[str]:
-    """The section as HTML (``table``: render's table writer; ``data_uri``: its PNG embedder)."""
-    parts = [f"<h2>{html.escape(TITLE)}</h2>", f"<p>{html.escape(section.text)}</p>", table(HEADER, rows(section))]
-    if section.plot is not None:
-        parts.append(f'<img alt="gao fit" src="{data_uri(section.plot)}">')
-    return parts
-
-
 def _finite(x: float) -> Optional[float]:
     """A number for summary.json: inf (no peak) and NaN are null there (``allow_nan=False``)."""
     return float(x) if math.isfinite(x) else None
@@ -152,3 +137,22 @@ def summary(section: GaoSection, sweep_dir: Path) -> dict:
                       "r2": _finite(f.r2), "d_max": f.d_max, "no_peak_share": _finite(f.no_peak_share),
                       "bootstrap": {"levels": list(f.levels), "n_boot": f.n_boot}})}
                  for f in section.fits]}
+
+
+class Gao(Section):
+    name = "gao"
+
+    def compute(self, sweep: Sweep) -> Optional[GaoSection]:
+        return make(sweep.runs, sweep.plan, sweep.plots_dir)
+
+    def blocks(self, report) -> list:
+        section = report.gao
+        if section is None:
+            return []
+        out = [Heading(TITLE), Paragraph(section.text), table_of(HEADER, rows(section))]
+        if section.plot is not None:
+            out.append(Image(section.plot, "Δgold vs √kl/init, Gao et al.'s form", html_alt="gao fit"))
+        return out
+
+    def summary(self, report) -> dict:
+        return {"gao": None if report.gao is None else summary(report.gao, report.sweep_dir)}

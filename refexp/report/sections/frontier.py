@@ -1,21 +1,27 @@
-"""The frontier and tuned-comparison sections of a report: what ``frontier``, ``frontier_plots`` and
-``selection`` computed, gathered once (``make``) and written as markdown, HTML and summary.json entries."""
+"""The frontier and tuned-comparison sections of a report, where the comparison block declares
+``comparison.frontier_key`` or ``comparison.select``: the primary contrasts at a declared matched drift, each arm's
+accuracy against drift across the key with the matched tables and plots, each arm at its setting chosen on
+validation, the oracle's choice on test (an upper bound), and the same within each SFT start. What ``frontier``,
+``declared_matched``, ``selection`` and ``oracle`` compute, gathered once (``make``) and written as blocks and
+summary.json's ``frontier``."""
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from refexp.report.reading.load import Run, sft_start_keys
 from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.sections.base import Section, Sweep
+from refexp.report.sections.within_start import WITHIN_START
 from refexp.report.statistics.declared_matched import declared_matched
 from refexp.report.statistics.frontier import MatchedDrift, curves, matched, planned_runs
 from refexp.report.statistics.frontier_points import DRIFT_AXIS, RETENTION_AXIS
-from refexp.report.statistics import oracle
+from refexp.report.statistics.oracle import TITLE as ORACLE_TITLE
 from refexp.report.statistics.oracle import Oracle, oracle_choice
-from refexp.report.statistics.selection import Selection, choose, setup_rows
+from refexp.report.statistics.selection import Selection, choose
+from refexp.report.writing.blocks import Heading, Image, Paragraph, table_of
 from refexp.report.writing.frontier_plots import plot_frontier_curves
 from refexp.report.writing.table import verdict_cell
 
@@ -33,13 +39,6 @@ HOW_TO_READ = (
     "per-start mean) differences (a difference counts only where both reject; a degenerate t makes no claim). "
     "Holm's step-down over the table's family decides each verdict, beside its simultaneous (Bonferroni) "
     "interval, as in the tables above (docs/runs.md, \"How to read a report\").")
-
-
-WITHIN_START = (
-    "These comparisons over this SFT start's runs alone: conditional on the start, its seeds then prompts are "
-    "the units (the sections above take the start as the unit, so with few starts they separate little). A "
-    "difference here holds for this start; whether it holds for SFT starts in general is the question the "
-    "sections above answer.")
 
 
 @dataclass
@@ -111,58 +110,67 @@ def _header(m: MatchedDrift) -> list[str]:
             "verdict"]
 
 
-def markdown(fr: FrontierReport, sweep_dir: Path, md_table) -> list[str]:
-    """The sections as markdown lines (``md_table``: render's pipe-table writer)."""
-    out: list[str] = []
+def oracle_header(o: Oracle) -> list[str]:
+    return ["arm", "oracle setting (test)", f"oracle mean final {o.metric}", "validation choice",
+            f"its mean final {o.metric}", "oracle − validation choice", "settings tried"]
+
+
+def oracle_rows(o: Oracle) -> list[list[str]]:
+    def num(x: Optional[float], sign: bool = False) -> str:
+        return "—" if x is None else (f"{x:+.3f}" if sign else f"{x:.3f}")
+
+    return [[r.arm, r.oracle.shown if r.oracle else "—", num(r.oracle_test), r.chosen.shown if r.chosen else "—",
+             num(r.chosen_test), num(r.given_up, sign=True), str(r.tried)] for r in o.rows]
+
+
+def oracle_summary(o: Oracle) -> dict:
+    """summary.json's entry: labelled an upper bound, apart from every verdict."""
+    return {"label": ORACLE_TITLE, "upper_bound": True, "metric": o.metric, "notes": o.notes, "text": o.text, "rows": [
+        {"arm": r.arm, "oracle": dict(r.oracle.settings) if r.oracle else None, "oracle_test": r.oracle_test,
+         "validation_choice": dict(r.chosen.settings) if r.chosen else None, "validation_choice_test": r.chosen_test,
+         "given_up": r.given_up, "settings_tried": r.tried} for r in o.rows]}
+
+
+def selection_rows(sel: Selection) -> list[tuple[str, str]]:
+    """The setup block's rows: the rule, each arm's chosen setting and budget, and the notes."""
+    rows = [("selection rule", sel.rule)]
+    for arm, c in sel.choices.items():
+        chosen = (f"{c.chosen.shown} ({c.chosen.score:.3f})" if c.chosen and c.chosen.score is not None
+                  else "none chosen")
+        n = len(c.candidates)
+        bias = "" if c.optimism is None else f"; validation-minus-test gap above runners-up' {c.optimism:+.3f}"
+        rows.append((f"chosen for {arm}", f"{chosen}; {n} setting{'s' * (n != 1)} tried{bias}"))
+    return rows + [("selection note", n) for n in sel.notes]
+
+
+def _matched_blocks(m: MatchedDrift) -> list:
+    return [Paragraph(m.text, lead=f"Matched {m.axis.key}."), table_of(_header(m), _rows(m))]
+
+
+def blocks(fr: FrontierReport) -> list:
+    """The sections as blocks."""
+    out: list = []
     if fr.primary is not None:
-        out += [f"## Primary contrasts at matched {fr.primary.axis.key}", "", fr.primary.text, ""]
-        out += md_table(_header(fr.primary), _rows(fr.primary)) + [""]
+        out += [Heading(f"Primary contrasts at matched {fr.primary.axis.key}"), Paragraph(fr.primary.text),
+                table_of(_header(fr.primary), _rows(fr.primary))]
     if fr.matched:
-        out += [f"## Frontier across {fr.key}", "", HOW_TO_READ, ""]
+        out += [Heading(f"Frontier across {fr.key}"), Paragraph(HOW_TO_READ)]
         for m in fr.matched:
-            out += [f"**Matched {m.axis.key}.** {m.text}", ""] + md_table(_header(m), _rows(m)) + [""]
-        for name, path in fr.plots.items():
-            out += [f"![{fr.metric} vs {name}]({path.relative_to(sweep_dir).as_posix()})", ""]
+            out += _matched_blocks(m)
+        out += [Image(path, f"{fr.metric} vs {name}", html_alt=name) for name, path in fr.plots.items()]
     if fr.selection is not None:
-        out += ["## Each arm at its best", "", fr.selection.text, ""]
+        out += [Heading("Each arm at its best"), Paragraph(fr.selection.text)]
     if fr.oracle is not None:
-        out += [f"## {oracle.TITLE}", "", fr.oracle.text, ""]
-        out += md_table(oracle.header(fr.oracle), oracle.rows(fr.oracle), numeric=False) + [""]
+        out += [Heading(ORACLE_TITLE), Paragraph(fr.oracle.text),
+                table_of(oracle_header(fr.oracle), oracle_rows(fr.oracle), numeric=False)]
     for start, inside in fr.within.items():
-        out += [f"## Within SFT start {start}", "", WITHIN_START, ""]
+        out += [Heading(f"Within SFT start {start}"), Paragraph(WITHIN_START)]
         for m in inside.matched:
-            out += [f"**Matched {m.axis.key}.** {m.text}", ""] + md_table(_header(m), _rows(m)) + [""]
+            out += _matched_blocks(m)
         if inside.selection is not None:
-            out += [f"**Each arm at its best.** {inside.selection.text}", ""]
-            out += md_table(["setup", ""], [list(r) for r in setup_rows(inside.selection)], numeric=False) + [""]
+            out += [Paragraph(inside.selection.text, lead="Each arm at its best."),
+                    table_of(["setup", ""], selection_rows(inside.selection), numeric=False)]
     return out
-
-
-def html_parts(fr: FrontierReport, table, data_uri) -> list[str]:
-    """The sections as HTML (``table``: render's table writer; ``data_uri``: its PNG embedder)."""
-    e = html.escape
-    parts: list[str] = []
-    if fr.primary is not None:
-        parts += [f"<h2>Primary contrasts at matched {e(fr.primary.axis.key)}</h2>", f"<p>{e(fr.primary.text)}</p>",
-                  table(_header(fr.primary), _rows(fr.primary))]
-    if fr.matched:
-        parts += [f"<h2>Frontier across {e(fr.key)}</h2>", f"<p>{e(HOW_TO_READ)}</p>"]
-        for m in fr.matched:
-            parts += [f"<p><strong>Matched {e(m.axis.key)}.</strong> {e(m.text)}</p>", table(_header(m), _rows(m))]
-        parts += [f'<img alt="{e(name)}" src="{data_uri(p)}">' for name, p in fr.plots.items()]
-    if fr.selection is not None:
-        parts += ["<h2>Each arm at its best</h2>", f"<p>{e(fr.selection.text)}</p>"]
-    if fr.oracle is not None:
-        parts += [f"<h2>{e(oracle.TITLE)}</h2>", f"<p>{e(fr.oracle.text)}</p>",
-                  table(oracle.header(fr.oracle), oracle.rows(fr.oracle))]
-    for start, inside in fr.within.items():
-        parts += [f"<h2>Within SFT start {e(start)}</h2>", f"<p>{e(WITHIN_START)}</p>"]
-        for m in inside.matched:
-            parts += [f"<p><strong>Matched {e(m.axis.key)}.</strong> {e(m.text)}</p>", table(_header(m), _rows(m))]
-        if inside.selection is not None:
-            parts += [f"<p><strong>Each arm at its best.</strong> {e(inside.selection.text)}</p>",
-                      table(["setup", ""], [list(r) for r in setup_rows(inside.selection)])]
-    return parts
 
 
 def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
@@ -174,7 +182,7 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
         "matched": [_matched_summary(m) for m in fr.matched],
         "primary": None if fr.primary is None else _matched_summary(fr.primary),
         "plots": {k: p.relative_to(sweep_dir).as_posix() for k, p in fr.plots.items()},
-        "oracle": None if fr.oracle is None else oracle.summary(fr.oracle),
+        "oracle": None if fr.oracle is None else oracle_summary(fr.oracle),
         "selection": None if sel is None else {
             "rule": sel.rule, "budgets": sel.budgets, "notes": sel.notes, "text": sel.text,
             "validation_prompts": sel.budget, "refused": sel.refused,
@@ -196,3 +204,24 @@ def _matched_summary(m: MatchedDrift) -> dict:
              "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word,
              "verdict_text": m.verdicts[r.label].phrase, "detectable_difference_80": m.verdicts[r.label].mdd}
             if r.label in m.verdicts else {})} for r in m.rows]}
+
+
+class Frontier(Section):
+    name = "frontier"
+
+    def compute(self, sweep: Sweep) -> Optional[FrontierReport]:
+        return make(sweep.runs, sweep.plan, sweep.plots_dir)
+
+    def setup_rows(self, result: Optional[FrontierReport], algo: str, sweep: Sweep) -> list[tuple[str, str]]:
+        """The settings the tuned comparison chose, in the setup block of the arms' algorithm."""
+        if result is None or result.selection is None:
+            return []
+        if not any(sweep.plan.arm(r) is not None for g in sweep.groups[algo] for r in g.runs):
+            return []
+        return selection_rows(result.selection)
+
+    def blocks(self, report) -> list:
+        return [] if report.frontier is None else blocks(report.frontier)
+
+    def summary(self, report) -> dict:
+        return {"frontier": None if report.frontier is None else summary(report.frontier, report.sweep_dir)}

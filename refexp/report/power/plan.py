@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 
-from refexp.report.reading.experiment import Experiment
+from refexp.report.power.detectable import Design, design_detectable_difference
+from refexp.report.power.experiment import Experiment
+from refexp.report.power.pilot import Pilot
 from refexp.report.statistics.frontier import MATCHED_FRACTIONS
-from refexp.report.statistics.pilot import Pilot
-from refexp.report.statistics.power import Design, design_detectable_difference
 
 POWER = 0.8
 MORE_SEEDS = (3, 5, 10)
@@ -87,7 +87,7 @@ def plan_text(exp: Experiment, pilot: Pilot, alpha: float = 0.05) -> str:
         lines.append(f"| {s} | {k}{mark} | "
                      f"{_num(design_detectable_difference(c, design_of(exp, pilot, alpha, k, s), POWER)[0])} |")
     lines += matched_lines(exp, pilot, alpha)
-    lines += ["", "Method: `docs/runs.md`, \"Power plan\"; arithmetic in `refexp/report/statistics/power.py`."]
+    lines += ["", "Method: `docs/runs.md`, \"Power plan\"; arithmetic in `refexp/report/power/detectable.py`."]
     return "\n".join(lines) + "\n"
 
 

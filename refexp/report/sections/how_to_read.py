@@ -1,0 +1,92 @@
+"""The report's last section: how to read every table and plot above it, and which comparisons share a family."""
+
+from __future__ import annotations
+
+from refexp.report.reading.reduce import TAIL
+from refexp.report.sections.base import Section
+from refexp.report.statistics.summary import DEFAULT_TARGET_MARGIN
+from refexp.report.writing.blocks import Heading, Paragraph
+
+HOW_TO_READ = (
+    "Each row is one group of runs that differ only by seed; each cell is the mean across the group's "
+    "completed seeds ± the half-width of a 95% Student-t confidence interval (t with n−1 degrees of "
+    "freedom × sample std / √n); \"(n=1)\" means one seed, so no seed interval; with runs from several SFT starts "
+    "the interval is over the starts' means (\"(2 SFT starts)\"), a start being the replicate. The accuracy columns' "
+    "intervals also carry the evaluation's binomial noise: every run is measured on one set of N held-out "
+    "prompts, a sample of the task's problems that more seeds do not average away, so the half-width is "
+    "√(t-part² + (1.96·√(p(1−p)/N))²) (one seed: the binomial part alone). These per-group intervals "
+    "describe each group alone: whether two groups differ is read from the paired Δ column, not from whether "
+    "their intervals overlap. "
+    "*final acc* is the last held-out `eval/accuracy` and *best acc* the held-out accuracy at the evaluation "
+    "with the best validation accuracy (`val/accuracy`; without a validation split, the maximum of `eval/accuracy`, "
+    "which is optimistic by the evaluation noise it selects on); runs on "
+    "preference data alone (`task=preference`) have no task accuracy and show *final/best held-out pref acc* "
+    "(`eval/pref_accuracy`: the share of held-out pairs whose implicit reward ranks chosen above rejected) "
+    "and *final held-out margin* (`eval/pref_margin`) instead, which also take accuracy's place in the plots; "
+    f"*reward* (GRPO `reward/mean`; DPO `rewards/accuracies` and `rewards/margins`) and *kl/ref* average the "
+    f"last {TAIL} logged steps, so a resetting strategy's saw-tooth does not decide the number; *kl/init* "
+    "is the last measured drift from the SFT start the run began from. *steps to acc≥T* is the first "
+    "step whose held-out accuracy reached the target T (\"never\" when no seed did; \"k/n seeds\" when "
+    "only some did, and then the mean is over those); by default T is halfway from the start "
+    "accuracy to the best group's final accuracy, so the column says who gets there first (start + "
+    f"{DEFAULT_TARGET_MARGIN} when no group gained). *ref cost* is the share of step time spent in the reference "
+    "forward (Σ perf/ref_fwd_s / Σ perf/step_s) and *peak RSS MB* the largest `mem/peak_rss_mb`. "
+    "*final retention* is the last `eval/retention`: held-out exact match on the skills the SFT stage taught and RL "
+    "does not train (`task.ops` minus `task.rl_ops`), what a run keeps of its start; it is a paired endpoint of its "
+    "own, like final accuracy. *Δ retention* is its last value minus its step-0 value (one set of prompts), and "
+    "*final pass@k* the last `eval/pass_at_k`, the chance that one of k completions sampled at the training "
+    "temperature is right: it falls when the policy's distribution collapses. "
+    "*acc@S* and *gain after S* (columns asked for with `--at-steps S`) are the held-out accuracy at the last "
+    "evaluation at or before step S and the final accuracy minus it: a gain whose interval excludes 0 says the "
+    "group kept improving after S; under another headline metric (`comparison.metric`, e.g. `eval/gold`) they are "
+    "that metric's (*gold@S*, *gold gain after S*), and its final value leads the verdicts. "
+    "*Δ … vs baseline (paired, simultaneous …%)* is this group's final number minus the baseline group's, "
+    "paired by seed and by held-out prompt: a paired hierarchical percentile bootstrap of the per-prompt scores "
+    "in each run's `eval_outcomes.jsonl` (seeds resampled, and one prompt resample per replicate serving every "
+    "run, since every run is scored on one set of test prompts), so the interval carries the test prompts' noise as well "
+    "as the seeds', and a Student-t test over the per-seed differences, which a bootstrap of a few seeds "
+    "understates: a difference counts only where both reject (the larger p, the hull of the two intervals; one "
+    "paired seed: no claim; identical per-seed differences: *degenerate t*, no claim). The *verdict* is decided "
+    "by Holm's step-down over the m comparisons against the baseline (*Holm p*, the Holm-adjusted p-value, "
+    "<= alpha): *higher* or *lower*; the interval is the simultaneous (Bonferroni) 1 − alpha/m one, and where "
+    "Holm rejects while it still covers 0 the verdict says so. Otherwise *equivalent within ±m* where two "
+    "one-sided tests put the difference inside the equivalence margin (`--equivalence-margin`, else the "
+    "comparison block's `equivalence_margin`), else *inconclusive*: not a claim of no difference. An interval "
+    "reaching past ±1 on a difference of shares of prompts prints as *uninformative (n df)*. Each verdict "
+    "sentence gives the smallest difference these seeds and prompts would detect with 80% power. Runs written before `eval_outcomes.jsonl` existed fall back to the Student-t "
+    "interval over the per-seed differences, marked *seed-only* (the prompts' noise is not included); the "
+    "*seed-only t 95%* column shows that interval for every group. With several SFT starts (`sft.seed=0,1`) "
+    "the runs pair by start and seed, the seeds are nested in the starts (the bootstrap resamples starts, then "
+    "seeds within start, then prompts) and the t is over the per-start mean differences (*SFT-start-mean t "
+    "95%*), n starts − 1 degrees of freedom: a start is the independent unit, a seed is not; with two starts "
+    "that t has one degree of freedom and separates little, so each algorithm's table and verdicts are repeated "
+    "*within each SFT start*, conditional on it (its seeds, then prompts): a difference there holds for that "
+    "start. *What each group kept* is each group's final `eval/retention` minus its own step-0 evaluation, "
+    "paired by prompt within each run, with the verdict table's intervals and rule, Holm over the algorithm's "
+    "groups. *Gold at its peak* (runs with a learned reward) is each group's test `eval/gold` at the evaluation "
+    "step its validation gold chose, minus its step-0 evaluation, with the kept table's intervals and rule; *each arm at "
+    "its gold peak* compares the arms' best such points with the baseline's (docs/runs.md). "
+    "Runs outside the comparison the "
+    "experiment declared (other seeds or arms), or from another refexp commit or thread count than most "
+    "runs, are listed in the setup block and left out of the verdict (`--allow-mixed` counts them). "
+    "*chosen Δlogp* (DPO) is the last `logps/chosen_delta`: how far the chosen "
+    "completions' summed log-prob moved from its start; a *flag* names the groups where it fell with its "
+    "interval below 0 (likelihood displacement). "
+    "In the plots one colour is one strategy (line styles tell its groups apart) and bands are the 95% "
+    "interval of the mean across seeds (across SFT starts' means where the runs come from several), as in the "
+    "table; on the accuracy-vs-drift plot (each group's "
+    "final evaluation, 95% intervals on both axes), up and to the left is better: more accuracy for less "
+    "drift. Failed and unfinished runs are left out of every number and listed at the end."
+)
+
+FAMILIES = ("Families: the primary contrasts (comparison.primary, on comparison.metrics) are one family, whatever "
+            "their endpoints; each endpoint's other comparisons against the baseline are a family of their own, "
+            "secondary (exploratory without a comparison block), and so are the comparisons within one SFT start; the "
+            "m of a comparison's Bonferroni interval and Holm p is the size of its own family, which its paragraph "
+            "names.")
+"""Appended to the how-to-read text: which comparisons share a family (``statistics/summary.py``)."""
+
+
+class HowToRead(Section):
+    def blocks(self, report) -> list:
+        return [Heading("How to read this", joined=True), Paragraph(HOW_TO_READ + " " + FAMILIES, markup=True)]
