@@ -110,8 +110,15 @@ def build(args, algo: str, reference: str, precompute: bool):
     import torch
 
     from refexp import titan
-    from refexp.config import (CheckpointConfig, CompileConfig, DPOConfig, GRPOConfig, ModelConfig, RootConfig,
-                                TrainingConfig)
+    from refexp.config import (
+        CheckpointConfig,
+        CompileConfig,
+        DPOConfig,
+        GRPOConfig,
+        ModelConfig,
+        RootConfig,
+        TrainingConfig,
+    )
     from refexp.config.model import LoRAConfig
     from refexp.tasks import Task
 

@@ -312,11 +312,10 @@ def pair_worker(args, name: str) -> dict:
     """
     C.set_threads(args.threads)
     C.quiet_warnings()
+    import bench_step
     import torch
     import trl
     from transformers import TrainerCallback
-
-    import bench_step
 
     bench = bench_step.Bench(bench_step.parse_args(refexp_argv(args, name)[1:]), WORKLOADS[name]["algo"],
                              WORKLOADS[name]["reference"], WORKLOADS[name]["precompute"])

@@ -30,10 +30,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from refexp import titan
+from refexp.algos.sft_checks import sft_start_record
 from refexp.components.context import RunContext
 from refexp.components.metric_logger import MetricLogger
 from refexp.components.pretrained import resolve_pretrained
-from refexp.algos.sft_checks import sft_start_record
 from refexp.components.rerun_checks import check_rerun_config, check_rerun_steps, resolved_container
 from refexp.components.run_identity import START, run_identity, start_pins
 from refexp.config import ConfigError, RootConfig, to_object
@@ -41,18 +41,34 @@ from refexp.config.root import generation_budget
 from refexp.record import layout
 from refexp.record.hydra_record import HydraRecord
 from refexp.record.lock import FileLock, LockHeld
-from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
-                                        KL_REF, VAL_ACCURACY)
+from refexp.record.metric_names import (
+    EVAL_ACCURACY,
+    EVAL_PASS_AT_K,
+    EVAL_PREF_ACCURACY,
+    EVAL_RETENTION,
+    KL_INIT,
+    KL_REF,
+    VAL_ACCURACY,
+)
 from refexp.record.provenance import provenance
 from refexp.record.rerun import RerunRecord, completed_end, pending_hydra_dir
 from refexp.record.resolved_config import write_resolved_config
-from refexp.record.status import run_dir_busy
-from refexp.record.status import (Heartbeat, RunStatus, close_run_status, open_status, read_status,
-                                  record_early_failure, record_launch_failure)
+from refexp.record.status import (
+    Heartbeat,
+    RunStatus,
+    close_run_status,
+    open_status,
+    read_status,
+    record_early_failure,
+    record_launch_failure,
+    run_dir_busy,
+)
 from refexp.runtime import distributed as rdist
 from refexp.runtime import stop_signals
 from refexp.runtime.process_settings import apply_process_settings
 from refexp.tasks.data_checks import check_task_data
+
+
 def run_from_hydra(cfg: DictConfig) -> float | None:
     """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return what a sweeper maximises."""
     from hydra.core.hydra_config import HydraConfig
@@ -278,8 +294,8 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
 
     import datasets
 
-    from refexp.tasks import build_task
     from refexp.components.tokenizer_start import check_tokenizer_against_start
+    from refexp.tasks import build_task
 
     datasets.disable_progress_bars()  # one tqdm line per saved split drowns the run's own output
     cache_dir = Path(os.path.expanduser(cfg.sft.cache_dir))

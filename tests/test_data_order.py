@@ -10,8 +10,8 @@ import torch
 from refexp.components.data_order import batch_ids
 from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.helpers.engine_recording import record_training_rollouts
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
+from tests.helpers.engine_recording import record_training_rollouts
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from refexp.config import to_object
-from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_root, conf_options
 from refexp.record.status import read_status
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_root, conf_options
 
 
 def test_help_names_the_app_and_lists_groups_and_fields():

@@ -9,10 +9,15 @@ import numpy as np
 import pytest
 from scipy.stats import norm, t
 
-from refexp.report.statistics.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
-from refexp.report.statistics.inference import (equivalence, family_verdicts, holm, minimum_detectable_difference,
-                                     verdict_word)
 from refexp.report.statistics import paired
+from refexp.report.statistics.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
+from refexp.report.statistics.inference import (
+    equivalence,
+    family_verdicts,
+    holm,
+    minimum_detectable_difference,
+    verdict_word,
+)
 from refexp.report.statistics.paired import START_LEVEL, SeedOnlyResult, unit_result
 from refexp.report.statistics.stats import mean_ci
 

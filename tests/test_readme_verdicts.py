@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers.committed_cells import MARKER, interval_text, phrase_before, resolve
 
 ROOT = Path(__file__).resolve().parents[1]

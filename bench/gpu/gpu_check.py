@@ -42,6 +42,7 @@ GPU_DIR = Path(__file__).resolve().parent  # bench/gpu/: the steps' scripts
 sys.path.insert(0, str(GPU_DIR))
 
 from gpu_table import figure_table  # noqa: E402
+
 MAX_BUDGET_S = 360.0
 MAX_RESULT_FILES = 8  # the device machine returns at most 8 files of a command's $OUT
 LOG = "gpu_check.log"

@@ -49,8 +49,12 @@ from refexp.record.lock import FileLock
 from refexp.record.metrics import read_metrics
 from refexp.record.pins import content_hash
 from refexp.tasks import task_fingerprint
-from refexp.tasks.reward_model import (load_sequence_classifier, quiet_transformers, reward_model_inputs,
-                                       reward_model_texts)
+from refexp.tasks.reward_model import (
+    load_sequence_classifier,
+    quiet_transformers,
+    reward_model_inputs,
+    reward_model_texts,
+)
 
 _rm_cached = marker_check("rm.json")
 """Whether a reward-model dir is complete (``rm.json`` is written last)."""

@@ -6,7 +6,6 @@ demonstrations until the validation loss plateaus (or the accuracy target, or th
 from __future__ import annotations
 
 import json
-
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path

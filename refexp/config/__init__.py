@@ -31,6 +31,7 @@ from .reference import (
     PeriodicResetReferenceConfig,
     ReferenceConfig,
 )
+from .rollout import RolloutConfig
 from .root import (
     GROUP_SCHEMAS,
     OPTION_SCHEMAS,
@@ -41,7 +42,6 @@ from .root import (
     schema_name,
     to_object,
 )
-from .rollout import RolloutConfig
 from .runtime import ActivationCheckpointConfig, CheckpointConfig, CommConfig, TrainingConfig
 from .search import check_search_validation
 from .task import TaskConfig

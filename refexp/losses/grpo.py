@@ -11,7 +11,7 @@ import torch
 
 from refexp.choices import ADVANTAGE_SCALES, GRPO_LOSS_AGGS
 from refexp.losses.common import Metrics, check_shape, metric
-from refexp.losses.kl import compute_dtype, where_mask, kl_estimate, masked_mean, masked_sum
+from refexp.losses.kl import compute_dtype, kl_estimate, masked_mean, masked_sum, where_mask
 
 
 def group_advantages(

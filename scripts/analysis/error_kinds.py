@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import retention_kinds  # scripts/analysis/: this script's directory
+
 from refexp.choices import ARITHMETIC_OPS
 from refexp.tasks.arithmetic import format_problem, ones_carry, slip_carry
-
-import retention_kinds  # scripts/analysis/: this script's directory
 
 REPO = Path(__file__).resolve().parents[2]
 KINDS = ("correct", "missed ones-carry", "carry added without one", "other")
