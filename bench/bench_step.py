@@ -185,7 +185,8 @@ def build(args, algo: str, reference: str, precompute: bool):
     policy = build_policy(ctx, init_dir)
     if args.what_if_fused_adamw:
         policy.optimizers, policy.lr_schedulers = fused_adamw(policy.model, cfg.training)
-    meta = {"optimizer_impl": "fused (what-if)" if args.what_if_fused_adamw else "refexp.components.optim (foreach on CPU)"}
+    meta = {"optimizer_impl": ("fused (what-if)" if args.what_if_fused_adamw
+                               else "refexp.components.optim (foreach on CPU)")}
     if algo == "grpo":
         from refexp.algos.grpo import GRPOStep
 

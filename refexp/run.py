@@ -93,7 +93,6 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         final = run(cfg, on_checked=hydra_record.write)
     except Exception as e:
         import logging
-        import sys
 
         logging.getLogger("refexp").exception("job %s failed; the sweep goes on", cfg.run_dir)
         if rdist.is_rank0() and not isinstance(e, RunDirBusy):  # a busy run dir is another process's to write
@@ -180,7 +179,8 @@ def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:
     Those stay here because the config layer sits below them: the degrees against the launched world size
     and the model's shapes against the parallelism need torchtitan (``ParallelDims``, the flavor's model
     args or the checkpoint's ``config.json``); the task's sources need the datasets Hub and the reward hook's
-    import; ``rm.policies`` need their dirs read; the rerun check needs the run dir's saved config. ``cfg``: ``to_object(dcfg)`` when already made."""
+    import; ``rm.policies`` need their dirs read; the rerun check needs the run dir's saved config. ``cfg``:
+    ``to_object(dcfg)`` when already made."""
     cfg = cfg or to_object(dcfg)
     if cfg.run_dir is None:
         raise ConfigError("run_dir is not set (run through `refexp`, or pass run_dir=DIR)")
@@ -302,7 +302,8 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
     lengths = dict(max_seq_len=cfg.model.max_seq_len, new_tokens=generation_budget(cfg))
     task = build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths) if info.is_rank0 else None
     rdist.barrier()
-    task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths)  # other ranks read rank 0's cache
+    # other ranks read rank 0's cache
+    task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths)
     check_tokenizer_against_start(task.tokenizer, cfg.task.tokenizer_path, sft_checkpoint=cfg.sft.checkpoint,
                                   hf_assets_path=cfg.model.hf_assets_path, model_vocab_size=cfg.model.vocab_size,
                                   warn=info.is_rank0)  # every rank: each raises the same error, none waits
@@ -377,7 +378,8 @@ def _agree_on_run_dir(cfg: RootConfig, info) -> Path:
 
 
 def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
-    """The SFT model every algorithm starts from (made or found), then the algorithm's entry (``refexp/algos/entries.py``)."""
+    """The SFT model every algorithm starts from (made or found), then the algorithm's entry
+    (``refexp/algos/entries.py``)."""
     from refexp.algos.entries import ALGORITHMS
     from refexp.algos.sft import ensure_sft, read_sft_summary
 

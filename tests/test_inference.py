@@ -180,7 +180,8 @@ def test_the_reports_interval_covers_at_its_level_when_every_seed_is_scored_on_t
 def test_units_share_one_prompt_draw_only_when_they_were_scored_on_the_same_prompts():
     rng = np.random.default_rng(8)
     scores = [(rng.random(6) < 0.5, rng.random(6) < 0.5) for _ in range(3)]
-    same = {("s0", k): ((a, b, [5, 4, 3, 2, 1, 0] if k else list(range(6))), 0.1 * k) for k, (a, b) in enumerate(scores)}
+    same = {("s0", k): ((a, b, [5, 4, 3, 2, 1, 0] if k else list(range(6))), 0.1 * k)
+            for k, (a, b) in enumerate(scores)}
     assert unit_result(same)[0].boot.shared_prompts  # the same ids, in any order
     other = {**same, ("s0", 2): ((*scores[2], [0, 1, 2, 3, 4, 9]), 0.2)}
     result = unit_result(other)[0]

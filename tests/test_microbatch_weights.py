@@ -1,5 +1,5 @@
-"""``training.micro_batch_size`` with TINY_GRPO_OVERRIDES's row-mean losses (``grpo``, ``dr_grpo``): each chunk's loss is
-weighted by its share of the step's rows, its token-mean metrics (the clip fractions) by its share of the
+"""``training.micro_batch_size`` with TINY_GRPO_OVERRIDES's row-mean losses (``grpo``, ``dr_grpo``): each chunk's
+loss is weighted by its share of the step's rows, its token-mean metrics (the clip fractions) by its share of the
 completion tokens. The case is built so that neither equal chunk weights (the chunks have 3, 3, 3, 3, 3 and 1
 rows) nor the other share (the completions differ in length) give the same gradient or metrics; the engine's
 log-probs are shifted by +-0.3 so the ratio leaves the clip range and the clip fractions are not 0."""

@@ -195,7 +195,8 @@ def main(argv=None) -> None:
         counts = measure(cfg, last, args.prompts, skills)
         totals[group_of(overrides)] += counts
         runs_per_group[group_of(overrides)] += 1
-        print(json.dumps({"run": str(run), "group": group_of(overrides), "checkpoint": last.name, **counts}), flush=True)
+        print(json.dumps({"run": str(run), "group": group_of(overrides), "checkpoint": last.name, **counts}),
+              flush=True)
     table = markdown_table(totals, runs_per_group, skills.kinds)
     print("\n" + table, end="")
     if args.markdown:
