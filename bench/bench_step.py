@@ -110,8 +110,15 @@ def build(args, algo: str, reference: str, precompute: bool):
     import torch
 
     from refexp import titan
-    from refexp.config import (CheckpointConfig, CompileConfig, DPOConfig, GRPOConfig, ModelConfig, RootConfig,
-                                TrainingConfig)
+    from refexp.config import (
+        CheckpointConfig,
+        CompileConfig,
+        DPOConfig,
+        GRPOConfig,
+        ModelConfig,
+        RootConfig,
+        TrainingConfig,
+    )
     from refexp.config.model import LoRAConfig
     from refexp.tasks import Task
 
@@ -178,7 +185,8 @@ def build(args, algo: str, reference: str, precompute: bool):
     policy = build_policy(ctx, init_dir)
     if args.what_if_fused_adamw:
         policy.optimizers, policy.lr_schedulers = fused_adamw(policy.model, cfg.training)
-    meta = {"optimizer_impl": "fused (what-if)" if args.what_if_fused_adamw else "refexp.components.optim (foreach on CPU)"}
+    meta = {"optimizer_impl": ("fused (what-if)" if args.what_if_fused_adamw
+                               else "refexp.components.optim (foreach on CPU)")}
     if algo == "grpo":
         from refexp.algos.grpo import GRPOStep
 

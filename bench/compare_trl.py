@@ -292,7 +292,8 @@ def trl_worker(args, name: str) -> dict:
     step_s = C.median(periods)
     ref = getattr(trainer, "ref_model", None)
     return {
-        "bench": "trl", "side": "trl", "workload": name, "trl": trl.__version__, "transformers": transformers.__version__,
+        "bench": "trl", "side": "trl", "workload": name, "trl": trl.__version__,
+        "transformers": transformers.__version__,
         "threads": torch.get_num_threads(), "steps": len(periods), "step_s": round(step_s, 5),
         "steps_per_s": round(1 / step_s, 4), "tokens_per_s": round(tokens_per_step / step_s, 1),
         "step_s_all": [round(x, 4) for x in periods], "build_s": round(build_s, 2),
@@ -312,11 +313,10 @@ def pair_worker(args, name: str) -> dict:
     """
     C.set_threads(args.threads)
     C.quiet_warnings()
+    import bench_step
     import torch
     import trl
     from transformers import TrainerCallback
-
-    import bench_step
 
     bench = bench_step.Bench(bench_step.parse_args(refexp_argv(args, name)[1:]), WORKLOADS[name]["algo"],
                              WORKLOADS[name]["reference"], WORKLOADS[name]["precompute"])
@@ -351,7 +351,8 @@ def pair_worker(args, name: str) -> dict:
         "trl_step_s": round(C.median(trl_s), 5), "refexp_step_s": summary["step_s"],
         "trl_steps_per_s": round(1 / C.median(trl_s), 4), "refexp_steps_per_s": summary["steps_per_s"],
         "pair_ratios": [round(x, 3) for x in ratios], "median_ratio": round(C.median(ratios), 3),
-        "trl_step_s_all": [round(x, 4) for x in trl_s], "trl_warmup_step_s": [round(x, 3) for x in cb.trl[:args.warmup]],
+        "trl_step_s_all": [round(x, 4) for x in trl_s],
+        "trl_warmup_step_s": [round(x, 3) for x in cb.trl[:args.warmup]],
         "refexp": summary,
         "trl_tokens_per_s": round(tokens_per_step / C.median(trl_s), 1),
         "hf_generate_tokens_per_s": hf_gen,
@@ -410,7 +411,8 @@ def machine() -> dict:
 
     import torch
 
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 "?")
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
             "loadavg_start": open("/proc/loadavg").read().split()[:3]}

@@ -68,8 +68,10 @@ def analyse(prof, wall_s: float, peak_gflops: float, top: int) -> dict:
                  "gflops": round(gemm_flops_total / gemm_s / 1e9, 1) if gemm_s else None,
                  "fraction_of_peak": round(gemm_flops_total / gemm_s / 1e9 / peak_gflops, 3) if gemm_s else None},
         "attention_s": round(attn_s, 4), "attention_share": round(attn_s / wall_s, 3),
-        "other_ops_s": round(ops_s - gemm_s - attn_s, 4), "other_ops_share": round((ops_s - gemm_s - attn_s) / wall_s, 3),
-        "outside_ops_s": round(max(0.0, wall_s - ops_s), 4), "outside_ops_share": round(max(0.0, wall_s - ops_s) / wall_s, 3),
+        "other_ops_s": round(ops_s - gemm_s - attn_s, 4),
+        "other_ops_share": round((ops_s - gemm_s - attn_s) / wall_s, 3),
+        "outside_ops_s": round(max(0.0, wall_s - ops_s), 4),
+        "outside_ops_share": round(max(0.0, wall_s - ops_s) / wall_s, 3),
         "top_ops": [{"op": n, "calls": r[0], "self_s": round(r[1], 4)} for n, r in ranked],
     }
 

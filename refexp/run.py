@@ -30,10 +30,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from refexp import titan
+from refexp.algos.sft_checks import sft_start_record
 from refexp.components.context import RunContext
 from refexp.components.metric_logger import MetricLogger
 from refexp.components.pretrained import resolve_pretrained
-from refexp.algos.sft_checks import sft_start_record
 from refexp.components.rerun_checks import check_rerun_config, check_rerun_steps, resolved_container
 from refexp.components.run_identity import START, run_identity, start_pins
 from refexp.config import ConfigError, RootConfig, to_object
@@ -41,18 +41,34 @@ from refexp.config.root import generation_budget
 from refexp.record import layout
 from refexp.record.hydra_record import HydraRecord
 from refexp.record.lock import FileLock, LockHeld
-from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION, KL_INIT,
-                                        KL_REF, VAL_ACCURACY)
+from refexp.record.metric_names import (
+    EVAL_ACCURACY,
+    EVAL_PASS_AT_K,
+    EVAL_PREF_ACCURACY,
+    EVAL_RETENTION,
+    KL_INIT,
+    KL_REF,
+    VAL_ACCURACY,
+)
 from refexp.record.provenance import provenance
 from refexp.record.rerun import RerunRecord, completed_end, pending_hydra_dir
 from refexp.record.resolved_config import write_resolved_config
-from refexp.record.status import run_dir_busy
-from refexp.record.status import (Heartbeat, RunStatus, close_run_status, open_status, read_status,
-                                  record_early_failure, record_launch_failure)
+from refexp.record.status import (
+    Heartbeat,
+    RunStatus,
+    close_run_status,
+    open_status,
+    read_status,
+    record_early_failure,
+    record_launch_failure,
+    run_dir_busy,
+)
 from refexp.runtime import distributed as rdist
 from refexp.runtime import stop_signals
 from refexp.runtime.process_settings import apply_process_settings
 from refexp.tasks.data_checks import check_task_data
+
+
 def run_from_hydra(cfg: DictConfig) -> float | None:
     """Entry from ``@hydra.main``: fill ``run_dir`` from Hydra's output dir, run, return what a sweeper maximises."""
     from hydra.core.hydra_config import HydraConfig
@@ -77,7 +93,6 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         final = run(cfg, on_checked=hydra_record.write)
     except Exception as e:
         import logging
-        import sys
 
         logging.getLogger("refexp").exception("job %s failed; the sweep goes on", cfg.run_dir)
         if rdist.is_rank0() and not isinstance(e, RunDirBusy):  # a busy run dir is another process's to write
@@ -164,7 +179,8 @@ def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:
     Those stay here because the config layer sits below them: the degrees against the launched world size
     and the model's shapes against the parallelism need torchtitan (``ParallelDims``, the flavor's model
     args or the checkpoint's ``config.json``); the task's sources need the datasets Hub and the reward hook's
-    import; ``rm.policies`` need their dirs read; the rerun check needs the run dir's saved config. ``cfg``: ``to_object(dcfg)`` when already made."""
+    import; ``rm.policies`` need their dirs read; the rerun check needs the run dir's saved config. ``cfg``:
+    ``to_object(dcfg)`` when already made."""
     cfg = cfg or to_object(dcfg)
     if cfg.run_dir is None:
         raise ConfigError("run_dir is not set (run through `refexp`, or pass run_dir=DIR)")
@@ -278,15 +294,16 @@ def run_worker(dcfg: DictConfig, cfg: RootConfig | None = None) -> dict:
 
     import datasets
 
-    from refexp.tasks import build_task
     from refexp.components.tokenizer_start import check_tokenizer_against_start
+    from refexp.tasks import build_task
 
     datasets.disable_progress_bars()  # one tqdm line per saved split drowns the run's own output
     cache_dir = Path(os.path.expanduser(cfg.sft.cache_dir))
     lengths = dict(max_seq_len=cfg.model.max_seq_len, new_tokens=generation_budget(cfg))
     task = build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths) if info.is_rank0 else None
     rdist.barrier()
-    task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths)  # other ranks read rank 0's cache
+    # other ranks read rank 0's cache
+    task = task or build_task(cfg.task, str(cache_dir), algo=cfg.algo.name, **lengths)
     check_tokenizer_against_start(task.tokenizer, cfg.task.tokenizer_path, sft_checkpoint=cfg.sft.checkpoint,
                                   hf_assets_path=cfg.model.hf_assets_path, model_vocab_size=cfg.model.vocab_size,
                                   warn=info.is_rank0)  # every rank: each raises the same error, none waits
@@ -361,7 +378,8 @@ def _agree_on_run_dir(cfg: RootConfig, info) -> Path:
 
 
 def _dispatch(ctx: RunContext, status: RunStatus) -> dict:
-    """The SFT model every algorithm starts from (made or found), then the algorithm's entry (``refexp/algos/entries.py``)."""
+    """The SFT model every algorithm starts from (made or found), then the algorithm's entry
+    (``refexp/algos/entries.py``)."""
     from refexp.algos.entries import ALGORITHMS
     from refexp.algos.sft import ensure_sft, read_sft_summary
 

@@ -1,6 +1,7 @@
 """Shared test set-up: one intra-op thread per process (docs/torchtitan-notes.md §11), W&B never reaches a
-server, each test session has its own refexp cache, compiled kernels are cached apart per CPU kernel selection; the tiny GRPO run's config composed once and copied per
-test (in the style of lightning-hydra-template's tests/conftest.py; helpers in tests/helpers/)."""
+server, each test session has its own refexp cache, compiled kernels are cached apart per CPU kernel selection;
+the tiny GRPO run's config composed once and copied per test (in the style of lightning-hydra-template's
+tests/conftest.py; helpers in tests/helpers/)."""
 
 import copy
 import os

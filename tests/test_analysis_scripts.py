@@ -32,6 +32,7 @@ def test_trajectory_matched_reads_each_run_where_it_passes_the_drift(tmp_path, c
     the evaluations at steps 10 and 20 (log 1.5 / log 2 of the way); the metric is interpolated there per run, and
     the arm's value is the replicates' mean against the baseline's."""
     import trajectory_matched
+
     from tests.helpers.gold_peak_sweeps import write_run
 
     assert trajectory_matched.crossing([(0.1, 0.6), (0.2, 0.8)], 0.15) == pytest.approx(
@@ -50,10 +51,10 @@ def test_trajectory_matched_reads_each_run_where_it_passes_the_drift(tmp_path, c
 def test_error_kinds_classifies_each_mistake_and_reads_a_run(tmp_path, capsys, monkeypatch):
     import dataclasses
 
-    import yaml
-
     import error_kinds
     import retention_kinds
+    import yaml
+
     from refexp.run import run
     from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_tiny_run
 

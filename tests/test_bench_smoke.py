@@ -30,8 +30,8 @@ BATCH = ["--prompts", "2", "--group", "2", "--new-tokens", "3", "--prompt-len", 
 def test_bench_step_prints_one_line_per_configuration(tmp_path, capsys):
     import bench_step
 
-    rows = bench_step.main([*TINY_BENCH_ARGS, *BATCH, "--in-process", "--workdir", str(tmp_path), "--algo", "grpo", "dpo",
-                            "--reference", "fixed", "none", "--precompute-ref", "both"])
+    rows = bench_step.main([*TINY_BENCH_ARGS, *BATCH, "--in-process", "--workdir", str(tmp_path),
+                            "--algo", "grpo", "dpo", "--reference", "fixed", "none", "--precompute-ref", "both"])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert len(lines) == len(rows) == 5  # grpo x {fixed, none}, dpo x {fixed live, fixed cached, none}
     by = {(r["algo"], r["reference"], r["precompute_ref"]): r for r in rows}
@@ -137,7 +137,8 @@ def test_scaling_size_sweep(tmp_path, capsys):
 
     scaling.main(["--sweeps", "size", "--sizes", "xs", "--algos", "dpo", "--steps", "1", "--warmup", "1",
                   "--threads", "1", "--in-process", "--workdir", str(tmp_path),
-                  "--shape-args", " ".join(BATCH[6:] + ["--peak-seconds", "0", "--peak-sizes", "128", "--no-probe-peak"])])
+                  "--shape-args",
+                  " ".join(BATCH[6:] + ["--peak-seconds", "0", "--peak-sizes", "128", "--no-probe-peak"])])
     out = capsys.readouterr().out
     assert "**Model size" in out and "| dpo | xs |" in out
 

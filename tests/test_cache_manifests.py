@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from refexp.record.cache_dirs import (CorruptCacheEntry, entry_digest, manifest_path, verified_entry,
-                                      write_entry_manifest)
+from refexp.record.cache_dirs import (
+    CorruptCacheEntry,
+    entry_digest,
+    manifest_path,
+    verified_entry,
+    write_entry_manifest,
+)
 
 
 def flip_a_byte(f: Path, at: int = -10) -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from refexp.components.run_identity import foreign_checkpoint, run_identity
 from refexp.config import ConfigError
 from refexp.record.checkpoints import MANIFEST
 from refexp.record.pins import content_hash, pin, pin_mismatch
-from refexp.components.run_identity import foreign_checkpoint, run_identity
 from refexp.record.status import read_status
 from refexp.run import run
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_root, compose_tiny_run

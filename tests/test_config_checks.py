@@ -37,7 +37,8 @@ def test_wrong_type_fails_atcompose_root():
 
 @pytest.mark.parametrize("choice, key, schema, fields", [
     ("reference=fixed", "reference.reset_every", "FixedReferenceConfig", "name, checkpoint, dtype, compile, offload"),
-    ("reference=ema", "reference.reset_optimizer", "EMAReferenceConfig", "name, checkpoint, dtype, compile, offload, sync_every, alpha"),
+    ("reference=ema", "reference.reset_optimizer", "EMAReferenceConfig",
+     "name, checkpoint, dtype, compile, offload, sync_every, alpha"),
     ("reference=none", "reference.alpha", "NoReferenceConfig", "name, checkpoint, dtype, compile, offload"),
     ("algo=dpo", "algo.group_size", "DPOConfig", "name, loss_type, beta"),
     ("algo=grpo", "algo.precompute_ref", "GRPOConfig", "name, prompts_per_step, group_size"),
@@ -125,7 +126,9 @@ def test_gsm8k_needs_a_local_file():
     (["parallelism=tp", "parallelism.tensor_parallel_degree=3"],
      "parallelism.tensor_parallel_degree=3 is invalid: it must divide model.n_heads=8"),
     (["parallelism=fsdp", "parallelism.nproc_per_node=3", "parallelism.tensor_parallel_degree=2",
-      "model.n_heads=2", "model.n_kv_heads=2"], "parallelism.data_parallel_replicate_degree=1 x parallelism.tensor_parallel_degree=2 = 2 is invalid: it must divide the world size 3"),
+      "model.n_heads=2", "model.n_kv_heads=2"],
+     "parallelism.data_parallel_replicate_degree=1 x parallelism.tensor_parallel_degree=2 = 2 is invalid: "
+     "it must divide the world size 3"),
     (["training.stepz=3"], "training.stepz is not a field of TrainingConfig"),
     (["algo=grpo", "algo.beta=abc"], "algo.beta='abc' is invalid: expected a float"),
     (["algo=grpo", "training.lr=-1", "--cfg", "job"], "training.lr=-1.0 is invalid"),  # --cfg job validates too

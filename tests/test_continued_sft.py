@@ -12,8 +12,8 @@ from refexp.components.data_order import batch_ids
 from refexp.record.metrics import read_metrics
 from refexp.run import run
 from refexp.tasks.batching import pack_sequences
-from tests.helpers.grad_recording import largest, largest_difference
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
+from tests.helpers.grad_recording import largest, largest_difference
 
 pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
 

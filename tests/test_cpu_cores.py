@@ -14,11 +14,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from refexp.config import ConfigError
 import refexp.runtime.launcher as launcher
+from refexp.config import ConfigError
 from refexp.runtime.launcher import claim_core
-from tests.helpers.configs import (TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_config, compose_tiny_run,
-                                   conf_options)
+from tests.helpers.configs import (
+    TINY_GRPO_OVERRIDES,
+    TINY_RUN_OVERRIDES,
+    compose_config,
+    compose_tiny_run,
+    conf_options,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

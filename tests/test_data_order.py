@@ -10,8 +10,8 @@ import torch
 from refexp.components.data_order import batch_ids
 from refexp.record.metrics import read_metrics
 from refexp.run import run
-from tests.helpers.engine_recording import record_training_rollouts
 from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
+from tests.helpers.engine_recording import record_training_rollouts
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:
@@ -60,8 +60,8 @@ def test_grpo_prompts_across_an_epoch_boundary_follow_the_documented_order(tmp_p
     monkeypatch.setattr(tasks_mod, "build_task", lambda *a, **k: tasks.append(build(*a, **k)) or tasks[-1])
     rollouts = record_training_rollouts(monkeypatch)
     n, per_step, G, seed = 6, 4, 4, 0
-    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "task.num_train=8", "task.ops=[+]", "task.val_fraction=0.25", "training.steps=3",
-                    "eval.every=3", "eval.log_samples=0", f"training.seed={seed}"))
+    run(compose_tiny_run(tmp_path, *TINY_GRPO_OVERRIDES, "task.num_train=8", "task.ops=[+]", "task.val_fraction=0.25",
+                         "training.steps=3", "eval.every=3", "eval.log_samples=0", f"training.seed={seed}"))
     assert [r["step"] for r in read_metrics(tmp_path) if r["step"] > 0] == [1, 2, 3]
     train = tasks[-1].train
     assert len(train) == n

@@ -130,7 +130,8 @@ def test_validation_split_is_seeded_and_leaves_the_held_out_split_alone(tmp_path
     assert len(from_file.val) == 4 and from_file.train.to_dict() == plain.train.to_dict()
     with pytest.raises(ConfigError, match="task.val_fraction"):
         TaskConfig(**base, val_path=val, val_fraction=0.1)
-    with pytest.raises(ConfigError, match=r"task.val_fraction=1.5 is invalid: expected None \(the task's default\) or a number in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=r"task.val_fraction=1.5 is invalid: expected None \(the task's default\) "
+                                          r"or a number in \[0, 1\)"):
         TaskConfig(val_fraction=1.5)
 
 

@@ -190,8 +190,8 @@ def test_slurm_mapping_leaves_other_launches_alone(env):
     assert env == before
 
 
-@pytest.mark.parametrize("nodelist,first", [("node7,node9", "node7"), ("n[1]", "n1"), ("rack1-[2-3]-n[1-4]", "rack1-2-n1"),
-                                            ("localhost", "localhost")])
+@pytest.mark.parametrize("nodelist,first", [("node7,node9", "node7"), ("n[1]", "n1"),
+                                            ("rack1-[2-3]-n[1-4]", "rack1-2-n1"), ("localhost", "localhost")])
 def test_first_host_of_a_slurm_node_list(nodelist, first):
     assert rdist.first_host(nodelist) == first
 
@@ -218,7 +218,8 @@ def test_two_srun_tasks_form_a_process_group_and_exit_cleanly():
     in six ended with a rank aborted by gloo during interpreter finalisation (exit 134), so several pairs run.
     """
     code = ("import torch; from refexp.runtime import distributed as d; i = d.init_distributed(torch.device('cpu')); "
-            "t = torch.tensor([i.rank + 1.0]); torch.distributed.all_reduce(t); print(i.rank, i.world_size, i.local_rank, t.item())")
+            "t = torch.tensor([i.rank + 1.0]); torch.distributed.all_reduce(t); "
+            "print(i.rank, i.world_size, i.local_rank, t.item())")
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT")}
     for attempt in range(12):

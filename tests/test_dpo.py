@@ -90,9 +90,9 @@ def test_dpo_fixed_reference_live_then_precomputed(tmp_path):
     assert first[1]["refcache/built"] == 1.0 and second[1]["refcache/built"] == 0.0  # the 2nd run read the file
     for r in first[1:] + second[1:]:  # every lookup a hit; the reference model is not held
         assert (r["refcache/hits"], r["refcache/misses"], r["mem/ref_params"]) == (16.0, 0.0, 0.0)
-    for c, l in zip(second[1:], live[1:]):  # cached reference log-probs train exactly like live ones
-        assert c["loss/total"] == pytest.approx(l["loss/total"], abs=1e-5)
-        assert c["kl/ref_chosen_tokens"] == pytest.approx(l["kl/ref_chosen_tokens"], abs=1e-5)
+    for cached, live_row in zip(second[1:], live[1:]):  # cached reference log-probs train exactly like live ones
+        assert cached["loss/total"] == pytest.approx(live_row["loss/total"], abs=1e-5)
+        assert cached["kl/ref_chosen_tokens"] == pytest.approx(live_row["kl/ref_chosen_tokens"], abs=1e-5)
     assert second[3]["kl/init"] == pytest.approx(live[3]["kl/init"], abs=1e-5)  # anchor rebuilt for kl/init
 
 

@@ -135,7 +135,8 @@ def test_decoding_paths_without_the_fused_copy_plan_none():
     assert static["static-decode KV buffers"] == (16 + 32) * 512 * 32 * 2 * 1024 * 2
     assert static["generation KV cache"] == 0
     # and the weights its step reads, at fixed addresses for its CUDA graphs: the whole model in bf16, every phase
-    assert static["static-decode weights"] == plain["unsharded model for decoding"] and "static-decode weights" not in plain
+    assert static["static-decode weights"] == plain["unsharded model for decoding"]
+    assert "static-decode weights" not in plain
     tp = dry_run(compose_root(*LLAMA_8X, *DONE_WHEN, "parallelism.tensor_parallel_degree=2"))
     assert tp["fused gate/up weights"] == 0
     assert tp["unsharded model for decoding"] == pytest.approx(plain["unsharded model for decoding"] / 2)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from refexp.record import status as rstatus
-from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
 from refexp.record.status import read_status
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[1]
 FAILING = [*TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, "training.steps=6", "parallelism=fsdp",

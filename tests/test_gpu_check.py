@@ -171,7 +171,8 @@ def test_the_slots_second_step_reruns_decode_and_what_the_first_did_not_finish(t
     (keep / "step1.json").write_text(json.dumps({"steps": {"preflight": {"rc": 0, "timed_out": False},
                                                            "train": {"skipped": "out of time"},
                                                            "memory": {"rc": 0, "timed_out": False}}}))
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
     env.update(REFEXP_GPU_KEEP=str(keep), GPU_SLOT_ARGS="--toy")  # the caches: under KEEP unless set otherwise
     p = subprocess.run(["bash", str(BENCH / "gpu_slot.sh"), "2", str(tmp_path / "out")], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)

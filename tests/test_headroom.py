@@ -135,7 +135,8 @@ def test_sft_target_accuracy_reads_validation_not_test(tmp_path, monkeypatch):
     final = run(compose_tiny_run(tmp_path, "algo=sft", "sft.steps=50", "sft.eval_every=2", "sft.target_accuracy=0.8",
                             "sft.seed=8"))
     summary = json.loads((Path(final["sft/dir"]) / "sft.json").read_text())
-    assert summary["steps"] == 0 and summary["stopped_by"] == "target" and seen == ["sft_validation", "eval", "retain_eval"]
+    assert summary["steps"] == 0 and summary["stopped_by"] == "target"
+    assert seen == ["sft_validation", "eval", "retain_eval"]
     assert final["eval/accuracy"] == 0.1
 
 

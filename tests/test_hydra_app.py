@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from refexp.config import to_object
-from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_root, conf_options
 from refexp.record.status import read_status
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES, compose_root, conf_options
 
 
 def test_help_names_the_app_and_lists_groups_and_fields():
@@ -52,7 +52,8 @@ def test_an_optuna_search_completes_and_reports_the_best_trial(tmp_path):
 
     sweep = tmp_path / "search"
     out = subprocess.run([sys.executable, "-m", "refexp", "-m", "hparams_search=grpo_reset", *TINY_RUN_OVERRIDES,
-                          *TINY_GRPO_OVERRIDES[1:], "hydra.sweeper.n_trials=4", "training.steps=5", f"hydra.sweep.dir={sweep}"],
+                          *TINY_GRPO_OVERRIDES[1:], "hydra.sweeper.n_trials=4", "training.steps=5",
+                          f"hydra.sweep.dir={sweep}"],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())

@@ -9,10 +9,15 @@ import numpy as np
 import pytest
 from scipy.stats import norm, t
 
-from refexp.report.statistics.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
-from refexp.report.statistics.inference import (equivalence, family_verdicts, holm, minimum_detectable_difference,
-                                     verdict_word)
 from refexp.report.statistics import paired
+from refexp.report.statistics.bootstrap import BootstrapResult, paired_hierarchical_bootstrap
+from refexp.report.statistics.inference import (
+    equivalence,
+    family_verdicts,
+    holm,
+    minimum_detectable_difference,
+    verdict_word,
+)
 from refexp.report.statistics.paired import START_LEVEL, SeedOnlyResult, unit_result
 from refexp.report.statistics.stats import mean_ci
 
@@ -175,7 +180,8 @@ def test_the_reports_interval_covers_at_its_level_when_every_seed_is_scored_on_t
 def test_units_share_one_prompt_draw_only_when_they_were_scored_on_the_same_prompts():
     rng = np.random.default_rng(8)
     scores = [(rng.random(6) < 0.5, rng.random(6) < 0.5) for _ in range(3)]
-    same = {("s0", k): ((a, b, [5, 4, 3, 2, 1, 0] if k else list(range(6))), 0.1 * k) for k, (a, b) in enumerate(scores)}
+    same = {("s0", k): ((a, b, [5, 4, 3, 2, 1, 0] if k else list(range(6))), 0.1 * k)
+            for k, (a, b) in enumerate(scores)}
     assert unit_result(same)[0].boot.shared_prompts  # the same ids, in any order
     other = {**same, ("s0", 2): ((*scores[2], [0, 1, 2, 3, 4, 9]), 0.2)}
     result = unit_result(other)[0]

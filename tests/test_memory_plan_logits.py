@@ -16,8 +16,8 @@ TOY = ["algo=grpo", "model=tiny", "model.dim=128", "model.n_layers=2", "model.n_
        "model.ffn_hidden_dim=512", f"model.vocab_size={VOCAB}", "model.max_seq_len=256", "training.device=cpu",
        "algo.prompts_per_step=4", "algo.group_size=4", "algo.share_prompt=false", "training.micro_batch_size=8",
        "eval.num_prompts=4", "eval.kl_prompts=4", "logger=none"]
-LLAMA_8X = ["dry_run=true", "algo=grpo", "model=llama3_8b", "task=gsm8k", "parallelism=fsdp", "parallelism.nproc_per_node=8",
-            "training.device=cuda"]
+LLAMA_8X = ["dry_run=true", "algo=grpo", "model=llama3_8b", "task=gsm8k", "parallelism=fsdp",
+            "parallelism.nproc_per_node=8", "training.device=cuda"]
 
 
 def _logits(*overrides: str) -> tuple[float, float]:

@@ -1,5 +1,5 @@
-"""``training.micro_batch_size`` with TINY_GRPO_OVERRIDES's row-mean losses (``grpo``, ``dr_grpo``): each chunk's loss is
-weighted by its share of the step's rows, its token-mean metrics (the clip fractions) by its share of the
+"""``training.micro_batch_size`` with TINY_GRPO_OVERRIDES's row-mean losses (``grpo``, ``dr_grpo``): each chunk's
+loss is weighted by its share of the step's rows, its token-mean metrics (the clip fractions) by its share of the
 completion tokens. The case is built so that neither equal chunk weights (the chunks have 3, 3, 3, 3, 3 and 1
 rows) nor the other share (the completions differ in length) give the same gradient or metrics; the engine's
 log-probs are shifted by +-0.3 so the ratio leaves the clip range and the clip fractions are not 0."""
@@ -10,9 +10,9 @@ import pytest
 
 from refexp.record.metrics import read_metrics
 from refexp.run import run
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 from tests.helpers.engine_recording import by_row_parity, shift_behaviour_logprobs
 from tests.helpers.grad_recording import largest, largest_difference, record_grpo_grads
-from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 from tests.helpers.runs import assert_same_row
 
 pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import refexp.reference.offload as offload
 from refexp import titan
 from refexp.config import EMAReferenceConfig, FixedReferenceConfig, ModelConfig
-import refexp.reference.offload as offload
 from refexp.reference.strategies import build_reference
 
 MODEL = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)

@@ -66,6 +66,7 @@ def test_a_row_gives_the_type_with_its_choices_the_default_and_the_docstring_on_
     rows = field_table(_Child, "x", ["renamed", "speed", "undocumented"])
     assert rows[2:] == [
         "| `x.renamed` | `str` | `b` | The child's own meaning, over two lines. |",
-        "| `x.speed` | `Optional[Literal['fast', 'slow']]` | `null` | How fast; \\| in a docstring stays inside its cell. |",
+        "| `x.speed` | `Optional[Literal['fast', 'slow']]` | `null` | "
+        "How fast; \\| in a docstring stays inside its cell. |",
         "| `x.undocumented` | `int` | `0` | (no docstring) |",
     ]

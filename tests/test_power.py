@@ -7,8 +7,15 @@ import math
 import pytest
 from scipy.stats import norm
 
-from refexp.report.power.detectable import (Components, Design, degrees_of_freedom, design_detectable_difference,
-                                            detectable_difference, power_at, standard_error)
+from refexp.report.power.detectable import (
+    Components,
+    Design,
+    degrees_of_freedom,
+    design_detectable_difference,
+    detectable_difference,
+    power_at,
+    standard_error,
+)
 
 
 def test_power_matches_r_power_t_test():

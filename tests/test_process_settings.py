@@ -19,8 +19,11 @@ from torch.distributed.tensor import Shard
 from refexp import titan
 from refexp.config import TrainingConfig
 from refexp.run import run_worker
-from refexp.runtime.process_settings import (CUBLAS_WORKSPACE_CONFIG, apply_process_settings,
-                                             compile_cache_per_kernel_selection)
+from refexp.runtime.process_settings import (
+    CUBLAS_WORKSPACE_CONFIG,
+    apply_process_settings,
+    compile_cache_per_kernel_selection,
+)
 from refexp.titan import torch_compat
 from tests.helpers.configs import compose_tiny_run
 

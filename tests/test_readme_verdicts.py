@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers.committed_cells import MARKER, interval_text, phrase_before, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +32,8 @@ def check(text: str) -> list[str]:
             wrong.append(f"{cell.where}: the text says {word!r}, the rule decides {cell.decided!r}")
         elif word == "inconclusive" and interval_text(cell.interval) not in before:
             wrong.append(f"{cell.where}: inconclusive must quote the interval {interval_text(cell.interval)}")
-        elif word in ("higher", "lower") and interval_text(cell.interval) not in before and "uninformative" not in before:
+        elif (word in ("higher", "lower") and interval_text(cell.interval) not in before
+              and "uninformative" not in before):
             wrong.append(f"{cell.where}: {word} must quote the interval {interval_text(cell.interval)} (or call it "
                          f"uninformative)")
     return wrong

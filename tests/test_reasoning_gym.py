@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from refexp.config import ConfigError, TaskConfig
-from refexp.tasks import build_task
-from refexp.tasks import reasoning_gym as gym
-from refexp.tasks.tokenizer import TextTokenizer
 from refexp.record.metrics import read_metrics
 from refexp.record.samples import read_samples
 from refexp.run import run
+from refexp.tasks import build_task
+from refexp.tasks import reasoning_gym as gym
+from refexp.tasks.tokenizer import TextTokenizer
 from tests.helpers.configs import compose_root, compose_tiny_run
 from tests.helpers.tiny_qwen3 import MODEL
 

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernel
 MODEL = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=32)
 ALPHA, UPDATES, DRIFT = 0.05, 200, 5e-5
 """TR-DPO's soft update at the quickstart's alpha; the policy starts at the reference's weights (as a run starts
-both from the SFT model) and each step moves by DRIFT * N(0, 1) per weight (init std 0.02: a quarter of a percent; measured: 30% of the elements the exact EMA moves stay frozen without the master, 0 with it)."""
+both from the SFT model) and each step moves by DRIFT * N(0, 1) per weight (init std 0.02: a quarter of a
+percent; measured: 30% of the elements the exact EMA moves stay frozen without the master, 0 with it)."""
 
 
 def _model(seed: int, dtype: str):

@@ -1,6 +1,7 @@
 """A run killed mid-training (SIGKILL, a lost node) leaves ``status.json`` ``running`` with no ``last_step``: the
 step it reached is its heartbeat's. A rerun with fewer ``training.steps`` than that is refused before anything
-is built or written (``refexp/components/rerun_checks.py``, ``check_rerun_steps``), as it is for a run that recorded its end."""
+is built or written (``refexp/components/rerun_checks.py``, ``check_rerun_steps``), as it is for a run that
+recorded its end."""
 
 from __future__ import annotations
 

@@ -4,9 +4,8 @@ and a tiny ``rm.loss=pairwise`` run whose held-out pair accuracy rises and is re
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 from pathlib import Path
 
 import pytest

@@ -57,7 +57,8 @@ def test_the_sources_are_mixed_into_one_split_by_prompt_and_counted_in_rm_json(t
     assert [(s["model"], s["temperature"]) for s in summary["sources"]] == [
         ("start", 0.7), ("start", 1.5), (str(export), 0.7), (str(export), 1.5)]
     # 64 samples shared by 4 sources: 4 prompts x 4 samples each, every source with one held-out prompt
-    assert [s["samples"] for s in summary["sources"]] == [16] * 4 and [s["prompts"] for s in summary["sources"]] == [4] * 4
+    assert [s["samples"] for s in summary["sources"]] == [16] * 4
+    assert [s["prompts"] for s in summary["sources"]] == [4] * 4
     assert summary["train_samples"] + summary["val_samples"] == 64 and summary["val_prompts"] == 4
     train, val = split["train"], split["val"]
     assert sorted(set(train["sources"])) == sorted(set(val["sources"])) == [0, 1, 2, 3]

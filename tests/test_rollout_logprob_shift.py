@@ -11,9 +11,9 @@ import torch
 
 from refexp.record.metrics import read_metrics
 from refexp.run import run
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 from tests.helpers.engine_recording import by_row_parity, shift_behaviour_logprobs
 from tests.helpers.grad_recording import largest, largest_difference, record_grpo_grads
-from tests.helpers.configs import TINY_GRPO_OVERRIDES, compose_tiny_run
 
 pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
 

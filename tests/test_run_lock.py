@@ -95,7 +95,8 @@ def test_held_by_looks_without_taking(tmp_path):
 
 @pytest.mark.parametrize("run_dir", ["/proc/refexp-no/run", "/etc/passwd"])
 def test_run_dir_that_cannot_be_made_is_one_line(run_dir):
-    p = subprocess.run([sys.executable, "-m", "refexp", f"run_dir={run_dir}", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES],
+    p = subprocess.run([sys.executable, "-m", "refexp", f"run_dir={run_dir}", *TINY_RUN_OVERRIDES,
+                        *TINY_GRPO_OVERRIDES],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 2, p.stderr[-2000:]
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and run_dir in p.stderr
@@ -113,8 +114,8 @@ def test_second_launch_into_a_running_run_dir_fails_at_once(tmp_path):
     """A real run writes its run dir; a second launch into it fails in one line naming the first's pid,
     writes nothing there, and the first completes with every step logged once."""
     run_dir, steps = tmp_path / "run", 400
-    args = [sys.executable, "-m", "refexp", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, f"training.steps={steps}", "eval.every=200",
-            f"run_dir={run_dir}"]
+    args = [sys.executable, "-m", "refexp", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, f"training.steps={steps}",
+            "eval.every=200", f"run_dir={run_dir}"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -125,7 +126,8 @@ def test_second_launch_into_a_running_run_dir_fails_at_once(tmp_path):
         assert first.poll() is None, "the first run ended before the second launch was refused: make it longer"
         assert second.returncode == 2, second.stderr[-3000:]
         assert second.stderr.strip() == second.stderr.strip().splitlines()[0]
-        assert f"pid {first.pid}" in second.stderr and str(run_dir) in second.stderr and "being written" in second.stderr
+        assert f"pid {first.pid}" in second.stderr and str(run_dir) in second.stderr
+        assert "being written" in second.stderr
         assert first.wait(300) == 0, (tmp_path / "first.log").read_text()[-3000:]
     finally:
         if first.poll() is None:

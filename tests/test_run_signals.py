@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _start(tmp_path: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", REFEXP_CACHE=str(tmp_path / "cache"))  # an SFT stage of its own
     with open(tmp_path / "run.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "refexp", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES, f"run_dir={run_dir}", *overrides],
+        return subprocess.Popen([sys.executable, "-m", "refexp", *TINY_RUN_OVERRIDES, *TINY_GRPO_OVERRIDES,
+                                 f"run_dir={run_dir}", *overrides],
                                 env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 

@@ -104,7 +104,8 @@ def test_finished_rows_leave_the_decode_batch_and_the_completions_stay_the_same(
     stop = free.completion_ids[0][2]  # a token row 0 samples at its third step: rows end at different steps
     tok = _StopAt(TOK, [stop])
     batch_sizes, decode_step = [], titan.decode_step
-    monkeypatch.setattr(titan, "decode_step", lambda model, t, st: (batch_sizes.append(len(t)), decode_step(model, t, st))[1])
+    monkeypatch.setattr(titan, "decode_step",
+                        lambda model, t, st: (batch_sizes.append(len(t)), decode_step(model, t, st))[1])
     dropped = sampler.generate(m, tok, prompts, max_new_tokens=12, keys=keys)
     monkeypatch.setattr(sampler, "DROP_FINISHED_SHARE", 2.0)  # never drop
     kept = sampler.generate(m, tok, prompts, max_new_tokens=12, keys=keys)

@@ -167,7 +167,8 @@ def test_every_committed_comparison_has_its_baseline_and_the_headroom_task():
         algos = {cfg.algo.name for cfg in jobs}
         assert all(cfg.task.demo_slip > 0.5 for cfg in jobs), experiment
         if "grpo" in algos and not any(cfg.task.reward_model or cfg.comparison.frontier_key for cfg in jobs):
-            assert any(cfg.algo.objective == "continued_sft" and cfg.reference.name == "none" for cfg in jobs), experiment
+            assert any(cfg.algo.objective == "continued_sft" and cfg.reference.name == "none"
+                       for cfg in jobs), experiment
         if "dpo" in algos:
             assert any(cfg.algo.loss_type == "sft" for cfg in jobs), experiment
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
 from refexp.record.status import read_status
+from tests.helpers.configs import TINY_GRPO_OVERRIDES, TINY_RUN_OVERRIDES
 
 
 @pytest.mark.slow

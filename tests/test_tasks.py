@@ -14,8 +14,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from refexp.config import ConfigError, TaskConfig
-from refexp.tasks import Task, build_task, task_fingerprint
-from refexp.tasks import arithmetic
+from refexp.tasks import Task, arithmetic, build_task, task_fingerprint
 from refexp.tasks.arithmetic import generate_arithmetic, load_arithmetic
 from refexp.tasks.batching import encode_prompts, pack_sequences
 from refexp.tasks.chat import render_chat

@@ -221,7 +221,8 @@ def test_kv_cache_decoding_equals_the_full_forward_per_row(name, path):
         nxt = out.argmax(-1)
         rows = [torch.cat([row, nxt[b : b + 1]]) for b, row in enumerate(rows)]
         out, state = titan.decode_step(model, nxt, state)
-    assert state.filled == 10 and state.key_bufs[0][:3, :, :state.filled].shape == (3, 2, 10, 16)  # [B, n_kv, L + 5, hd]
+    assert state.filled == 10
+    assert state.key_bufs[0][:3, :, :state.filled].shape == (3, 2, 10, 16)  # [B, n_kv, L + 5, hd]
     if path == "static":  # the rows padded to the bucket's 8, the capacity L + max_new_tokens
         assert state.key_bufs[0].shape == (8, 2, 10, 16)
     if path != "static":  # the fixed-shape step reads whole buffers and leaves the prefill's views as they were

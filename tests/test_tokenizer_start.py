@@ -10,9 +10,9 @@ import warnings
 import pytest
 import torch
 
+from refexp.components.tokenizer_start import check_tokenizer_against_start
 from refexp.config import ConfigError
 from refexp.tasks.tokenizer import TextTokenizer, build_char_tokenizer
-from refexp.components.tokenizer_start import check_tokenizer_against_start
 
 
 def _tokenizer_dir(hf_dir, out, edit):

@@ -172,7 +172,8 @@ def run_trl(w: dict, *, sync: bool, alpha: float = 1.0, loss_type: tuple[str, ..
             self.last = torch.cat([p.detach().flatten() for p in trainer.ref_model.parameters()]).clone()
 
     cfg = DPOConfig(
-        output_dir=str(w["root"] / f"trl-{sync}-{alpha}-{'-'.join(loss_type)}"), max_steps=STEPS, per_device_train_batch_size=PAIRS_PER_STEP,
+        output_dir=str(w["root"] / f"trl-{sync}-{alpha}-{'-'.join(loss_type)}"), max_steps=STEPS,
+        per_device_train_batch_size=PAIRS_PER_STEP,
         gradient_accumulation_steps=1, train_sampling_strategy="sequential", dataloader_drop_last=True,
         dataloader_num_workers=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
         optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0,

@@ -139,7 +139,8 @@ def test_the_sweep_workspace_is_built_offline_with_its_sections_and_grouping(tmp
     from tests.helpers.report_sweep import make_sweep
 
     make_sweep(tmp_path)
-    assert main([str(tmp_path), "--quiet", "--wandb-workspace", "--baseline", "fixed"]) == 0  # no API key: the spec is written
+    # no API key: the spec is written
+    assert main([str(tmp_path), "--quiet", "--wandb-workspace", "--baseline", "fixed"]) == 0
     assert "W&B workspace:" in capsys.readouterr().out
     spec = json.loads((tmp_path / "wandb_workspace.json").read_text())
     (runset,) = spec["spec"]["section"]["runSets"]

@@ -4,18 +4,23 @@ share of the time budget, so that a crash, a hang or an out-of-memory in one cos
 Steps, in order (a step's share of what is left of the budget is its weight over the weights still to run, so
 time a step does not use goes to the later ones):
 
-| step | runs | figures |
-|---|---|---|
-| ``preflight`` | ``gpu_preflight.py`` | versions, clocks, refexp.tasks, a 1-rank collective (failed: the rest in float32), deterministic cumsum |
-| ``train`` | ``gpu_smoke.py --only ...`` | ``matmul_bf16_tflops``, ``train_tokens_per_s``, ``train_mfu``, ``ref_forward_ratio`` |
-| ``memory`` | ``gpu_probe_memory.py`` | ``peak_mem_mib_ac_none``, ``peak_mem_mib_ac_full`` (each against the dry-run plan) |
-| ``grpo_step`` | ``gpu_probe_grpo_step.py`` | ``grpo_step_s`` (one in-process GRPO step at 0.6B shape: generation / reference / policy shares), ``mem_*_mib`` (each phase's peak beside its plan line), ``grpo_step_logprob_diff`` |
-| ``grpo`` | ``gpu_probe_grpo.py`` | ``grpo_3steps_s`` (generation / reference forward / policy split), ``rollout_logprob_diff`` |
-| ``decode`` | ``gpu_smoke.py --only ...`` | ``gen_tokens_per_s_{16,128}`` and ``..._static`` (compile counts, capture seconds) |
+- ``preflight`` runs ``gpu_preflight.py``: versions, clocks, refexp.tasks, a 1-rank collective (failed: the rest
+  in float32), deterministic cumsum
+- ``train`` runs ``gpu_smoke.py --only ...``: ``matmul_bf16_tflops``, ``train_tokens_per_s``, ``train_mfu``,
+  ``ref_forward_ratio``
+- ``memory`` runs ``gpu_probe_memory.py``: ``peak_mem_mib_ac_none``, ``peak_mem_mib_ac_full`` (each against the
+  dry-run plan)
+- ``grpo_step`` runs ``gpu_probe_grpo_step.py``: ``grpo_step_s`` (one in-process GRPO step at 0.6B shape:
+  generation / reference / policy shares), ``mem_*_mib`` (each phase's peak beside its plan line),
+  ``grpo_step_logprob_diff``
+- ``grpo`` runs ``gpu_probe_grpo.py``: ``grpo_3steps_s`` (generation / reference forward / policy split),
+  ``rollout_logprob_diff``
+- ``decode`` runs ``gpu_smoke.py --only ...``: ``gen_tokens_per_s_{16,128}`` and ``..._static`` (compile counts,
+  capture seconds)
 
 A step gets ``--budget-s`` = 80% of its share (gpu_smoke's ``Runner`` skips the figures that would start
 later) and is killed, with its process group, at its share; the lines it printed by then are kept. Every
-figure of the table is in the output: a figure its step never printed gets ``"value": null`` and the reason.
+figure of the list is in the output: a figure its step never printed gets ``"value": null`` and the reason.
 Output, at most ``MAX_RESULT_FILES`` files (what the device machine returns): ``OUT/gpu_check.json`` (``env``,
 ``deps`` from ``OUT/deps.json`` when gpu_check.sh's install step wrote it, ``figures``, ``steps``, ``summary``)
 and ``OUT/gpu_check.log``, every step's standard output and error one after the other under a header line. The
@@ -42,6 +47,7 @@ GPU_DIR = Path(__file__).resolve().parent  # bench/gpu/: the steps' scripts
 sys.path.insert(0, str(GPU_DIR))
 
 from gpu_table import figure_table  # noqa: E402
+
 MAX_BUDGET_S = 360.0
 MAX_RESULT_FILES = 8  # the device machine returns at most 8 files of a command's $OUT
 LOG = "gpu_check.log"

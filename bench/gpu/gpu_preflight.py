@@ -30,7 +30,6 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # bench/gpu/ (these modules) and bench/ (_common.py)
 
 import torch  # noqa: E402
-
 from gpu_check import gpu_clocks  # noqa: E402
 from gpu_probe import run_probe  # noqa: E402
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
 import _common as C
 import gpu_smoke
+import torch
 
 
 def run_probe(figures: tuple[str, ...], run_figures: Callable[[gpu_smoke.Runner, gpu_smoke.Bench], None],

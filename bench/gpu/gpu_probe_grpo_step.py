@@ -38,10 +38,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # bench/gpu/ (these modules) and bench/ (_common.py)
 
-import torch  # noqa: E402
-
 import _common as C  # noqa: E402
 import gpu_adapters as A  # noqa: E402
+import torch  # noqa: E402
 from gpu_probe import run_probe  # noqa: E402
 from gpu_probe_grpo import DIFF, DIFF_MAX  # noqa: E402
 from gpu_smoke import _round, now  # noqa: E402

@@ -95,11 +95,16 @@ for _p in (str(REPO), str(BENCH_DIR), str(GPU_DIR)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-import torch  # noqa: E402
-
 import _common as C  # noqa: E402  (stdlib + torch only; safe on an older torch)
-from gpu_adapters import (compile_count, counts_since, cudagraph_counts, install_cudagraph_counter,  # noqa: E402
-                          install_step_weight_recorder, step_weight_addresses)
+import torch  # noqa: E402
+from gpu_adapters import (  # noqa: E402
+    compile_count,
+    counts_since,
+    cudagraph_counts,
+    install_cudagraph_counter,
+    install_step_weight_recorder,
+    step_weight_addresses,
+)
 
 FIGURES = (
     "matmul_bf16_tflops",

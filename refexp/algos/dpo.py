@@ -120,8 +120,8 @@ class DPOStep:
         if a.uses_chosen_nll:
             chosen_nll = (sft_loss(logp[:B], mask[:B])[0] if nll_scale is None
                           else -seq_B[:B] * nll_scale)
-        loss, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:], *reference_sums(ref),
-                                  chosen_nll)
+        loss, m = preference_loss(a, seq_B[:B], seq_B[B:], batch.lengths_B[:B], batch.lengths_B[B:],
+                                  *reference_sums(ref), chosen_nll)
         return loss, m, logp
 
 

@@ -110,7 +110,8 @@ class GRPOStep:
         shaped = rewards
         if a.kl_in_reward and ref_logp is not None and beta > 0:
             # k1 whatever algo.kl_estimator says: as a (detached) reward only k1 = log(pi/ref) gives, through the
-            # policy gradient, the score-function gradient of KL(pi||ref) (refexp/losses/kl.py; TRL's RLOO does the same)
+            # policy gradient, the score-function gradient of KL(pi||ref) (refexp/losses/kl.py; TRL's RLOO does the
+            # same)
             shaped = rewards - beta * sequence_kl(rollouts.behaviour_logp_NT, ref_logp, rollouts.mask_NT, "k1")
         # "batch" scaling divides by the std of the global batch (over data-parallel ranks)
         adv = group_advantages(shaped, a.group_size, scale=a.advantage_scale,
@@ -209,7 +210,8 @@ def ratio_against_trainer(a: GRPOConfig, compute_dtype: str) -> bool:
 def train_grpo(ctx: RunContext, sft_dir: Path) -> dict:
     policy = build_policy(ctx, sft_dir)
     strategy, anchor = build_strategy(ctx, sft_dir, policy=policy.model)
-    if ctx.cfg.algo.objective == "continued_sft":  # the continued-SFT baseline: same prompts, no rollouts, no KL controller
+    # the continued-SFT baseline: same prompts, no rollouts, no KL controller
+    if ctx.cfg.algo.objective == "continued_sft":
         return run_loop(ctx, policy, strategy, anchor, ContinuedSFTStep(ctx, policy), desc="grpo")
     step_fn = GRPOStep(ctx, policy, strategy)
     return run_loop(ctx, policy, strategy, anchor, step_fn, extra_states={"grpo": step_fn}, desc="grpo")

@@ -39,8 +39,6 @@ from refexp.runtime import distributed as rdist
 from refexp.runtime.stop_signals import PREEMPT_SIGNALS, Preempted, foreign
 
 
-
-
 @dataclass
 class Policy:
     model: torch.nn.Module

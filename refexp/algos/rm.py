@@ -7,11 +7,12 @@ sequence-classification checkpoint (``<dir>/hf``) that ``task.reward_model`` loa
 The recipe is Cobbe et al. 2021's outcome verifier ("Training Verifiers to Solve Math Word Problems", §4): sample
 completions of the training prompts from the generator, label each by whether its final answer is correct, and
 train a scalar head on the generator's own backbone to predict that label. Here the backbone is the start model's
-HF export loaded through transformers as ``AutoModelForSequenceClassification`` (e.g. ``LlamaForSequenceClassification``:
-the decoder plus a fresh linear ``score`` head on the last token), every weight trained with binary cross-entropy
-on the logit (the verifier's label is the target, so the logit is the log-odds that a completion is correct), or,
-with ``rm.loss=pairwise``, with the Bradley-Terry loss on the (right, wrong) pairs of completions of one prompt: the
-order GRPO's within-prompt normalisation reads (``refexp/algos/rm_pairs.py``).
+HF export loaded through transformers as ``AutoModelForSequenceClassification`` (e.g.
+``LlamaForSequenceClassification``: the decoder plus a fresh linear ``score`` head on the last token), every
+weight trained with binary cross-entropy on the logit (the verifier's label is the target, so the logit is the
+log-odds that a completion is correct), or, with ``rm.loss=pairwise``, with the Bradley-Terry loss on the (right,
+wrong) pairs of completions of one prompt: the order GRPO's within-prompt normalisation reads
+(``refexp/algos/rm_pairs.py``).
 ``rm.num_samples`` sets how many labelled samples it sees: fewer make a weaker proxy for GRPO to exploit.
 
 A share of the prompts (``rm.val_fraction``, with all their samples) is held out; the weights of the lowest held-out
@@ -49,8 +50,12 @@ from refexp.record.lock import FileLock
 from refexp.record.metrics import read_metrics
 from refexp.record.pins import content_hash
 from refexp.tasks import task_fingerprint
-from refexp.tasks.reward_model import (load_sequence_classifier, quiet_transformers, reward_model_inputs,
-                                       reward_model_texts)
+from refexp.tasks.reward_model import (
+    load_sequence_classifier,
+    quiet_transformers,
+    reward_model_inputs,
+    reward_model_texts,
+)
 
 _rm_cached = marker_check("rm.json")
 """Whether a reward-model dir is complete (``rm.json`` is written last)."""
@@ -236,8 +241,9 @@ def train_rm(ctx: RunContext, sft_dir: Path, out_dir: Path) -> dict:
     model, tokenizer = load_sequence_classifier(str(start_hf_dir(sft_dir)), torch.float32, device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-    render = (lambda d: reward_model_texts(tokenizer, d["prompts"], d["completions"],
-                                           prompts_rendered=cfg.task.chat_template))
+    def render(d):
+        return reward_model_texts(tokenizer, d["prompts"], d["completions"], prompts_rendered=cfg.task.chat_template)
+
     train_texts, val_texts = render(train), render(val)
     log = MetricLogger(out_dir, enabled=True)
     positive_rate = float(torch.cat([train["labels"], val["labels"]]).mean())

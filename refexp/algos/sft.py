@@ -6,7 +6,6 @@ demonstrations until the validation loss plateaus (or the accuracy target, or th
 from __future__ import annotations
 
 import json
-
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -112,7 +111,8 @@ def read_sft_summary(sft_dir: Path) -> dict:
 
 
 def sft_batch(ctx: RunContext, step: int) -> list[int]:
-    """This rank's rows of the global SFT batch of ``step`` (``refexp.components.data_order``, keyed by ``sft.seed``)."""
+    """This rank's rows of the global SFT batch of ``step`` (``refexp.components.data_order``, keyed by
+    ``sft.seed``)."""
     b = ctx.cfg.sft.batch_size
     return batch_ids(len(ctx.task.demonstrations), b, ctx.cfg.sft.seed, step)[rdist.local_slice(ctx.parallel_dims, b)]
 

@@ -16,8 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from refexp.choices import MOVING_STRATEGIES
-from refexp.cli.memory_activations import (activation_elems_per_token, logit_bytes, output_positions,
-                                           shared_attention_bytes)
+from refexp.cli.memory_activations import (
+    activation_elems_per_token,
+    logit_bytes,
+    output_positions,
+    shared_attention_bytes,
+)
 from refexp.cli.memory_rows import Generation, generations, training_chunk
 from refexp.cli.memory_shapes import LoRAShapes, Shapes, layout, lora_shapes, model_shapes
 from refexp.config.model import LORA_REFERENCE_STATE

@@ -33,10 +33,16 @@ from typing import Any
 
 import torch
 
-from refexp.config import CheckpointConfig, ConfigError
-from refexp.record.checkpoints import (MANIFEST, checked_steps, complete_steps, has_manifest, manifest_run,
-                                       write_manifest)
 from refexp.components.run_identity import foreign_checkpoint
+from refexp.config import CheckpointConfig, ConfigError
+from refexp.record.checkpoints import (
+    MANIFEST,
+    checked_steps,
+    complete_steps,
+    has_manifest,
+    manifest_run,
+    write_manifest,
+)
 from refexp.runtime import distributed as rdist
 from refexp.titan.dcp_reader import checked_dcp_metadata
 from refexp.titan.lora import AdapterStates, has_adapters

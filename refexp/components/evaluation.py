@@ -25,8 +25,17 @@ from refexp import titan
 from refexp.components.context import RunContext
 from refexp.components.rollout import BuiltinEngine, RolloutEngine, build_engine, decode_capacity
 from refexp.losses.kl import masked_sum, sequence_kl
-from refexp.record.metric_names import (EVAL_ACCURACY, EVAL_GOLD, EVAL_PASS_AT_K, EVAL_RETENTION, KL_INIT,
-                                        KL_INIT_RETAIN, VAL_ACCURACY, VAL_GOLD, VAL_RETENTION)
+from refexp.record.metric_names import (
+    EVAL_ACCURACY,
+    EVAL_GOLD,
+    EVAL_PASS_AT_K,
+    EVAL_RETENTION,
+    KL_INIT,
+    KL_INIT_RETAIN,
+    VAL_ACCURACY,
+    VAL_GOLD,
+    VAL_RETENTION,
+)
 from refexp.record.outcomes import EvalOutcomes
 from refexp.reference.anchor import InitAnchor
 from refexp.reference.offload import model_device

@@ -40,7 +40,8 @@ def setting_label(algo: str, strategy: str, loss_type: Optional[str], overrides:
                   objective: str = "grpo") -> str:
     """The setting a group stands for: ``periodic_reset reference.reset_every=20`` (seed left out)."""
     settings = swept_settings(overrides, drop=("algo", "reference", "experiment"))
-    return " ".join([job_type(algo, strategy, loss_type, objective), *(f"{k}={v}" for k, v in sorted(settings.items()))])
+    return " ".join([job_type(algo, strategy, loss_type, objective),
+                     *(f"{k}={v}" for k, v in sorted(settings.items()))])
 
 
 def run_info(*, experiment: str, algo: str, strategy: str, task: str, loss_type: Optional[str],

@@ -12,8 +12,9 @@ Field names mirror torchtitan 0.3.0's config dataclasses (``torchtitan/config/co
 ``CheckpointManager.Config``) where a group mirrors one, so torchtitan's docs carry over.
 
 Modules: ``errors`` (ConfigError and the checks), ``model`` (model, parallelism, compile), ``runtime``
-(checkpoint, comm, training), ``task``, ``logger``, ``blocks`` (the root's eval, sft and rm), ``comparison`` (the pre-registered comparison), ``algo``,
-``reference``, ``root`` (RootConfig, registration, to_object), ``search`` (a search selects on validation).
+(checkpoint, comm, training), ``task``, ``logger``, ``blocks`` (the root's eval, sft and rm), ``comparison`` (the
+pre-registered comparison), ``algo``, ``reference``, ``root`` (RootConfig, registration, to_object), ``search`` (a
+search selects on validation).
 """
 
 from .algo import ALGO_SCHEMAS, AlgoConfig, DPOConfig, GRPOConfig, RMConfig, SFTAlgoConfig
@@ -31,6 +32,7 @@ from .reference import (
     PeriodicResetReferenceConfig,
     ReferenceConfig,
 )
+from .rollout import RolloutConfig
 from .root import (
     GROUP_SCHEMAS,
     OPTION_SCHEMAS,
@@ -41,7 +43,6 @@ from .root import (
     schema_name,
     to_object,
 )
-from .rollout import RolloutConfig
 from .runtime import ActivationCheckpointConfig, CheckpointConfig, CommConfig, TrainingConfig
 from .search import check_search_validation
 from .task import TaskConfig
@@ -51,7 +52,8 @@ __all__ = [
     "AlgoConfig", "CheckpointConfig", "CommConfig", "ComparisonConfig", "CompileConfig", "ConfigError",
     "DPOConfig", "EMAReferenceConfig", "EvalConfig", "FixedReferenceConfig", "GRPOConfig", "MatchedConfig",
     "KLTriggeredReferenceConfig", "LoggerConfig", "ModelConfig", "NoReferenceConfig", "ParallelismConfig",
-    "PeriodicResetReferenceConfig", "RMConfig", "RMStageConfig", "ReferenceConfig", "RolloutConfig", "RootConfig", "SFTAlgoConfig", "SFTConfig",
+    "PeriodicResetReferenceConfig", "RMConfig", "RMStageConfig", "ReferenceConfig", "RolloutConfig", "RootConfig",
+    "SFTAlgoConfig", "SFTConfig",
     "SelectionConfig", "TaskConfig",
     "TrainingConfig", "check_cross_fields", "check_known_fields", "check_search_validation", "register_configs",
     "schema_name", "to_object",

@@ -7,8 +7,14 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from refexp.choices import (ADVANTAGE_SCALES, DPO_REFERENCE_FREE_LOSSES, GRPO_LOSS_AGGS, GRPO_OBJECTIVES,
-                            OLD_LOGPROBS, PREFERENCE_LOSSES)
+from refexp.choices import (
+    ADVANTAGE_SCALES,
+    DPO_REFERENCE_FREE_LOSSES,
+    GRPO_LOSS_AGGS,
+    GRPO_OBJECTIVES,
+    OLD_LOGPROBS,
+    PREFERENCE_LOSSES,
+)
 
 from .errors import ConfigError, check, non_negative, one_of, positive_int
 

@@ -67,8 +67,8 @@ class SFTConfig:
     hundred steps before accuracy jumps, and that plateau is not convergence."""
     patience: int = 10
     """After ``min_steps``, stop once the validation loss (``sft/val_loss``, NLL per demonstration token)
-    has not fallen below its best by ``min_delta`` for this many evaluations in a row: the stage has converged. The loss, not
-    the accuracy: on the embedded task accuracy sits flat near zero before it jumps. 0 = no plateau rule."""
+    has not fallen below its best by ``min_delta`` for this many evaluations in a row: the stage has converged. The
+    loss, not the accuracy: on the embedded task accuracy sits flat near zero before it jumps. 0 = no plateau rule."""
     min_delta: float = 0.002
     """The fall in validation loss (nats per token) that counts as progress and resets ``patience``."""
     target_accuracy: float = 1.0

@@ -150,7 +150,8 @@ class ParallelismConfig:
         )
         positive_int("parallelism.tensor_parallel_degree", self.tensor_parallel_degree)
         positive_int("parallelism.nproc_per_node", self.nproc_per_node)
-        one_of("parallelism.fsdp_reshard_after_forward", self.fsdp_reshard_after_forward, ("default", "always", "never"))
+        one_of("parallelism.fsdp_reshard_after_forward", self.fsdp_reshard_after_forward,
+               ("default", "always", "never"))
         one_of("parallelism.spmd_backend", self.spmd_backend, ("partial_dtensor", "full_dtensor", "spmd_types"))
 
 

@@ -45,7 +45,8 @@ class ReferenceConfig:
 
     def fp32_master_bytes(self, training_dtype: str) -> int:
         """Bytes per parameter of the float32 master copy a gradual (EMA) reference stored in bf16 keeps
-        (refexp/reference/strategies.py), 0 for any other: the memory plan (refexp/cli/dry_run.py) adds it to the reference's."""
+        (refexp/reference/strategies.py), 0 for any other: the memory plan (refexp/cli/dry_run.py) adds it to the
+        reference's."""
         return 4 if self.name == "ema" and (self.dtype or training_dtype) != "float32" else 0
 
 

@@ -12,7 +12,8 @@ ROLLOUT_ENGINES = ("builtin",)
 
 @dataclass
 class RolloutConfig:
-    """Which ``refexp.components.rollout.RolloutEngine`` generates; docs/rollout-engines.md shows how another plugs in."""
+    """Which ``refexp.components.rollout.RolloutEngine`` generates;
+    docs/rollout-engines.md shows how another plugs in."""
 
     name: str = "builtin"
     """builtin: refexp's KV-cache decoder over the trainer's own model (refexp/components/sampler.py)."""

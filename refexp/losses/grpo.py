@@ -11,7 +11,7 @@ import torch
 
 from refexp.choices import ADVANTAGE_SCALES, GRPO_LOSS_AGGS
 from refexp.losses.common import Metrics, check_shape, metric
-from refexp.losses.kl import compute_dtype, where_mask, kl_estimate, masked_mean, masked_sum
+from refexp.losses.kl import compute_dtype, kl_estimate, masked_mean, masked_sum, where_mask
 
 
 def group_advantages(
@@ -117,8 +117,8 @@ def grpo_loss(
 
     ``kl`` is ``kl_estimate(logp, ref_logp, kl_estimator)`` (k3 by default, as GRPO/TRL); there is
     no KL term when ``ref_logp`` is None or ``beta == 0``. Its expected gradient is that of
-    KL(ref || policy) for k3, KL(policy || ref) for k2 and zero for k1 (refexp/losses/kl.py). ``eps_high > eps_low`` is DAPO's
-    clip-higher (Yu et al. 2025, arXiv:2503.14476). The scalar loss aggregates ``l`` over the mask:
+    KL(ref || policy) for k3, KL(policy || ref) for k2 and zero for k1 (refexp/losses/kl.py). ``eps_high > eps_low``
+    is DAPO's clip-higher (Yu et al. 2025, arXiv:2503.14476). The scalar loss aggregates ``l`` over the mask:
 
     * ``"grpo"``: mean over sequences of each sequence's token mean (the paper's 1/G sum 1/|o_i|),
     * ``"dr_grpo"``: ``sum / (B * max_completion_length)`` (Liu et al. 2025, arXiv:2503.20783; a

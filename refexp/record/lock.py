@@ -65,7 +65,8 @@ def describe_owner(owner: dict) -> str:
     if not owner.get("pid"):
         return "another process (its lock file names no owner yet)"
     since = owner.get("started")
-    when = f" (since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))})" if isinstance(since, (int, float)) else ""
+    when = (f" (since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))})"
+            if isinstance(since, (int, float)) else "")
     return f"host {owner.get('host', '?')}, pid {owner['pid']}{when}"
 
 
@@ -170,7 +171,8 @@ class FileLock:
                 if owner_alive(owner, heartbeat):
                     self._busy(owner)
                     continue
-                warnings.warn(f"taking over the stale lock {self.path} of {describe_owner(owner)}: that process is gone")
+                warnings.warn(f"taking over the stale lock {self.path} of {describe_owner(owner)}: "
+                              f"that process is gone")
                 _remove_if_owned_by(self.path, owner)
                 continue
             self._stop.clear()

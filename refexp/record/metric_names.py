@@ -92,7 +92,8 @@ METRICS: tuple[Metric, ...] = (
     Metric(EVAL_ACCURACY, "greedy exact match (mean reward) on the first `eval.num_prompts` held-out *test* "
            "prompts (never used to stop or select); per prompt in `eval_outcomes.jsonl`; with a learned reward its "
            "mean (the proxy; the verifier's is `eval/gold`)",
-           f"{_EVAL}; `algo=sft` and the SFT stage: once, on the model the stage keeps", summary="max", thresholded=True),
+           f"{_EVAL}; `algo=sft` and the SFT stage: once, on the model the stage keeps", summary="max",
+           thresholded=True),
     Metric(VAL_ACCURACY, "the same on the validation split, when the task has one (`task.val_fraction`, "
            "`task.val_path`); what `hparams_search` and `comparison.select` choose on; per prompt in "
            "`eval_outcomes.jsonl` (split `val`), whose first `comparison.select.budget` prompts a budgeted "
@@ -104,7 +105,8 @@ METRICS: tuple[Metric, ...] = (
            f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops`; `algo=sft` and the SFT stage: once, on the "
            "model the stage keeps", summary="last", thresholded=True),
     Metric(VAL_RETENTION, "the same on the validation split (what a selection rule with a retention floor reads)",
-           f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops` and the task has a validation split", thresholded=True),
+           f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops` and the task has a validation split",
+           thresholded=True),
     Metric(EVAL_PASS_AT_K, "pass@k with k = `eval.pass_k`: the chance that one of k completions sampled at the "
            "training temperature (and GRPO's `algo.top_p`) is correct (the verifier's reward ≥ 1), on the first "
            "`eval.pass_k_prompts` held-out test prompts (of the RL skills): per prompt the unbiased estimator of "
@@ -184,7 +186,8 @@ METRICS: tuple[Metric, ...] = (
            "task's reference completion on the `eval.kl_prompts` held-out prompts; a fall flags likelihood "
            "displacement (Pal et al. 2024, \"Smaug\"; Razin et al. 2024, \"Unintentional Unalignment\")",
            f"DPO on a task with answers, {_EVAL}"),
-    Metric("clip/ratio", "GRPO: fraction of tokens clipped", "GRPO, every step", "`clip_ratio/region_mean`", thresholded=True),
+    Metric("clip/ratio", "GRPO: fraction of tokens clipped", "GRPO, every step", "`clip_ratio/region_mean`",
+           thresholded=True),
     Metric("clip/low", "GRPO: fraction of tokens clipped at the low end", "GRPO, every step",
            "`clip_ratio/low_mean`", thresholded=True),
     Metric("clip/high", "GRPO: fraction of tokens clipped at the high end", "GRPO, every step",

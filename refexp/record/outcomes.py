@@ -5,8 +5,8 @@ One line per evaluation and metric: ``{step, split, metric, prompt_ids, scores}`
 row of the split (the ``Task`` attribute: ``eval``, ``val``, ``retain_eval``, ``retain_val``) that scored
 ``scores[i]``, and the mean of ``scores`` is the logged metric (``eval/accuracy``, ``val/accuracy``,
 ``eval/retention``, ``val/retention``, ``eval/pass_at_k``, and ``kl/init``, ``kl/init_retain`` whose scores are each
-prompt's linearised contribution to the token-weighted KL: refexp/components/evaluation.py). Written by rank 0, never sent
-to W&B.
+prompt's linearised contribution to the token-weighted KL: refexp/components/evaluation.py). Written by rank 0,
+never sent to W&B.
 """
 
 from __future__ import annotations

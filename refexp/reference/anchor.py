@@ -1,5 +1,5 @@
-"""The kl/init anchor: the frozen initial (SFT) model ``kl/init`` is measured against (``refexp/components/evaluation.py``
-measures; this holds the model).
+"""The kl/init anchor: the frozen initial (SFT) model ``kl/init`` is measured against
+(``refexp/components/evaluation.py`` measures; this holds the model).
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ import datasets
 
 from refexp.config import ConfigError, RootConfig, TaskConfig
 
-
 SFT_STAGE = "the SFT stage (sft.enable=true without sft.checkpoint) would train on them"
 DPO_CHOSEN = "algo=dpo would take them as the chosen side of its pairs"
 CONTINUED_SFT = "algo.objective=continued_sft would train on them"

@@ -103,7 +103,8 @@ def first_item(ds, name: str, kwargs: dict[str, Any], *, field: str, timeout_s: 
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
-        raise ConfigError(f"{field}={name!r} with config {kwargs!r} did not generate one question in {timeout_s:.0f} s: "
+        raise ConfigError(f"{field}={name!r} with config {kwargs!r} did not generate one question in "
+                          f"{timeout_s:.0f} s: "
                           f"the config likely admits none (a range whose ends leave nothing to draw, e.g. "
                           f"base_conversion with min_base == max_base); widen it")
     if "error" in box:

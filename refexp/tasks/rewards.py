@@ -7,9 +7,9 @@ never raises: malformed text parses to None and earns 0.0.
 
 from __future__ import annotations
 
-import re
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Optional

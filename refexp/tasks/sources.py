@@ -92,7 +92,8 @@ def check_source(field_name: str, path: str, config: Optional[str] = None) -> No
 def hub_problem(repo_id: str) -> Optional[str]:
     """None when ``repo_id`` is a dataset on the Hub; ``"offline"`` (HF_HUB_OFFLINE set),
     ``"unreachable"`` (no answer within ``HUB_TIMEOUT_S``), or what the Hub said was wrong."""
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in _TRUE:
+    if (os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
+            or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in _TRUE):
         return "offline"
     result: list = []
 

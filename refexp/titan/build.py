@@ -264,9 +264,9 @@ def build_model(
     after (a checkpoint), so under a mesh the model is parallelized on the meta device and each rank
     allocates only its shards (torchtitan's order: parallelize, ``to_empty``, ``init_states``; the
     initial values, which the load replaces, then depend on the world size). A rank never holds the whole
-    model: an 8B model's 32 GB of fp32 weights stay off every GPU. ``mesh`` is a ParallelDims from ``make_parallel_dims``;
-    with one rank (or none given) and float32 compute the model stays a plain module; a compute dtype
-    (``training_cfg.compute_dtype``) other than float32 applies FSDP's mixed precision at every world
+    model: an 8B model's 32 GB of fp32 weights stay off every GPU. ``mesh`` is a ParallelDims from
+    ``make_parallel_dims``; with one rank (or none given) and float32 compute the model stays a plain module; a
+    compute dtype (``training_cfg.compute_dtype``) other than float32 applies FSDP's mixed precision at every world
     size (a 1-rank mesh for one process, see the module docstring). ``requires_grad=False`` freezes it
     (eval mode) for reference copies. Per-block ``torch.compile`` when ``compile_cfg.enable``.
     ``ac_cfg``: activation checkpointing of a trainable model (ignored with ``requires_grad=False``).

@@ -17,7 +17,6 @@ import torch
 
 from refexp.config import ConfigError
 
-
 # Names that torchtitan.distributed.minimal_async_ep.api imports from its triton kernels module.
 _EP_KERNEL_NAMES = (
     "copy_full_counts_to_peers_kernel",

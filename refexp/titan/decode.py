@@ -17,9 +17,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from refexp.titan.decode_step_plain import PlainStepWeights, plain_decode_step
 from refexp.titan.kv_cache import DecodeState, append_kv
+from refexp.titan.logprobs import vocab_shard_mesh_dim
 from refexp.titan.static_decode import bucket_rows, static_bucket
 from refexp.titan.static_weights import stable_step_weights
-from refexp.titan.logprobs import vocab_shard_mesh_dim
 from refexp.titan.unwrap import decoder_of, local_tensor
 
 

@@ -1,7 +1,8 @@
 """The one-token decode step on plain (unsharded, non-DTensor) weights: the decoder's sub-modules'
 arithmetic with a fraction of their per-token operators (``plain_decode_step``), and its fixed-shape form
-for CUDA graphs (``plain_static_step``, ``rollout.static_decode``; compiled per bucket in ``static_decode.py``). ``PlainStepWeights.of(model)`` is None
-where it does not apply (TP, MoE, a LoRA policy's adapted layers): decoding then takes the module path. Why: docs/torchtitan-notes.md §16.
+for CUDA graphs (``plain_static_step``, ``rollout.static_decode``; compiled per bucket in ``static_decode.py``).
+``PlainStepWeights.of(model)`` is None where it does not apply (TP, MoE, a LoRA policy's adapted layers):
+decoding then takes the module path. Why: docs/torchtitan-notes.md §16.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ import torch.nn as nn
 from refexp.config import ModelConfig
 from refexp.titan.families import arch_from_model_config
 from refexp.titan.hf_config import write_hf_config
-from refexp.titan.lora import adapted_modules, merged_full
 from refexp.titan.hf_tensors import (
     fuse_qkv_,
     native_export_entries,
@@ -28,6 +27,7 @@ from refexp.titan.hf_tensors import (
     state_dict_adapter,
     to_hf_tensors,
 )
+from refexp.titan.lora import adapted_modules, merged_full
 from refexp.titan.unwrap import canonical_name, decoder_of, full_tensor, local_tensor
 
 _HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",

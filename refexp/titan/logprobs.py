@@ -18,15 +18,14 @@ GRPO/DPO trainers project only the completion tokens only where Triton runs (CUD
 from __future__ import annotations
 
 import math
-
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.utils.checkpoint import checkpoint
 from torchtitan.models.common import ScaledDotProductAttention
 
 from refexp.titan.attention import MaskedSDPA

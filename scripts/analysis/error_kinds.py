@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import retention_kinds  # scripts/analysis/: this script's directory
+
 from refexp.choices import ARITHMETIC_OPS
 from refexp.tasks.arithmetic import format_problem, ones_carry, slip_carry
-
-import retention_kinds  # scripts/analysis/: this script's directory
 
 REPO = Path(__file__).resolve().parents[2]
 KINDS = ("correct", "missed ones-carry", "carry added without one", "other")
@@ -195,7 +195,8 @@ def main(argv=None) -> None:
         counts = measure(cfg, last, args.prompts, skills)
         totals[group_of(overrides)] += counts
         runs_per_group[group_of(overrides)] += 1
-        print(json.dumps({"run": str(run), "group": group_of(overrides), "checkpoint": last.name, **counts}), flush=True)
+        print(json.dumps({"run": str(run), "group": group_of(overrides), "checkpoint": last.name, **counts}),
+              flush=True)
     table = markdown_table(totals, runs_per_group, skills.kinds)
     print("\n" + table, end="")
     if args.markdown:

@@ -11,6 +11,8 @@ from typing import Callable
 import torch
 
 from refexp.components import sampler
+
+
 @dataclass
 class TrainingRollout:
     step: int

@@ -6,10 +6,9 @@ first of that ranking, so runs of one seed are nested, as runs from one start te
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
-
-import math
 
 import numpy as np
 import yaml

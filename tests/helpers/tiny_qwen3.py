@@ -3,7 +3,6 @@ ids) and GSM8K-format rows, shared by the pretrained-start and preference-task t
 
 from __future__ import annotations
 
-
 import torch
 import transformers
 

@@ -195,7 +195,8 @@ def check_generate(cfg, par, dims) -> float:
     static = [dict(static_decode=True, static_capacity=24)] if par.tensor_parallel_degree == 1 else []
     for kw in (dict(greedy=True), dict(temperature=0.7, top_p=0.9, keys=keys),
                *(dict(greedy=True, **s) for s in static), *(dict(keys=keys, **s) for s in static)):
-        want = sampler.generate(ref, tok, prompts, max_new_tokens=8, **{k: v for k, v in kw.items() if "static" not in k})
+        want = sampler.generate(ref, tok, prompts, max_new_tokens=8,
+                                **{k: v for k, v in kw.items() if "static" not in k})
         got = sampler.generate(model, tok, prompts, max_new_tokens=8, **kw)
         if not torch.equal(got.tokens_BT, want.tokens_BT):
             return float("inf")
