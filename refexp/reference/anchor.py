@@ -27,6 +27,7 @@ class InitAnchor:
         self.build_frozen, self.shared, self.offload = build_frozen, shared, offload
         self.model: torch.nn.Module | None = None
         self._device: torch.device | None = None  # where an offloaded anchor computes
+        self._lent = False  # within a ``frozen`` block: a nested one does not move the model again
 
     def _ensure_model(self) -> torch.nn.Module:
         if self.model is None:
@@ -34,19 +35,35 @@ class InitAnchor:
         return self.model
 
     @contextmanager
+    def frozen(self):
+        """``with anchor.frozen() as model:`` the initial model itself, on its compute device for the block (an
+        offloaded one is lent there once; a nested block does not lend it again): for a measure that reads more
+        than the sampled tokens' log-probs (``kl/init_exact``'s whole next-token distributions, ``titan.token_kl``)."""
+        if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
+            with self.shared.resident():
+                yield self.shared.model
+            return
+        model = self._ensure_model()
+        if self._lent:
+            yield model
+            return
+        self._lent = True
+        try:
+            with on_device(model, self._device):
+                yield model
+        finally:
+            self._lent = False
+
+    @contextmanager
     def logprobs(self):
         """``with anchor.logprobs() as fn:`` ``fn(tokens_BT, **kwargs) -> [B, T-1]`` log-probs under the
         initial model (kwargs: ``titan.token_logprobs``'s ``temperature``, positions, attention mask)."""
-        if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
-            yield self.shared.logprobs
-            return
-        model = self._ensure_model()
+        with self.frozen() as model:
 
-        def fn(tokens_BT, **kwargs):
-            with torch.inference_mode():
-                return titan.token_logprobs(model, tokens_BT, **kwargs).clone()
+            def fn(tokens_BT, **kwargs):
+                with torch.inference_mode():
+                    return titan.token_logprobs(model, tokens_BT, **kwargs).clone()
 
-        with on_device(model, self._device):
             yield fn
 
 

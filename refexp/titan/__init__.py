@@ -21,6 +21,7 @@ from refexp.titan.checkpoint_dirs import (
 from refexp.titan.copies import copy_shards_to_host, count_parameters, fp32_master, lerp_weights_, restore_shards_
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
 from refexp.titan.decode import compiles_next_step, decode_step, finish_decode, prefill, repeat_decode_rows
+from refexp.titan.exact_kl import token_kl
 from refexp.titan.hf_config import model_cfg_overrides_from_hf
 from refexp.titan.hf_weights import export_hf, load_hf_weights_
 from refexp.titan.kv_cache import DecodeState
@@ -58,5 +59,6 @@ __all__ = [
     "restore_shards_",
     "save_model_weights",
     "static_decode_stats",
+    "token_kl",
     "token_logprobs",
 ]
