@@ -75,6 +75,14 @@ Reference forward (no graph, one chunk): the reference's shards moved to the dev
 two blocks and the lm_head unit unsharded; the logits of the same selected positions, one output-layer chunk at
 a time (each freed before the next) in the compute dtype and float32, every position's under TP. The decode
 loop projects only the last position onto the vocabulary (the rollout's "decode logits and sampling").
+Drift measurement (``kl/init_exact``, ``titan/exact_kl.py``, on the largest batch of ``eval.kl_samples`` x its
+prompts): an offloaded anchor's shards moved to the device; wrapped, the policy's lm_head unit, which FSDP keeps
+unsharded after the policy's forward (its last unit, kept for a backward); both models' whole output-layer weights
+(FSDP's unsharded one copied, TP's all-gathered) and final hidden states at every completion token of the batch; then
+the larger of one chunk of ``FP32_CHUNK_ELEMENTS // vocab`` positions (three float32 [chunk, V] at once: the policy's
+log-softmax, the anchor's logits and log-softmax, then their difference and product) and, wrapped, the anchor's
+forward while the policy's states are held (two blocks, then its lm_head unit, unsharded; a frozen model reshards
+each unit after it); under TP also each forward's vocab-sharded logits at every position.
 The peak is the largest phase. One checkpoint on disk: weights (``training.dtype``) + AdamW state (8
 bytes/parameter) + the moving reference's weights when ``checkpoint.save_reference``.
 These are estimates: allocator fragmentation, NCCL buffers and the CUDA context (~1-3 GiB), FSDP's
@@ -90,12 +98,12 @@ from pathlib import Path
 from refexp.choices import MOVING_STRATEGIES
 from refexp.cli.memory_activations import (activation_elems_per_token, logit_bytes, output_positions,
                                            shared_attention_bytes)
-from refexp.cli.memory_rows import Generation, generations, training_chunk
+from refexp.cli.memory_rows import Generation, drift_generation, generations, training_chunk
 from refexp.cli.memory_shapes import Shapes, layout, model_shapes
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
-PHASES = ("rollout", "policy training", "reference forward")
+PHASES = ("rollout", "policy training", "reference forward", "drift measurement")
 STATIC_BUFFERS = "static-decode KV buffers"
 
 
@@ -181,6 +189,37 @@ def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: i
     # float64 CDF of the inverse-CDF draw
     items.append(Item("decode logits and sampling", big.rows * s.vocab * (3 * 4 + 8),
                       f"{big.rows} rows x {s.vocab} vocab: float32 logits, log-probs, probs; float64 CDF"))
+    return items
+
+
+def _drift_measurement(cfg, s: Shapes, *, wrapped: bool, compute: int, tp: int, dp: int, lent: float) -> list[Item]:
+    """What ``kl/init_exact`` holds on top of the resident state (``titan/exact_kl.py``), on the largest drift batch
+    (``memory_rows.drift_generation``); ``lent``: the anchor's shards moved to the device (``reference.offload``)."""
+    from refexp.titan.logprobs import FP32_CHUNK_ELEMENTS
+
+    g = drift_generation(cfg, dp)
+    positions = g.rows * cfg.task.max_new_tokens  # completion tokens: the positions the KL reads
+    chunk = min(positions, max(1, FP32_CHUNK_ELEMENTS // s.vocab))
+    kl_chunk = chunk * s.vocab * 3 * 4  # at most three float32 [chunk, V] at once (exact_kl._chunk_kl)
+    # the anchor's forward, the policy's states held: its two blocks, then its lm_head unit, unsharded
+    units = max(2 * s.block_params, s.head_params) * compute / tp if wrapped else 0
+    items = [
+        Item("anchor moved to the device", lent, "reference.offload: its shards, for the measurement" if lent
+             else "stays put"),
+        Item("policy's lm_head unit", s.head_params * compute / tp if wrapped else 0,
+             "unsharded by its forward and kept so (a trainable model's last unit)" if wrapped else "not FSDP-wrapped"),
+        Item("output layers gathered", 2 * s.vocab * s.dim * compute,
+             f"the policy's and the anchor's whole [{s.vocab}, {s.dim}] output weights"
+             + (" (TP: all-gathered)" if tp > 1 else "")),
+        Item("final hidden states", 2 * positions * s.dim * compute,
+             f"both models' at {g.rows} rows x {cfg.task.max_new_tokens} completion tokens"),
+        Item("KL chunk, or the anchor's forward", max(kl_chunk, units),
+             f"{chunk} of {positions} positions x {s.vocab} vocab at a time, 3 float32 copies" if kl_chunk >= units
+             else "its 2 blocks or its lm_head unit unsharded: more than a chunk's log-softmaxes"),
+    ]
+    if tp > 1:  # the output layer still runs inside each forward, for its hooks (titan/exact_kl.py)
+        items.append(Item("vocab-sharded logits", g.rows * g.length * s.vocab / tp * compute,
+                          f"{g.rows} rows x {g.length} tokens x {s.vocab} vocab / {tp}, discarded"))
     return items
 
 
@@ -335,6 +374,10 @@ def plan(cfg) -> Plan:
         Item("reference logits", ref_logits if live_ref else 0,
              f"{ref_logits_how}, no graph" if live_ref else "no live reference forward"),
     ]
+    if a.name != "sft":  # an RL run measures its drift from the start at every evaluation
+        out.phases["drift measurement"] = _drift_measurement(
+            cfg, s, wrapped=wrapped, compute=compute, tp=tp, dp=dp,
+            lent=s.params * master / split if ref_cfg.offload and (has_anchor or has_ref) else 0)
     ckpt = s.params * master + s.params * 8
     if ref_cfg.name in MOVING_STRATEGIES and a.name != "sft" and getattr(cfg.checkpoint, "save_reference", True):
         ckpt += s.params * ref_bytes

@@ -80,6 +80,14 @@ def _log_softmax(s: OutputStates, rows: slice, temperature: float) -> torch.Tens
     return torch.log_softmax(z_kV, dim=-1)
 
 
+def _chunk_kl(p: OutputStates, q: OutputStates, rows: slice, temperature: float) -> torch.Tensor:
+    """[k] KL(p ‖ q) at one chunk of positions. Its own function, so that the chunk's [k, V] tensors are freed on
+    return, before the next chunk's are made: at most three float32 [k, V] at once."""
+    logp_kV = _log_softmax(p, rows, temperature)
+    diff_kV = logp_kV - _log_softmax(q, rows, temperature)
+    return (logp_kV.exp_() * diff_kV).sum(-1)
+
+
 @torch.no_grad()
 def position_kl(p: OutputStates, q: OutputStates, temperature: float = 1.0) -> torch.Tensor:
     """[K] float32 KL(p ‖ q) at each of the K positions of two models' ``OutputStates`` (the same positions),
@@ -89,12 +97,7 @@ def position_kl(p: OutputStates, q: OutputStates, temperature: float = 1.0) -> t
         raise ValueError(f"position_kl: the two models' states differ in positions or vocabulary: "
                          f"{K} x {V} against {q.h_KD.shape[0]} x {q.weight_VD.shape[0]}")
     step = max(1, FP32_CHUNK_ELEMENTS // max(1, V))
-    out = []
-    for i in range(0, K, step):
-        rows = slice(i, i + step)
-        logp_kV = _log_softmax(p, rows, temperature)
-        diff_kV = logp_kV - _log_softmax(q, rows, temperature)
-        out.append((logp_kV.exp_() * diff_kV).sum(-1))
+    out = [_chunk_kl(p, q, slice(i, i + step), temperature) for i in range(0, K, step)]
     return torch.cat(out) if out else p.h_KD.new_zeros(0, dtype=torch.float32)
 
 
