@@ -107,9 +107,8 @@ def test_a_start_no_config_names_keeps_its_absolute_path_in_the_keys(tmp_path):
     """The SFT stage's output (``<cache>/sft/<key>``: no config names it) is keyed by its absolute path as before, so
     the DPO pairs, reference tables and reward models cached from it are found; one the config names (a converted
     checkpoint in the cache) by its place in the cache."""
-    from dataclasses import asdict
-
     from refexp.algos.start_key import start_in_key
+    from refexp.config.model import model_identity
     from refexp.reference.refcache import checkpoint_stamp
 
     cache = tmp_path / "cache"
@@ -122,8 +121,8 @@ def test_a_start_no_config_names_keeps_its_absolute_path_in_the_keys(tmp_path):
     a = cfg.algo  # the pairs' key as it was before cache keys wrote paths relative to the cache
     assert pairs_key(ctx, start) == {
         "task": task_fingerprint(cfg.task), "start": {"path": str(start.resolve()), "stamp": checkpoint_stamp(start)},
-        "model": asdict(cfg.model), "dtype": cfg.training.dtype, "num_pairs": a.num_pairs, "pair_seed": a.pair_seed,
-        "max_new_tokens": cfg.task.max_new_tokens}
+        "model": model_identity(cfg.model), "dtype": cfg.training.dtype, "num_pairs": a.num_pairs,
+        "pair_seed": a.pair_seed, "max_new_tokens": cfg.task.max_new_tokens}
     converted = _entry(cache)
     named = to_object(compose_root("model=smollm2_135m", "algo=dpo", f"model.hf_assets_path={converted}",
                                    f"sft.cache_dir={cache}"))

@@ -69,7 +69,8 @@ def test_every_evaluation_records_each_held_out_prompts_score(tmp_path, dense_re
     outcomes = read_outcomes(tmp_path)
     measured = [("eval", "eval/accuracy"), ("val", "val/accuracy"), ("retain_eval", "eval/retention"),
                 ("retain_val", "val/retention"), ("eval", "eval/pass_at_k"),
-                ("eval", "kl/init"), ("retain_eval", "kl/init_retain")]  # per-prompt drift: its eval.kl_prompts
+                ("eval", "kl/init"), ("eval", "kl/init_exact"), ("retain_eval", "kl/init_retain"),
+                ("retain_eval", "kl/init_exact_retain")]  # per-prompt drift: its eval.kl_prompts
     assert [(step, o.split, o.metric) for step, o in outcomes] == [(s, *m) for s in (0, 1, 2) for m in measured]
     for step, o in outcomes:
         # eval.num_prompts; pass@k: its eval.pass_k_prompts (64) capped at the 32 held-out sums of task.num_eval=64;

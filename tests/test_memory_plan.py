@@ -10,12 +10,14 @@ import math
 import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.fsdp import FSDPModule
 
 from refexp import titan
 from refexp.cli import memory_plan, memory_rows
 from refexp.cli.dry_run import fill_data_paths
 from refexp.components.sampler import DROP_FINISHED_SHARE, _Sampling
 from refexp.config import to_object
+from refexp.titan.unwrap import reshard_fsdp
 from tests.helpers.configs import compose_root
 
 TOY = ["algo=grpo", "model=tiny", "model.dim=128", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
@@ -150,3 +152,41 @@ def test_the_plan_asks_the_trainers_own_decisions(monkeypatch):
     assert {g.rows for g in memory_rows.generations(cfg, 1) if g.what != "the GRPO step's"} == {4}
     monkeypatch.setattr(evaluation, "EVAL_BATCH_SIZE", 3)
     assert {g.rows for g in memory_rows.generations(cfg, 1) if g.what != "the GRPO step's"} == {3}
+
+
+@pytest.mark.parametrize("chunk", [None, 16], ids=["every position in one chunk", "16 positions a chunk"])
+def test_the_drift_measurement_phase_holds_what_the_plan_counts(toy, monkeypatch, chunk):
+    """``kl/init_exact`` on the largest drift batch as ``evaluation.kl_to_anchor`` runs it (``titan.token_kl`` at the
+    completion tokens): both forwards, both output layers' whole weights and hidden states, one chunk's log-softmaxes
+    (all 160 positions at once; or 16 at a time, when the anchor's forward outweighs a chunk: the KL never holds
+    more than its chunk)."""
+    from refexp.titan import exact_kl, logprobs
+
+    cfg, plan, (policy, reference, opt) = toy
+    if chunk is not None:
+        for module in (exact_kl, logprobs):
+            monkeypatch.setattr(module, "FP32_CHUNK_ELEMENTS", chunk * cfg.model.vocab_size)
+        plan = memory_plan.plan(cfg)
+    g = memory_rows.drift_generation(cfg, 1)
+    tokens = torch.randint(1, 4000, (g.rows, g.length))
+    completion = torch.zeros(g.rows, g.length - 1, dtype=torch.bool)
+    completion[:, cfg.task.max_prompt_len - 1:] = True
+    # the anchor stands in trainable (the tracker hooks the gradients of the modules it sees run, which a frozen
+    # one has none of), resharded after its forward as a frozen model is (refexp/titan/build.py)
+    anchor = titan.build_model(cfg.model, vocab_size=None, device="cpu", training_cfg=cfg.training)
+    for m in anchor.modules():
+        if isinstance(m, FSDPModule):
+            m.set_reshard_after_forward(True, recurse=False)
+    reshard_fsdp(policy)  # as after a training step: the measurement's own forward unsharding its last unit counts
+    start, above = _tracked((policy, reference, opt, anchor), lambda: titan.token_kl(policy, anchor, tokens,
+                                                                                      select_BT=completion))
+    assert above == pytest.approx(_on_top(plan, "drift measurement"), rel=TOLERANCE)
+
+
+def test_several_drift_samples_per_prompt_decode_as_many_rows_of_fewer_prompts():
+    """``eval.kl_samples`` completions per prompt: ``kl_to_anchor`` takes ``EVAL_BATCH_SIZE // kl_samples`` prompts a
+    batch, so the plan's drift batch keeps its rows and holds fewer distinct prompts (their KV cache repeated)."""
+    one = memory_rows.drift_generation(to_object(fill_data_paths(compose_root(*TOY, "eval.kl_prompts=300"))), 1)
+    four = memory_rows.drift_generation(to_object(fill_data_paths(compose_root(*TOY, "eval.kl_prompts=300",
+                                                                                "eval.kl_samples=4"))), 1)
+    assert (one.rows, one.distinct) == (256, 256) and (four.rows, four.distinct) == (256, 64)

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Started by path with the repository root on PYTHONPATH (it imports tests.helpers.models).
 WORKER = ROOT / "tests" / "helpers" / "titan_dist_worker.py"
 TOL = 1e-5
-CHECKS = ("logprobs_grads", "logprobs_grads_selected", "shared_rows", "shared_rows_selected", "lerp",
+CHECKS = ("logprobs_grads", "logprobs_grads_selected", "shared_rows", "shared_rows_selected", "exact_kl", "lerp",
           "lerp_unresharded", "decode", "generate", "hf_roundtrip")
-CHECKS_2X2 = ("decode", "generate", "hf_roundtrip")  # 4 processes: only what FSDP x TP adds
+CHECKS_2X2 = ("exact_kl", "decode", "generate", "hf_roundtrip")  # 4 processes: only what FSDP x TP adds
 
 
 def launch(workdir: Path, nproc: int, *checks: str) -> dict:
@@ -56,6 +56,7 @@ def test_matches_single_process(results, layout, name, check):
     holds full weights);
     shared_rows: prompt sharing through gathered usual rows (``titan.CausalRows``), log-probs and gradients
     (``_selected``: the output layer only at the completion columns);
+    exact_kl: the exact per-position KL against a frozen model (``titan.token_kl``, ``kl/init_exact``);
     decode: KV-cache decoding (TP: each rank caches its own heads); generate: greedy and sampled
     completions token for token; hf_roundtrip: export_hf into an
     indexed file set and load_hf_weights_ back, each rank reading only its own shards."""
@@ -67,9 +68,10 @@ def test_matches_single_process(results, layout, name, check):
 @pytest.mark.parametrize("name", ["llama3", "qwen3"])
 @pytest.mark.parametrize("check", CHECKS_2X2)
 def test_fsdp_tp_2x2_matches_single_process(results_2x2, name, check):
-    """FSDP x TP on 4 ranks (parameters row-sharded as FSDP's ``_StridedShard`` over TP's ``Shard(0)``):
-    KV-cache decoding and generation on each TP group's heads, and an HF load in which each rank reads
-    exactly its own elements (the fused Q/K/V fused from local shards)."""
+    """FSDP x TP on 4 ranks (parameters row-sharded as FSDP's ``_StridedShard`` over TP's ``Shard(0)``): the
+    exact KL's output layer gathered over both mesh dims, KV-cache decoding and generation on each TP group's
+    heads, and an HF load in which each rank reads exactly its own elements (the fused Q/K/V fused from local
+    shards)."""
     err = results_2x2[f"fsdp_tp/{name}/{check}"]
     assert isinstance(err, float), err
     assert err <= TOL, f"fsdp_tp/{name}/{check}: max abs error {err:.3g} vs single process"

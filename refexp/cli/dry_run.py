@@ -4,8 +4,8 @@ The models are built on the meta device (shapes only: no checkpoint, no data, no
 of an 8-GPU 8B run prints in seconds on a laptop. Data paths, which only a real run reads, may stay unset.
 A ``model.pretrained`` checkpoint's shapes are its converted config.json's, so a dry run fetches and converts it
 on first use, as the run would (refexp/components/pretrained.py).
-What is counted in each phase (rollout, policy training, reference forward) and why: docs/gpus.md, "What the plan
-counts" (the code: refexp/cli/memory_plan.py).
+What is counted in each phase (rollout, policy training, reference forward, drift measurement) and why: docs/gpus.md,
+"What the plan counts" (the code: refexp/cli/memory_plan.py).
 """
 
 from __future__ import annotations

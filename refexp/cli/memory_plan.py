@@ -2,11 +2,12 @@
 phase of a step, and the largest of them.
 
 Shapes come from a meta-device build of the model (``memory_shapes.py``), rows and lengths from the config
-(``memory_rows.py``), activations and logits per token from ``memory_activations.py``. Three phases on top of what
+(``memory_rows.py``), activations and logits per token from ``memory_activations.py``. Four phases on top of what
 every phase holds (parameters, optimizer state, the frozen reference and the kl/init anchor): the rollout's decode
-loop, policy training (one forward/backward chunk) and the reference forward. What each line counts and why, the
-formulas and what is not counted: docs/gpus.md, "What the plan counts". With ``model.lora`` the adapters, their
-optimizer state and the reference's part inside the policy are lines of their own (the same section).
+loop, policy training (one forward/backward chunk), the reference forward and (RL) the drift measurement. What each
+line counts and why, the formulas and what is not counted: docs/gpus.md, "What the plan counts". With
+``model.lora`` the adapters, their optimizer state and the reference's part inside the policy are lines of their own
+(the same section).
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from refexp.cli.memory_activations import (
     output_positions,
     shared_attention_bytes,
 )
-from refexp.cli.memory_rows import Generation, generations, training_chunk
+from refexp.cli.memory_rows import Generation, drift_generation, generations, training_chunk
 from refexp.cli.memory_shapes import LoRAShapes, Shapes, layout, lora_shapes, model_shapes
 from refexp.config.model import LORA_REFERENCE_STATE
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
-PHASES = ("rollout", "policy training", "reference forward")
+PHASES = ("rollout", "policy training", "reference forward", "drift measurement")
 STATIC_BUFFERS = "static-decode KV buffers"
 
 
@@ -118,6 +119,37 @@ def _rollout(cfg, s: Shapes, *, wrapped: bool, compute_name: str, tp: int, dp: i
     # float64 CDF of the inverse-CDF draw
     items.append(Item("decode logits and sampling", big.rows * s.vocab * (3 * 4 + 8),
                       f"{big.rows} rows x {s.vocab} vocab: float32 logits, log-probs, probs; float64 CDF"))
+    return items
+
+
+def _drift_measurement(cfg, s: Shapes, *, wrapped: bool, compute: int, tp: int, dp: int, lent: float) -> list[Item]:
+    """What ``kl/init_exact`` holds on top of the resident state (``titan/exact_kl.py``), on the largest drift batch
+    (``memory_rows.drift_generation``); ``lent``: the anchor's shards moved to the device (``reference.offload``)."""
+    from refexp.titan.logprobs import FP32_CHUNK_ELEMENTS
+
+    g = drift_generation(cfg, dp)
+    positions = g.rows * cfg.task.max_new_tokens  # completion tokens: the positions the KL reads
+    chunk = min(positions, max(1, FP32_CHUNK_ELEMENTS // s.vocab))
+    kl_chunk = chunk * s.vocab * 3 * 4  # at most three float32 [chunk, V] at once (exact_kl._chunk_kl)
+    # the anchor's forward, the policy's states held: its two blocks, then its lm_head unit, unsharded
+    units = max(2 * s.block_params, s.head_params) * compute / tp if wrapped else 0
+    items = [
+        Item("anchor moved to the device", lent, "reference.offload: its shards, for the measurement" if lent
+             else "stays put"),
+        Item("policy's lm_head unit", s.head_params * compute / tp if wrapped else 0,
+             "unsharded by its forward and kept so (a trainable model's last unit)" if wrapped else "not FSDP-wrapped"),
+        Item("output layers gathered", 2 * s.vocab * s.dim * compute,
+             f"the policy's and the anchor's whole [{s.vocab}, {s.dim}] output weights"
+             + (" (TP: all-gathered)" if tp > 1 else "")),
+        Item("final hidden states", 2 * positions * s.dim * compute,
+             f"both models' at {g.rows} rows x {cfg.task.max_new_tokens} completion tokens"),
+        Item("KL chunk, or the anchor's forward", max(kl_chunk, units),
+             f"{chunk} of {positions} positions x {s.vocab} vocab at a time, 3 float32 copies" if kl_chunk >= units
+             else "its 2 blocks or its lm_head unit unsharded: more than a chunk's log-softmaxes"),
+    ]
+    if tp > 1:  # the output layer still runs inside each forward, for its hooks (titan/exact_kl.py)
+        items.append(Item("vocab-sharded logits", g.rows * g.length * s.vocab / tp * compute,
+                          f"{g.rows} rows x {g.length} tokens x {s.vocab} vocab / {tp}, discarded"))
     return items
 
 
@@ -292,6 +324,10 @@ def plan(cfg) -> MemoryPlan:
         Item("reference logits", ref_logits if live_ref else 0,
              f"{ref_logits_how}, no graph" if live_ref else "no live reference forward"),
     ]
+    if a.name != "sft":  # an RL run measures its drift from the start at every evaluation
+        out.phases["drift measurement"] = _drift_measurement(
+            cfg, s, wrapped=wrapped, compute=compute, tp=tp, dp=dp,
+            lent=s.params * master / split if ref_cfg.offload and (has_anchor or has_ref) else 0)
     saves_reference = (ref_cfg.name in MOVING_STRATEGIES and a.name != "sft"
                        and getattr(cfg.checkpoint, "save_reference", True))
     if lora:  # the adapters and their state, the reference's part; the frozen base is the start checkpoint's

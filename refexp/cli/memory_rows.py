@@ -58,7 +58,7 @@ class Generation:
 
 def generations(cfg, dp: int) -> list[Generation]:
     """The batches a rank decodes: the GRPO step's, and the evaluation's (``refexp/components/evaluation.py``: each rank
-    its ``ceil(n / dp)`` prompts, in batches of at most ``EVAL_BATCH_SIZE``)."""
+    its ``ceil(n / dp)`` prompts, in batches of at most ``EVAL_BATCH_SIZE`` rows; the drift's: ``drift_generation``)."""
     from refexp.components import evaluation
 
     a, task = cfg.algo, cfg.task
@@ -75,6 +75,15 @@ def generations(cfg, dp: int) -> list[Generation]:
     if task.name != "preference":  # no reward: no eval/accuracy
         n = per_rank(cfg.eval.num_prompts)
         out.append(Generation("eval/accuracy's", n, full, n))
-    n = per_rank(cfg.eval.kl_prompts)
-    out.append(Generation("kl/init's", n, full, n))
+    out.append(drift_generation(cfg, dp))
     return out
+
+
+def drift_generation(cfg, dp: int) -> Generation:
+    """The drift measurement's largest batch on a rank (``evaluation.kl_to_anchor``): of its ``ceil(kl_prompts / dp)``
+    prompts at most ``EVAL_BATCH_SIZE // eval.kl_samples`` at a time, each sampled ``eval.kl_samples`` times."""
+    from refexp.components import evaluation
+
+    samples = cfg.eval.kl_samples
+    prompts = min(max(1, evaluation.EVAL_BATCH_SIZE // samples), -(-cfg.eval.kl_prompts // dp))
+    return Generation("kl/init's", prompts * samples, cfg.task.max_prompt_len + cfg.task.max_new_tokens, prompts)

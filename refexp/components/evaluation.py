@@ -1,7 +1,7 @@
 """Held-out measurements made the same way for every algorithm and strategy: ``eval/accuracy``, ``val/accuracy``,
 ``eval/retention``, ``val/retention``, ``eval/pass_at_k``, ``eval/gold``, ``val/gold``, ``kl/init``, ``kl/init_retain``,
-DPO's ``kl/ref`` and ``eval/logp_correct``. What each means, on which prompts and when it is logged: docs/metrics.md
-(generated from ``refexp/record/metric_names.py``).
+``kl/init_exact``, ``kl/init_exact_retain``, DPO's ``kl/ref`` and ``eval/logp_correct``. What each means, on which
+prompts and when it is logged: docs/metrics.md (generated from ``refexp/record/metric_names.py``).
 
 The held-out rows are split over the data-parallel ranks (``distributed.padded_share``: contiguous
 blocks, padded so that every rank makes the same sharded forward calls; the padding's results are
@@ -31,6 +31,8 @@ from refexp.record.metric_names import (
     EVAL_PASS_AT_K,
     EVAL_RETENTION,
     KL_INIT,
+    KL_INIT_EXACT,
+    KL_INIT_EXACT_RETAIN,
     KL_INIT_RETAIN,
     VAL_ACCURACY,
     VAL_GOLD,
@@ -49,7 +51,8 @@ EVAL_SAMPLES = "samples/eval"
 EVAL_OUTCOMES, VAL_OUTCOMES = "outcomes/eval", "outcomes/val"
 OUTCOMES = {EVAL_ACCURACY: EVAL_OUTCOMES, VAL_ACCURACY: VAL_OUTCOMES, EVAL_RETENTION: "outcomes/retain_eval",
             VAL_RETENTION: "outcomes/retain_val", EVAL_PASS_AT_K: "outcomes/pass_at_k", KL_INIT: "outcomes/kl_init",
-            KL_INIT_RETAIN: "outcomes/kl_init_retain"}
+            KL_INIT_RETAIN: "outcomes/kl_init_retain", KL_INIT_EXACT: "outcomes/kl_init_exact",
+            KL_INIT_EXACT_RETAIN: "outcomes/kl_init_exact_retain"}
 """The metrics keys of an evaluation's per-prompt scores, by metric (``EvalOutcomes``; ``MetricLogger`` writes
 them to ``eval_outcomes.jsonl`` only: not a metric, not sent to W&B)."""
 EVAL_GOLD_OUTCOMES, VAL_GOLD_OUTCOMES = "outcomes/eval_gold", "outcomes/val_gold"
@@ -193,45 +196,64 @@ def sampled_pass_at_k(model, task, num_prompts: int, *, k: int, n: int, seed: in
     return total / max(1, total_n)
 
 
+def kl_sample_key(seed: int, prompt: int, sample: int) -> tuple[int, ...]:
+    """The sampling key of the drift's completion ``sample`` of held-out prompt ``prompt``: the first is
+    ``(seed, KL_INIT_KEY, prompt)``, the one sample a run with ``eval.kl_samples=1`` draws; the others
+    ``(seed, -KL_INIT_KEY, prompt, sample)``, a training key's shape (seed, step, prompt, sample) with a negative
+    step, which no training step has."""
+    return (seed, KL_INIT_KEY, prompt) if sample == 0 else (seed, -KL_INIT_KEY, prompt, sample)
+
+
 @torch.no_grad()
 def kl_to_anchor(policy, anchors: Mapping[str, LogprobFn], task, num_prompts: int, *,
                  seed: int, temperature: float = 1.0, batch_size: int = EVAL_BATCH_SIZE, parallel_dims=None,
                  engine: RolloutEngine | None = None, split: str = "eval",
-                 per_prompt: dict[str, list[float]] | None = None) -> dict[str, float]:
-    """Mean per-token k3 KL(policy || anchor) for every ``name -> fn`` of ``anchors``, over one set of
-    completions sampled from the policy (by ``engine``, None: the built-in one on ``policy``) on the first
-    ``num_prompts`` rows of ``task.<split>``: ``{name: kl}``. Each ``fn`` is called with ``temperature=``, so the
-    anchors' log-probs are tempered like the policy's. The prompts are split over the data-parallel ranks of
+                 per_prompt: dict[str, list[float]] | None = None,
+                 exact: Mapping[str, torch.nn.Module] | None = None, samples: int = 1) -> dict[str, float]:
+    """Mean per-token k3 KL(policy || anchor) for every ``name -> fn`` of ``anchors``, and the mean per-token exact
+    KL(policy || model) (each position's KL summed over the vocabulary, ``titan.token_kl``) for every
+    ``name -> model`` of ``exact``, over one set of completions sampled from the policy (by ``engine``, None: the
+    built-in one on ``policy``), ``samples`` per prompt (keys ``kl_sample_key``), on the first ``num_prompts`` rows of
+    ``task.<split>``: ``{name: kl}``. Each ``fn`` is called with ``temperature=``, and each exact model's
+    distributions are tempered so, like the policy's. The prompts are split over the data-parallel ranks of
     ``parallel_dims`` (None: this process does them all). ``per_prompt`` receives, for every name, each prompt's
-    linearised contribution (``kl_influence``), in order, on every rank. Collective."""
+    linearised contribution (``kl_influence``, its samples' KL and tokens summed), in order, on every rank.
+    Collective."""
     engine = engine or BuiltinEngine(policy, task.tokenizer)
+    exact = exact or {}
     data = getattr(task, split)
     n = min(num_prompts, len(data))
     ids, real = padded_share(parallel_dims, n)
     prompts = data.select(ids)["prompt"]
-    kl_sum, tok_sum = dict.fromkeys(anchors, 0.0), 0
-    mine_kl: dict[str, list[float]] = {name: [] for name in anchors}  # this rank's real prompts, in order
+    names = [*anchors, *exact]
+    kl_sum, tok_sum = dict.fromkeys(names, 0.0), 0
+    mine_kl: dict[str, list[float]] = {name: [] for name in names}  # this rank's real prompts, in order
     mine_tok: list[float] = []
-    for sl in _batches(len(prompts), batch_size):
-        keys = [(seed, KL_INIT_KEY, i) for i in ids[sl]]  # the prompt's index: the same sample on any rank
-        r = engine.generate(prompts[sl], max_new_tokens=task.max_new_tokens, temperature=temperature, keys=keys)
+    for sl in _batches(len(prompts), max(1, batch_size // samples)):
+        group = [p for p in prompts[sl] for _ in range(samples)]
+        keys = [kl_sample_key(seed, i, j) for i in ids[sl] for j in range(samples)]  # the same sample on any rank
+        r = engine.generate(group, max_new_tokens=task.max_new_tokens, temperature=temperature, keys=keys)
         # the output layer only at completion tokens (``select_BT``): the KL reads no others
         pol = titan.token_logprobs(policy, r.tokens_BT, temperature=temperature, select_BT=r.mask_BT)
-        keep = _real_rows(sl, real).to(r.mask_BT.device)
-        mask = r.mask_BT & keep[:, None]
-        for name, fn in anchors.items():
-            kl_B = sequence_kl(pol, fn(r.tokens_BT, temperature=temperature, select_BT=r.mask_BT), mask)
+        keep = _real_rows(sl, real).to(r.mask_BT.device)  # [prompts]
+        mask = r.mask_BT & keep.repeat_interleave(samples)[:, None]
+        kl_B = {name: sequence_kl(pol, fn(r.tokens_BT, temperature=temperature, select_BT=r.mask_BT), mask)
+                for name, fn in anchors.items()}
+        for name, model in exact.items():
+            kl_BT = titan.token_kl(policy, model, r.tokens_BT, select_BT=r.mask_BT, temperature=temperature)
+            kl_B[name] = masked_sum(kl_BT, mask, dim=-1)
+        for name in names:
             # summed in float64, as the per-prompt scores are: the metric is their mean to ~1e-15, not to float32's 1e-7
-            kl_sum[name] += float(kl_B.double().sum())
-            mine_kl[name] += kl_B[keep].tolist()
+            kl_sum[name] += float(kl_B[name].double().sum())
+            mine_kl[name] += kl_B[name].view(-1, samples).sum(-1)[keep].tolist()  # a prompt: its samples' sum
         tok_sum += int(mask.sum())
-        mine_tok += mask.sum(-1)[keep].tolist()
+        mine_tok += mask.sum(-1).view(-1, samples).sum(-1)[keep].tolist()
     *kl_sums, tok_sum = _global_sums(parallel_dims, model_device(policy), *kl_sum.values(), tok_sum)
     out = {name: s / max(1, tok_sum) for name, s in zip(kl_sum, kl_sums)}
     if per_prompt is not None:
         device = model_device(policy)
         tokens = _all_scores(parallel_dims, device, ids, mine_tok, n)
-        for name in anchors:
+        for name in names:
             per_prompt[name] = kl_influence(_all_scores(parallel_dims, device, ids, mine_kl[name], n), tokens)
     return out
 
@@ -337,20 +359,24 @@ def evaluate(ctx: RunContext, policy: torch.nn.Module, anchor: InitAnchor, *,
     ref_is_anchor = measure_ref and reference is anchor.shared
     with ExitStack() as stack:
         init = stack.enter_context(anchor.logprobs())
+        init_model = stack.enter_context(anchor.frozen())  # the same lending: kl/init_exact reads whole distributions
         fns = {KL_INIT: init}
         if measure_ref and not ref_is_anchor:
             fns["kl/ref"] = stack.enter_context(reference_logprobs(reference))
+        drift = dict(seed=ctx.cfg.training.seed, temperature=temperature, parallel_dims=pd, engine=engine,
+                     samples=ecfg.kl_samples)
         per_prompt: dict[str, list[float]] = {}
-        out.update(kl_to_anchor(policy, fns, ctx.task, ecfg.kl_prompts, seed=ctx.cfg.training.seed,
-                                temperature=temperature, parallel_dims=pd, engine=engine, per_prompt=per_prompt))
-        out[OUTCOMES[KL_INIT]] = _kl_outcomes("eval", KL_INIT, per_prompt[KL_INIT])
+        out.update(kl_to_anchor(policy, fns, ctx.task, ecfg.kl_prompts, per_prompt=per_prompt,
+                                exact={KL_INIT_EXACT: init_model}, **drift))
+        for metric in (KL_INIT, KL_INIT_EXACT):
+            out[OUTCOMES[metric]] = _kl_outcomes("eval", metric, per_prompt[metric])
         retain = getattr(ctx.task, "retain_eval", None)
         if retain is not None and len(retain):  # the skill RL does not sample: drift where no reward pulls
             per_prompt = {}
-            out.update(kl_to_anchor(policy, {KL_INIT_RETAIN: init}, ctx.task, ecfg.kl_prompts,
-                                    seed=ctx.cfg.training.seed, temperature=temperature, parallel_dims=pd,
-                                    engine=engine, split="retain_eval", per_prompt=per_prompt))
-            out[OUTCOMES[KL_INIT_RETAIN]] = _kl_outcomes("retain_eval", KL_INIT_RETAIN, per_prompt[KL_INIT_RETAIN])
+            out.update(kl_to_anchor(policy, {KL_INIT_RETAIN: init}, ctx.task, ecfg.kl_prompts, split="retain_eval",
+                                    per_prompt=per_prompt, exact={KL_INIT_EXACT_RETAIN: init_model}, **drift))
+            for metric in (KL_INIT_RETAIN, KL_INIT_EXACT_RETAIN):
+                out[OUTCOMES[metric]] = _kl_outcomes("retain_eval", metric, per_prompt[metric])
     if ref_is_anchor:
         out["kl/ref"] = out["kl/init"]
     if with_logp_correct:

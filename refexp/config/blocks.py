@@ -20,6 +20,12 @@ class EvalConfig:
     kl_prompts: int = 256
     """Held-out prompts for kl/init, and for kl/init_retain on the retained skills' (completions sampled from the
     policy): the frontier's x, so enough that its sampling error is small beside the drift between betas."""
+    kl_samples: int = 1
+    """Completions sampled per ``kl_prompts`` prompt for the drift (``kl/init``, ``kl/init_exact`` and their
+    ``_retain`` forms, DPO's ``kl/ref``), each token weighted equally as with one. More samples average the sampled
+    prefixes' noise down; the exact KL already removes the noise of the token sampled at each position, and the
+    prompts' noise (which ``kl_prompts`` prompts) remains whatever this is. The first sample of each prompt is the
+    one a run with 1 draws."""
     pass_k: int = 8
     """``eval/pass_at_k``'s k: the chance that at least one of k completions sampled at the training temperature
     (GRPO's ``algo.temperature``, else 1) is correct, on the first ``pass_k_prompts`` held-out prompts; a policy
@@ -39,6 +45,7 @@ class EvalConfig:
         positive_int("eval.every", self.every)
         positive_int("eval.num_prompts", self.num_prompts)
         positive_int("eval.kl_prompts", self.kl_prompts)
+        positive_int("eval.kl_samples", self.kl_samples)
         check(isinstance(self.pass_k, int) and not isinstance(self.pass_k, bool) and self.pass_k >= 0, "eval.pass_k",
               self.pass_k, "an integer >= 0 (0: no eval/pass_at_k)")
         positive_int("eval.pass_k_prompts", self.pass_k_prompts)

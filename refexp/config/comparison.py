@@ -87,9 +87,12 @@ class SelectionConfig:
                   f"comparison.select.floor_change.{key}", value, "a number (a change: -0.1 loses at most 0.1)")
 
 
-MATCHED_AXES = ("kl/init", "eval/retention")
-"""What a declared matched contrast can match on: the drift from the start (on a log axis) or the retained skill
-(``refexp/report/statistics/frontier.py``'s axes)."""
+MATCHED_AXES = ("kl/init", "eval/retention", "kl/init_exact")
+"""What a declared matched contrast can match on: the drift from the start (on a log axis) as the k3 estimate
+``kl/init`` or the exact per-position KL ``kl/init_exact`` (the same samples without the sampled tokens' noise,
+``refexp/components/evaluation.py``), or the retained skill (``refexp/report/statistics/frontier.py``'s axes)."""
+DRIFT_AXES = ("kl/init", "kl/init_exact")
+"""The matched axes that are a drift: read in log, any value > 0."""
 MATCHED_ALONG = ("axis", "key")
 """How ``comparison.matched`` reads a replicate's curve at a value: ``axis`` (its runs sorted by the matched axis,
 the two nearest the value) or ``key`` (its runs walked along the frontier key, the neighbours that cross it)."""
@@ -104,8 +107,9 @@ class MatchedConfig:
     reached makes no claim (never extrapolated). Empty ``at``: no matched primary contrast."""
 
     axis: str = "kl/init"
-    """The final metric the arms are matched on: ``kl/init`` (drift from the start, interpolated in log) or
-    ``eval/retention`` (the retained skill, interpolated linearly)."""
+    """The final metric the arms are matched on: ``kl/init`` (drift from the start, interpolated in log),
+    ``kl/init_exact`` (the same drift measured without the sampled tokens' noise, in log) or ``eval/retention`` (the
+    retained skill, interpolated linearly)."""
     at: list[float] = field(default_factory=list)
     """The values of ``axis`` each primary contrast is tested at (e.g. ``[0.06]``): inside the range every arm's
     beta grid is expected to reach, chosen from a pilot before the runs."""
@@ -125,7 +129,7 @@ class MatchedConfig:
     def __post_init__(self) -> None:
         check(self.axis in MATCHED_AXES, "comparison.matched.axis", self.axis, " or ".join(MATCHED_AXES))
         check(self.along in MATCHED_ALONG, "comparison.matched.along", self.along, " or ".join(MATCHED_ALONG))
-        low, high = (0.0, float("inf")) if self.axis == "kl/init" else (0.0, 1.0)
+        low, high = (0.0, float("inf")) if self.axis in DRIFT_AXES else (0.0, 1.0)
         check(all(isinstance(x, (int, float)) and not isinstance(x, bool) and low < x < high for x in self.at)
               and len(set(self.at)) == len(self.at), "comparison.matched.at", self.at,
               f"distinct values of {self.axis} in ({low:g}, {high:g}) to compare at, or empty")

@@ -26,6 +26,8 @@ LOGPS_CHOSEN_DELTA = "logps/chosen_delta"
 REF_VERSION = "ref/version"
 KL_INIT = "kl/init"
 KL_INIT_RETAIN = "kl/init_retain"
+KL_INIT_EXACT = "kl/init_exact"
+KL_INIT_EXACT_RETAIN = "kl/init_exact_retain"
 KL_REF = "kl/ref"
 REWARDS_ACCURACIES = "rewards/accuracies"
 REWARDS_MARGINS = "rewards/margins"
@@ -147,7 +149,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("sft/wall_s", "seconds the SFT stage trained", "`algo=sft`: final value only (W&B summary)"),
     Metric("sft/dir", "the SFT model's directory in the cache", "`algo=sft`: final value only (W&B summary)"),
     Metric(KL_INIT, "KL(policy ‖ the frozen initial (SFT) model), mean per-token k3 on the first `eval.kl_prompts` "
-           "held-out prompts, one sampled completion each, averaged over completion tokens as `kl/ref` is; the "
+           "held-out prompts, `eval.kl_samples` sampled completions each (1 by default), averaged over completion "
+           "tokens as `kl/ref` is; the "
            "sampling is keyed to the prompt only (common random numbers), so successive evaluations differ by the "
            "policy, not by sampling noise; completions are sampled, and every model's log-probs taken, at the run's "
            "sampling temperature (GRPO's `algo.temperature`; 1 for DPO), so a model equal to the policy is at 0 at "
@@ -157,6 +160,14 @@ METRICS: tuple[Metric, ...] = (
            "train (`task.ops` minus `task.rl_ops`, where RL does not sample), sampled with the same keys: drift "
            "beside `eval/retention`; per prompt in `eval_outcomes.jsonl`",
            f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops`", summary="last"),
+    Metric(KL_INIT_EXACT, "KL(policy ‖ frozen SFT model) on the same samples as `kl/init`, each position's KL "
+           "summed over the whole vocabulary instead of the sampled token's k3 (the k3 is a one-sample estimate of "
+           "it), averaged over completion tokens as `kl/init`: drift without the token-sampling noise (the prompts' "
+           "and the sampled prefixes' remain; docs/algorithms.md); per prompt in `eval_outcomes.jsonl`",
+           _EVAL, summary="last"),
+    Metric(KL_INIT_EXACT_RETAIN, "the same on `kl/init_retain`'s samples (the skills RL does not train); per "
+           "prompt in `eval_outcomes.jsonl`", f"{_EVAL}, when `task.rl_ops` leaves out some of `task.ops`",
+           summary="last"),
     Metric(KL_REF, "KL(policy ‖ current reference), mean per-token k3 on the policy's own samples (absent when "
            "reference-free). GRPO: the training batch's completions; DPO: the `kl/init` samples, before that "
            "step's reference update", f"GRPO: every step; DPO: {_EVAL}", "GRPO: `kl`", summary="last"),

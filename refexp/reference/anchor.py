@@ -32,6 +32,7 @@ class InitAnchor:
         self.lora_policy = lora_policy
         self.model: torch.nn.Module | None = None
         self._device: torch.device | None = None  # where an offloaded anchor computes
+        self._lent = False  # within a ``frozen`` block: a nested one does not move the model again
 
     def _ensure_model(self) -> torch.nn.Module:
         if self.model is None:
@@ -39,28 +40,39 @@ class InitAnchor:
         return self.model
 
     @contextmanager
+    def frozen(self):
+        """``with anchor.frozen() as model:`` the initial model itself, on its compute device for the block (an
+        offloaded one is lent there once; a nested block does not lend it again): for a measure that reads more
+        than the sampled tokens' log-probs (``kl/init_exact``'s whole next-token distributions, ``titan.token_kl``).
+        Of a LoRA policy, a ``titan.LoRAView`` of it with the adapters off: enter it with ``titan.viewed``."""
+        if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
+            with self.shared.resident():
+                yield self.shared.model
+            return
+        if self.lora_policy is not None:  # the policy's own module, read with its adapters off (``titan.viewed``)
+            yield titan.LoRAView(self.lora_policy, titan.lora.BASE)
+            return
+        model = self._ensure_model()
+        if self._lent:
+            yield model
+            return
+        self._lent = True
+        try:
+            with on_device(model, self._device):
+                yield model
+        finally:
+            self._lent = False
+
+    @contextmanager
     def logprobs(self):
         """``with anchor.logprobs() as fn:`` ``fn(tokens_BT, **kwargs) -> [B, T-1]`` log-probs under the
         initial model (kwargs: ``titan.token_logprobs``'s ``temperature``, positions, attention mask)."""
-        if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
-            yield self.shared.logprobs
-            return
-        if self.lora_policy is not None:
-            policy = self.lora_policy
+        with self.frozen() as frozen:
 
-            def base_fn(tokens_BT, **kwargs):
-                with titan.lora_view(policy, titan.lora.BASE), torch.inference_mode():
-                    return titan.token_logprobs(policy, tokens_BT, **kwargs).clone()
+            def fn(tokens_BT, **kwargs):
+                with titan.viewed(frozen) as model, torch.inference_mode():
+                    return titan.token_logprobs(model, tokens_BT, **kwargs).clone()
 
-            yield base_fn
-            return
-        model = self._ensure_model()
-
-        def fn(tokens_BT, **kwargs):
-            with torch.inference_mode():
-                return titan.token_logprobs(model, tokens_BT, **kwargs).clone()
-
-        with on_device(model, self._device):
             yield fn
 
 

@@ -21,17 +21,20 @@ from refexp.titan.checkpoint_dirs import (
 from refexp.titan.copies import copy_shards_to_host, count_parameters, fp32_master, lerp_weights_, restore_shards_
 from refexp.titan.cpu_compat import prepare_torchtitan, resolve_device
 from refexp.titan.decode import compiles_next_step, decode_step, finish_decode, prefill, repeat_decode_rows
+from refexp.titan.exact_kl import token_kl
 from refexp.titan.hf_config import model_cfg_overrides_from_hf
 from refexp.titan.hf_weights import export_hf, load_hf_weights_
 from refexp.titan.kv_cache import DecodeState
 from refexp.titan.logprobs import logits, token_logprobs
 from refexp.titan.lora import (
     AdapterStates,
+    LoRAView,
     delta_master,
     has_adapters,
     lora_targets,
     lora_view,
     update_reference_,
+    viewed,
 )
 from refexp.titan.spec import build_model_spec
 from refexp.titan.static_decode import release_static_buckets, static_decode_stats
@@ -60,7 +63,9 @@ __all__ = [
     "load_weights",
     "logits",
     "lora_targets",
+    "LoRAView",
     "lora_view",
+    "viewed",
     "make_parallel_dims",
     "model_cfg_overrides_from_hf",
     "prefill",
@@ -71,6 +76,7 @@ __all__ = [
     "restore_shards_",
     "save_model_weights",
     "static_decode_stats",
+    "token_kl",
     "token_logprobs",
     "update_reference_",
 ]

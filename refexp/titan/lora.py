@@ -189,6 +189,25 @@ def lora_view(model: nn.Module, view: str) -> Iterator[None]:
             m.view = v
 
 
+@dataclass(frozen=True)
+class LoRAView:
+    """A LoRA model read in another view (``VIEWS``) than its own: what the kl/init anchor of a LoRA policy is (the
+    policy with its adapters off), handed where a frozen model is expected and entered with ``viewed``."""
+
+    model: nn.Module
+    view: str
+
+
+@contextmanager
+def viewed(model: "nn.Module | LoRAView") -> Iterator[nn.Module]:
+    """``with viewed(m) as module:`` the module to run; a ``LoRAView``'s model computing its view within the block."""
+    if isinstance(model, LoRAView):
+        with lora_view(model.model, model.view):
+            yield model.model
+    else:
+        yield model
+
+
 def _set_from_full_(param: torch.Tensor, full: torch.Tensor) -> None:
     """Copy this rank's part of the full tensor ``full`` into ``param`` (a DTensor's local shard; no communication:
     every rank holds the same ``full``)."""

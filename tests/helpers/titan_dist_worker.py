@@ -130,6 +130,25 @@ def check_shared_rows(cfg, par, dims, selected: bool = False) -> float:
     return err
 
 
+def check_exact_kl(cfg, par, dims) -> float:
+    """``titan.token_kl`` (the exact per-position KL summed over the vocabulary, ``kl/init_exact``) of a policy
+    against a frozen model equals one process's: FSDP's output layer unsharded inside the forward and copied, TP's
+    vocab-sharded one gathered. Data-parallel ranks each take half the rows; TP ranks all take them all."""
+    ref_p, ref_q = build(cfg, seed=0), build(cfg, seed=1, requires_grad=False)
+    p, q = build(cfg, par, dims, seed=0), build(cfg, par, dims, seed=1, requires_grad=False)
+    tokens = batch()
+    select = torch.arange(tokens.shape[1] - 1)[None, :] >= torch.arange(tokens.shape[0])[:, None] * 2
+    want = titan.token_kl(ref_p, ref_q, tokens, select_BT=select, temperature=0.7)
+    if par.tensor_parallel_degree > 1:
+        rows = slice(None)
+    else:
+        half = tokens.shape[0] // dims.world_size
+        rows = slice(dist.get_rank() * half, (dist.get_rank() + 1) * half)
+    got = titan.token_kl(p, q, tokens[rows], select_BT=select[rows], temperature=0.7)
+    assert float(want.min()) >= 0 and float(want.max()) > 0.01, want  # two models apart: a KL to compare
+    return (got - want[rows]).abs().max().item()
+
+
 def check_lerp(cfg, par, dims) -> float:
     """EMA step and hard reset on sharded models equal the single-process result, read back through
     FSDP's sharded parameters (what the optimizer and the next all-gather see)."""
@@ -270,6 +289,7 @@ def run_checks(workdir: str, only: set[str] | None = None) -> dict:
                 "logprobs_grads_selected": lambda: check_logprobs_and_grads(cfg, par, dims, selected=True),
                 "shared_rows": lambda: check_shared_rows(cfg, par, dims),
                 "shared_rows_selected": lambda: check_shared_rows(cfg, par, dims, selected=True),
+                "exact_kl": lambda: check_exact_kl(cfg, par, dims),
                 "lerp": lambda: check_lerp(cfg, par, dims),
                 "lerp_unresharded": lambda: check_lerp(
                     cfg, dataclasses.replace(par, fsdp_reshard_after_forward="never"), dims),

@@ -33,7 +33,7 @@ DEFAULT_METRIC = "eval/accuracy"
 """The headline without a declared block, and of a block written before ``comparison.metric`` existed."""
 MAX_PRIMARY = 3
 """As ``refexp/config/comparison.py``'s: the most primary contrasts a block declares."""
-MATCHED_AXES = ("kl/init", "eval/retention")
+MATCHED_AXES = ("kl/init", "eval/retention", "kl/init_exact")
 """As ``refexp/config/comparison.py``'s: what ``comparison.matched.axis`` may name, its default first."""
 MATCHED_ALONG = ("axis", "key")
 """As ``refexp/config/comparison.py``'s: what ``comparison.matched.along`` may name, its default first."""

@@ -36,7 +36,8 @@ def declared_matched(runs: list[Run], plan: ComparisonPlan) -> Optional[MatchedD
     axis_key, values = plan.matched_at
     if not values or not plan.primary or not (plan.block or {}).get("frontier_key"):
         return None
-    axis = DRIFT_AXIS if axis_key == KL_INIT else RETENTION_AXIS
+    axis = (DRIFT_AXIS if axis_key == KL_INIT else RETENTION_AXIS if axis_key == RETENTION_AXIS.key
+            else Axis(axis_key, True))  # kl/init_exact: a drift too, in log
     metrics = plan.primary_metrics
     out = MatchedDrift(axis, ", ".join(metrics), plan.baseline, gap=frontier_gap(plan))
     results = {}
