@@ -102,6 +102,13 @@ def test_the_kl_init_anchor_is_the_base_with_the_adapters_off(start, reference):
     with torch.no_grad():
         want = titan.token_logprobs(_frozen(start), _tokens())
     assert torch.equal(got, want)
+    # kl/init_exact reads the anchor's whole distributions: the policy itself, entered with its adapters off
+    tokens = _tokens()
+    select = torch.ones(tokens.shape[0], tokens.shape[1] - 1, dtype=torch.bool)
+    with anchor.frozen() as frozen:
+        exact = titan.token_kl(policy, frozen, tokens, select_BT=select)
+    assert torch.equal(exact, titan.token_kl(policy, _frozen(start), tokens, select_BT=select))
+    assert float(exact.sum()) > 0  # trained adapters: the policy view is not the base's
 
 
 @pytest.mark.parametrize("reference, cfg, metrics", [
