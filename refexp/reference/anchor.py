@@ -45,12 +45,12 @@ class InitAnchor:
         offloaded one is lent there once; a nested block does not lend it again): for a measure that reads more
         than the sampled tokens' log-probs (``kl/init_exact``'s whole next-token distributions, ``titan.token_kl``).
         Of a LoRA policy, a ``titan.LoRAView`` of it with the adapters off: enter it with ``titan.viewed``."""
+        if self.lora_policy is not None:  # the policy's own module, read with its adapters off (``titan.viewed``)
+            yield titan.LoRAView(self.lora_policy, titan.lora.BASE)
+            return
         if self.shared is not None and self.shared.model is not None:  # None: released (DPO's cache)
             with self.shared.resident():
                 yield self.shared.model
-            return
-        if self.lora_policy is not None:  # the policy's own module, read with its adapters off (``titan.viewed``)
-            yield titan.LoRAView(self.lora_policy, titan.lora.BASE)
             return
         model = self._ensure_model()
         if self._lent:
