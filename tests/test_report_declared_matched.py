@@ -14,7 +14,7 @@ import pytest
 from refexp.config import ComparisonConfig, ConfigError, MatchedConfig
 from refexp.report import build_report
 from refexp.report.reading.load import load_sweep
-from refexp.report.reading.plan import make_plan
+from refexp.report.reading.comparison_plan import make_plan
 from refexp.report.statistics import declared_matched, frontier
 from tests.helpers.frontier_sweeps import block, frontier_sweep, write_run
 
@@ -191,7 +191,7 @@ def test_the_matched_block_is_checked_before_a_run():
     assert ComparisonConfig(**base, matched=MatchedConfig(at=[0.06], along="key")).matched.along == "key"
     with pytest.raises(ConfigError, match=r"comparison\.matched\.along='beta' is invalid: expected axis or key"):
         MatchedConfig(at=[0.06], along="beta")
-    from refexp.report.reading.plan import block_problem  # a run's saved block, read by the report
+    from refexp.report.reading.comparison_plan import block_problem  # a run's saved block, read by the report
     assert block_problem({**base, "matched": {"at": [0.06], "along": "beta"}}) == (
         "comparison.matched.along='beta' is invalid: expected axis or key")
     with pytest.raises(ConfigError, match="comparison.matched.at.*frontier_key"):

@@ -153,10 +153,12 @@ def test_the_first_screen_is_the_primary_contrasts_one_line_each_and_the_method_
 def test_the_report_reads_the_primary_metrics_and_limit_the_config_accepts():
     """The report cannot import the config layer (docs/architecture.md), so it keeps its own copies: they agree."""
     from refexp.config import comparison as config
-    from refexp.report.reading import plan
+    from refexp.report.reading import comparison_plan
 
-    assert tuple(plan.PRIMARY_ENDPOINTS) == config.PRIMARY_METRICS and plan.MAX_PRIMARY == config.MAX_PRIMARY
-    assert plan.MATCHED_AXES == config.MATCHED_AXES and config.MatchedConfig().axis == plan.MATCHED_AXES[0]
+    assert tuple(comparison_plan.PRIMARY_ENDPOINTS) == config.PRIMARY_METRICS
+    assert comparison_plan.MAX_PRIMARY == config.MAX_PRIMARY
+    assert comparison_plan.MATCHED_AXES == config.MATCHED_AXES
+    assert config.MatchedConfig().axis == comparison_plan.MATCHED_AXES[0]
 
 
 def test_primary_contrasts_on_two_metrics_are_one_family(tmp_path):

@@ -24,7 +24,7 @@ from refexp.report.power.detectable import Components
 from refexp.report.power.pilot_summary import check_summary
 from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import load_sweep
-from refexp.report.reading.plan import PRIMARY_ENDPOINTS, make_plan
+from refexp.report.reading.comparison_plan import PRIMARY_ENDPOINTS, make_plan
 from refexp.report.statistics.paired import final_step
 from refexp.report.statistics.summary import find_baseline, in_comparison
 

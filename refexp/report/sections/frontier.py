@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from refexp.report.reading.load import Run, sft_start_keys
-from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.sections.base import Section, Sweep
 from refexp.report.sections.within_start import WITHIN_START
 from refexp.report.statistics.declared_matched import declared_matched

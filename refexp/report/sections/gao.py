@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from refexp.report.reading.load import Run
-from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.sections.base import Section, Sweep
 from refexp.report.statistics import gao
 from refexp.report.writing.blocks import Heading, Image, Paragraph, table_of

@@ -22,7 +22,7 @@ import numpy as np
 from refexp.record.metric_names import KL_INIT
 
 from refexp.report.reading.load import Run
-from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.statistics.frontier import MatchedDrift, MatchedRow, compare_at, curves, frontier_gap, not_matched
 from refexp.report.statistics.frontier_key import cut_along_key
 from refexp.report.statistics.frontier_points import DRIFT_AXIS, RETENTION_AXIS, Axis, Curves

@@ -29,7 +29,7 @@ import numpy as np
 from refexp.record.overrides import swept_settings
 
 from refexp.report.reading.load import Run, _get
-from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
 from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
 from refexp.report.statistics.drift_resample import drift_shift, shifted

@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 
 from refexp.report.reading.load import Run
-from refexp.report.reading.plan import ComparisonPlan
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.reduce import change_from_start
 from refexp.report.statistics.frontier import Settings, common_settings, planned_runs, settings_of
 from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts

@@ -13,7 +13,7 @@ from typing import Optional
 
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run
-from refexp.report.reading.plan import DEFAULT_METRIC, PRIMARY_ENDPOINTS, ComparisonPlan
+from refexp.report.reading.comparison_plan import DEFAULT_METRIC, PRIMARY_ENDPOINTS, ComparisonPlan
 from refexp.report.reading.reduce import COLUMNS, Column, at_step_prefix, start_accuracy, steps_to_target
 from refexp.report.statistics.inference import Verdict, difference_bound
 from refexp.report.statistics.paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
