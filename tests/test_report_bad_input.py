@@ -122,8 +122,8 @@ MALFORMED_SUMMARIES = {
 
 @pytest.mark.parametrize("case", MALFORMED_SUMMARIES, ids=str)
 def test_a_malformed_pilot_summary_is_one_error_line_naming_its_field(tmp_path, capsys, case):
-    from refexp.report.reading.comparison_plan import PRIMARY_ENDPOINTS
     from refexp.report.power.pilot import PilotError, read_pilot
+    from refexp.report.reading.comparison_plan import PRIMARY_ENDPOINTS
 
     assert PRIMARY_ENDPOINTS["eval/accuracy"] == "acc_final"  # the key the cases name
     summary, message = MALFORMED_SUMMARIES[case]

@@ -71,7 +71,8 @@ def test_the_reprint_replaces_only_intervals_past_plus_minus_1_and_the_notice_co
     for _ in range(2):  # marking again keeps the count of the intervals reprinted the first time
         runs_not_stored.mark_runs_not_stored(old)
         md = (old / "report.md").read_text()
-        assert md.startswith(f"> **{runs_not_stored.notice(0)}** 1 intervals reaching past ±1") and md.count("> **") == 1
+        assert md.startswith(f"> **{runs_not_stored.notice(0)}** 1 intervals reaching past ±1")
+        assert md.count("> **") == 1
         assert md.endswith("cell -0.316 uninformative not separated\n")
 
 

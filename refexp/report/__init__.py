@@ -50,8 +50,8 @@ comparison), ``last`` (a run's final value of a metric), and the frontier's ``cu
 
 from refexp.report.build import Report, build_report
 from refexp.report.reading.archive import runs_source
-from refexp.report.reading.load import load_sweep
 from refexp.report.reading.comparison_plan import make_plan
+from refexp.report.reading.load import load_sweep
 from refexp.report.reading.reduce import last
 from refexp.report.statistics.declared_matched import declared_matched
 from refexp.report.statistics.frontier import curves

@@ -1,7 +1,8 @@
 """``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--at-steps 500] [--alpha 0.05]
 [--equivalence-margin 0.02] [--allow-mixed] [--quiet] [--wandb] [--wandb-workspace]``: write the sweep's report and
 print its table and where it went. ``refexp-report --plan EXPERIMENT --pilot SWEEP_OR_SUMMARY [--out FILE]``: print
-(and write) the power plan of a declared experiment, its variance components from the pilot. Exit status 2, nothing written, when SWEEP_DIR holds no run. A sweep that
+(and write) the power plan of a declared experiment, its variance components from the pilot. Exit status 2, nothing
+written, when SWEEP_DIR holds no run. A sweep that
 declares no comparison and names no ``--baseline`` gets an exploratory report against ``fixed``, else its first
 group (``refexp/report/reading/comparison_plan.py``, ``default_baseline``)."""
 

@@ -13,10 +13,10 @@ from typing import Any, Optional, Sequence
 
 from refexp.report import sections as registry
 from refexp.report.reading.archive import runs_source
+from refexp.report.reading.comparison_plan import ComparisonPlan, make_plan, valid_margin
 from refexp.report.reading.config_history import ConfigHistory, histories
 from refexp.report.reading.group import group_runs, merged_note
 from refexp.report.reading.load import Run, load_sweep
-from refexp.report.reading.comparison_plan import ComparisonPlan, make_plan, valid_margin
 from refexp.report.reading.reduce import at_step_columns
 from refexp.report.reading.setup import setup_rows
 from refexp.report.sections.base import AlgorithmSection, Section, Sweep

@@ -43,7 +43,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from refexp.report.statistics.inference import DEGENERATE, INCONCLUSIVE, holm, verdict_word
+from refexp.report.statistics.inference import INCONCLUSIVE, holm, verdict_word
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 MARKER = re.compile(r"<!--\s*(paired|kept|primary|peak|peakarm|best)\s+([^>]*?)\s*-->")

@@ -12,8 +12,8 @@ from typing import Optional
 import numpy as np
 from matplotlib.figure import Figure
 
-from refexp.report.reading.load import Run
 from refexp.report.reading.comparison_plan import ComparisonPlan
+from refexp.report.reading.load import Run
 from refexp.report.sections.base import Section, Sweep
 from refexp.report.statistics import gao
 from refexp.report.writing.blocks import Heading, Image, Paragraph, table_of
@@ -59,8 +59,8 @@ def _text(fits: list[gao.GaoFit], grouping: str, level: float) -> str:
         "since refexp's gold starts at the start's gold, not 0), and α_RL, β_RL (the paper's α, β; not algo.beta) "
         "are fitted by least squares to Δgold = α_RL d − β_RL d log d. d* = exp(α_RL/β_RL − 1) is where the fitted "
         "Δgold peaks and R* = β_RL d* its height; β_RL ≤ 0 has no peak (the fitted gold never turns down: ∞), and a "
-        "d* beyond the largest d observed is extrapolated. R² is 1 − SS_res/SS_tot about the points' mean Δgold. kl/init is a mean "
-        "per-token KL, not the paper's per-sequence KL, so the parameters are in its units. "
+        "d* beyond the largest d observed is extrapolated. R² is 1 − SS_res/SS_tot about the points' mean Δgold. "
+        "kl/init is a mean per-token KL, not the paper's per-sequence KL, so the parameters are in its units. "
         f"Intervals: {100 * level:g}% {'; '.join(methods) or 'percentile bootstrap'}; the prompts are not resampled. "
         "Over few replicates such an interval is too narrow: in a simulation of this form (tests/test_report_gao.py) "
         "a nominal 95% interval covered the truth about 73% of the time with 3 replicates and 87% with 6.")
@@ -89,7 +89,8 @@ def rows(section: GaoSection) -> list[list[str]]:
         if f.no_fit:
             out.append([f.label, "—", "—", "—", "—", "—", f"{counts}; no fit: {f.no_fit}"])
             continue
-        d_star = _cell(f, "d_star") + (f" (beyond the largest d, {f.d_max:.3g})" if f.d_max < f.d_star < math.inf else "")
+        beyond = f" (beyond the largest d, {f.d_max:.3g})" if f.d_max < f.d_star < math.inf else ""
+        d_star = _cell(f, "d_star") + beyond
         out.append([f.label, _cell(f, "alpha_rl"), _cell(f, "beta_rl"), d_star, _cell(f, "r_star"), _num(f.r2), counts])
     return out
 

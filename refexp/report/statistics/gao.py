@@ -32,10 +32,9 @@ from typing import Optional
 import numpy as np
 
 from refexp.record.metric_names import EVAL_GOLD, KL_INIT
-
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import Run, natural_key
-from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.statistics.frontier import common_settings, curve_label, planned_runs
 from refexp.report.statistics.paired import START_LEVEL, Unit
 
