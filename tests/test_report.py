@@ -201,7 +201,8 @@ def test_groups_across_a_decimal_setting_are_ordered_by_its_value(tmp_path):
 def test_at_steps_columns_give_the_accuracy_at_a_step_and_the_gain_after_it(tmp_path):
     """--at-steps 500: acc@500 (the last evaluation at or before 500) and final minus it, per run, then the
     table's interval; a run whose evaluations end before 500 has neither."""
-    curves = {"fixed": [[0.5, 0.6, 0.62, 0.61], [0.5, 0.58, 0.6, 0.6]], "none": [[0.5, 0.6, 0.7, 0.8], [0.5, 0.62, 0.75, 0.85]]}
+    curves = {"fixed": [[0.5, 0.6, 0.62, 0.61], [0.5, 0.58, 0.6, 0.6]],
+              "none": [[0.5, 0.6, 0.7, 0.8], [0.5, 0.62, 0.75, 0.85]]}
     job = 0
     for strategy, runs in curves.items():
         for seed, accs in enumerate(runs):
@@ -477,8 +478,8 @@ def test_paired_difference_against_the_baseline_equals_the_per_seed_differences(
         assert c.seed_t.mean == pytest.approx(np.mean(diffs), abs=1e-12)
         half = t_quantile(0.975, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
         assert c.seed_t.half_width == pytest.approx(half, abs=1e-12)
-        # the verdict's interval: simultaneous (Bonferroni) over the family of the 2 comparisons with a result (the one-seed
-        # group and kl_triggered, which completed no run, make no claim)
+        # the verdict's interval: simultaneous (Bonferroni) over the family of the 2 comparisons with a result (the
+        # one-seed group and kl_triggered, which completed no run, make no claim)
         v = table.verdicts["acc_final"][label]
         half2 = t_quantile(1 - 0.05 / 2 / 2, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
         assert v.family_size == 2 and v.interval == pytest.approx((np.mean(diffs) - half2, np.mean(diffs) + half2))
@@ -695,8 +696,9 @@ def test_the_setup_block_says_a_pretrained_checkpoint_replaced_the_flavors_shape
 
     from refexp.report.reading.setup import _value
 
-    pretrained = SimpleNamespace(config={"model": {"name": "llama3", "flavor": "debugmodel", "pretrained": "smollm2_135m",
-                                                   "hf_assets_path": "/cache/pretrained/smollm2_135m-abc-v1"}})
+    pretrained = SimpleNamespace(config={"model": {
+        "name": "llama3", "flavor": "debugmodel", "pretrained": "smollm2_135m",
+        "hf_assets_path": "/cache/pretrained/smollm2_135m-abc-v1"}})
     assert _value(pretrained, "model.flavor") == "debugmodel, its shapes replaced by the checkpoint's config.json"
     assert _value(pretrained, "model.pretrained") == "smollm2_135m"
     assert _value(SimpleNamespace(config={"model": {"flavor": "debugmodel"}}), "model.flavor") == "debugmodel"

@@ -75,7 +75,7 @@ def test_an_equivalence_margin_that_is_no_finite_positive_number_is_refused_befo
 
 
 def test_a_declared_infinite_margin_is_a_block_problem_not_a_crash():
-    from refexp.report.reading.plan import block_problem
+    from refexp.report.reading.comparison_plan import block_problem
 
     block = {"arm_key": "grpo_variant", "arms": ["fixed", "ema"], "baseline": "fixed", "seeds": [0, 1],
              "equivalence_margin": float("inf")}
@@ -122,8 +122,8 @@ MALFORMED_SUMMARIES = {
 
 @pytest.mark.parametrize("case", MALFORMED_SUMMARIES, ids=str)
 def test_a_malformed_pilot_summary_is_one_error_line_naming_its_field(tmp_path, capsys, case):
-    from refexp.report.reading.plan import PRIMARY_ENDPOINTS
     from refexp.report.power.pilot import PilotError, read_pilot
+    from refexp.report.reading.comparison_plan import PRIMARY_ENDPOINTS
 
     assert PRIMARY_ENDPOINTS["eval/accuracy"] == "acc_final"  # the key the cases name
     summary, message = MALFORMED_SUMMARIES[case]

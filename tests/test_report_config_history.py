@@ -14,7 +14,7 @@ import yaml
 
 from refexp.config import ComparisonConfig
 from refexp.report import build_report
-from refexp.report.reading.config_history import BLOCK_DEFAULTS, flat_fields, experiment_of, histories
+from refexp.report.reading.config_history import BLOCK_DEFAULTS, experiment_of, flat_fields, histories
 from refexp.report.reading.load import load_sweep
 from tests.helpers.primary_sweeps import PROMPTS, block, write_run
 

@@ -13,8 +13,8 @@ import pytest
 
 from refexp.config import ComparisonConfig, ConfigError, MatchedConfig
 from refexp.report import build_report
+from refexp.report.reading.comparison_plan import make_plan
 from refexp.report.reading.load import load_sweep
-from refexp.report.reading.plan import make_plan
 from refexp.report.statistics import declared_matched, frontier
 from tests.helpers.frontier_sweeps import block, frontier_sweep, write_run
 
@@ -73,7 +73,8 @@ def test_a_declared_drift_outside_what_the_runs_reached_makes_no_claim_and_still
         "(the first: seed 0 (from 0.1 to 100)); a matched value is never extrapolated")
     assert list(primary.verdicts) == [high.label] and primary.verdicts[high.label].family_size == 2
     first = report.markdown_path.read_text().split("\n## ", 2)[1]
-    assert "| ema − fixed's frontier | final eval/accuracy at matched kl/init 0.05 |  |  | no claim (not matched" in first
+    assert ("| ema − fixed's frontier | final eval/accuracy at matched kl/init 0.05 |  |  | no claim (not matched"
+            in first)
 
 
 def test_a_no_claim_counts_the_replicates_whose_runs_did_not_reach_the_declared_drift(tmp_path):
@@ -143,7 +144,8 @@ def _non_monotone_sweep(root, along: str, ema_beta_1_kl: float = 0.1) -> None:
     decl = {**block(["fixed", "ema"], gap=2.5), "primary": ["ema"], "equivalence_margin": 0.05,
             "matched": {"axis": "kl/init", "at": [1.0], "along": along}}
     for seed in (0, 1, 2):
-        for beta, kl_fixed, kl_ema, solved in ((0.2, 3.0, 2.0, 150), (0.5, 0.5, 5.0, 120), (1.0, 0.1, ema_beta_1_kl, 90)):
+        for beta, kl_fixed, kl_ema, solved in ((0.2, 3.0, 2.0, 150), (0.5, 0.5, 5.0, 120),
+                                               (1.0, 0.1, ema_beta_1_kl, 90)):
             write_run(root, "fixed", beta, seed, solved=solved + seed, kl=kl_fixed, decl=decl)
             write_run(root, "ema", beta, seed, solved=solved + 10 + 2 * seed, kl=kl_ema, decl=decl)
 
@@ -191,7 +193,7 @@ def test_the_matched_block_is_checked_before_a_run():
     assert ComparisonConfig(**base, matched=MatchedConfig(at=[0.06], along="key")).matched.along == "key"
     with pytest.raises(ConfigError, match=r"comparison\.matched\.along='beta' is invalid: expected axis or key"):
         MatchedConfig(at=[0.06], along="beta")
-    from refexp.report.reading.plan import block_problem  # a run's saved block, read by the report
+    from refexp.report.reading.comparison_plan import block_problem  # a run's saved block, read by the report
     assert block_problem({**base, "matched": {"at": [0.06], "along": "beta"}}) == (
         "comparison.matched.along='beta' is invalid: expected axis or key")
     with pytest.raises(ConfigError, match="comparison.matched.at.*frontier_key"):

@@ -29,11 +29,11 @@ def test_the_fit_recovers_a_known_form_and_its_intervals_cover_it(tmp_path):
     gao_sweep(tmp_path, noise=0.01, seeds=tuple(range(6)))
     fits = _fits(build_report(tmp_path))
     assert set(fits) == set(FORMS)
-    for arm, (alpha, beta) in FORMS.items():
+    for arm, (alpha_rl, beta_rl) in FORMS.items():
         f = fits[arm]
         assert (f.runs, f.replicates, f.points) == (18, 6, 108)  # 3 betas x 6 seeds, 6 evaluations after step 0
-        assert f.alpha == pytest.approx(alpha, abs=0.01) and f.beta == pytest.approx(beta, abs=0.01)
-        for name, truth in (("alpha", alpha), ("beta", beta)):
+        assert f.alpha_rl == pytest.approx(alpha_rl, abs=0.01) and f.beta_rl == pytest.approx(beta_rl, abs=0.01)
+        for name, truth in (("alpha_rl", alpha_rl), ("beta_rl", beta_rl)):
             lo, hi = f.intervals[name]
             assert lo < truth < hi, (arm, name, lo, truth, hi)
         assert f.r2 > 0.95 and f.levels == ("seed",) and f.no_peak_share == 0.0
@@ -69,22 +69,23 @@ def test_too_few_replicates_or_distinct_drifts_give_no_fit_and_why(tmp_path):
         write_run(tmp_path / "two_d", "fixed", 1.0, seed, form=FORMS["fixed"], noise=0.01, decl=decl, steps=20)
     (f,) = build_report(tmp_path / "two_d").gao.fits
     assert (f.no_fit, f.points, f.replicates) == ("fewer than 3 distinct sqrt(kl/init) > 0", 6, 3)
-    assert math.isnan(f.alpha)
+    assert math.isnan(f.alpha_rl)
 
 
 def _coverage(n_seeds: int, n_sets: int = 200) -> np.ndarray:
     """Share of ``n_sets`` simulated fits (fixed's form, noise sd 0.01 per point, ``n_seeds`` replicates of 3 betas'
     runs) whose interval covers the truth, per parameter (``gao.PARAMETERS``) [4]."""
     rng = np.random.default_rng(n_seeds)
-    alpha, beta = FORMS["fixed"]
-    truth = np.array([alpha, beta, math.exp(alpha / beta - 1), beta * math.exp(alpha / beta - 1)])
+    alpha_rl, beta_rl = FORMS["fixed"]
+    d_star = math.exp(alpha_rl / beta_rl - 1)
+    truth = np.array([alpha_rl, beta_rl, d_star, beta_rl * d_star])
     hits = np.zeros(4)
     for k in range(n_sets):
         by_unit = {}
         for seed in range(n_seeds):
             for end in KL_END.values():
                 d = np.sqrt(end * np.arange(EVERY, STEPS + 1, EVERY) / STEPS)
-                dgold = delta_gold(alpha, beta, d) + 0.01 * rng.standard_normal(len(d))
+                dgold = delta_gold(alpha_rl, beta_rl, d) + 0.01 * rng.standard_normal(len(d))
                 by_unit.setdefault(("", seed), []).append((d, dgold))
         f = gao.fit("fixed", by_unit, n_boot=500, seed=k)
         lo, hi = np.array([f.intervals[p] for p in gao.PARAMETERS]).T
@@ -122,7 +123,7 @@ def test_without_a_declared_frontier_each_report_group_is_fitted(tmp_path):
     fits = _fits(report)
     assert set(fits) == {f"{arm} (algo.beta={b})" for arm in FORMS for b in ("1", "0.1", "0.01")}
     assert all((f.runs, f.replicates, f.points) == (3, 3, 18) for f in fits.values())
-    assert fits["fixed (algo.beta=1)"].alpha == pytest.approx(0.5, abs=0.02)
+    assert fits["fixed (algo.beta=1)"].alpha_rl == pytest.approx(0.5, abs=0.02)
     assert "each report group's counted runs are pooled" in report.gao.text
 
 
@@ -133,14 +134,17 @@ def test_the_section_is_in_report_md_html_and_summary_json_without_a_verdict(tmp
     section = md.split("## Gold against drift: Gao et al.'s RL form per reference strategy", 1)[1].split("\n## ")[0]
     assert "Descriptive and secondary: not a pre-registered contrast" in section
     assert "| fixed | 0.499 [" in section and "report_plots/gao_fit.png" in section
+    # the form's coefficients are α_RL, β_RL: never a bare β beside the KL coefficient algo.beta
+    assert "| reference strategy | α_RL | β_RL |" in section and "d (α_RL − β_RL log d)" in section
+    assert "beta" not in section.replace("algo.beta", "")
     assert not any(w in section for w in ("higher", "lower", "equivalent", "inconclusive"))
     assert "Gao et al.&#x27;s RL form per reference strategy</h2>" in report.html_path.read_text()
     assert (tmp_path / "report_plots" / "gao_fit.png").read_bytes()[:8] == PNG_MAGIC
     summary = json.loads(report.summary_path.read_text())["gao"]
     assert summary["role"] == "descriptive" and summary["plot"] == "report_plots/gao_fit.png"
     fixed = next(f for f in summary["fits"] if f["label"] == "fixed")
-    assert fixed["alpha"] == pytest.approx(0.5, abs=0.01) and fixed["has_peak"] is True
-    assert fixed["intervals"]["beta"][0] < 0.4 < fixed["intervals"]["beta"][1]
+    assert fixed["alpha_rl"] == pytest.approx(0.5, abs=0.01) and fixed["has_peak"] is True
+    assert fixed["intervals"]["beta_rl"][0] < 0.4 < fixed["intervals"]["beta_rl"][1]
 
 
 def test_no_section_without_a_gold_reward(tmp_path):

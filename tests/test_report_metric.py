@@ -48,7 +48,8 @@ def test_the_verdict_is_computed_on_the_declared_gold_metric(tmp_path):
     assert table.roles["gold_final"] == {"ema": "primary"} and table.roles["acc_final"] == {"ema": "secondary"}
     assert gold.result.point == pytest.approx(np.mean(golds["ema"]) - np.mean(golds["fixed"]))
     assert gold.word == "lower" and table.verdicts["acc_final"]["ema"].word == "higher"  # the proxy says otherwise
-    assert table.endpoints[2].metric == "eval/gold" and table.rows[1].paired["gold_at_5"].result.point == pytest.approx(0)
+    assert table.endpoints[2].metric == "eval/gold"
+    assert table.rows[1].paired["gold_at_5"].result.point == pytest.approx(0)
 
     md = (tmp_path / "report.md").read_text()
     first = md.split("\n## ", 2)[1]

@@ -26,9 +26,9 @@ def _forgetting_sweep(root, starts=(None,)):
 def test_a_group_that_forgets_falls_and_one_that_keeps_is_inconclusive(tmp_path):
     _forgetting_sweep(tmp_path)
     report = build_report(tmp_path)
-    kept = report.kept["grpo"]
-    rows = {r.label: r for r in kept.rows}
-    ema, fixed = kept.verdicts["ema"], kept.verdicts["fixed"]
+    changes = report.own_changes["grpo"]
+    rows = {r.label: r for r in changes.rows}
+    ema, fixed = changes.verdicts["ema"], changes.verdicts["fixed"]
     # per seed: ema (140 - seed - 180) / 200 = -0.200, -0.205, -0.210; fixed -0.005, 0, +0.005
     assert ema.result.seeds.diffs == pytest.approx((-0.2, -0.205, -0.21))
     assert ema.result.point == pytest.approx(-0.205) and ema.word == "lower"
@@ -46,15 +46,15 @@ def test_several_sft_starts_are_the_units_of_the_change(tmp_path):
     then seeds, then prompts."""
     _forgetting_sweep(tmp_path, starts=(0, 1))
     report = build_report(tmp_path)
-    kept = report.kept["grpo"]
-    ema = kept.verdicts["ema"]
+    changes = report.own_changes["grpo"]
+    ema = changes.verdicts["ema"]
     # start 0: -0.200, -0.205, -0.210 (mean -0.205); start 1: each 2 prompts (0.010) lower (mean -0.215)
     assert ema.result.seeds.unit == START_LEVEL
     assert ema.result.seeds.diffs == pytest.approx((-0.205, -0.215))
     assert ema.result.levels == (START_LEVEL, "seed", "prompt") and ema.result.point == pytest.approx(-0.21)
     # within each start, conditional on it: its three seeds, then prompts
-    assert list(kept.within) == ["sft.seed=0", "sft.seed=1"]
-    inside = kept.within["sft.seed=1"].verdicts["ema"]
+    assert list(changes.within) == ["sft.seed=0", "sft.seed=1"]
+    inside = changes.within["sft.seed=1"].verdicts["ema"]
     assert inside.result.seeds.unit == "seed" and inside.result.seeds.diffs == pytest.approx((-0.21, -0.215, -0.22))
     assert "within SFT start sft.seed=1" in report.markdown_path.read_text()
 
@@ -65,4 +65,4 @@ def test_no_table_without_retention_outcomes(tmp_path):
         for arm in ("fixed", "ema"):
             write_run(tmp_path, arm, 1.0, seed, solved=100, kl=0.1, decl=decl)
     report = build_report(tmp_path)
-    assert report.kept == {} and "**What each group kept.**" not in report.markdown_path.read_text()
+    assert report.own_changes == {} and "**What each group kept.**" not in report.markdown_path.read_text()

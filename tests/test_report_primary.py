@@ -68,7 +68,8 @@ def test_a_declared_margin_is_the_equivalence_margin_and_another_one_is_post_hoc
 @pytest.mark.parametrize("fields, named, valid", [
     ({"primary": ["dpo"]}, "comparison.primary=['dpo']", "distinct arms other than the baseline (ema, none)"),
     ({"primary": ["fixed"]}, "comparison.primary=['fixed']", "distinct arms other than the baseline (ema, none)"),
-    ({"primary": ["ema", "none", "ema"]}, "comparison.primary=['ema', 'none', 'ema']", "distinct arms other than the baseline"),
+    ({"primary": ["ema", "none", "ema"]}, "comparison.primary=['ema', 'none', 'ema']",
+     "distinct arms other than the baseline"),
     ({"metrics": ["eval/reward"]}, "comparison.metrics=['eval/reward']", "distinct metrics among eval/accuracy"),
     ({"equivalence_margin": 0.0}, "comparison.equivalence_margin=0.0", "a number > 0"),
     ({"equivalence_margin": -1}, "comparison.equivalence_margin=-1", "a number > 0"),
@@ -142,7 +143,8 @@ def test_the_first_screen_is_the_primary_contrasts_one_line_each_and_the_method_
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [p["contrast"] for p in summary["primary_contrasts"]] == ["ema − fixed", "none − fixed"]
     html = (tmp_path / "report.html").read_text()
-    assert html.index("<h2>Primary contrasts</h2>") < html.index("<h2>GRPO</h2>") < html.index("<h2>How to read this</h2>")
+    assert (html.index("<h2>Primary contrasts</h2>") < html.index("<h2>GRPO</h2>")
+            < html.index("<h2>How to read this</h2>"))
 
     three_arms(tmp_path / "undeclared", block(["fixed", *NETS]))
     build_report(tmp_path / "undeclared")
@@ -153,10 +155,12 @@ def test_the_first_screen_is_the_primary_contrasts_one_line_each_and_the_method_
 def test_the_report_reads_the_primary_metrics_and_limit_the_config_accepts():
     """The report cannot import the config layer (docs/architecture.md), so it keeps its own copies: they agree."""
     from refexp.config import comparison as config
-    from refexp.report.reading import plan
+    from refexp.report.reading import comparison_plan
 
-    assert tuple(plan.PRIMARY_ENDPOINTS) == config.PRIMARY_METRICS and plan.MAX_PRIMARY == config.MAX_PRIMARY
-    assert plan.MATCHED_AXES == config.MATCHED_AXES and config.MatchedConfig().axis == plan.MATCHED_AXES[0]
+    assert tuple(comparison_plan.PRIMARY_ENDPOINTS) == config.PRIMARY_METRICS
+    assert comparison_plan.MAX_PRIMARY == config.MAX_PRIMARY
+    assert comparison_plan.MATCHED_AXES == config.MATCHED_AXES
+    assert config.MatchedConfig().axis == comparison_plan.MATCHED_AXES[0]
 
 
 def test_primary_contrasts_on_two_metrics_are_one_family(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 
 from refexp.config import ComparisonConfig, ConfigError, SelectionConfig
 from refexp.report import build_report
-from refexp.report.statistics import selection
 from refexp.report.sections import frontier as frontier_report
+from refexp.report.statistics import selection
 from tests.helpers.frontier_sweeps import PROMPTS, block, write_run
 
 RULE = {"metric": "val/accuracy", "maximize": True, "floor": {}}
@@ -116,11 +116,13 @@ def test_the_test_twin_of_a_validation_metric_is_its_eval_metric():
 
 
 def test_the_rule_checks_its_fields():
-    with pytest.raises(ConfigError, match=r"comparison.select.metric='eval/accuracy' is invalid: expected a validation"):
+    with pytest.raises(ConfigError,
+                       match=r"comparison.select.metric='eval/accuracy' is invalid: expected a validation"):
         SelectionConfig(metric="eval/accuracy")
     with pytest.raises(ConfigError, match=r"comparison.select.floor='eval/retention' is invalid"):
         SelectionConfig(metric="val/accuracy", floor={"eval/retention": 0.5})
-    with pytest.raises(ConfigError, match=r"comparison.select.floor.val/retention='high' is invalid: expected a number"):
+    with pytest.raises(ConfigError,
+                       match=r"comparison.select.floor.val/retention='high' is invalid: expected a number"):
         SelectionConfig(metric="val/accuracy", floor={"val/retention": "high"})
     with pytest.raises(ConfigError, match=r"comparison.frontier_key='grpo_variant' is invalid"):
         ComparisonConfig(arm_key="grpo_variant", arms=["fixed", "ema"], baseline="fixed", seeds=[0, 1],

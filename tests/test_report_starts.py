@@ -5,7 +5,6 @@ one-start analysis. On synthetic sweeps written with the run record's writers.""
 from __future__ import annotations
 
 import json
-
 import math
 
 import numpy as np
@@ -95,7 +94,8 @@ def comparison(root, label: str = "ema"):
 # ---------------------------------------------------------------- one start: today's analysis, same numbers
 def test_one_start_gives_exactly_the_one_start_analysis(tmp_path):
     """A one-start sweep: the comparison is the seeds-then-prompts bootstrap of ``{seed: (arm, baseline)}`` (one
-    prompt draw per replicate for every run) with the same RNG, and the t over the per-seed differences, bit for bit; whether the start is recorded or not."""
+    prompt draw per replicate for every run) with the same RNG, and the t over the per-seed differences, bit for bit;
+    whether the start is recorded or not."""
     rng = np.random.default_rng(0)
     nets = (12, 3, 8)
     for seed, net in enumerate(nets):

@@ -210,7 +210,8 @@ def test_a_baseline_other_than_the_declared_one_makes_the_report_exploratory(tmp
     noisy_sweep(tmp_path, block=declared_3_seeds)
     assert "pre-registered" in build_report(tmp_path).tables["grpo"].verdict
     report = build_report(tmp_path, baseline="ema")
-    assert report.tables["grpo"].baseline == "ema" and "exploratory: not pre-registered" in report.tables["grpo"].verdict
+    assert report.tables["grpo"].baseline == "ema"
+    assert "exploratory: not pre-registered" in report.tables["grpo"].verdict
 
 
 # ---------------------------------------------------------------- (e) words

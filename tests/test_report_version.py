@@ -15,7 +15,7 @@ from refexp.report import build_report
 from refexp.report.reading.archive import ARCHIVE
 from refexp.report.reading.load import load_sweep
 from refexp.report.version import REPORT_VERSION
-from refexp.report.writing import not_kept
+from refexp.report.writing import runs_not_stored
 from tests.helpers.report_sweep import make_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,12 +43,12 @@ def test_a_committed_report_says_which_version_rendered_it(report_dir):
         assert version == REPORT_VERSION, (f"{report_dir}: rendered by report version {version}, the code is at "
                                            f"{REPORT_VERSION}: render it again (refexp-report SWEEP)")
         return
-    top = f"> **{not_kept.notice(version)}**"
+    top = f"> **{runs_not_stored.notice(version)}**"
     first = (report_dir / "report.md").read_text().split("\n\n", 1)[0]
     assert first == top or first.startswith(top + " "), f"{report_dir}/report.md lacks the notice"
     if (report_dir / "report.html").is_file():
         page = (report_dir / "report.html").read_text()
-        assert f'<body>\n<p class="not-kept"><strong>{not_kept.notice(version)}' in page
+        assert f'<body>\n<p class="not-kept"><strong>{runs_not_stored.notice(version)}' in page
     assert summary["runs_kept"] is False
 
 
@@ -59,19 +59,20 @@ def test_no_committed_report_prints_an_interval_past_the_range_of_a_difference_o
     for name in ("report.md", "report.html"):
         if (report_dir / name).is_file():
             text = (report_dir / name).read_text()
-            assert not_kept.reprint_out_of_range(text)[1] == 0, f"{report_dir}/{name} prints an interval past ±1"
+            assert runs_not_stored.reprint_out_of_range(text)[1] == 0, f"{report_dir}/{name} prints an interval past ±1"
 
 
 def test_the_reprint_replaces_only_intervals_past_plus_minus_1_and_the_notice_counts_them_once(tmp_path):
-    text, n = not_kept.reprint_out_of_range("a [-48.444, +47.812] b [−0.316, +0.105] c [+0.2, 1.5]")
+    text, n = runs_not_stored.reprint_out_of_range("a [-48.444, +47.812] b [−0.316, +0.105] c [+0.2, 1.5]")
     assert (text, n) == ("a uninformative b [−0.316, +0.105] c uninformative", 2)
     old = tmp_path / "old"
     shutil.copytree(ROOT / "docs" / "quickstart", old)
     (old / "report.md").write_text("# r\n\ncell -0.316 [-48.444, +47.812] not separated\n")
     for _ in range(2):  # marking again keeps the count of the intervals reprinted the first time
-        not_kept.mark_not_kept(old)
+        runs_not_stored.mark_runs_not_stored(old)
         md = (old / "report.md").read_text()
-        assert md.startswith(f"> **{not_kept.notice(0)}** 1 intervals reaching past ±1") and md.count("> **") == 1
+        assert md.startswith(f"> **{runs_not_stored.notice(0)}** 1 intervals reaching past ±1")
+        assert md.count("> **") == 1
         assert md.endswith("cell -0.316 uninformative not separated\n")
 
 
@@ -120,8 +121,8 @@ def test_marking_an_old_report_writes_version_0_and_one_notice(tmp_path):
     body = (old / "report.md").read_text().split("\n\n", 1)[1]
     (old / "report.md").write_text(body)
 
-    assert not_kept.mark_not_kept(old) == 0
-    assert not_kept.mark_not_kept(old) == 0  # again: replaced, not stacked
+    assert runs_not_stored.mark_runs_not_stored(old) == 0
+    assert runs_not_stored.mark_runs_not_stored(old) == 0  # again: replaced, not stacked
     marked = json.loads((old / "summary.json").read_text())
     assert list(marked)[:2] == ["report_version", "rendered_by_commit"] and marked["report_version"] == 0
     md = (old / "report.md").read_text()

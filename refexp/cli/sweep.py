@@ -8,8 +8,8 @@ holds a run of another configuration, a busy run dir: each job notes itself in t
 ``refexp/record/failed_jobs.py``, also from a launcher's worker process); ``refexp``'s ``main`` then exits 1
 (after every job ran and every callback was called: a callback that raised would stop the ones after it).
 The verdicts read the experiment's ``comparison`` block; a sweep without one gets an exploratory comparison
-against ``fixed``, else its first group (``refexp/report/reading/plan.py``), and ``refexp-report --baseline`` names
-another.
+against ``fixed``, else its first group (``refexp/report/reading/comparison_plan.py``), and ``refexp-report
+--baseline`` names another.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from .errors import check
 PRIMARY_METRICS = ("eval/accuracy", "eval/retention", "eval/gold")
 """Metrics a primary contrast can be tested on: the registered held-out (test) metrics each evaluation records per
 prompt (``eval_outcomes.jsonl``, ``refexp/record/metric_names.py``), at their final value (the report's
-``PRIMARY_ENDPOINTS``, ``refexp/report/reading/plan.py``)."""
+``PRIMARY_ENDPOINTS``, ``refexp/report/reading/comparison_plan.py``)."""
 
 COMPARED_METRICS = PRIMARY_METRICS
 """Metrics ``comparison.metric`` can name: the headline, compared at its final value and at each of ``at_steps``.

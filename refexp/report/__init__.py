@@ -6,9 +6,10 @@
 
 or ``refexp-report SWEEP_DIR [--baseline fixed] [--alpha 0.05] [--equivalence-margin M] [--allow-mixed] [--quiet]``.
 
-This package reads files only and imports from refexp only two foundations, ``refexp.record`` (the run
-record's readers, the metric names, atomic writes) and ``refexp.record.overrides`` (the swept settings W&B groups
-by too). The files it reads, per run dir
+This package reads files only and imports from refexp only the two layers below it (docs/architecture.md):
+``refexp.record`` (the run record's readers, the metric names, the swept settings W&B groups by too, provenance,
+atomic writes) and ``refexp.choices`` (the reference strategies' names, and the config values renamed since runs
+recorded them). The files it reads, per run dir
 (found at any depth below SWEEP_DIR by having ``.hydra/``, ``metrics.jsonl`` or ``status.json``):
 
 - ``status.json``: {"status": running|completed|failed, "error", "algo", "reference", "seed",
@@ -22,7 +23,7 @@ by too). The files it reads, per run dir
 Rooms, in the order a report is made (``build`` runs them), each importing only the ones before it:
 
 - ``reading/``: load (read runs) → group (seeds together, variant names) → reduce (one number per run) →
-  plan (the declared comparison, the runs it leaves out) → setup (what the runs were).
+  comparison_plan (the declared comparison, the runs it leaves out) → setup (what the runs were).
 - ``statistics/``: stats (mean, t-interval over seeds or SFT starts, seed bands), paired (bootstrap differences
   against the baseline over seeds and the prompts they share, ``bootstrap``; the verdict Holm's step-down
   decides, beside simultaneous intervals, ``inference``), summary (a table's numbers and
@@ -31,7 +32,8 @@ Rooms, in the order a report is made (``build`` runs them), each importing only 
   compared on test) and oracle.
 - ``writing/``: blocks (what a section says: headings, paragraphs, tables, images), render (blocks into report.md
   and report.html, entries into summary.json), cells and table (the strings every output prints), plots and
-  frontier_plots, wandb_table and wandb_workspace, not_kept (the notice on a committed report whose runs are gone).
+  frontier_plots, wandb_table and wandb_workspace, runs_not_stored (the notice on a committed report whose runs are
+  gone).
 - ``sections/``: one module per analysis (first screen, comparison table, own change, gold peak, within start,
   frontier, Gao, samples, ...), each computing its result and saying it as blocks and summary.json entries;
   ``sections/__init__.py`` lists them once.
@@ -48,8 +50,8 @@ comparison), ``last`` (a run's final value of a metric), and the frontier's ``cu
 
 from refexp.report.build import Report, build_report
 from refexp.report.reading.archive import runs_source
+from refexp.report.reading.comparison_plan import make_plan
 from refexp.report.reading.load import load_sweep
-from refexp.report.reading.plan import make_plan
 from refexp.report.reading.reduce import last
 from refexp.report.statistics.declared_matched import declared_matched
 from refexp.report.statistics.frontier import curves

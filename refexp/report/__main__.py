@@ -1,9 +1,10 @@
 """``refexp-report SWEEP_DIR [--target 0.6] [--baseline fixed] [--at-steps 500] [--alpha 0.05]
 [--equivalence-margin 0.02] [--allow-mixed] [--quiet] [--wandb] [--wandb-workspace]``: write the sweep's report and
 print its table and where it went. ``refexp-report --plan EXPERIMENT --pilot SWEEP_OR_SUMMARY [--out FILE]``: print
-(and write) the power plan of a declared experiment, its variance components from the pilot. Exit status 2, nothing written, when SWEEP_DIR holds no run. A sweep that
+(and write) the power plan of a declared experiment, its variance components from the pilot. Exit status 2, nothing
+written, when SWEEP_DIR holds no run. A sweep that
 declares no comparison and names no ``--baseline`` gets an exploratory report against ``fixed``, else its first
-group (``refexp/report/reading/plan.py``, ``default_baseline``)."""
+group (``refexp/report/reading/comparison_plan.py``, ``default_baseline``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Optional, Sequence
 
 from refexp.report.build import NoRunsError, build_report
 from refexp.report.reading.archive import ArchiveError
-from refexp.report.reading.plan import valid_margin
+from refexp.report.reading.comparison_plan import valid_margin
 from refexp.report.writing.table import format_table
 
 
@@ -82,7 +83,7 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
         if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
             parser.error(f"--out {args.out} is invalid: expected a file in an existing directory "
                          f"({'a directory' if args.out.is_dir() else f'no directory {args.out.parent}'})")
-        from refexp.report.reading.plan import PRIMARY_ENDPOINTS
+        from refexp.report.reading.comparison_plan import PRIMARY_ENDPOINTS
         if args.pilot_metric is not None and args.pilot_metric not in PRIMARY_ENDPOINTS:
             parser.error(f"--pilot-metric {args.pilot_metric} is invalid: expected a held-out metric the report "
                          f"compares per prompt, one of {', '.join(PRIMARY_ENDPOINTS)}")

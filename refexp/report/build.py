@@ -13,10 +13,10 @@ from typing import Any, Optional, Sequence
 
 from refexp.report import sections as registry
 from refexp.report.reading.archive import runs_source
+from refexp.report.reading.comparison_plan import ComparisonPlan, make_plan, valid_margin
 from refexp.report.reading.config_history import ConfigHistory, histories
 from refexp.report.reading.group import group_runs, merged_note
 from refexp.report.reading.load import Run, load_sweep
-from refexp.report.reading.plan import ComparisonPlan, make_plan, valid_margin
 from refexp.report.reading.reduce import at_step_columns
 from refexp.report.reading.setup import setup_rows
 from refexp.report.sections.base import AlgorithmSection, Section, Sweep
@@ -49,7 +49,7 @@ class Problem:
 class Report:
     """What build_report made: the tables (numbers), the runs left out, each section's result, and the files
     written. A section's result is ``report.<its name>`` (``report.frontier``; an algorithm section's is algo ->
-    result: ``report.kept["grpo"]``)."""
+    result: ``report.own_changes["grpo"]``)."""
 
     sweep_dir: Path
     runs: list[Run]

@@ -2,8 +2,9 @@
 changes (a verdict rule, a family, a column, a sentence), and the refexp commit of the checkout that rendered it.
 
 ``summary.json`` records both (``rendered_by``); a committed report whose runs are not kept carries the version it
-was rendered by in a notice at its top (``refexp/report/writing/not_kept.py``), and ``tests/test_report_version.py``
-fails when a committed report whose runs are in the repo was rendered by an older version.
+was rendered by in a notice at its top (``refexp/report/writing/runs_not_stored.py``), and
+``tests/test_report_version.py`` fails when a committed report whose runs are in the repo was rendered by an older
+version.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Optional
 
 from refexp.record.provenance import provenance
 
-REPORT_VERSION = 7
+REPORT_VERSION = 8
 """Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version`` in
 their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
 inconclusive), primary contrasts (``comparison.primary``) form the verdict family and the first screen, every other
@@ -27,14 +28,16 @@ reference strategy (``statistics/gao.py``: a table, a plot, summary.json's ``gao
 and ``val/gold`` get the gold-peak tables (``statistics/gold_peak.py``: each group's test gold at the step validation
 chose against its step 0, each arm at its gold peak against the baseline's), the declared matched contrasts say
 between which runs each curve was read (``declared_matched.bracket``), an unfinished run that has not recorded its SFT
-start is no start of its own in the setup block, a validation budget's floors read its prompts too, and groups across a decimal setting are
-ordered by its value (0.05 before 0.1). 6: report.md writes every ``<`` that could open raw HTML (a tag in a
-completion or a run name: ``<answer>``, ``<script>``) as ``&lt;``, as report.html escapes it; a run's
+start is no start of its own in the setup block, a validation budget's floors read its prompts too, and groups across
+a decimal setting are ordered by its value (0.05 before 0.1). 6: report.md writes every ``<`` that could open raw
+HTML (a tag in a completion or a run name: ``<answer>``, ``<script>``) as ``&lt;``, as report.html escapes it; a run's
 ``.hydra/config.yaml`` has its node interpolations followed and no resolver run (``${oc.env:...}`` prints as
 written); a sample's reward that is no number prints as written, "(not a number)". 7: where declared primary
 contrasts exist and none can be tested for want of seeds (one seed per arm), the first screen says "One seed: no
 claim" once and shows each arm against its start (final accuracy and its change, final retention and its change,
-kl/init) and the accuracy-vs-drift plot, instead of the no-claim lines and the method paragraph."""
+kl/init) and the accuracy-vs-drift plot, instead of the no-claim lines and the method paragraph. 8: Gao et al.'s
+fitted coefficients print as α_RL, β_RL (summary.json's ``gao.fits[].alpha_rl``, ``beta_rl``, and their intervals),
+never as a bare β beside the KL coefficient ``algo.beta``."""
 
 
 def rendered_by(version: int = REPORT_VERSION, commit: Optional[str] = "current") -> dict:

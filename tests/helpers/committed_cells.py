@@ -43,7 +43,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from refexp.report.statistics.inference import DEGENERATE, INCONCLUSIVE, holm, verdict_word
+from refexp.report.statistics.inference import INCONCLUSIVE, holm, verdict_word
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 MARKER = re.compile(r"<!--\s*(paired|kept|primary|peak|peakarm|best)\s+([^>]*?)\s*-->")
@@ -96,9 +96,10 @@ def _paired_family_holm(family: dict, metric: str, alpha: float) -> dict[str, fl
 
 
 @lru_cache(maxsize=None)
-def runs_kept(folder: str) -> bool:
-    """Whether the report in ``docs/<folder>`` has its runs beside it, as its ``runs.tar.xz`` (the one way a committed
-    report keeps them: tests/test_what_git_holds.py)."""
+def runs_stored(folder: str) -> bool:
+    """Whether the report in ``docs/<folder>`` has its runs stored beside it, as its ``runs.tar.xz`` (the one way a
+    committed report stores them: tests/test_what_git_holds.py); a report without them is marked "runs not kept"
+    (``refexp/report/writing/runs_not_stored.py``)."""
     from refexp.report.reading.archive import ARCHIVE
     return (DOCS / folder / ARCHIVE).is_file()
 
@@ -109,7 +110,7 @@ def _printed(folder: str, kind: str, spec: str) -> Cell:
     fields = [f.strip() for f in spec.split("|")]
     s = summary(folder)
     where = f"docs/{folder}/summary.json {kind} {' | '.join(fields[1:])}"
-    if not runs_kept(folder):
+    if not runs_stored(folder):
         raise KeyError(f"{where}: its runs are not kept beside it, so its printed verdict may be an older rule's; "
                        f"cite a paired or kept cell")
     if kind == "best":
@@ -168,7 +169,7 @@ def resolve(kind: str, spec: str) -> Cell:
         p_holm = cell["p_holm"]
         proportion = True  # a change of retention, a share of prompts
     decided = _rule(cell, p_holm, alpha, proportion)
-    if runs_kept(folder):  # the current rule's printed word: equivalence too, which the recomputation cannot see
+    if runs_stored(folder):  # the current rule's printed word: equivalence too, which the recomputation cannot see
         decided = printed_word(cell["verdict"], decided)
     return Cell(where, cell.get("difference", cell.get("change")), tuple(cell["interval"]), cell["verdict"], decided)
 

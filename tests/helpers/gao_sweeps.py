@@ -1,6 +1,6 @@
 """Synthetic learned-reward sweeps for the Gao-form tests: GRPO runs of several arms across ``algo.beta`` and seeds,
 written with the run record's writers, each logging ``kl/init``, ``eval/gold`` and the proxy ``eval/accuracy`` at
-every evaluation, whose gold changes from its step-0 value by a known d (alpha - beta log d), d = sqrt(kl/init)."""
+every evaluation, whose gold changes from its step-0 value by a known d (alpha_rl - beta_rl log d), d = sqrt(kl/init)."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ STEPS, EVERY = 60, 10
 GOLD_0 = 0.6
 """Every run's step-0 gold: the form is fitted to the change from it."""
 KL_END = {1.0: 0.5, 0.1: 2.0, 0.01: 6.0}
-"""beta -> the run's final kl/init (its kl/init grows linearly in the step up to it)."""
+"""algo.beta -> the run's final kl/init (its kl/init grows linearly in the step up to it)."""
 FORMS = {"fixed": (0.5, 0.4), "ema": (0.3, 0.1)}
-"""arm -> (alpha, beta): fixed peaks at d* = exp(0.25) ~ 1.28, inside the drift it reaches; ema at exp(2) ~ 7.4,
+"""arm -> (alpha_rl, beta_rl): fixed peaks at d* = exp(0.25) ~ 1.28, inside the drift it reaches; ema at exp(2) ~ 7.4,
 beyond it."""
 
 
-def delta_gold(alpha: float, beta: float, d: np.ndarray) -> np.ndarray:
-    """The form by hand: d (alpha - beta log d), 0 at d = 0."""
-    return np.where(d > 0, d * (alpha - beta * np.log(np.where(d > 0, d, 1.0))), 0.0)
+def delta_gold(alpha_rl: float, beta_rl: float, d: np.ndarray) -> np.ndarray:
+    """The form by hand: d (alpha_rl - beta_rl log d), 0 at d = 0."""
+    return np.where(d > 0, d * (alpha_rl - beta_rl * np.log(np.where(d > 0, d, 1.0))), 0.0)
 
 
 def write_run(root: Path, arm: str, beta: float, seed: int, *, form: tuple[float, float], noise: float, decl: dict,

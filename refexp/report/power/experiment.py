@@ -10,7 +10,7 @@ from typing import Optional
 
 import yaml
 
-from refexp.report.reading.plan import DEFAULT_METRIC, block_problem, matched_of
+from refexp.report.reading.comparison_plan import DEFAULT_METRIC, block_problem, matched_of
 
 
 def conf_dirs() -> tuple[Path, Path]:

@@ -22,9 +22,9 @@ import numpy as np
 
 from refexp.report.power.detectable import Components
 from refexp.report.power.pilot_summary import check_summary
+from refexp.report.reading.comparison_plan import PRIMARY_ENDPOINTS, make_plan
 from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import load_sweep
-from refexp.report.reading.plan import PRIMARY_ENDPOINTS, make_plan
 from refexp.report.statistics.paired import final_step
 from refexp.report.statistics.summary import find_baseline, in_comparison
 
@@ -56,7 +56,8 @@ def _moments(units: dict[str, dict[int, np.ndarray]]) -> tuple[float, float, flo
     notes = []
     unit_mean, prompt_mean, grand = table.mean(1), table.mean(0), table.mean()
     inter = table - unit_mean[:, None] - prompt_mean[None, :] + grand
-    residual = float((inter ** 2).sum() / ((n_units - 1) * (n_prompts - 1))) if n_units > 1 else float(table.var(ddof=1))
+    residual = (float((inter ** 2).sum() / ((n_units - 1) * (n_prompts - 1))) if n_units > 1
+                else float(table.var(ddof=1)))
     prompt = max(0.0, (n_units * float(((prompt_mean - grand) ** 2).sum()) / (n_prompts - 1) - residual) / n_units)
     if n_units == 1:
         notes.append("one unit: the prompt and residual variances are not told apart")

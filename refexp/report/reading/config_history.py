@@ -30,7 +30,8 @@ DEFAULT_NAME = "default"
 """``experiment_name`` when no experiment was chosen (``refexp/config/root.py``)."""
 BLOCK_DEFAULTS = {"arm_key": "", "arms": [], "baseline": "", "seeds": [], "metric": "eval/accuracy", "primary": [],
                   "metrics": [], "equivalence_margin": None, "at_steps": [], "chosen_on_test": [], "frontier_key": "",
-                  "frontier_gap": None, "matched.axis": "kl/init", "matched.at": [], "matched.along": "axis", "select.metric": "",
+                  "frontier_gap": None, "matched.axis": "kl/init", "matched.at": [], "matched.along": "axis",
+                  "select.metric": "",
                   "select.maximize": True, "select.floor": {}, "select.floor_change": {}, "select.budget": None}
 """``ComparisonConfig``'s defaults by dotted field (``refexp/config/comparison.py``, a layer above the report, so
 mirrored here; tests/test_report_config_history.py checks they agree): what a field an experiment file leaves out

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 from refexp.choices import REFERENCE_STRATEGIES
 from refexp.record.overrides import spelled_number, swept_settings
-
 from refexp.report.reading.load import Run, natural_key
 
 ALGO_ORDER = ("grpo", "dpo", "sft")

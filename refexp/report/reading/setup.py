@@ -10,14 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from refexp.record.status import provenances, wall_seconds
-
 from refexp.record.metric_names import EVAL_ACCURACY, VAL_ACCURACY
-
+from refexp.record.status import provenances, wall_seconds
+from refexp.report.reading.comparison_plan import ComparisonPlan, threads
 from refexp.report.reading.config_history import ConfigHistory
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run, _get, natural_key
-from refexp.report.reading.plan import ComparisonPlan, threads
 
 FIELDS: tuple[tuple[str, str], ...] = (
     ("model", "model.name"), ("pretrained", "model.pretrained"), ("flavor", "model.flavor"),

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run
-from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.summary import AlgoTable
 from refexp.report.writing.blocks import Block
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.load import Run, sft_start_keys
-from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.sections.base import Section, Sweep
 from refexp.report.sections.within_start import WITHIN_START
 from refexp.report.statistics.declared_matched import declared_matched
@@ -75,7 +75,8 @@ def make(runs: list[Run], plan: ComparisonPlan, plots_dir: Path) -> Optional[Fro
     return out
 
 
-def _sections(runs: list[Run], plan: ComparisonPlan, key: str, metric: str, plots_dir: Optional[Path]) -> FrontierReport:
+def _sections(runs: list[Run], plan: ComparisonPlan, key: str, metric: str,
+              plots_dir: Optional[Path]) -> FrontierReport:
     """The matched tables, the tuned comparison and (with a ``plots_dir``) the frontier plots of ``runs``."""
     out = FrontierReport(key, metric, selection=choose(runs, plan))
     if key:

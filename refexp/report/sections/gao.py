@@ -12,15 +12,15 @@ from typing import Optional
 import numpy as np
 from matplotlib.figure import Figure
 
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.load import Run
-from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.sections.base import Section, Sweep
 from refexp.report.statistics import gao
 from refexp.report.writing.blocks import Heading, Image, Paragraph, table_of
 
 TITLE = "Gold against drift: Gao et al.'s RL form per reference strategy"
 PLOT = "gao_fit.png"
-HEADER = ["reference strategy", "alpha", "beta", "d* (peak)", "R* (Δgold at d*)", "R²", "points (runs, replicates)"]
+HEADER = ["reference strategy", "α_RL", "β_RL", "d* (peak)", "R* (Δgold at d*)", "R²", "points (runs, replicates)"]
 
 
 @dataclass
@@ -53,14 +53,14 @@ def _text(fits: list[gao.GaoFit], grouping: str, level: float) -> str:
     return (
         "Descriptive and secondary: not a pre-registered contrast, so no verdict is drawn from it. Gao, Schulman and "
         "Hilton 2022 (\"Scaling Laws for Reward Model Overoptimization\", eq. 2) find the gold reward of RL against "
-        "a proxy follows d (alpha − beta log d) in d = √KL(policy ‖ init). "
+        "a proxy follows d (α_RL − β_RL log d) in d = √KL(policy ‖ init). "
         f"Here {grouping} are pooled, every evaluation after step 0 a point (d = √kl/init, Δgold = eval/gold "
         "minus the run's step-0 eval/gold, "
-        "since refexp's gold starts at the start's gold, not 0), and alpha, beta are fitted by least squares to "
-        "Δgold = alpha d − beta d log d. d* = exp(alpha/beta − 1) is where the fitted Δgold peaks and R* = beta d* "
-        "its height; beta ≤ 0 has no peak (the fitted gold never turns down: ∞), and a d* beyond the largest d "
-        "observed is extrapolated. R² is 1 − SS_res/SS_tot about the points' mean Δgold. kl/init is a mean "
-        "per-token KL, not the paper's per-sequence KL, so the parameters are in its units. "
+        "since refexp's gold starts at the start's gold, not 0), and α_RL, β_RL (the paper's α, β; not algo.beta) "
+        "are fitted by least squares to Δgold = α_RL d − β_RL d log d. d* = exp(α_RL/β_RL − 1) is where the fitted "
+        "Δgold peaks and R* = β_RL d* its height; β_RL ≤ 0 has no peak (the fitted gold never turns down: ∞), and a "
+        "d* beyond the largest d observed is extrapolated. R² is 1 − SS_res/SS_tot about the points' mean Δgold. "
+        "kl/init is a mean per-token KL, not the paper's per-sequence KL, so the parameters are in its units. "
         f"Intervals: {100 * level:g}% {'; '.join(methods) or 'percentile bootstrap'}; the prompts are not resampled. "
         "Over few replicates such an interval is too narrow: in a simulation of this form (tests/test_report_gao.py) "
         "a nominal 95% interval covered the truth about 73% of the time with 3 replicates and 87% with 6.")
@@ -89,8 +89,9 @@ def rows(section: GaoSection) -> list[list[str]]:
         if f.no_fit:
             out.append([f.label, "—", "—", "—", "—", "—", f"{counts}; no fit: {f.no_fit}"])
             continue
-        d_star = _cell(f, "d_star") + (f" (beyond the largest d, {f.d_max:.3g})" if f.d_max < f.d_star < math.inf else "")
-        out.append([f.label, _cell(f, "alpha"), _cell(f, "beta"), d_star, _cell(f, "r_star"), _num(f.r2), counts])
+        beyond = f" (beyond the largest d, {f.d_max:.3g})" if f.d_max < f.d_star < math.inf else ""
+        d_star = _cell(f, "d_star") + beyond
+        out.append([f.label, _cell(f, "alpha_rl"), _cell(f, "beta_rl"), d_star, _cell(f, "r_star"), _num(f.r2), counts])
     return out
 
 
@@ -108,8 +109,8 @@ def _plot(path: Path, fits: list[gao.GaoFit]) -> Optional[Path]:
         colour = f"C{i % 10}"
         ax.scatter(f.d, f.dgold, color=colour, s=9, alpha=0.5)
         grid = np.linspace(0.0, f.d_max, 200)
-        ax.plot(grid, gao.curve(f.alpha, f.beta, grid), color=colour,
-                label=f"{f.label}: α {f.alpha:.3g}, β {f.beta:.3g}")
+        ax.plot(grid, gao.curve(f.alpha_rl, f.beta_rl, grid), color=colour,
+                label=f"{f.label}: α_RL {f.alpha_rl:.3g}, β_RL {f.beta_rl:.3g}")
         if f.d_star <= f.d_max:
             ax.plot([f.d_star], [f.r_star], color=colour, marker="*", markersize=11, linestyle="none")
     ax.legend(fontsize="small", loc="best")
@@ -125,7 +126,7 @@ def _finite(x: float) -> Optional[float]:
 def summary(section: GaoSection, sweep_dir: Path) -> dict:
     """The numbers for summary.json; an interval end or a peak that is inf (no peak) is null, with ``has_peak``."""
     return {
-        "role": "descriptive", "form": "delta_gold = alpha*d - beta*d*log(d), d = sqrt(kl/init)",
+        "role": "descriptive", "form": "delta_gold = alpha_rl*d - beta_rl*d*log(d), d = sqrt(kl/init)",
         "grouping": section.grouping, "level": section.level, "text": section.text,
         "plot": None if section.plot is None else section.plot.relative_to(sweep_dir).as_posix(),
         "fits": [{"label": f.label, "runs": f.runs, "replicates": f.replicates, "points": f.points,

@@ -1,6 +1,6 @@
-"""What each group kept (``statistics/own_change.py``): each group's change of ``eval/retention`` from its runs'
-step-0 evaluation, with the verdict table's interval, as a paragraph and a table under its algorithm, and
-summary.json's ``algos.<algo>.kept``."""
+"""Each group's own change (``statistics/own_change.py``): its change of ``eval/retention`` from its runs' step-0
+evaluation, with the verdict table's interval, as a paragraph and a table under its algorithm ("What each group
+kept."), and summary.json's ``algos.<algo>.kept`` (the key committed summaries carry, so it keeps that name)."""
 
 from __future__ import annotations
 
@@ -60,17 +60,17 @@ def summary(oc: OwnChanges) -> dict:
 
 
 class OwnChange(AlgorithmSection):
-    name = "kept"
+    name = "own_changes"
 
     def compute(self, sweep: Sweep, algo: str):
         plan = sweep.plan
         return own_changes(sweep.groups[algo], plan.counts, alpha=plan.alpha, margin=plan.margin)
 
     def blocks(self, report, algo: str) -> list:
-        oc = report.kept.get(algo)
+        oc = report.own_changes.get(algo)
         if oc is None:
             return []
         return [Paragraph(oc.text, lead="What each group kept."), table_of(header(oc), rows(oc))]
 
     def summary(self, report, algo: str) -> dict:
-        return {"kept": summary(report.kept[algo]) if algo in report.kept else None}
+        return {"kept": summary(report.own_changes[algo]) if algo in report.own_changes else None}

@@ -20,9 +20,8 @@ from typing import Optional
 import numpy as np
 
 from refexp.record.metric_names import KL_INIT
-
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.load import Run
-from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.frontier import MatchedDrift, MatchedRow, compare_at, curves, frontier_gap, not_matched
 from refexp.report.statistics.frontier_key import cut_along_key
 from refexp.report.statistics.frontier_points import DRIFT_AXIS, RETENTION_AXIS, Axis, Curves
@@ -131,8 +130,8 @@ def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> s
                f"neighbouring on the {key} grid whose {m.axis.key} straddle that value (comparison.matched.along: "
                f"key)")
             + f" (within a factor {m.gap:g} in {key}; never extrapolated); the units are the SFT "
-            f"starts, then seeds, then prompts. One Holm family of the {n} declared comparison{'s' * (n != 1)} (one that "
-            f"makes no claim counts with p 1), alpha "
+            f"starts, then seeds, then prompts. One Holm family of the {n} declared comparison{'s' * (n != 1)} "
+            f"(one that makes no claim counts with p 1), alpha "
             f"{plan.alpha:g}" + (f", equivalence margin ±{plan.margin:g}." if plan.margin is not None else "."))
     parts = [head] + [m.verdicts[r.label].sentence(m.baseline) for r in m.rows if r.label in m.verdicts]
     unclaimed = [f"{r.label} ({r.no_claim})" for r in m.rows if r.result is None]

@@ -27,14 +27,13 @@ from typing import Optional
 import numpy as np
 
 from refexp.record.overrides import swept_settings
-
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.load import Run, _get
-from refexp.report.reading.plan import ComparisonPlan
-from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
-from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
 from refexp.report.statistics.drift_resample import drift_shift, shifted
 from refexp.report.statistics.frontier_key import cut_along_key, key_symbol
 from refexp.report.statistics.frontier_points import Axis, Curves, Point
+from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
+from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
 from refexp.report.statistics.paired import BothLevelsResult, Unit
 
 MATCHED_FRACTIONS = (1 / 3, 2 / 3)
@@ -311,9 +310,9 @@ def _text(m: MatchedDrift, alpha: float) -> str:
     n = len(m.verdicts)
     head = (f"{m.metric} at matched {m.axis.key}, each arm against {m.baseline} at two values inside the range "
             f"both cover in every common replicate (SFT start and seed; each one's curve across {m.axis.key} "
-            f"interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'}; a point is compared only where, in every "
-            f"replicate, each curve's two runs around it are within a factor {m.gap:g} in the frontier key). Family: {n} "
-            f"comparison{'s' * (n != 1)}, Holm-adjusted, alpha {alpha:g}.")
+            f"interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'}; a point is compared only where, "
+            f"in every replicate, each curve's two runs around it are within a factor {m.gap:g} in the frontier key). "
+            f"Family: {n} comparison{'s' * (n != 1)}, Holm-adjusted, alpha {alpha:g}.")
     compared = [r for r in m.rows if r.label in m.verdicts]
     if compared:
         n_x = sum(r.x_resampled for r in compared)

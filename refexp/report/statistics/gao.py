@@ -2,16 +2,19 @@
 the drift from the start.
 
 Gao, Schulman and Hilton 2022 ("Scaling Laws for Reward Model Overoptimization", eq. 2, the RL form) find the gold
-reward of a policy optimised against a proxy follows R(d) = d (alpha - beta log d) in d = sqrt(KL(policy || init)),
-a curve through 0 at d = 0. In refexp the gold at step 0 is the start's gold, not 0, so the fitted quantity is each
-run's *change* from its own step-0 evaluation:
+reward of a policy optimised against a proxy follows R(d) = d (alpha_rl - beta_rl log d) in
+d = sqrt(KL(policy || init)), a curve through 0 at d = 0: the paper's alpha and beta, named ``alpha_rl``, ``beta_rl``
+and printed α_RL, β_RL, so that none reads them as the KL coefficient ``algo.beta`` of the same report. In refexp
+the gold at step 0 is the start's gold, not 0, so the fitted quantity is each run's *change* from its own step-0
+evaluation:
 
-    Δgold(d) = gold(d) - gold(0) = alpha d - beta d log d,    d = sqrt(kl/init)
+    Δgold(d) = gold(d) - gold(0) = alpha_rl d - beta_rl d log d,    d = sqrt(kl/init)
 
-which is linear in (alpha, beta): least squares on the pooled points. Where beta > 0 the curve peaks at
-d* = exp(alpha / beta - 1) with height R* = beta d* (dR/dd = alpha - beta log d - beta = 0); beta <= 0 has no peak
-(the fitted gold never turns down), written d* = R* = inf. ``kl/init`` is refexp's mean per-token KL on held-out
-prompts (docs/metrics.md), not the paper's per-sequence KL, so alpha and beta are in its units.
+which is linear in (alpha_rl, beta_rl): least squares on the pooled points. Where beta_rl > 0 the curve peaks at
+d* = exp(alpha_rl / beta_rl - 1) with height R* = beta_rl d* (dR/dd = alpha_rl - beta_rl log d - beta_rl = 0);
+beta_rl <= 0 has no peak (the fitted gold never turns down), written d* = R* = inf. ``kl/init`` is refexp's mean
+per-token KL on held-out prompts (docs/metrics.md), not the paper's per-sequence KL, so alpha_rl and beta_rl are in
+its units.
 
 One fit per reference strategy: with a declared frontier (``comparison.frontier_key``, e.g. ``algo.beta``) an arm's
 runs across the key form one curve (``frontier.curve_label``); otherwise each report group is one. Every evaluation
@@ -29,10 +32,9 @@ from typing import Optional
 import numpy as np
 
 from refexp.record.metric_names import EVAL_GOLD, KL_INIT
-
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import Run, natural_key
-from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.frontier import common_settings, curve_label, planned_runs
 from refexp.report.statistics.paired import START_LEVEL, Unit
 
@@ -42,7 +44,7 @@ MIN_REPLICATES = 2
 """Fewer (SFT start, seed) replicates leave nothing for the bootstrap to resample."""
 MIN_DISTINCT_D = 3
 """Distinct d > 0 a fit needs: two parameters and one point to spare (two distinct d fit any two points exactly)."""
-PARAMETERS = ("alpha", "beta", "d_star", "r_star")
+PARAMETERS = ("alpha_rl", "beta_rl", "d_star", "r_star")
 
 
 def run_points(run: Run) -> Optional[tuple[np.ndarray, np.ndarray]]:
@@ -59,26 +61,27 @@ def run_points(run: Run) -> Optional[tuple[np.ndarray, np.ndarray]]:
 
 
 def design(d: np.ndarray) -> np.ndarray:
-    """The regressors [N, 2] of Δgold = alpha d - beta d log d at d [N]: (d, -d log d), whose limit at d = 0 is 0."""
+    """The regressors [N, 2] of Δgold = alpha_rl d - beta_rl d log d at d [N]: (d, -d log d), whose limit at d = 0
+    is 0."""
     d = np.asarray(d, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         dlogd = np.where(d > 0, d * np.log(np.where(d > 0, d, 1.0)), 0.0)
     return np.column_stack([d, -dlogd])
 
 
-def curve(alpha: float, beta: float, d: np.ndarray) -> np.ndarray:
+def curve(alpha_rl: float, beta_rl: float, d: np.ndarray) -> np.ndarray:
     """The fitted Δgold [N] at d [N]."""
-    return design(d) @ np.array([alpha, beta])
+    return design(d) @ np.array([alpha_rl, beta_rl])
 
 
-def peak(alpha, beta):
-    """(d*, R*) of the form (arrays of any one shape, or floats): d* = exp(alpha/beta - 1), R* = beta d* where
-    beta > 0, else (inf, inf): no peak. A d* too large for a float is inf as well."""
-    alpha, beta = np.asarray(alpha, dtype=float), np.asarray(beta, dtype=float)
+def peak(alpha_rl, beta_rl):
+    """(d*, R*) of the form (arrays of any one shape, or floats): d* = exp(alpha_rl/beta_rl - 1), R* = beta_rl d*
+    where beta_rl > 0, else (inf, inf): no peak. A d* too large for a float is inf as well."""
+    alpha_rl, beta_rl = np.asarray(alpha_rl, dtype=float), np.asarray(beta_rl, dtype=float)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        d_star = np.where(beta > 0, np.exp(np.where(beta > 0, alpha / np.where(beta > 0, beta, 1.0) - 1, 0.0)),
-                          np.inf)
-        r_star = np.where(beta > 0, beta * d_star, np.inf)
+        peaks = beta_rl > 0
+        d_star = np.where(peaks, np.exp(np.where(peaks, alpha_rl / np.where(peaks, beta_rl, 1.0) - 1, 0.0)), np.inf)
+        r_star = np.where(peaks, beta_rl * d_star, np.inf)
     if d_star.ndim == 0:
         return float(d_star), float(r_star)
     return d_star, r_star
@@ -104,10 +107,10 @@ class GaoFit:
     """Evaluations after step 0, pooled over the runs."""
     no_fit: str = ""
     """Why there is no fit (one phrase); "": fitted."""
-    alpha: float = math.nan
-    beta: float = math.nan
+    alpha_rl: float = math.nan
+    beta_rl: float = math.nan
     d_star: float = math.nan
-    """Where the fitted Δgold peaks (inf: beta <= 0, no peak)."""
+    """Where the fitted Δgold peaks (inf: beta_rl <= 0, no peak)."""
     r_star: float = math.nan
     """The fitted Δgold at d* (inf: no peak)."""
     r2: float = math.nan
@@ -115,7 +118,7 @@ class GaoFit:
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     """parameter (``PARAMETERS``) -> its percentile interval (an end may be inf for d*, R*)."""
     no_peak_share: float = 0.0
-    """Share of the bootstrap replicates without a peak (beta <= 0)."""
+    """Share of the bootstrap replicates without a peak (beta_rl <= 0)."""
     d_max: float = math.nan
     """The largest d observed: a d* beyond it is extrapolated."""
     d: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
@@ -128,7 +131,7 @@ class GaoFit:
 
 def fit(label: str, by_unit: dict[Unit, list[tuple[np.ndarray, np.ndarray]]], *, n_boot: int = N_BOOT,
         seed: int = 0, ci_alpha: float = 0.05) -> GaoFit:
-    """Fit Δgold = alpha d - beta d log d to every run's points of ``by_unit`` ((SFT start, seed) -> its runs'
+    """Fit Δgold = alpha_rl d - beta_rl d log d to every run's points of ``by_unit`` ((SFT start, seed) -> its runs'
     (d [S], Δgold [S])), with (1 - ``ci_alpha``) percentile intervals from ``n_boot`` replicates that draw SFT starts
     with replacement, then each drawn start's seeds with replacement (a start with one seed, or one start, resamples
     what varies). No fit, and why, with fewer than ``MIN_REPLICATES`` replicates or ``MIN_DISTINCT_D`` distinct d."""
@@ -144,10 +147,10 @@ def fit(label: str, by_unit: dict[Unit, list[tuple[np.ndarray, np.ndarray]]], *,
         return out
     x = design(d)
     theta, *_ = np.linalg.lstsq(x, y, rcond=None)
-    out.alpha, out.beta = float(theta[0]), float(theta[1])
-    out.d_star, out.r_star = peak(out.alpha, out.beta)
+    out.alpha_rl, out.beta_rl = float(theta[0]), float(theta[1])
+    out.d_star, out.r_star = peak(out.alpha_rl, out.beta_rl)
     ss_tot = float(np.sum((y - y.mean()) ** 2))
-    out.r2 = 1.0 - float(np.sum((y - x @ [out.alpha, out.beta]) ** 2)) / ss_tot if ss_tot > 0 else math.nan
+    out.r2 = 1.0 - float(np.sum((y - x @ [out.alpha_rl, out.beta_rl]) ** 2)) / ss_tot if ss_tot > 0 else math.nan
     out.d_max = float(d.max())
 
     # Least squares through the normal equations: per replicate, sum(count_u * X_u'X_u) theta = sum(count_u * X_u'y_u)
@@ -162,7 +165,7 @@ def fit(label: str, by_unit: dict[Unit, list[tuple[np.ndarray, np.ndarray]]], *,
     theta[ok] = np.linalg.solve(a[ok], b[ok][..., None])[..., 0]
     d_star, r_star = peak(theta[:, 0], theta[:, 1])
     d_star[~ok], r_star[~ok] = np.nan, np.nan
-    reps = {"alpha": theta[:, 0], "beta": theta[:, 1], "d_star": d_star, "r_star": r_star}
+    reps = {"alpha_rl": theta[:, 0], "beta_rl": theta[:, 1], "d_star": d_star, "r_star": r_star}
     out.intervals = {k: percentile(v, ci_alpha) for k, v in reps.items()}
     out.no_peak_share = float(np.mean(np.isinf(d_star[ok]))) if ok.any() else math.nan
     out.levels = (START_LEVEL, "seed") if len({u[0] for u in units}) > 1 else ("seed",)

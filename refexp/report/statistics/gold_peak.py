@@ -25,10 +25,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from refexp.record.metric_names import EVAL_GOLD, KL_INIT, VAL_GOLD
-
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run
-from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
 from refexp.report.statistics.paired import Leaf, Unit, unit_result
 

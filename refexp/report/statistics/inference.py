@@ -21,7 +21,6 @@ from scipy.stats import norm
 from scipy.stats import t as student_t
 
 from refexp.record.metric_names import EVAL_ACCURACY, EVAL_PASS_AT_K, EVAL_PREF_ACCURACY, EVAL_RETENTION
-
 from refexp.report.statistics.bootstrap import BootstrapResult
 
 

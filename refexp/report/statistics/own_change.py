@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from refexp.record.metric_names import EVAL_RETENTION
-
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run, sft_start_keys
 from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts

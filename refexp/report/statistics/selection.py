@@ -9,7 +9,8 @@ settings is favoured by the maximum it takes, so the number tried per arm is sta
 Test is read from the very runs that won on validation, not from fresh seeds of the chosen setting, so it carries
 a winner's curse: a run whose seed happened to help it on validation is likely helped on test too (the two splits
 share the run's noise), and the maximum over settings picks such runs. The report says so, and estimates by how
-much per arm (``optimism``, read after every choice is made, so no test number reaches a choice): the winner's mean validation-minus-test gap above its runners-up's mean gap. The
+much per arm (``optimism``, read after every choice is made, so no test number reaches a choice): the winner's mean
+validation-minus-test gap above its runners-up's mean gap. The
 validation excess is what selecting the maximum added on validation (the runners-up's gap measures the splits'
 difference without selection); test shares at most that much of it, so it is an upper guide to the bias of the
 test number, not a correction (Cawley & Talbot 2010, JMLR 11:2079, on selection bias in model selection).
@@ -29,8 +30,8 @@ from typing import Optional
 
 import numpy as np
 
+from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.load import Run
-from refexp.report.reading.plan import ComparisonPlan
 from refexp.report.reading.reduce import change_from_start
 from refexp.report.statistics.frontier import Settings, common_settings, planned_runs, settings_of
 from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts

@@ -11,14 +11,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from refexp.report.reading.comparison_plan import DEFAULT_METRIC, PRIMARY_ENDPOINTS, ComparisonPlan
 from refexp.report.reading.group import Group
 from refexp.report.reading.load import Run
-from refexp.report.reading.plan import DEFAULT_METRIC, PRIMARY_ENDPOINTS, ComparisonPlan
 from refexp.report.reading.reduce import COLUMNS, Column, at_step_prefix, start_accuracy, steps_to_target
 from refexp.report.statistics.inference import Verdict, difference_bound
 from refexp.report.statistics.paired import Comparison, Endpoint, compare, final_step, judge, step_at, verdict_text
 from refexp.report.statistics.stats import Estimate, mean_ci, replicate_ci, with_evaluation_noise
-
 
 HEADLINE_KEYS = ("acc_final", "heldout_pref_final")
 """The number a verdict is about under the default ``comparison.metric`` (``eval/accuracy``): final held-out task
@@ -282,5 +281,6 @@ def _pair_against_baseline(table: AlgoTable, groups: list[Group], plan: Comparis
             text = verdict_text(table.algo, ep, base.label, plan.kind,
                                 [c for (e, _, _), c in zip(members, named) if e.key == key], verdicts, plan.alpha)
             paragraphs.append((head + " " if head else "") + text)
-            head = "Primary contrasts, continued (one Holm family with the paragraph above)." if role == "primary" else ""
+            head = ("Primary contrasts, continued (one Holm family with the paragraph above)." if role == "primary"
+                    else "")
     table.verdict = "\n\n".join(paragraphs)

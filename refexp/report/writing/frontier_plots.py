@@ -42,7 +42,8 @@ def plot_frontier_curves(path: Path, cs: Curves, axis: Axis, metric: str, key: s
         xs, ys = [], []
         for value in sorted(by_value):
             pts = by_value[value]  # the start is the replicate where the runs come from several
-            x, y = (replicate_ci((p.run.sft_start, p.x) for p in pts), replicate_ci((p.run.sft_start, p.y) for p in pts))
+            x = replicate_ci((p.run.sft_start, p.x) for p in pts)
+            y = replicate_ci((p.run.sft_start, p.y) for p in pts)
             ax.errorbar([x.mean], [y.mean], xerr=[x.half_width or 0.0], yerr=[y.half_width or 0.0], color=colour,
                         marker="o", markersize=4, capsize=3, linestyle="none")
             ax.annotate(f"{value:g}", (x.mean, y.mean), textcoords="offset points", xytext=(4, 4),

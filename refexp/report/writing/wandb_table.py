@@ -48,7 +48,8 @@ def log_to_wandb(report, *, start_run: bool = False) -> bool:
                 return False
             project, entity = _project_and_entity(report)
             sweep = report.sweep_dir.name
-            run = wandb.init(project=project, entity=entity, job_type="report", group=f"{_experiment(report)}/{sweep}/report",
+            run = wandb.init(project=project, entity=entity, job_type="report",
+                             group=f"{_experiment(report)}/{sweep}/report",
                              name=f"report-{sweep}", tags=[f"sweep:{sweep}"], dir=str(report.sweep_dir),
                              settings=wandb.Settings(silent=True, console="off"))
             started = True

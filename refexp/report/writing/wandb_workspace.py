@@ -20,8 +20,20 @@ from pathlib import Path
 from typing import Optional
 
 from refexp.record.metric_names import (
-    EVAL_ACCURACY, EVAL_PREF_ACCURACY, KL_INIT, KL_REF, MEM_PEAK_GPU_MB, MEM_PEAK_RSS_MB, PERF_GEN_S,
-    PERF_REF_FWD_S, PERF_STEP_S, REF_VERSION, REWARDS_ACCURACIES, REWARDS_MARGINS, REWARD_MEAN)
+    EVAL_ACCURACY,
+    EVAL_PREF_ACCURACY,
+    KL_INIT,
+    KL_REF,
+    MEM_PEAK_GPU_MB,
+    MEM_PEAK_RSS_MB,
+    PERF_GEN_S,
+    PERF_REF_FWD_S,
+    PERF_STEP_S,
+    REF_VERSION,
+    REWARD_MEAN,
+    REWARDS_ACCURACIES,
+    REWARDS_MARGINS,
+)
 
 SECTIONS: dict[str, list[str]] = {
     "Accuracy and drift": [EVAL_ACCURACY, EVAL_PREF_ACCURACY, KL_INIT],

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from refexp.record.status import provenances
-
 from refexp.report.reading.group import group_runs
 from refexp.report.reading.load import Run, _get
 from refexp.report.reading.reduce import FINAL_COLUMNS
@@ -125,7 +124,8 @@ class ComparisonPlan:
 
     def is_baseline(self, runs: list[Run], label: str) -> bool:
         """Whether a group (its runs and label) is the baseline: by the declared arm, else by the exploratory
-        baseline (``--baseline`` or ``default_baseline``'s) naming its label or its swept variant value (``match_baseline`` makes sure only one group matches)."""
+        baseline (``--baseline`` or ``default_baseline``'s) naming its label or its swept variant value
+        (``match_baseline`` makes sure only one group matches)."""
         if self.baseline is None:
             return False
         if self.declared:

@@ -1,8 +1,10 @@
-"""A committed report whose runs are not kept: a notice at the top of its report.md and report.html saying which
-report version rendered it, and ``report_version`` in its summary.json (0 where it has none: rendered before the
-number existed), written through ``refexp.report.version.rendered_by`` as a fresh report's is.
+"""A committed report whose runs are not stored beside it (no ``runs.tar.xz``, no run dirs): a notice at the top of
+its report.md and report.html saying which report version rendered it, and ``report_version`` in its summary.json (0
+where it has none: rendered before the number existed), written through ``refexp.report.version.rendered_by`` as a
+fresh report's is. The notice and summary.json's ``runs_kept: false`` keep the words committed reports already
+carry ("runs not kept").
 
-    python -m refexp.report.writing.not_kept docs/quickstart docs/frontier_grpo ...
+    python -m refexp.report.writing.runs_not_stored docs/quickstart docs/frontier_grpo ...
 
 Such a report cannot be rendered again, so it is marked rather than edited by hand: its numbers and words are
 those of the rules in force when it was rendered, but for one mechanical reprint the notice names: an interval on a
@@ -56,9 +58,9 @@ def version_of(summary: dict) -> int:
     return int(summary.get("report_version", 0))
 
 
-def mark_not_kept(report_dir: Path) -> int:
-    """Mark the report in ``report_dir`` (summary.json, report.md, report.html where there is one) as one whose runs are not kept;
-    returns the version it was rendered by. Raises FileNotFoundError naming a missing file."""
+def mark_runs_not_stored(report_dir: Path) -> int:
+    """Mark the report in ``report_dir`` (summary.json, report.md, report.html where there is one) as one whose runs
+    are not stored; returns the version it was rendered by. Raises FileNotFoundError naming a missing file."""
     report_dir = Path(report_dir)
     paths = {name: report_dir / name for name in ("summary.json", "report.md", "report.html")}
     for name in ("summary.json", "report.md"):
@@ -92,10 +94,10 @@ def mark_not_kept(report_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     dirs = sys.argv[1:] if argv is None else argv
     if not dirs:
-        print("usage: python -m refexp.report.writing.not_kept REPORT_DIR [REPORT_DIR ...]", file=sys.stderr)
+        print("usage: python -m refexp.report.writing.runs_not_stored REPORT_DIR [REPORT_DIR ...]", file=sys.stderr)
         return 2
     for d in dirs:
-        print(f"{d}: report version {mark_not_kept(Path(d))}, marked runs not kept")
+        print(f"{d}: report version {mark_runs_not_stored(Path(d))}, marked runs not kept")
     return 0
 
 
