@@ -1,6 +1,7 @@
 """Synthetic learned-reward sweeps for the Gao-form tests: GRPO runs of several arms across ``algo.beta`` and seeds,
 written with the run record's writers, each logging ``kl/init``, ``eval/gold`` and the proxy ``eval/accuracy`` at
-every evaluation, whose gold changes from its step-0 value by a known d (alpha_rl - beta_rl log d), d = sqrt(kl/init)."""
+every evaluation, whose gold changes from its step-0 value by a known d (alpha_rl - beta_rl log d),
+d = sqrt(kl/init)."""
 
 from __future__ import annotations
 
