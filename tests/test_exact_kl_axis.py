@@ -7,7 +7,7 @@ import pytest
 
 from refexp.config import ComparisonConfig, ConfigError, MatchedConfig
 from refexp.report import build_report
-from refexp.report.reading.plan import block_problem
+from refexp.report.reading.comparison_plan import block_problem
 from tests.helpers.frontier_sweeps import BETAS, LEVEL, block, write_run
 
 X = 10 ** (1 / 3)
