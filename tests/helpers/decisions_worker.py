@@ -39,7 +39,8 @@ def check_sft_cache_hit(workdir: Path):
     sft.train_sft = lambda ctx, tmp: trained.append(str(tmp))
     sft.verified_entry = lambda out, what: "its digest"  # no entry on disk to verify
     try:
-        ctx = SimpleNamespace(cfg=SimpleNamespace(sft=SimpleNamespace(enable=True, checkpoint=None)),
+        ctx = SimpleNamespace(cfg=SimpleNamespace(sft=SimpleNamespace(enable=True, checkpoint=None), task=None),
+                              task=SimpleNamespace(demonstrations=None),  # no rows: nothing to check for answers
                               cache_dir=workdir / "cache", dist=SimpleNamespace(is_rank0=rank() == 0))
         out = sft.ensure_sft(ctx)
     finally:
