@@ -87,3 +87,16 @@ def test_frontier_test_resume_skips_only_sweeps_whose_runs_all_completed(tmp_pat
     assert launched[0] == f"{tmp_path}/start0/fixed"
     assert f"{tmp_path}/none" not in launched and f"{tmp_path}/start0/ema" not in launched
     assert f"{tmp_path}/start0/periodic_reset" in launched and len(launched) == 6 * 3 - 1
+
+
+def test_frontier_confirm_pilot_launches_none_then_each_arm_grid_per_start(tmp_path):
+    """The pilot's script (launch/arm_grids.sh with the pilot's grids): none over every start and seed first, then
+    2 starts x 3 arms, each sweep over its own grid and into its own dir, extra overrides passed to each."""
+    out = _bash([str(ROOT / "launch" / "frontier_confirm_pilot.sh"), str(tmp_path), "debug=x"], REFEXP="echo",
+                REFEXP_REPORT="true")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1 + 2 * 3
+    assert "experiment=frontier_confirm_pilot grpo_variant=none" in lines[0] and lines[0].endswith("debug=x")
+    assert f"sft.seed=1 grpo_variant=periodic_reset algo.beta=5.0,10.0,25.0,50.0,100.0 hydra.sweep.dir={tmp_path}/" \
+           f"start1/periodic_reset debug=x" in lines[-1]
