@@ -96,7 +96,7 @@ def summary(records: list[dict]) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for side in SIDES:
         figs = [rec["sides"][side] for rec in records]
-        step_s = ", ".join(f"{1 / f['steps_per_s']:.1f}" for f in figs)
+        step_s = ", ".join(f"{1 / f['steps_per_s']:.2f}" for f in figs)
         lines.append(
             f"| {LABELS[side]} | {step_s} | {_median_range([f['steps_per_s'] for f in figs], '.4f')} | "
             f"{_median_range([f['peak_rss_timed_mb'] for f in figs], '.0f')} | {figs[0]['trainable_params']:,} | "
