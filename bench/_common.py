@@ -217,15 +217,20 @@ class Shape:
         attn = self.dim * self.heads * hd + 2 * self.dim * kv * hd + self.heads * hd * self.dim
         return self.layers * (attn + 3 * self.dim * self.ffn) + self.dim * self.vocab
 
-    def forward_flops(self, seq_lens: list[int], *, lm_head_positions: int | None = None) -> float:
-        """Model FLOPs of one forward over sequences of these lengths (2 per multiply-add; causal
-        attention counts the keys each query actually sees). ``lm_head_positions``: how many positions
-        go through the LM head (default: all)."""
+    def forward_parts(self, seq_lens: list[int], *, lm_head_positions: int | None = None) -> dict[str, float]:
+        """``forward_flops`` split into ``linear`` (the products with a weight: every linear layer of the blocks
+        and the LM head) and ``attention`` (causal attention's two products, which have no weight)."""
         per_tok_no_head = 2 * (self.matmul_params() - self.dim * self.vocab)
         n = sum(seq_lens)
         attn = sum(4 * self.dim * self.layers * (t * (t + 1) / 2) for t in seq_lens)
         heads = n if lm_head_positions is None else lm_head_positions
-        return per_tok_no_head * n + 2 * self.dim * self.vocab * heads + attn
+        return {"linear": per_tok_no_head * n + 2 * self.dim * self.vocab * heads, "attention": attn}
+
+    def forward_flops(self, seq_lens: list[int], *, lm_head_positions: int | None = None) -> float:
+        """Model FLOPs of one forward over sequences of these lengths (2 per multiply-add; causal
+        attention counts the keys each query actually sees). ``lm_head_positions``: how many positions
+        go through the LM head (default: all)."""
+        return sum(self.forward_parts(seq_lens, lm_head_positions=lm_head_positions).values())
 
     def decode_flops(self, batch: int, prompt_len: int, new_tokens: int) -> float:
         """Prefill (LM head at the last position only) plus ``new_tokens - 1`` cached decode steps."""
@@ -235,6 +240,47 @@ class Shape:
             ctx = prompt_len + t
             total += batch * (per_tok_no_head + 2 * self.dim * self.vocab + 4 * self.dim * self.layers * ctx)
         return total
+
+
+OUTPUT_LAYER_POSITIONS = ("completions", "all_but_last", "all")
+
+
+def grpo_step_flops(shape: Shape, *, prompts: int, group: int, prompt_len: int, new_tokens: int, shared_prompt: bool,
+                    output_layer: str, adapter_params: int = 0, reference: bool = True) -> dict:
+    """Model FLOPs of one GRPO step (2 per multiply-add), by phase, and the positions its training forward runs.
+
+    Rows: ``prompts * group`` completions of ``new_tokens`` after a ``prompt_len`` prompt. ``shared_prompt``: one
+    row per prompt, the prompt once and each completion after a bridge token (refexp's ``algo.share_prompt``:
+    ``prompt_len + group * (new_tokens + 1) - 1`` positions), else one row per completion (``prompt_len +
+    new_tokens``). ``output_layer``: where the LM head runs in the policy's and the reference's forwards:
+    ``completions`` (only the positions that predict a completion token: refexp's ``select_BT``, TRL 1.16 with
+    Triton), ``all_but_last`` (TRL 1.16 elsewhere: every position of ``hidden_states[:, :-1]``), ``all``.
+    ``adapter_params``: LoRA's A and B parameters (0: full fine-tuning); an adapter costs 2 FLOPs per parameter per
+    position in every forward of the policy (generation included), the reference (the base) runs without them.
+
+    Training = 3 x forward for full fine-tuning. Under LoRA the backward of a frozen weight's product computes only
+    its input's gradient (1 x its forward), an adapter's both gradients (2 x), attention's products (no weight) 2 x:
+    2 x linear + 3 x attention + 3 x adapters. Generation: ``decode_flops`` (each row's prompt prefilled, the LM
+    head at its last position, then ``new_tokens - 1`` cached steps) plus the adapters at each of those positions.
+    """
+    if output_layer not in OUTPUT_LAYER_POSITIONS:
+        raise ValueError(f"output_layer={output_layer!r} is invalid: expected one of {OUTPUT_LAYER_POSITIONS}")
+    rows = prompts * group
+    n_rows, seq = (prompts, prompt_len + group * (new_tokens + 1) - 1) if shared_prompt else (rows,
+                                                                                            prompt_len + new_tokens)
+    trunk = n_rows * seq
+    head = {"completions": rows * new_tokens, "all_but_last": n_rows * (seq - 1), "all": trunk}[output_layer]
+    parts = shape.forward_parts([seq] * n_rows, lm_head_positions=head)
+    adapters = 2 * adapter_params * trunk
+    if adapter_params:
+        train = 2 * parts["linear"] + 3 * parts["attention"] + 3 * adapters
+    else:
+        train = 3 * (parts["linear"] + parts["attention"])
+    generation = shape.decode_flops(rows, prompt_len, new_tokens) + 2 * adapter_params * rows * (
+        prompt_len + new_tokens - 1)
+    ref = parts["linear"] + parts["attention"] if reference else 0.0
+    return {"generation": generation, "policy_fwd_bwd": train, "reference_fwd": ref,
+            "step": generation + train + ref, "trunk_positions": trunk, "output_layer_positions": head}
 
 
 def add_shape_args(p) -> None:

@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--lora-rank", type=int, default=0,
                    help="GRPO with model.lora: adapters of this rank on every linear layer of the blocks (0: the "
-                        "whole model trains); the FLOP counts still assume full weight gradients")
+                        "whole model trains); the FLOP counts have no weight gradients of the frozen base")
     p.add_argument("--lora-alpha", type=float, default=None, help="model.lora.alpha (default: the rank)")
     p.add_argument("--compile", action="store_true", help="per-block torch.compile of policy and reference")
     p.add_argument("--full-logits", action="store_true",
@@ -271,30 +271,36 @@ class Bench:
                 "completion_len": m.get("policy/completion_len"), "probe_gflops": probe}
 
     def flops(self, timed: list[dict]) -> dict:
-        """Tokens and model FLOPs of one step on this rank."""
+        """Tokens and model FLOPs of one step on this rank, and the positions its training forward runs."""
         a, shape = self.args, self.shape
+        from refexp import titan
         from refexp.runtime.distributed import dp_rank_and_degree
 
         world = dp_rank_and_degree(self.ctx.parallel_dims)[1]
+        live_ref = self.strategy.holds_model and C.median([r["reference_fwd"] for r in timed]) > 1e-3
         if self.algo == "grpo":
             rows_n = a.prompts * a.group // world
             clen = C.median([r["completion_len"] for r in timed]) or a.new_tokens
-            T = a.prompt_len + int(round(clen))
-            gen_tokens = rows_n * clen
-            gen_flops = shape.decode_flops(rows_n, a.prompt_len, int(round(clen)))
-        else:
-            rows_n = 2 * a.pairs // world
-            T = a.prompt_len + a.completion_len
-            gen_tokens, gen_flops = 0, 0.0
+            # executed FLOPs (C.grpo_step_flops): shared rows, the output layer where it runs, LoRA's frozen
+            # weights without weight gradients (tokens/s still counts G x (prompt + completion) tokens, as TRL's)
+            lora = self.ctx.cfg.model.lora.rank > 0
+            fl = C.grpo_step_flops(
+                shape, prompts=rows_n // a.group, group=a.group, prompt_len=a.prompt_len,
+                new_tokens=int(round(clen)), shared_prompt=bool(self.ctx.cfg.algo.share_prompt),
+                output_layer="all" if a.full_logits else "completions", reference=live_ref,
+                adapter_params=titan.lora.count_adapter_parameters(self.policy.model) if lora else 0)
+            return {"train_tokens": rows_n * (a.prompt_len + int(round(clen))), "gen_tokens": rows_n * clen, **fl}
+        rows_n = 2 * a.pairs // world
+        T = a.prompt_len + a.completion_len
         fwd = shape.forward_flops([T] * rows_n)
         if self.ctx.cfg.algo.share_prompt:
-            # executed FLOPs: one row per prompt of prompt + its K completions + K-1 bridges (tokens/s
-            # still counts K x (prompt + completion) tokens, as TRL's does)
-            K = a.group if self.algo == "grpo" else 2
-            fwd = shape.forward_flops([a.prompt_len + K * (T - a.prompt_len + 1) - 1] * (rows_n // K))
-        live_ref = self.strategy.holds_model and C.median([r["reference_fwd"] for r in timed]) > 1e-3
-        return {"train_tokens": rows_n * T, "gen_tokens": gen_tokens, "generation": gen_flops,
-                "policy_fwd_bwd": 3 * fwd, "reference_fwd": fwd if live_ref else 0.0}
+            # executed FLOPs: one row per prompt of prompt + its 2 completions + 1 bridge (tokens/s
+            # still counts 2 x (prompt + completion) tokens, as TRL's does)
+            fwd = shape.forward_flops([a.prompt_len + 2 * (T - a.prompt_len + 1) - 1] * (rows_n // 2))
+        return {"train_tokens": rows_n * T, "gen_tokens": 0, "generation": 0.0,
+                "policy_fwd_bwd": 3 * fwd, "reference_fwd": fwd if live_ref else 0.0,
+                "trunk_positions": (rows_n // 2) * (2 * T - a.prompt_len + 1) if self.ctx.cfg.algo.share_prompt
+                else rows_n * T, "output_layer_positions": None}
 
     def summary(self, timed: list[dict], *, peak: float, peak_by_size: dict, peak_rss_timed: float | None,
                 warmup: list[dict] = ()) -> dict:
@@ -351,6 +357,8 @@ class Bench:
                              "generation": mfu_adjacent(fl["generation"], "generation"),
                              "step": mfu_adjacent(step_flops, "step_s")},
             "gflop_per_step": round(step_flops / 1e9, 3),
+            "gflop_per_s": round(step_flops / step_s / 1e9, 2),
+            "trunk_positions": fl["trunk_positions"], "output_layer_positions": fl["output_layer_positions"],
             "policy_params": titan.count_parameters(self.policy.model),
             "trainable_params": sum(p.numel() for p in self.policy.model.parameters() if p.requires_grad),
             "lora_rank": ctx.cfg.model.lora.rank,

@@ -13,6 +13,9 @@ DCP copy, TRL loads the HF export into ``LlamaForCausalLM`` (logits are checked 
                   ids, so no early stop), beta 0.04, a fixed reference      GRPOStep    | GRPOTrainer
   grpo_noref      the same with beta 0 and no reference model
 
+``--mode lora --lora-rank 16`` compares GRPO with LoRA adapters on every linear layer: refexp LoRA, refexp full
+fine-tuning, TRL + peft LoRA and refexp LoRA without a reference, each in its own process (bench/lora_comparison.py).
+
 ``--model smollm2_135m`` replaces the random Llama with SmolLM2-135M-Instruct (refexp's ``model=smollm2_135m``,
 converted into ``$REFEXP_CACHE`` on first use; TRL loads the same weights), and the random words with words of its
 BPE vocabulary (one token each), so both tokenizers give every text exactly its length in tokens.
@@ -74,8 +77,10 @@ def parse_args(argv=None):
     p.add_argument("--lora-rank", type=int, default=0,
                    help="GRPO workloads with LoRA adapters of this rank on every linear layer of the blocks: refexp's "
                         "model.lora (one adapter on the fused q/k/v projection) against TRL + peft's LoraConfig "
-                        "(target_modules='all-linear', lora_alpha = rank, no dropout: q, k and v each adapted); "
-                        "needs peft")
+                        "(target_modules='all-linear', no dropout: q, k and v each adapted); needs peft; "
+                        "--mode lora: the rank of the LoRA sides")
+    p.add_argument("--lora-alpha", type=float, default=None,
+                   help="both sides' LoRA alpha (the adapters' scale is alpha / rank); default: the rank")
     p.add_argument("--refexp-args", default="",
                    help="extra bench_step.py options for the refexp side, e.g. --refexp-args=--compile")
     p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"],
@@ -83,9 +88,11 @@ def parse_args(argv=None):
     p.add_argument("--trl-worker", default=None, choices=list(WORKLOADS), help=argparse.SUPPRESS)
     p.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--pair-worker", default=None, choices=list(WORKLOADS), help=argparse.SUPPRESS)
-    p.add_argument("--mode", default="interleave", choices=["interleave", "processes"],
+    p.add_argument("--mode", default="interleave", choices=["interleave", "processes", "lora"],
                    help="interleave: both in one subprocess, one step each in turn (ratios); processes: each "
-                        "framework in its own subprocess, alternating (also peak RSS)")
+                        "framework in its own subprocess, alternating (also peak RSS); lora: GRPO (grpo_ref) as refexp "
+                        "LoRA, refexp full fine-tuning, TRL + peft LoRA and refexp LoRA with reference=none, each in "
+                        "its own process, taking turns (needs --lora-rank; bench/lora_comparison.py)")
     return p.parse_args(argv)
 
 
@@ -253,8 +260,30 @@ def peft_config(args):
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=args.lora_rank, lora_alpha=args.lora_rank, lora_dropout=0.0, bias="none",
+    alpha = args.lora_alpha if args.lora_alpha is not None else args.lora_rank
+    return LoraConfig(r=args.lora_rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
                       target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def trl_grpo_flops(args, trainer, step_s: float) -> dict:
+    """Executed model FLOPs of TRL's GRPO step (``C.grpo_step_flops``) and the positions of its training forward:
+    one row per completion, the output layer where TRL 1.16 runs it. Its fused output layer (``add_fused_lm_head``)
+    projects only the completion positions where ``trl.kernels.chunked_logprob._use_triton(device)`` holds (Triton
+    installed and the device CUDA or XPU), else every position of ``hidden_states[:, :-1]``. Also the FLOPs with the
+    output layer at completion positions only (what the Triton path would run)."""
+    from trl.kernels.chunked_logprob import _use_triton
+
+    output_layer = "completions" if _use_triton(trainer.model.device) else "all_but_last"
+    adapters = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad) if args.lora_rank else 0
+    common = dict(prompts=args.prompts, group=args.group, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                  shared_prompt=False, adapter_params=adapters, reference=trainer.beta != 0.0)
+    shape = C.shape_from_hf(str(Path(args.workdir) / "hf"))
+    fl = C.grpo_step_flops(shape, output_layer=output_layer, **common)
+    at_completions = C.grpo_step_flops(shape, output_layer="completions", **common)
+    return {"output_layer": output_layer, "trunk_positions": fl["trunk_positions"],
+            "output_layer_positions": fl["output_layer_positions"], "gflop_per_step": round(fl["step"] / 1e9, 3),
+            "gflop_per_s": round(fl["step"] / step_s / 1e9, 2),
+            "gflop_per_step_output_layer_at_completions": round(at_completions["step"] / 1e9, 3)}
 
 
 def trl_worker(args, name: str) -> dict:
@@ -291,6 +320,8 @@ def trl_worker(args, name: str) -> dict:
     periods = [b - a for a, b in zip(ends[max(args.warmup, 1) - 1:], ends[max(args.warmup, 1):])]
     step_s = C.median(periods)
     ref = getattr(trainer, "ref_model", None)
+    peak = max(peak_before["gflops"], C.matmul_peak()["gflops"])
+    flops = trl_grpo_flops(args, trainer, step_s) if WORKLOADS[name]["algo"] == "grpo" else {}
     return {
         "bench": "trl", "side": "trl", "workload": name, "trl": trl.__version__,
         "transformers": transformers.__version__,
@@ -299,7 +330,9 @@ def trl_worker(args, name: str) -> dict:
         "step_s_all": [round(x, 4) for x in periods], "build_s": round(build_s, 2),
         "ref_params_resident": sum(p.numel() for p in ref.parameters()) if ref is not None else 0,
         "peak_rss_timed_mb": round(peak_timed, 1), "rss_end_mb": round(C.rss_mb(), 1),
-        "matmul_peak_gflops": round(max(peak_before["gflops"], C.matmul_peak()["gflops"]), 1),
+        "matmul_peak_gflops": round(peak, 1), "lora_rank": args.lora_rank,
+        "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad), **flops,
+        "mfu_step": round(flops["gflop_per_s"] / peak, 4) if flops else None,
     }
 
 
@@ -381,7 +414,8 @@ def hf_generate_rate(args, trainer) -> float:
 
 
 # ---------------------------------------------------------------- the refexp side
-def refexp_argv(args, name: str) -> list[str]:
+def refexp_argv(args, name: str, *, lora: bool = True) -> list[str]:
+    """bench_step.py's worker argv for workload ``name`` (``lora``: with ``--lora-rank`` when it is set)."""
     w = WORKLOADS[name]
     if args.model == "random":
         model = ["--dim", str(SHAPE.dim), "--layers", str(SHAPE.layers), "--heads", str(SHAPE.heads),
@@ -401,8 +435,10 @@ def refexp_argv(args, name: str) -> list[str]:
     else:
         argv += ["--prompts", str(args.prompts), "--group", str(args.group), "--new-tokens", str(args.new_tokens),
                  "--beta", str(0.0 if w["reference"] == "none" else GRPO_BETA)]
-        if args.lora_rank:
+        if args.lora_rank and lora:
             argv += ["--lora-rank", str(args.lora_rank)]
+            if args.lora_alpha is not None:
+                argv += ["--lora-alpha", str(args.lora_alpha)]
     return argv + args.refexp_args.split()
 
 
@@ -418,11 +454,15 @@ def machine() -> dict:
             "loadavg_start": open("/proc/loadavg").read().split()[:3]}
 
 
+def lora_side_argv(args, worker_common: list[str], side: str) -> list[str]:
+    """The command of one ``--mode lora`` side (bench/lora_comparison.py's ``SIDES``)."""
+    if side == "trl_lora":
+        return [__file__, "--trl-worker", "grpo_ref", *worker_common]
+    return refexp_argv(args, "grpo_noref" if side == "refexp_lora_noref" else "grpo_ref", lora=side != "refexp_full")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.lora_rank and any(WORKLOADS[n]["algo"] != "grpo" for n in args.workloads):
-        raise SystemExit("--lora-rank is for the GRPO workloads (refexp's model.lora trains GRPO's policy): "
-                         "pass --workloads grpo_ref grpo_noref")
     if args.trl_worker:
         print(json.dumps(trl_worker(args, args.trl_worker)), flush=True)
         return
@@ -433,6 +473,13 @@ def main(argv=None) -> None:
         prepare(Path(args.workdir), args)
         print(json.dumps({"prepared": args.workdir}), flush=True)
         return
+    if args.mode == "lora" and args.lora_rank <= 0:
+        raise SystemExit("--mode lora needs --lora-rank (the adapters' rank, e.g. 16)")
+    if args.mode == "lora":
+        args.workloads = ["grpo_ref"]
+    if args.lora_rank and any(WORKLOADS[n]["algo"] != "grpo" for n in args.workloads):
+        raise SystemExit("--lora-rank is for the GRPO workloads (refexp's model.lora trains GRPO's policy): "
+                         "pass --workloads grpo_ref grpo_noref")
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="refexp-vs-trl-")
     C.apply_omp_wait_policy(args.omp_wait_policy)
     workdir = Path(args.workdir)
@@ -451,6 +498,15 @@ def main(argv=None) -> None:
                      "--group", str(args.group), "--prompt-len", str(args.prompt_len),
                      "--completion-len", str(args.completion_len), "--new-tokens", str(args.new_tokens),
                      "--lora-rank", str(args.lora_rank), f"--refexp-args={args.refexp_args}"]
+    if args.lora_alpha is not None:
+        worker_common += ["--lora-alpha", str(args.lora_alpha)]
+    if args.mode == "lora":
+        import lora_comparison
+
+        records = lora_comparison.run(args.rounds, lambda side: C.run_json_subprocess(
+            lora_side_argv(args, worker_common, side))[-1])
+        lora_comparison.summary(records)
+        return
     results: dict[str, list[dict]] = {n: [] for n in args.workloads}
     for r in range(args.rounds):
         for name in args.workloads:

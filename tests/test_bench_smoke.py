@@ -206,3 +206,54 @@ def test_bench_step_trains_a_lora_policy_with_a_free_fixed_reference(tmp_path, c
     assert all(r["lora_rank"] == 2 and 0 < r["trainable_params"] < r["policy_params"] for r in rows)
     assert by["fixed"]["ref_params_resident"] == 0  # the base with the adapters off
     assert by["ema"]["ref_params_resident"] > by["fixed"]["trainable_params"]  # the dense delta
+
+
+def test_compare_trl_lora_mode_runs_every_side_and_reports_the_flop_accounting(tmp_path, capsys):
+    """``--mode lora``'s rounds on the tiny random Llama, every side in this process (refexp's through bench_step,
+    TRL + peft's through the TRL worker): each side's figures, the FLOP accounting of each framework's positions, and
+    the ratios of the round."""
+    pytest.importorskip("peft")
+    import bench_step
+    import compare_trl
+    import lora_comparison
+
+    args = compare_trl.parse_args(["--mode", "lora", "--lora-rank", "2", "--workdir", str(tmp_path), "--steps", "1",
+                                   "--warmup", "1", "--threads", "1", "--prompts", "2", "--group", "2",
+                                   "--prompt-len", "4", "--new-tokens", "3",
+                                   "--refexp-args=--peak-seconds 0 --peak-sizes 128 --no-probe-peak"])
+    compare_trl.prepare(tmp_path, args)
+
+    def run_side(side: str) -> dict:
+        if side == "trl_lora":
+            return compare_trl.trl_worker(args, "grpo_ref")
+        argv = compare_trl.lora_side_argv(args, [], side)
+        rows = bench_step.main([*argv[1:], "--in-process"])
+        return rows[-1]
+
+    records = lora_comparison.run(1, run_side)
+    torch.set_num_threads(1)
+    sides = records[0]["sides"]
+    lora, full, trl, noref = (sides[s] for s in lora_comparison.SIDES)
+    assert 0 < lora["trainable_params"] < trl["trainable_params"] < full["trainable_params"]  # peft: q, k, v each an A
+    # refexp: one row per prompt (4 + 2 x (3 + 1) - 1 positions), the output layer at the 2 x 2 x 3 completion tokens;
+    # TRL on a CPU: one row per completion (4 + 3), the output layer at every position but the last
+    assert (lora["trunk_positions"], lora["output_layer_positions"]) == (2 * 11, 12)
+    assert (trl["trunk_positions"], trl["output_layer_positions"]) == (4 * 7, 4 * 6)
+    assert lora["gflop_per_step"] < full["gflop_per_step"] and noref["gflop_per_step"] < lora["gflop_per_step"]
+    assert all(s["gflop_per_s"] > 0 and 0 < s["of_peak"] for s in sides.values())
+    assert records[0]["lora_over_trl_per_flop"] < records[0]["lora_over_trl"]  # TRL runs more FLOPs per step
+    table = lora_comparison.summary(records)
+    assert "| TRL + peft LoRA |" in table and "| peak RSS: refexp LoRA fixed reference ÷ reference=none |" in table
+
+
+def test_grpo_step_flops_under_lora_drop_the_frozen_weights_gradients():
+    import _common as C
+
+    s = C.Shape(dim=8, layers=1, heads=2, ffn=16, vocab=10)
+    kw = dict(prompts=1, group=1, prompt_len=1, new_tokens=1, shared_prompt=False, output_layer="all",
+              reference=False)
+    full, lora = C.grpo_step_flops(s, **kw), C.grpo_step_flops(s, adapter_params=5, **kw)
+    parts = s.forward_parts([2])
+    assert full["policy_fwd_bwd"] == 3 * s.forward_flops([2])
+    # 2 positions: linear x 2 (forward, input gradient), attention x 3, adapters (2 FLOPs x 5 params x 2) x 3
+    assert lora["policy_fwd_bwd"] == 2 * parts["linear"] + 3 * parts["attention"] + 3 * 2 * 5 * 2

@@ -11,8 +11,9 @@ With ``select_BT`` (the positions a loss or a metric reads, e.g. completion toke
 only there: the trunk (embeddings, layers, final norm) once, then the output projection on the selected
 positions' hidden states in chunks of ``FP32_CHUNK_ELEMENTS``, so no [B, T, V] logits exist; in a
 differentiable call each chunk's logits are recomputed in backward (``torch.utils.checkpoint``). TRL 1.16's
-GRPO/DPO trainers project only the completion tokens only where Triton runs (CUDA, XPU: ``add_fused_lm_head``'s
-``compact``); on a CPU their fused output layer projects every position, in tiles.
+GRPO/DPO trainers skip the prompt positions only with Triton: ``add_fused_lm_head`` (trl/trainer/utils.py) projects
+the completion positions alone when ``trl.kernels.chunked_logprob._use_triton(device)`` holds (Triton installed and
+a CUDA or XPU device); on a CPU their fused output layer projects every position, in tiles.
 """
 
 from __future__ import annotations
