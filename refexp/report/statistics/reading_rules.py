@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Optional
 
+import numpy as np
+
 from refexp.report.statistics.frontier_key import key_crossing
 from refexp.report.statistics.frontier_points import Point
 from refexp.report.statistics.paired import Unit
@@ -115,3 +117,14 @@ def failure_counts(arms: dict[str, dict[Unit, list[Point]]], seeds: list[Unit], 
     ``x``; an arm none of whose replicates fails maps to {}. A contrast is readable only where every count is 0."""
     return {arm: dict(Counter(replicate_problems(curve, seeds, x, log, key_gap, max_gap, along).values()))
             for arm, curve in arms.items()}
+
+
+def bracket(curve: dict[Unit, list[Point]], seeds: list[Unit], x: float, along: str = "axis") -> tuple[float, float]:
+    """(lower, upper): over ``seeds``, the medians of the final x of the two runs each replicate's curve is read
+    between at ``x`` (``read_between``; both the run's x where x lies on one). Every replicate must be readable
+    (``replicate_problem`` None or an axis/key gap): a chord across that step misplaces a curve that bends between
+    the two runs, the more the wider the step."""
+    used = [read_between(curve[s], x, True, along) for s in seeds]
+    if any(u is None for u in used):
+        raise ValueError(f"{x} lies outside a replicate's runs, or they never cross it along the key")
+    return float(np.median([u[0].x for u in used])), float(np.median([u[-1].x for u in used]))
