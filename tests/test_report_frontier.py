@@ -110,10 +110,12 @@ def test_a_matched_point_across_a_gap_in_beta_wider_than_declared_is_not_matched
     assert all(r.result is not None and drift.verdicts[r.label].word == "higher" for r in ema)
     drifter = [r for r in drift.rows if r.arm == "drifter"]
     assert [r.result for r in drifter] == [None, None]
-    assert drifter[0].no_claim.startswith("not matched: the baseline has no run between β 0.2 and 0.04")
-    assert drifter[1].no_claim.startswith("not matched: the baseline has no run between β 0.04 and 0.01")
+    assert drifter[0].no_claim.startswith("not matched at kl/init 2.15: 3 of 3 replicates fail (the baseline gap "
+                                          "too wide in β (> 2.5x) in 3")
+    assert "e.g. the baseline has no run between β 0.2 and 0.04 in seed 0" in drifter[0].no_claim
+    assert "e.g. the baseline has no run between β 0.04 and 0.01 in seed 0" in drifter[1].no_claim
     assert len(drift.verdicts) == 2 and all(v.family_size == 2 for v in drift.verdicts.values())
-    assert "not matched: the baseline has no run between β 0.2 and 0.04" in report.markdown_path.read_text()
+    assert "the baseline has no run between β 0.2 and 0.04" in report.markdown_path.read_text()
     assert "not matched" in report.summary_path.read_text()
     # no selection declared: the verdict line points to the matched tables and promises no best-setting section
     verdict = report.tables["grpo"].verdict

@@ -8,6 +8,7 @@ exploratory and needs ``refexp-report --baseline``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -120,6 +121,13 @@ class MatchedConfig:
     drift is not monotone in the key: kl/init stops growing once a policy answers every prompt the same way (it is
     then -log of the start's probability of those answers), so a larger beta can end at more drift than a smaller
     one, and sorted by drift two betas far apart sit side by side. The secondary matched tables read the same way."""
+    max_gap: Optional[float] = None
+    """The widest step on ``axis`` between the two runs a replicate's curve is read between: a ratio (larger /
+    smaller, > 1) on a drift axis, read in log; a difference (> 0) on ``eval/retention``, read linearly. A value
+    whose runs on either side lie farther apart makes no claim in that replicate: the chord across a wide step
+    misplaces a curve that bends (a gold reward that peaks, then falls with drift). ``frontier_gap`` still bounds
+    the two runs' frontier-key values. It applies to every reading on ``axis``: the primary contrasts and the
+    secondary matched table on that axis (not the one on the other axis). None: no bound on the axis."""
 
     @property
     def declared(self) -> bool:
@@ -133,6 +141,13 @@ class MatchedConfig:
         check(all(isinstance(x, (int, float)) and not isinstance(x, bool) and low < x < high for x in self.at)
               and len(set(self.at)) == len(self.at), "comparison.matched.at", self.at,
               f"distinct values of {self.axis} in ({low:g}, {high:g}) to compare at, or empty")
+        least = 1.0 if self.axis in DRIFT_AXES else 0.0
+        check(self.max_gap is None or (isinstance(self.max_gap, (int, float)) and not isinstance(self.max_gap, bool)
+                                       and math.isfinite(self.max_gap) and self.max_gap > least),
+              "comparison.matched.max_gap", self.max_gap,
+              f"a ratio > 1 on the drift axis {self.axis} (2: the two runs a curve is read between lie within a "
+              f"factor 2), or null" if self.axis in DRIFT_AXES else
+              f"a difference > 0 on {self.axis} (0.1: the two runs a curve is read between lie within 0.1), or null")
 
 
 @dataclass

@@ -89,6 +89,14 @@ class ComparisonPlan:
         """``comparison.matched.along`` of the declared block (a block written before it: ``axis``)."""
         return str(((self.block or {}).get("matched") or {}).get("along") or MATCHED_ALONG[0])
 
+    @property
+    def max_gap(self) -> Optional[float]:
+        """``comparison.matched.max_gap`` of the declared block (checked by ``block_problem``): the widest step on the
+        matched axis (``matched_at``'s) between the two runs a curve is read between; None: no bound (a block
+        written before it, or none declared)."""
+        value = ((self.block or {}).get("matched") or {}).get("max_gap")
+        return None if value is None else float(value)
+
     def role(self, arm: Optional[str]) -> str:
         """"primary" for a declared primary contrast's arm, else "secondary" (a declared block) or "exploratory"."""
         if not self.declared:
@@ -208,6 +216,12 @@ def block_problem(block: dict) -> Optional[str]:
     if (matched.get("along") or MATCHED_ALONG[0]) not in MATCHED_ALONG:
         return (f"comparison.matched.along={matched.get('along')!r} is invalid: expected "
                 f"{' or '.join(MATCHED_ALONG)}")
+    gap = matched.get("max_gap")
+    least = 0.0 if axis == "eval/retention" else 1.0  # a difference on the linear axis, a ratio on a drift
+    if gap is not None and not (valid_margin(gap) and gap > least):
+        return (f"comparison.matched.max_gap={gap!r} is invalid: expected "
+                + ("a difference > 0 on eval/retention" if least == 0 else f"a ratio > 1 on the drift axis {axis}")
+                + ", or null")
     margin = block.get("equivalence_margin")
     if margin is not None and not valid_margin(margin):
         return f"comparison.equivalence_margin={margin!r} is invalid: expected a finite number > 0, or null"

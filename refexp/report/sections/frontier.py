@@ -31,12 +31,15 @@ HOW_TO_READ = (
     "table compares each arm with the baseline at two x values inside the range both arms' curves cover in "
     "every common replicate (SFT start and seed): per replicate, each arm's curve is interpolated between its "
     "two runs nearest that x (piecewise-linear in log kl/init; linear in retention), compared only where those "
-    "two runs are within the declared gap of the frontier key (comparison.frontier_gap; otherwise the row says "
-    "\"not matched\" and where the baseline has no run), and the interpolated "
+    "two runs are within the declared gap of the frontier key (comparison.frontier_gap) and, on the declared matched "
+    "axis, within comparison.matched.max_gap of each other (otherwise the row says \"not matched\" and counts the "
+    "replicates that fail, by reason), and the interpolated "
     "per-prompt scores are bootstrapped (seeds, or SFT starts then seeds, with one prompt resample for every "
     "run; where the runs logged their drift per prompt, each run's x is resampled too), paired by start, seed and "
     "prompt, together with Student's t over the per-seed (with several starts, "
     "per-start mean) differences (a difference counts only where both reject; a degenerate t makes no claim). "
+    "The table's text says where each compared row's curves were read (the two runs' x, and how far apart) and its "
+    "point estimate with the chord drawn in the other scale (linear for log kl/init, log for retention). "
     "Holm's step-down over the table's family decides each verdict, beside its simultaneous (Bonferroni) "
     "interval, as in the tables above (docs/runs.md, \"How to read a report\").")
 
@@ -201,6 +204,7 @@ def _matched_summary(m: MatchedDrift) -> dict:
         {"arm": r.arm, "label": r.label, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,
          "x_resampled": r.x_resampled,
          "brackets": {who: list(b) for who, b in r.brackets.items()} or None,
+         "other_chord_difference": r.other_chord,
          **({"difference": m.verdicts[r.label].result.point, "interval": list(m.verdicts[r.label].interval),
              "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word,
              "verdict_text": m.verdicts[r.label].phrase, "detectable_difference_80": m.verdicts[r.label].mdd}

@@ -10,23 +10,35 @@ Per replicate (SFT start, seed) each arm's curve across ``comparison.frontier_ke
 (``frontier.compare_at``: piecewise-linear in log kl/init, the runs' per-prompt scores weighted, the bootstrap over
 starts, seeds and prompts with the Student t over the starts' mean differences). A value outside the range a
 replicate's runs of either arm reached is never extrapolated: the contrast makes no claim and says where the runs
-ended; nor is one read across a gap in the frontier key wider than ``comparison.frontier_gap``.
+ended; nor is one read across a step on the matched axis wider than ``comparison.matched.max_gap`` (a ratio on a
+drift, a difference on retention), or across a gap in the frontier key wider than ``comparison.frontier_gap``
+(``reading_rules.py``: the rule the design step shares). A contrast that makes no claim counts every failing
+replicate by reason for each arm (``unread.py``); one that is read says where each curve was read and what the
+chord in the other scale would give.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
-
 from refexp.record.metric_names import KL_INIT
 from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.load import Run
-from refexp.report.statistics.frontier import MatchedDrift, MatchedRow, compare_at, curves, frontier_gap, not_matched
+from refexp.report.statistics.frontier import (
+    MatchedDrift,
+    MatchedRow,
+    chord_point,
+    compare_at,
+    curves,
+    frontier_gap,
+    gap_rule,
+    reading_text,
+)
 from refexp.report.statistics.frontier_key import cut_along_key
 from refexp.report.statistics.frontier_points import DRIFT_AXIS, RETENTION_AXIS, Axis, Curves
 from refexp.report.statistics.inference import difference_bound, family_verdicts
-from refexp.report.statistics.paired import Unit
+from refexp.report.statistics.reading_rules import bracket
+from refexp.report.statistics.unread import unread
 
 
 def declared_matched(runs: list[Run], plan: ComparisonPlan) -> Optional[MatchedDrift]:
@@ -38,7 +50,7 @@ def declared_matched(runs: list[Run], plan: ComparisonPlan) -> Optional[MatchedD
     axis = (DRIFT_AXIS if axis_key == KL_INIT else RETENTION_AXIS if axis_key == RETENTION_AXIS.key
             else Axis(axis_key, True))  # kl/init_exact: a drift too, in log
     metrics = plan.primary_metrics
-    out = MatchedDrift(axis, ", ".join(metrics), plan.baseline, gap=frontier_gap(plan))
+    out = MatchedDrift(axis, ", ".join(metrics), plan.baseline, gap=frontier_gap(plan), max_gap=plan.max_gap)
     results = {}
     for metric in metrics:
         cs = curves(runs, plan, axis, metric)
@@ -49,7 +61,7 @@ def declared_matched(runs: list[Run], plan: ComparisonPlan) -> Optional[MatchedD
             for x in values:
                 label = f"{arm} at {axis.key} {x:.3g}" + (f" [{metric}]" if len(metrics) > 1 else "")
                 row = _row(cs, by_arm.get(plan.baseline, []), by_arm.get(arm, []), arm, x, axis, metric, label,
-                           out.gap, plan.block["frontier_key"], plan.baseline, plan.matched_along)
+                           out.gap, plan.block["frontier_key"], plan.baseline, plan.matched_along, out.max_gap)
                 row.metric = metric
                 out.rows.append(row)
                 if row.result is not None:
@@ -63,10 +75,11 @@ def declared_matched(runs: list[Run], plan: ComparisonPlan) -> Optional[MatchedD
 
 
 def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis: Axis, metric: str, label: str,
-         gap: float, key: str, baseline: str, along: str = "axis") -> MatchedRow:
+         gap: float, key: str, baseline: str, along: str = "axis", max_gap: Optional[float] = None) -> MatchedRow:
     """One primary contrast at one declared value (``base``, ``mine``: the baseline's and the arm's curve labels),
-    or its reason for making no claim. ``along``: ``comparison.matched.along`` (``key``: each replicate's curve cut
-    to the two runs where its path along the key crosses ``x``, ``key_crossing``)."""
+    or its reason for making no claim (``unread``: every replicate that ``reading_rules`` cannot read, by reason).
+    ``along``: ``comparison.matched.along`` (``key``: each replicate's curve cut to the two runs where its path along
+    the key crosses ``x``, ``key_crossing``); ``max_gap``: ``comparison.matched.max_gap``."""
     for who, labels in (("the baseline", base), (arm, mine)):
         if len(labels) != 1:
             what = "no curve" if not labels else f"{len(labels)} curves ({', '.join(labels)})"
@@ -77,46 +90,16 @@ def _row(cs: Curves, base: list[str], mine: list[str], arm: str, x: float, axis:
     if len(seeds) < 2:
         return MatchedRow(arm, x, seeds, label, no_claim=f"fewer than 2 replicates (SFT start, seed) in which "
                                                          f"both {arm} and the baseline have 2 or more runs")
-    if along == "key":
-        cs, why = cut_along_key(cs, base[0], mine[0], seeds, x, axis, key)
-        if why:
-            return MatchedRow(arm, x, seeds, label, no_claim=why)
-        arm_c, base_c = cs[mine[0]], cs[base[0]]
-    why = (_outside(arm_c, base_c, arm, seeds, x, axis)
-           or not_matched(cs, base[0], mine[0], seeds, x, axis.log, gap, key))
+    why = unread([("the baseline", base_c), (arm, arm_c)], seeds, x, axis, gap, max_gap, along, key)
     if why:
         return MatchedRow(arm, x, seeds, label, no_claim=why)
+    if along == "key":
+        cs = cut_along_key(cs, base[0], mine[0], seeds, x)
+        arm_c, base_c = cs[mine[0]], cs[base[0]]
     result, resampled = compare_at(arm_c, base_c, seeds, x, axis, metric)
     return MatchedRow(arm, x, seeds, label, result, x_resampled=resampled,
-                      brackets={baseline: bracket(base_c, seeds, x), arm: bracket(arm_c, seeds, x)})
-
-
-def bracket(curve, seeds: list[Unit], x: float) -> tuple[float, float]:
-    """(lower, upper): over ``seeds``, the medians of the final x of the curve's runs nearest ``x`` from below and
-    from above, the two its value at ``x`` is interpolated between. Interpolation draws a chord across that gap: where
-    the curve bends between the two runs, the chord misplaces it, the more the wider the gap."""
-    lows = [max(p.x for p in curve[s] if p.x <= x * (1 + 1e-9)) for s in seeds]
-    highs = [min(p.x for p in curve[s] if p.x >= x * (1 - 1e-9)) for s in seeds]
-    return float(np.median(lows)), float(np.median(highs))
-
-
-def _outside(arm_c, base_c, arm: str, seeds: list[Unit], x: float, axis: Axis) -> str:
-    """Why ``x`` lies outside what the runs of either curve reached: in how many replicates, and the first one's
-    range; "" when every replicate's curves cover it."""
-    parts = []
-    for who, c in (("the baseline", base_c), (arm, arm_c)):
-        out = [(s, min(p.x for p in c[s]), max(p.x for p in c[s])) for s in seeds]
-        out = [(s, lo, hi) for s, lo, hi in out if not lo * (1 - 1e-9) <= x <= hi * (1 + 1e-9)]
-        if out:
-            (start, seed), lo, hi = out[0]
-            first = f"{f'SFT start {start}, ' if start else ''}seed {seed} (from {lo:.3g} to {hi:.3g})"
-            parts.append(f"the {axis.key} {who}'s runs reached in replicate {first}" if len(seeds) == 1 else
-                         f"the {axis.key} {who}'s runs reached in {len(out)} of {len(seeds)} replicates (the first: "
-                         f"{first})")
-    if not parts:
-        return ""
-    return (f"not matched: the declared {axis.key} {x:.3g} lies outside {' and '.join(parts)}; a matched value is "
-            f"never extrapolated")
+                      brackets={baseline: bracket(base_c, seeds, x), arm: bracket(arm_c, seeds, x)},
+                      other_chord=chord_point(arm_c, base_c, seeds, x, not axis.log, metric))
 
 
 def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> str:
@@ -129,7 +112,7 @@ def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> s
             + ("around that value" if plan.matched_along == "axis" else
                f"neighbouring on the {key} grid whose {m.axis.key} straddle that value (comparison.matched.along: "
                f"key)")
-            + f" (within a factor {m.gap:g} in {key}; never extrapolated); the units are the SFT "
+            + f" ({gap_rule(m, key)}; never extrapolated); the units are the SFT "
             f"starts, then seeds, then prompts. One Holm family of the {n} declared comparison{'s' * (n != 1)} "
             f"(one that makes no claim counts with p 1), alpha "
             f"{plan.alpha:g}" + (f", equivalence margin ±{plan.margin:g}." if plan.margin is not None else "."))
@@ -137,12 +120,5 @@ def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> s
     unclaimed = [f"{r.label} ({r.no_claim})" for r in m.rows if r.result is None]
     if unclaimed:
         parts.append("No claim: " + "; ".join(unclaimed) + ".")
-    read = [f"{r.label}: " + ", ".join(f"{who} between {lo:.3g} and {hi:.3g}"
-                                       + (f" (a factor {hi / lo:.3g} apart)" if m.axis.log and lo > 0 else "")
-                                       for who, (lo, hi) in r.brackets.items()) for r in m.rows if r.brackets]
-    if read:
-        parts.append(f"Where each curve was read (the medians over the replicates of the final {m.axis.key} of the "
-                     "two runs it is interpolated between): " + "; ".join(read) + ". The interpolated value is a "
-                     "chord across that gap: where a curve bends between its two runs (a gold reward that peaks and "
-                     "then falls with drift), the chord misplaces it, the more the wider the gap.")
-    return " ".join(parts)
+    read = reading_text(m)
+    return " ".join(parts + ([read] if read else []))

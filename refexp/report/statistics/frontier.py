@@ -11,11 +11,14 @@ starts, seeds and prompts (``metric_scores``) resamples the interpolation itself
 where the runs logged their x per prompt, each replicate resamples the x-values too (``drift_resample``).
 The comparisons of one axis form one Holm family.
 
-A matched point is compared only where no curve extrapolates across a gap: in every replicate, the two runs either
-curve is interpolated between at that x must have frontier-key values (β) within a factor ``frontier_gap`` of each
-other (the comparison block's, else ``DEFAULT_FRONTIER_GAP``). Otherwise the row makes no claim and says "not
-matched: the baseline has no run between β a and b" -- a straight line across a wide gap in β is a guess at a curve
-that bends, not a measurement of it.
+A matched point is compared only where no curve extrapolates across a gap (``reading_rules.replicate_problem``): in
+every replicate, the two runs either curve is interpolated between at that x must lie within
+``comparison.matched.max_gap`` of each other on the axis, where this axis is the declared matched one (a ratio on
+drift, a difference on retention; none declared: no bound), and have frontier-key values (β) within a factor
+``frontier_gap`` of each other (the comparison block's, else ``DEFAULT_FRONTIER_GAP``). Otherwise the row makes no
+claim and counts the replicates that fail, by reason for each arm (``unread.py``) -- a straight line across a wide
+step is a guess at a curve that bends, not a measurement of it. A compared row keeps where its curves were read
+(``reading_rules.bracket``) and its point estimate with the chord in the other scale (``chord_point``).
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from refexp.record.overrides import swept_settings
 from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.load import Run, _get
 from refexp.report.statistics.drift_resample import drift_shift, shifted
-from refexp.report.statistics.frontier_key import cut_along_key, key_symbol
+from refexp.report.statistics.frontier_key import cut_along_key
 from refexp.report.statistics.frontier_points import Axis, Curves, Point
 from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
 from refexp.report.statistics.metric_scores import aligned, final_scores, final_value, paired_result
 from refexp.report.statistics.paired import BothLevelsResult, Unit
+from refexp.report.statistics.reading_rules import bracket
+from refexp.report.statistics.unread import unread
 
 MATCHED_FRACTIONS = (1 / 3, 2 / 3)
 """Where in the common range (in log x for drift) the arms are compared: two interior points."""
@@ -156,20 +161,6 @@ def frontier_gap(plan: ComparisonPlan) -> float:
     return gap
 
 
-def unbridged(pts: list[Point], x: float, log: bool, gap: float) -> Optional[tuple[float, float]]:
-    """(a, b), the frontier-key values of the two runs of ``pts`` (sorted by x) that the curve at ``x`` is
-    interpolated between, when they are farther apart than a factor ``gap`` (or not both positive, so no ratio);
-    None when x lies on a run or between two runs within the gap."""
-    w = weights([p.x for p in pts], x, log)
-    used = [p.value for p, wi in zip(pts, w) if wi > 1e-12]
-    if len(used) < 2:
-        return None
-    a, b = used
-    if a > 0 and b > 0 and max(a, b) / min(a, b) <= gap * (1 + 1e-9):
-        return None
-    return a, b
-
-
 def interpolated(pts: list[Point], x: float, log: bool, metric: str) -> tuple[float, Optional[np.ndarray], list]:
     """(the curve's accuracy at x, the interpolated per-prompt scores over ``ids`` or None, ``ids``)."""
     w = weights([p.x for p in pts], x, log)
@@ -196,6 +187,26 @@ def _seed_pair(a: list[Point], b: list[Point], x: float, log: bool, metric: str)
     return sa, sb, float(sa.mean() - sb.mean()), [ia[k] for k, _ in common]
 
 
+def chord_point(arm: dict[Unit, list[Point]], base: dict[Unit, list[Point]], seeds: list[Unit], x: float,
+                log: bool, metric: str) -> Optional[float]:
+    """arm - baseline at x over ``seeds`` with each replicate's chord drawn in log x (``log``) or linear x: the point
+    estimate alone (the mean over SFT starts of the mean over their seeds, as the bootstrap's point), no bootstrap.
+    Drawn in the other scale than the axis's, it shows how much the chord's shape moves a contrast. None where a
+    log chord meets an x <= 0."""
+    if log and any(p.x <= 0 for s in seeds for c in (arm, base) for p in c[s]):
+        return None
+    by_start: dict[str, list[float]] = {}
+    for s in seeds:
+        by_start.setdefault(s[0], []).append(_seed_pair(arm[s], base[s], x, log, metric)[2])
+    return float(np.mean([np.mean(d) for d in by_start.values()]))
+
+
+def axis_max_gap(plan: ComparisonPlan, axis: Axis) -> Optional[float]:
+    """``comparison.matched.max_gap`` where ``axis`` is the declared matched axis (``comparison.matched.axis``), else
+    None: a bound declared on one axis says nothing of steps on another."""
+    return plan.max_gap if axis.key == plan.matched_at[0] else None
+
+
 @dataclass
 class MatchedRow:
     """One arm against the baseline at one matched x."""
@@ -214,7 +225,10 @@ class MatchedRow:
     brackets: dict = field(default_factory=dict)
     """Arm (the baseline's and the compared one's) -> (lower x, upper x): the medians over the replicates of the
     final x of the two runs its curve is interpolated between (the declared primary contrasts;
-    ``declared_matched.bracket``)."""
+    ``reading_rules.bracket``)."""
+    other_chord: Optional[float] = None
+    """The point estimate with each replicate's chord drawn in the other scale (linear x on a log axis, log x on a
+    linear one; ``chord_point``): beside the reported one, how much the chord's shape moves it."""
 
 
 @dataclass
@@ -229,6 +243,12 @@ class MatchedDrift:
     text: str = ""
     gap: float = DEFAULT_FRONTIER_GAP
     """The widest ratio of frontier-key values a matched point may be interpolated across (``frontier_gap``)."""
+    max_gap: Optional[float] = None
+    """The widest step on the axis between the two runs a curve is read between (``comparison.matched.max_gap``
+    where this axis is the declared matched one; ``axis_max_gap``); None: no bound on the axis."""
+    max_gap_axis: str = ""
+    """The declared matched axis ``comparison.matched.max_gap`` bounds, where that is another axis than this one
+    (its text says this table keeps only the frontier-key rule); "": none declared, or this axis."""
 
 
 def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> Optional[MatchedDrift]:
@@ -239,8 +259,9 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
     cs = curves(runs, plan, axis, metric)
     if not cs:
         return None
-    gap = frontier_gap(plan)
-    out = MatchedDrift(axis, metric, plan.baseline, gap=gap)
+    gap, max_gap = frontier_gap(plan), axis_max_gap(plan, axis)
+    out = MatchedDrift(axis, metric, plan.baseline, gap=gap, max_gap=max_gap,
+                       max_gap_axis=plan.matched_at[0] if plan.max_gap is not None and max_gap is None else "")
     arm_of = {label: plan.arm(next(iter(by_seed.values()))[0].run) for label, by_seed in cs.items()}
     bases = [label for label, arm in arm_of.items() if arm == plan.baseline]
     arms = list(plan.block["arms"])
@@ -263,14 +284,17 @@ def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> O
         lo, hi, seeds = rng
         key = plan.block["frontier_key"]
         for x in matched_values(lo, hi, axis.log):
-            at, why = cut_along_key(cs, base, label, seeds, x, axis, key) if plan.matched_along == "key" else (cs, "")
-            why = why or not_matched(at, base, label, seeds, x, axis.log, gap, key)
+            why = unread([("the baseline", cs[base]), (label, cs[label])], seeds, x, axis, gap, max_gap,
+                         plan.matched_along, key)
             if why:
                 out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", no_claim=why))
                 continue
+            at = cut_along_key(cs, base, label, seeds, x) if plan.matched_along == "key" else cs
             result, resampled = compare_at(at[label], at[base], seeds, x, axis, metric)
+            read = {base: bracket(at[base], seeds, x), label: bracket(at[label], seeds, x)}
             out.rows.append(MatchedRow(label, x, seeds, f"{label} at {axis.key} {x:.3g}", result,
-                                       x_resampled=resampled))
+                                       x_resampled=resampled, brackets=read,
+                                       other_chord=chord_point(at[label], at[base], seeds, x, not axis.log, metric)))
     out.verdicts = family_verdicts({r.label: r.result for r in out.rows if r.result is not None}, alpha=plan.alpha,
                                    margin=plan.margin, bound=difference_bound(metric))
     out.text = _text(out, plan.alpha)
@@ -291,19 +315,46 @@ def compare_at(arm: dict[Unit, list[Point]], base: dict[Unit, list[Point]], seed
     return result, False
 
 
-def not_matched(cs: Curves, base: str, label: str, seeds: list[Unit], x: float, log: bool, gap: float,
-                key: str) -> str:
-    """Why the point x is not matched (the first replicate whose baseline, else arm, curve bridges a gap wider than
-    ``gap`` there), or "" when it is."""
-    for who, curve in (("the baseline", base), (label, label)):
-        for s in seeds:
-            got = unbridged(cs[curve][s], x, log, gap)
-            if got is not None:
-                a, b = sorted(got, reverse=True)
-                where = "" if len(seeds) == 1 else f" in replicate {s[0] + ', ' if s[0] else ''}seed {s[1]}"
-                return (f"not matched: {who} has no run between {key_symbol(key)} {a:g} and {b:g}{where} (runs more "
-                        f"than {gap:g}x apart)")
-    return ""
+def gap_rule(m: MatchedDrift, key: str = "the frontier key") -> str:
+    """The rule a point is read under, as a clause: within a factor ``m.gap`` in ``key``, and within
+    ``m.max_gap`` on the axis where it is bounded there; saying so where the bound is another axis's."""
+    rule = f"within a factor {m.gap:g} in {key}"
+    if m.max_gap is not None:
+        return (f"{rule} and within {'a factor ' if m.axis.log else ''}{m.max_gap:g} on {m.axis.key} "
+                f"(comparison.matched.max_gap)")
+    if m.max_gap_axis:
+        return (f"{rule} only: comparison.matched.max_gap bounds the step on {m.max_gap_axis}, not on "
+                f"{m.axis.key}")
+    return rule
+
+
+def reading_text(m: MatchedDrift) -> str:
+    """Where each compared row's curves were read (``MatchedRow.brackets``: the medians over the replicates of the
+    two runs' x, and the factor or difference between them) and its point estimate with the chord in the other scale
+    beside the reported one; "" when no row was compared."""
+    rows = [r for r in m.rows if r.brackets and r.label in m.verdicts]
+    if not rows:
+        return ""
+    scale, other = ("log", "linear") if m.axis.log else ("linear", "log")
+
+    def step(lo: float, hi: float) -> str:
+        if not m.axis.log:
+            return f" ({hi - lo:.3g} apart)"
+        return f" (a factor {hi / lo:.3g} apart)" if lo > 0 else ""
+
+    def chord(r: MatchedRow) -> str:
+        got = m.verdicts[r.label].result.point
+        alt = "not drawn (an x <= 0)" if r.other_chord is None else f"{r.other_chord:+.3f}"
+        return f"Δ {got:+.3f} with the chord in {scale} {m.axis.key}, {alt} in {other} {m.axis.key}"
+
+    read = [f"{r.label}: " + ", ".join(f"{who} between {lo:.3g} and {hi:.3g}{step(lo, hi)}"
+                                       for who, (lo, hi) in r.brackets.items()) + f"; {chord(r)}" for r in rows]
+    return (f"Where each curve was read (the medians over the replicates of the final {m.axis.key} of the two runs "
+            f"it is interpolated between), and the point estimate with each chord drawn in {other} instead of "
+            f"{scale} {m.axis.key}: " + "; ".join(read) + ". The interpolated value is a chord across that gap: "
+            "where a curve bends between its two runs (a gold reward that peaks and then falls with drift), the "
+            "chord misplaces it, the more the wider the gap; the two chords' difference shows how much the chord's "
+            "shape alone moves the estimate.")
 
 
 def _text(m: MatchedDrift, alpha: float) -> str:
@@ -311,7 +362,7 @@ def _text(m: MatchedDrift, alpha: float) -> str:
     head = (f"{m.metric} at matched {m.axis.key}, each arm against {m.baseline} at two values inside the range "
             f"both cover in every common replicate (SFT start and seed; each one's curve across {m.axis.key} "
             f"interpolated {'in log ' + m.axis.key if m.axis.log else 'linearly'}; a point is compared only where, "
-            f"in every replicate, each curve's two runs around it are within a factor {m.gap:g} in the frontier key). "
+            f"in every replicate, each curve's two runs around it are {gap_rule(m)}). "
             f"Family: {n} comparison{'s' * (n != 1)}, Holm-adjusted, alpha {alpha:g}.")
     compared = [r for r in m.rows if r.label in m.verdicts]
     if compared:
@@ -324,4 +375,5 @@ def _text(m: MatchedDrift, alpha: float) -> str:
     unclaimed = [f"{r.label} ({r.no_claim or 'fewer than 2 replicates'})" for r in m.rows if r.result is None]
     if unclaimed:
         parts.append("No claim: " + "; ".join(unclaimed) + ".")
-    return " ".join(parts)
+    read = reading_text(m)
+    return " ".join(parts + ([read] if read else []))

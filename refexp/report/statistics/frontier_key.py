@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from refexp.report.statistics.frontier_points import Axis, Curves, Point
+from refexp.report.statistics.frontier_points import Curves, Point
 from refexp.report.statistics.paired import Unit
 
 
@@ -29,31 +29,14 @@ def along_key(curve: dict[Unit, list[Point]], seeds: list[Unit], x: float) -> Op
     return None if any(v is None for v in cut.values()) else cut
 
 
-def cut_along_key(cs: Curves, base: str, label: str, seeds: list[Unit], x: float, axis: Axis,
-                  key: str) -> tuple[Curves, str]:
+def cut_along_key(cs: Curves, base: str, label: str, seeds: list[Unit], x: float) -> Curves:
     """``cs`` with the baseline's and ``label``'s curves cut to each replicate's ``key_crossing`` at ``x``
-    (``comparison.matched.along: key``), and ""; else ``cs`` unchanged and ``uncrossed``'s reason."""
+    (``comparison.matched.along: key``), where the interpolation reads them; every replicate's curves must cross
+    ``x`` (``reading_rules.replicate_problem`` checked it first)."""
     arm_k, base_k = along_key(cs[label], seeds, x), along_key(cs[base], seeds, x)
     if arm_k is None or base_k is None:
-        return cs, uncrossed(cs[label], cs[base], label, seeds, x, axis, key)
-    return {**cs, label: arm_k, base: base_k}, ""
-
-
-def uncrossed(arm_c, base_c, arm: str, seeds: list[Unit], x: float, axis: Axis, key: str) -> str:
-    """Why ``x`` is not read along the key: in how many replicates either curve's runs, walked along it, never
-    cross ``x``, and the first one; "" when every replicate's curves cross it."""
-    parts = []
-    for who, c in (("the baseline", base_c), (arm, arm_c)):
-        out = [s for s in seeds if key_crossing(c[s], x) is None]
-        if out:
-            start, seed = out[0]
-            ends = ", ".join(f"{p.x:.3g}" for p in sorted(c[out[0]], key=lambda p: p.value))
-            parts.append(f"{who}'s runs, walked along {key_symbol(key)}, cross it in {len(seeds) - len(out)} of "
-                         f"{len(seeds)} replicates (not in {f'SFT start {start}, ' if start else ''}seed {seed}: "
-                         f"{ends})")
-    if not parts:
-        return ""
-    return f"not matched at {axis.key} {x:.3g}: {' and '.join(parts)}; a matched value is never extrapolated"
+        raise ValueError(f"a replicate's runs never cross {x} along the key: check reading_rules first")
+    return {**cs, label: arm_k, base: base_k}
 
 
 def key_symbol(key: str) -> str:
