@@ -109,14 +109,14 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
 
 def _plan(args: argparse.Namespace) -> int:
     """Print (and with --out write) the power plan; a bad experiment or pilot is one error line, exit 2."""
+    from refexp.report.power.design import full_plan
     from refexp.report.power.experiment import ExperimentError, read_experiment
-    from refexp.report.power.pilot import PilotError, read_pilot
-    from refexp.report.power.plan import plan_text
+    from refexp.report.power.pilot import PilotError
 
     try:
         exp = read_experiment(args.plan)
-        text = plan_text(exp, read_pilot(args.pilot, args.pilot_metric or exp.metrics[0]), args.alpha)
-    except (ExperimentError, PilotError) as e:
+        text = full_plan(exp, args.pilot, args.pilot_metric or exp.metrics[0], args.alpha)
+    except (ExperimentError, PilotError, ArchiveError) as e:
         print(f"refexp-report: error: {e}", file=sys.stderr)
         return 2
     print(text, end="")
