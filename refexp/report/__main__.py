@@ -31,8 +31,9 @@ def _parser() -> argparse.ArgumentParser:
                              "contrasts, seeds, SFT starts, prompts, --alpha): the smallest difference it detects with "
                              "80%% power beside its equivalence margin; needs --pilot")
     parser.add_argument("--pilot", type=Path, metavar="SWEEP_OR_SUMMARY", default=None,
-                        help="with --plan: the sweep dir or summary.json (e.g. docs/NAME/summary.json) whose "
-                             "differences give the variance components (SFT starts, seeds, prompts)")
+                        help="with --plan: the sweep dir, a dir holding runs.tar.xz (docs/NAME), a runs.tar.xz, or "
+                             "a summary.json whose differences give the variance components (SFT starts, seeds, "
+                             "prompts); a matched design (comparison.matched.at) needs per-run curves, not a summary")
     parser.add_argument("--pilot-metric", metavar="METRIC", default=None,
                         help="with --plan: read the pilot's differences on this held-out metric instead of the "
                              "experiment's first primary metric (a pilot that measured the same kind of quantity "
