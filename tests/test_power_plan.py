@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from refexp.report.__main__ import main
+from refexp.report.power.design import full_plan
 from refexp.report.power.detectable import Components, Design, design_detectable_difference
 from refexp.report.power.experiment import read_experiment
 from refexp.report.power.pilot import from_sweep, read_pilot
@@ -154,6 +155,6 @@ def test_a_committed_plan_is_what_its_experiment_and_pilot_give_now(plan, monkey
     name, pilot, metric = re.search(r"`refexp-report --plan (\S+) --pilot (\S+?)(?: --pilot-metric (\S+))?`",
                                     plan.read_text()).groups()
     exp = read_experiment(name)
-    assert plan.read_text() == plan_text(exp, read_pilot(Path(pilot), metric or exp.metrics[0])), (
+    assert plan.read_text() == full_plan(exp, Path(pilot), metric or exp.metrics[0]), (
         f"{plan} is stale: refexp-report --plan {name} --pilot {pilot}{' --pilot-metric ' + metric if metric else ''} "
         f"--out {plan.relative_to(ROOT)}")

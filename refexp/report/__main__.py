@@ -31,8 +31,9 @@ def _parser() -> argparse.ArgumentParser:
                              "contrasts, seeds, SFT starts, prompts, --alpha): the smallest difference it detects with "
                              "80%% power beside its equivalence margin; needs --pilot")
     parser.add_argument("--pilot", type=Path, metavar="SWEEP_OR_SUMMARY", default=None,
-                        help="with --plan: the sweep dir or summary.json (e.g. docs/NAME/summary.json) whose "
-                             "differences give the variance components (SFT starts, seeds, prompts)")
+                        help="with --plan: the sweep dir, a dir holding runs.tar.xz (docs/NAME), a runs.tar.xz, or "
+                             "a summary.json whose differences give the variance components (SFT starts, seeds, "
+                             "prompts); a matched design (comparison.matched.at) needs per-run curves, not a summary")
     parser.add_argument("--pilot-metric", metavar="METRIC", default=None,
                         help="with --plan: read the pilot's differences on this held-out metric instead of the "
                              "experiment's first primary metric (a pilot that measured the same kind of quantity "
@@ -109,14 +110,14 @@ def _parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, tuple[int
 
 def _plan(args: argparse.Namespace) -> int:
     """Print (and with --out write) the power plan; a bad experiment or pilot is one error line, exit 2."""
+    from refexp.report.power.design import full_plan
     from refexp.report.power.experiment import ExperimentError, read_experiment
-    from refexp.report.power.pilot import PilotError, read_pilot
-    from refexp.report.power.plan import plan_text
+    from refexp.report.power.pilot import PilotError
 
     try:
         exp = read_experiment(args.plan)
-        text = plan_text(exp, read_pilot(args.pilot, args.pilot_metric or exp.metrics[0]), args.alpha)
-    except (ExperimentError, PilotError) as e:
+        text = full_plan(exp, args.pilot, args.pilot_metric or exp.metrics[0], args.alpha)
+    except (ExperimentError, PilotError, ArchiveError) as e:
         print(f"refexp-report: error: {e}", file=sys.stderr)
         return 2
     print(text, end="")

@@ -4,7 +4,7 @@ sweep runs; one without) and its prompts per evaluation (``eval.num_prompts`` wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -31,6 +31,8 @@ class Experiment:
     starts: int
     prompts: Optional[int]
     """``eval.num_prompts`` as the file sets it; None: not set there (the pilot's is used and the plan says so)."""
+    doc: dict = field(default_factory=dict)
+    """The whole file, as plain YAML (the design step reads its ``training.steps`` and ``eval.every``)."""
 
     @property
     def seeds(self) -> int:
@@ -94,4 +96,4 @@ def read_experiment(name: str) -> Experiment:
     sft = params.get("sft.seed")
     starts = len([s for s in str(sft).split(",") if s.strip()]) if sft is not None else 1
     prompts = (doc.get("eval") or {}).get("num_prompts")
-    return Experiment(path.stem, path, block, starts, int(prompts) if isinstance(prompts, int) else None)
+    return Experiment(path.stem, path, block, starts, int(prompts) if isinstance(prompts, int) else None, doc)

@@ -79,7 +79,11 @@ def _moments(units: dict[str, dict[int, np.ndarray]]) -> tuple[float, float, flo
 def from_sweep(sweep_dir: Path, metric: str = "eval/accuracy") -> Pilot:
     """Components of ``metric``'s final differences from every comparison of a sweep's report (its declared or
     exploratory baseline, its counted runs)."""
-    runs = load_sweep(Path(sweep_dir))
+    return from_runs(load_sweep(Path(sweep_dir)), str(sweep_dir), metric)
+
+
+def from_runs(runs: list, sweep_dir: str, metric: str = "eval/accuracy") -> Pilot:
+    """``from_sweep`` of runs already read (``sweep_dir``: where they came from, for the messages)."""
     if not runs:
         raise PilotError(f"--pilot {sweep_dir}: no runs found (a run dir has .hydra/, status.json or metrics.jsonl)")
     plan = make_plan(runs)

@@ -124,3 +124,12 @@ def runs_source(sweep_dir: Path) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="refexp-runs-") as tmp:
         _extract(archive, Path(tmp))
         yield Path(tmp)
+
+
+@contextlib.contextmanager
+def extracted(archive: Path) -> Iterator[Path]:
+    """A temporary dir holding ``archive`` (a runs.tar.xz file, whatever its name) extracted as ``runs_source`` does
+    (removed on exit): a pilot named by its archive file (``refexp-report --plan ... --pilot runs.tar.xz``)."""
+    with tempfile.TemporaryDirectory(prefix="refexp-runs-") as tmp:
+        _extract(Path(archive), Path(tmp))
+        yield Path(tmp)
