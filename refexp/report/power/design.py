@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from refexp.report.power.experiment import Experiment
+from refexp.report.power.grids import TARGET
+from refexp.report.power.matched_text import POWER
 from refexp.report.power.pilot import Pilot, PilotError, from_runs, read_pilot
 from refexp.report.power.pilot_runs import is_archive, pilot_dir, read_runs
 from refexp.report.power.plan import plan_text
@@ -83,5 +85,18 @@ def full_plan(exp: Experiment, path: Path, metric: str, alpha: float = 0.05, swe
             pilot = _from_fits(exp, runs, fit_arms(exp, runs), str(path), metric)
         pilot.metric = metric
         first = _starts_check(exp, pilot, path)
-        text = plan_text(exp, pilot, alpha) + matched_design_text(exp, pilot, runs, alpha, sweeps)
+        text = answer_first(plan_text(exp, pilot, alpha), matched_design_text(exp, pilot, runs, alpha, sweeps))
     return first + text
+
+
+def answer_first(plan: str, simulated: str) -> str:
+    """The plan with the simulation's verdict lifted above its design: the declared estimand's warnings (P(no
+    claim) > 0.2, power < 0.8), else the line that it can answer, so that the first screen says whether to run."""
+    warnings = [line for line in simulated.splitlines() if line.startswith("- warning: ")]
+    answer = (["**The design cannot answer as declared** (simulated below, \"Can the matched design answer?\"):", ""]
+              + warnings if warnings else
+              [f"**The design can answer as declared**: for every primary contrast the simulated P(no claim) is at "
+               f"most {TARGET:g} and the power at the margin at least {POWER:g} (below, \"Can the matched design "
+               f"answer?\")."])
+    head, sep, rest = plan.partition("\n\n## Design")
+    return head + "\n\n" + "\n".join(answer) + sep + rest + simulated
