@@ -34,7 +34,9 @@ HOW_TO_READ = (
     "two runs are within the declared gap of the frontier key (comparison.frontier_gap; otherwise the row says "
     "\"not matched\" and where the baseline has no run), and the interpolated "
     "per-prompt scores are bootstrapped (seeds, or SFT starts then seeds, with one prompt resample for every "
-    "run; where the runs logged their drift per prompt, each run's x is resampled too), paired by start, seed and "
+    "run; where the runs logged their drift per prompt, each run's x is resampled too, every run on one draw of the "
+    "drift's prompts per replicate, and the text gives the share of each bootstrap's variance that brings), paired "
+    "by start, seed and "
     "prompt, together with Student's t over the per-seed (with several starts, "
     "per-start mean) differences (a difference counts only where both reject; a degenerate t makes no claim). "
     "Holm's step-down over the table's family decides each verdict, beside its simultaneous (Bonferroni) "
@@ -199,7 +201,7 @@ def _matched_summary(m: MatchedDrift) -> dict:
     """One matched table's numbers for summary.json."""
     return {"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
         {"arm": r.arm, "label": r.label, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,
-         "x_resampled": r.x_resampled,
+         "x_resampled": r.x_resampled, "x_noise_share": r.x_noise_share,
          "brackets": {who: list(b) for who, b in r.brackets.items()} or None,
          **({"difference": m.verdicts[r.label].result.point, "interval": list(m.verdicts[r.label].interval),
              "p_holm": m.verdicts[r.label].p_holm, "verdict": m.verdicts[r.label].word,
