@@ -2,7 +2,8 @@
 
 The order is spelled out: read every run, group by swept settings, summarise per algorithm (the comparison
 tables every section reads), plot, compute each section (``refexp/report/sections/``, in its registry's order),
-write. Nothing here knows a metric's meaning (that lives in ``reduce.py``) or names an analysis.
+then what reads other sections' results (``Section.after``), write. Nothing here knows a metric's meaning (that
+lives in ``reduce.py``) or names an analysis.
 """
 
 from __future__ import annotations
@@ -195,5 +196,8 @@ def _build(sweep_dir: Path, runs: list, *, target, baseline, at_steps, alpha, ma
                     setup=setup, extra_columns=extra, plan=plan, configs=configs, rendered=rendered,
                     sections=sections, algorithm_sections=per_algo, summary_keys=registry.SUMMARY_KEYS,
                     results=results)
+    for s in sections:  # what reads other sections' results (the first screen's plot of the frontier's contrasts)
+        if s.name and (late := s.after(report, sweep)) is not None:
+            results[s.name] = late
     write_all(report)
     return report

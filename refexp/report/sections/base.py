@@ -36,12 +36,19 @@ class Sweep:
 class Section:
     """One analysis of the whole sweep. ``name``: where its result is kept (``report.<name>``; "" keeps none).
 
-    ``compute`` runs once, while the report is built (None: nothing to say, and its blocks say nothing);
-    ``blocks`` and ``summary`` read the built report, so they may use other sections' results too."""
+    ``compute`` runs once, while the report is built (None: nothing to say, and its blocks say nothing); ``after``
+    once all have computed; ``blocks`` and ``summary`` read the built report, so they may use other sections' results
+    too."""
 
     name: str = ""
 
     def compute(self, sweep: Sweep) -> Any:
+        return None
+
+    def after(self, report, sweep: Sweep) -> Any:
+        """What it computes from other sections' results: run once every section's ``compute`` has, before anything
+        is written (the first screen's plot of the primary contrasts, which the frontier section tests); kept as
+        ``report.<name>`` in place of ``compute``'s result, unless None."""
         return None
 
     def setup_rows(self, result: Any, algo: str, sweep: Sweep) -> list[tuple[str, str]]:

@@ -202,7 +202,7 @@ def _matched_summary(m: MatchedDrift) -> dict:
     """One matched table's numbers for summary.json."""
     return {"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
         {"arm": r.arm, "label": r.label, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,
-         "x_resampled": r.x_resampled,
+         "x_resampled": r.x_resampled, "x_noise_share": r.x_noise_share,
          "brackets": {who: list(b) for who, b in r.brackets.items()} or None,
          "other_chord_difference": r.other_chord,
          **({"difference": m.verdicts[r.label].result.point, "interval": list(m.verdicts[r.label].interval),

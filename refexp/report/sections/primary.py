@@ -1,6 +1,8 @@
-"""The report's first screen: the primary contrasts, one line each (Δ, interval, verdict, detectable difference),
-and the method named once with a pointer to ``docs/runs.md``; every other table follows it as secondary.
-summary.json: ``primary_contrasts``.
+"""The report's first screen: the primary contrasts, pictured (``writing/forest_plot.py``: each Δ and interval against
+the ±margin band) and one line each (Δ, interval, verdict, detectable difference; where the matched drift was
+resampled, the share of the bootstrap's variance due to its noise), and the method named once with a pointer to
+``docs/runs.md``; every other table follows it as secondary. summary.json: ``primary_contrasts`` and
+``primary_contrasts_plot``.
 
 Where the declared primary contrasts exist but none can be tested for want of seeds (the quickstart runs one seed:
 no paired t), the first screen says so once and shows what the runs did instead: each arm's final accuracy and
@@ -9,14 +11,16 @@ retention against its start, its drift from the start, and the accuracy-vs-drift
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from refexp.report.reading.reduce import ACC, change_from_start
-from refexp.report.sections.base import Section
+from refexp.report.sections.base import Section, Sweep
 from refexp.report.sections.comparison import PLOT_CAPTIONS
 from refexp.report.statistics.stats import Estimate, replicate_ci
 from refexp.report.writing.blocks import Heading, Image, Paragraph, table_of
 from refexp.report.writing.cells import cell_text
+from refexp.report.writing.forest_plot import PLOT, ForestRow, caption, plot_forest
 
 METHOD = ("Method: each difference pairs the runs by SFT start, seed and held-out prompt; the verdict is the primary "
           "family's (comparison.primary), Holm over the primary contrasts alone at alpha {alpha:g}, and the interval "
@@ -26,6 +30,9 @@ METHOD = ("Method: each difference pairs the runs by SFT start, seed and held-ou
           "primary contrasts is secondary: it claims nothing here.")
 
 HEADER = ["contrast", "endpoint", "Δ", "simultaneous interval", "verdict", "detectable (80%)"]
+X_NOISE = "x-noise share"
+"""The column, where some contrast resampled its matched drift: the share of its bootstrap's variance due to the
+drift measurement's own prompt noise (``drift_resample.x_noise_share``)."""
 
 
 @dataclass(frozen=True)
@@ -44,17 +51,28 @@ class Line:
     """As the verdict prints it: "[-0.031, +0.105]", or "uninformative (1 df)" past the metric's range."""
     no_claim: str = ""
     """Why there is no verdict ("one paired seed"); empty with one."""
+    equivalence: Optional[tuple[float, float]] = None
+    """The two one-sided tests' (1 - 2 alpha/m) interval, where an equivalence margin is declared."""
+    equivalence_level: Optional[float] = None
+    x_noise: Optional[float] = None
+    """A matched contrast's share of bootstrap variance due to its drift's own prompt noise; None: x taken as exact,
+    or no matched x."""
+    degenerate: bool = False
+    """The Student t had no spread: a Δ and an interval, but no claim."""
 
-    def cells(self) -> list[str]:
+    def cells(self, x_noise: bool = False) -> list[str]:
+        """The table's row; ``x_noise``: with the ``X_NOISE`` column."""
+        share = [f"{self.x_noise:.2f}" if self.x_noise is not None else ""] if x_noise else []
         if self.difference is None:
-            return [self.contrast, self.endpoint, "", "", self.verdict, ""]
+            return [self.contrast, self.endpoint, "", "", self.verdict, ""] + share
         return [self.contrast, self.endpoint, f"{self.difference:+.3f}",
-                f"{self.interval_text} ({100 * self.level:.4g}%)", self.verdict, f"±{self.detectable:.3f}"]
+                f"{self.interval_text} ({100 * self.level:.4g}%)", self.verdict, f"±{self.detectable:.3f}"] + share
 
     def to_dict(self) -> dict:
         return {"algo": self.algo, "contrast": self.contrast, "endpoint": self.endpoint,
                 "difference": self.difference, "interval": list(self.interval) if self.interval else None,
-                "interval_level": self.level, "verdict": self.verdict, "detectable_difference_80": self.detectable}
+                "interval_level": self.level, "verdict": self.verdict, "detectable_difference_80": self.detectable,
+                "x_noise_share": self.x_noise}
 
 
 def primary_lines(report) -> list[Line]:
@@ -78,11 +96,15 @@ def primary_lines(report) -> list[Line]:
     return lines + matched_lines(report)
 
 
-def _line(algo: str, contrast: str, endpoint: str, v) -> Line:
+def _line(algo: str, contrast: str, endpoint: str, v, x_noise: Optional[float] = None) -> Line:
     """The line of a verdict (``inference.Verdict``): its difference, family interval, word and detectable
-    difference."""
+    difference, its equivalence tests' interval (with a margin) and ``x_noise`` (a matched contrast's)."""
+    e = v.equivalence
     return Line(algo, contrast, endpoint, v.result.point, tuple(v.interval), 1 - v.alpha / v.family_size,
-                v.phrase if v.degenerate else v.word, v.mdd, v.interval_text)
+                v.phrase if v.degenerate else v.word, v.mdd, v.interval_text,
+                equivalence=tuple(e.interval) if e is not None else None,
+                equivalence_level=1 - 2 * e.alpha if e is not None else None, x_noise=x_noise,
+                degenerate=v.degenerate)
 
 
 def matched_lines(report) -> list[Line]:
@@ -101,7 +123,7 @@ def matched_lines(report) -> list[Line]:
             out.append(Line(algo, contrast, endpoint, None, None, None, f"no claim ({r.no_claim})", None,
                             no_claim=r.no_claim))
             continue
-        out.append(_line(algo, contrast, endpoint, v))
+        out.append(_line(algo, contrast, endpoint, v, r.x_noise_share))
     return out
 
 
@@ -196,15 +218,45 @@ def from_start_blocks(report, lines: list[Line]) -> list:
     return out
 
 
+def forest_rows(lines: list[Line]) -> list[ForestRow]:
+    """The forest plot's rows, one per line in its order: a contrast without a claim (none made, or a degenerate t)
+    has its words and no interval."""
+    algos = len({ln.algo for ln in lines}) > 1
+    rows = []
+    for ln in lines:
+        label = (f"{ln.algo.upper()}: " if algos else "") + f"{ln.contrast}\n{ln.endpoint}"
+        if ln.difference is None or ln.degenerate:
+            rows.append(ForestRow(label, "degenerate t: no claim" if ln.degenerate else "no claim"))
+            continue
+        word = ln.verdict + (" (uninformative)" if ln.interval_text.startswith("uninformative") else "")
+        rows.append(ForestRow(label, word, ln.difference, ln.interval, ln.level, ln.equivalence,
+                              ln.equivalence_level))
+    return rows
+
+
 class PrimaryContrasts(Section):
+    name = "primary_plot"  # the forest plot's path (``after``: it reads the frontier section's contrasts)
+
+    def after(self, report, sweep: Sweep) -> Optional[Path]:
+        lines = primary_lines(report)
+        if not lines or untestable(lines):
+            return None
+        sweep.plots_dir.mkdir(parents=True, exist_ok=True)
+        return plot_forest(sweep.plots_dir / PLOT, forest_rows(lines), report.plan.margin)
+
     def blocks(self, report) -> list:
         lines = primary_lines(report)
         if untestable(lines):
             return from_start_blocks(report, lines)
         out = [Heading("Primary contrasts"), Paragraph(intro(report))]
+        if report.result(self.name) is not None:
+            out.append(Image(report.result(self.name), caption(forest_rows(lines), report.plan.margin)))
         if lines:
-            out.append(table_of(HEADER, [ln.cells() for ln in lines], numeric=False))
+            x_noise = any(ln.x_noise is not None for ln in lines)
+            out.append(table_of(HEADER + [X_NOISE] * x_noise, [ln.cells(x_noise) for ln in lines], numeric=False))
         return out + [Paragraph(METHOD.format(alpha=report.plan.alpha), markup=True)]
 
     def summary(self, report) -> dict:
-        return {"primary_contrasts": [ln.to_dict() for ln in primary_lines(report)]}
+        plot = report.result(self.name)
+        return {"primary_contrasts": [ln.to_dict() for ln in primary_lines(report)],
+                "primary_contrasts_plot": plot.relative_to(report.sweep_dir).as_posix() if plot else None}

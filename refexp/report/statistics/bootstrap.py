@@ -57,6 +57,9 @@ class BootstrapResult:
     """The B replicate differences, shape [B]."""
     shared_prompts: bool = False
     """One prompt draw per replicate served every run (prompts crossed with seeds, not nested in them)."""
+    x_noise_share: Optional[float] = None
+    """The share of the replicates' variance due to the matched x's own measurement noise, where a matched-drift
+    comparison resampled it (``drift_resample.shifted``); None otherwise."""
 
     @property
     def method(self) -> str:

@@ -24,6 +24,7 @@ from typing import Optional
 from refexp.record.metric_names import KL_INIT
 from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.load import Run
+from refexp.report.statistics.drift_resample import x_noise_sentence
 from refexp.report.statistics.frontier import (
     MatchedDrift,
     MatchedRow,
@@ -117,6 +118,8 @@ def _text(m: MatchedDrift, plan: ComparisonPlan, values: tuple[float, ...]) -> s
             f"(one that makes no claim counts with p 1), alpha "
             f"{plan.alpha:g}" + (f", equivalence margin ±{plan.margin:g}." if plan.margin is not None else "."))
     parts = [head] + [m.verdicts[r.label].sentence(m.baseline) for r in m.rows if r.label in m.verdicts]
+    parts += x_noise_sentence([(r.label, r.x_noise_share) for r in m.rows if r.x_noise_share is not None],
+                              m.axis.key)
     unclaimed = [f"{r.label} ({r.no_claim})" for r in m.rows if r.result is None]
     if unclaimed:
         parts.append("No claim: " + "; ".join(unclaimed) + ".")

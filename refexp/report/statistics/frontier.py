@@ -32,7 +32,7 @@ import numpy as np
 from refexp.record.overrides import swept_settings
 from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.load import Run, _get
-from refexp.report.statistics.drift_resample import drift_shift, shifted
+from refexp.report.statistics.drift_resample import drift_shift, shifted, x_noise_sentence
 from refexp.report.statistics.frontier_key import cut_along_key
 from refexp.report.statistics.frontier_points import Axis, Curves, Point
 from refexp.report.statistics.inference import Verdict, difference_bound, family_verdicts
@@ -230,6 +230,12 @@ class MatchedRow:
     """The point estimate with each replicate's chord drawn in the other scale (linear x on a log axis, log x on a
     linear one; ``chord_point``): beside the reported one, how much the chord's shape moves it."""
 
+    @property
+    def x_noise_share(self) -> Optional[float]:
+        """The share of its bootstrap's variance due to the x-values' own prompt noise (``drift_resample``); None
+        where x was taken as exact or nothing was compared."""
+        return getattr(self.result, "x_noise_share", None) if self.x_resampled else None
+
 
 @dataclass
 class MatchedDrift:
@@ -372,6 +378,8 @@ def _text(m: MatchedDrift, alpha: float) -> str:
                  f" {m.axis.key} resampled prompt by prompt in {n_x} of {len(compared)} comparisons (the others' "
                  f"runs logged no per-prompt {m.axis.key}: taken as exact).")
     parts = [head] + [m.verdicts[r.label].sentence(m.baseline) for r in compared]
+    parts += x_noise_sentence([(r.label, r.x_noise_share) for r in compared if r.x_noise_share is not None],
+                              m.axis.key)
     unclaimed = [f"{r.label} ({r.no_claim or 'fewer than 2 replicates'})" for r in m.rows if r.result is None]
     if unclaimed:
         parts.append("No claim: " + "; ".join(unclaimed) + ".")
