@@ -13,7 +13,10 @@ row count and path, in one process and alternated round by round (so both paths 
 Paths: ``plain`` (the one-token step over plain weights, ``refexp/titan/decode_step_plain.py``, what a
 single-process or FSDP model decodes with) and ``modules`` (the decoder's sub-modules, what TP decodes
 with; the path every model took before the plain step: run with ``--paths modules`` and an older checkout
-first on ``PYTHONPATH`` for the code before it). One JSON line per (rows, path), then a markdown table with
+first on ``PYTHONPATH`` for the code before it). ``--lora-rank R``: a LoRA policy, adapters of rank R on every
+linear layer of the blocks (B drawn non-zero, so that they change the tokens), decoded in its policy view; its
+``modules`` path is what a LoRA policy decoded with before the plain step took adapters. One JSON line per (rows,
+path), then a markdown table with
 ``--markdown``. Not a timed test. OpenMP reads ``OMP_WAIT_POLICY`` at start-up, so set it in the
 environment (bench/README.md: ACTIVE on a quiet machine, PASSIVE on a shared one).
 
@@ -44,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--lora-rank", type=int, default=0, help="adapters of this rank on every linear layer of the "
+                                                             "blocks (0: none)")
     C.add_shape_args(p)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--top", type=int, default=6, help="operators listed per configuration")
@@ -89,10 +94,17 @@ def main(argv=None) -> None:
 
     from refexp import titan
     from refexp.components import sampler
+    from refexp.config.model import LoRAConfig
     shape = C.shape_from_args(args)
+    lora = LoRAConfig(rank=args.lora_rank) if args.lora_rank else None
     model = titan.build_model(shape.model_config(args.prompt_len + args.new_tokens + 1), vocab_size=None,
-                              device="cpu", requires_grad=False)
+                              device="cpu", requires_grad=False, lora=lora)
     model.eval()
+    if lora is not None:  # B starts at 0 (the policy is the base): move it, as training would
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for m in titan.lora.adapted_modules(model).values():
+                m.lora_b.weight.copy_(0.02 * torch.randn(m.lora_b.weight.shape, generator=gen))
     tok = C.make_tokenizer(args.vocab, eos_outside=True)
     n = args.new_tokens
 
@@ -133,7 +145,7 @@ def main(argv=None) -> None:
             (c_long, t_long), (c_short, t_short) = _top_level_ops(long), _top_level_ops(short)
             per_op = {k: (c_long[k] - c_short.get(k, 0)) / n for k in c_long}
             top = sorted(per_op, key=lambda k: -(t_long[k] - t_short.get(k, 0)))[: args.top]
-            row = {"bench": "decode", "rows": rows, "path": path, "threads": args.threads,
+            row = {"bench": "decode", "rows": rows, "path": path, "threads": args.threads, "lora_rank": args.lora_rank,
                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
                    "ms_per_token": round(C.median(ms[path]), 3), "ms_per_token_rounds": [round(x, 3) for x in ms[path]],
                    "ops_per_token": round(sum(c_long.values()) - sum(c_short.values())) / n,

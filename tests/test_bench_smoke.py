@@ -60,12 +60,13 @@ def test_bench_output_layer_alternates_full_and_selected_processes(capsys):
     assert out["selected_over_full"]["step_s"] > 0 and out["paired_ratio_median"]["step_s"] > 0
 
 
-def test_bench_decode_measures_every_path_on_the_same_tokens(capsys):
+@pytest.mark.parametrize("lora", [[], ["--lora-rank", "2"]])
+def test_bench_decode_measures_every_path_on_the_same_tokens(capsys, lora):
     import bench_decode
 
     bench_decode.main(["--rows", "4", "--group", "2", "--prompt-len", "4", "--new-tokens", "3", "--rounds", "1",
                        "--dim", "32", "--layers", "1", "--heads", "2", "--ffn", "64", "--vocab", "64", "--threads", "1",
-                       "--markdown"])
+                       "--markdown", *lora])
     out = capsys.readouterr().out
     lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     assert [r["path"] for r in lines] == list(bench_decode.PATHS)

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from refexp import titan
 from refexp.config import CompileConfig, ConfigError, ModelConfig, ParallelismConfig
+from refexp.config.model import LoRAConfig
+from refexp.titan.decode_step_plain import PlainStepWeights
 from tests.helpers.models import tiny_model_config
 
 pytestmark = pytest.mark.numerics  # tests/README.md: run under other CPU kernels too
@@ -228,6 +230,81 @@ def test_kv_cache_decoding_equals_the_full_forward_per_row(name, path):
     if path != "static":  # the fixed-shape step reads whole buffers and leaves the prefill's views as they were
         assert state.keys[0].shape == (3, 2, 10, 16)
     titan.finish_decode(state)
+
+
+LORA_EVERY_TARGET = {"llama3": ["wqkv", "wo", "w1", "w2", "w3", "lm_head"],
+                     "qwen3": None}  # qwen3's debug output layer is tied to the embedding: the blocks' layers
+
+
+def build_lora(name: str, targets, reference_state: str = "adapter"):
+    """A tiny LoRA model (rank 4, alpha 8: a scale of 2, so that a scale left out shows) whose adapters and
+    reference adapter are far from their start (B != 0)."""
+    model = build(name, lora=LoRAConfig(rank=4, alpha=8, target_modules=targets), lora_reference=reference_state)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in titan.lora.adapted_modules(model).values():
+            for p in m.parameters(recurse=True):
+                if p is not m.weight:  # lora_a/b and the reference parts
+                    p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def greedy_decode(model, path: str, steps: int = 6, fuse_ffn: bool = True):
+    """Left-padded rows of different lengths decoded greedily on ``path`` (``plain``: the one-token step,
+    ``modules``: the sub-modules' forwards); every step's logits [3, V] and the tokens [3, steps]."""
+    lens = torch.tensor([5, 3, 1])
+    prompt = torch.zeros(3, 5, dtype=torch.long)
+    for b, n in enumerate(lens.tolist()):
+        prompt[b, 5 - n:] = torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(b))
+    out, state = titan.prefill(model, prompt, lens, max_new_tokens=steps)
+    if path == "modules":
+        state.plain = None
+    elif not fuse_ffn:
+        state.plain = PlainStepWeights.of(titan.unwrap.decoder_of(model), fuse_ffn=False)
+    plain = state.plain
+    logits, picked = [], []
+    for _ in range(steps):
+        nxt = out.argmax(-1)
+        picked.append(nxt)
+        out, state = titan.decode_step(model, nxt, state)
+        logits.append(out)
+    titan.finish_decode(state)
+    return logits, torch.stack(picked, 1), plain
+
+
+@pytest.mark.parametrize("view, fuse_ffn, targets", [
+    ("policy", True, "every"), ("policy", False, "every"), ("base", True, "every"), ("reference", True, "every"),
+    ("policy", True, ["w3", "wo"]),  # one of the fused FFN pair adapted
+])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_lora_plain_decoding_equals_the_module_path_in_the_view_decoded(name, view, fuse_ffn, targets):
+    """A LoRA model (rank 4, non-zero adapters) decodes on the one-token step in the view it is in: every step's
+    logits equal the sub-modules' forwards (torchtitan's LoRA layers) and the greedy tokens are the same; the
+    adapters are on in the policy view (its logits are not the base's), the reference adapter in the reference
+    view, and none in the base view."""
+    model = build_lora(name, LORA_EVERY_TARGET[name] if targets == "every" else targets)
+    with titan.lora_view(model, view):
+        plain_logits, plain_tokens, plain = greedy_decode(model, "plain", fuse_ffn=fuse_ffn)
+        module_logits, module_tokens, _ = greedy_decode(model, "modules")
+    assert plain is not None and plain.adapted == (view != "base")  # the plain step ran
+    for a, b in zip(plain_logits, module_logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert torch.equal(plain_tokens, module_tokens)
+    if view != "base":
+        with titan.lora_view(model, "base"):
+            base_logits, _, _ = greedy_decode(model, "modules")
+        assert not torch.allclose(plain_logits[0], base_logits[0], atol=1e-3)
+
+
+def test_lora_views_the_plain_step_does_not_take_fall_back():
+    """The reference view of a dense EMA delta decodes on the module path; the fixed-shape step refuses adapters."""
+    model = build_lora("llama3", None, reference_state="delta")
+    decoder = titan.unwrap.decoder_of(model)
+    with titan.lora_view(model, "reference"):
+        assert PlainStepWeights.of(decoder) is None
+    assert PlainStepWeights.of(decoder).adapted
+    with pytest.raises(ValueError, match="does not decode LoRA adapters"):
+        titan.prefill(model, torch.ones(1, 3, dtype=torch.long), torch.tensor([3]), max_new_tokens=2, static=True)
 
 
 # --------------------------------------------------------------------------- weights

@@ -184,6 +184,10 @@ def _prefill_static(model: nn.Module, prompt_BL: torch.Tensor, prompt_lens_B: to
         finish_decode(pre)
         raise ValueError("prefill(static=True) needs plain weights; this model's are DTensors (tensor "
                          "parallel): decode with static=False")
+    if pre.plain.adapted:  # the kept weights (static_weights.py) and the compiled step's inputs hold no adapters
+        finish_decode(pre)
+        raise ValueError("prefill(static=True) does not decode LoRA adapters (the fixed-shape step's kept weights are "
+                         "the base's): decode with static=False, or in the base view")
     if pre.unsharded:  # FSDP: the step reads a kept copy at fixed addresses (static_weights.py), not the
         # parameters FSDP gathered, whose storage moves between generations; the gathered ones go at once
         pre.plain = stable_step_weights(decoder_of(model), pre.plain)

@@ -161,6 +161,27 @@ def has_adapters(model: nn.Module) -> bool:
     return any(type(m) in _classes.values() for m in model.modules())
 
 
+def is_adapted(module: nn.Module) -> bool:
+    return type(module) in _classes.values()
+
+
+def low_rank_in_view(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """What an adapted layer adds to its base ``W x`` in its current view, as ``(A [r, in], B [out, r], scale)``
+    (the forward is ``W x + scale * B A x``): the adapters in the policy view, the reference adapter in the
+    reference view of ``adapter``; None where it adds nothing (a layer without adapters, the base view, the
+    reference view of ``none``). ``NotImplementedError`` for the reference view of ``delta``: a dense delta, not
+    low-rank. The tensors are the parameters themselves (no copy)."""
+    if not is_adapted(module) or module.view == BASE:
+        return None
+    if module.view == POLICY:
+        return module.lora_a.weight, module.lora_b.weight, module._lora_scaling
+    if module.reference_state == "adapter":
+        return module.ref_a.weight, module.ref_b.weight, module._lora_scaling
+    if module.reference_state == "delta":
+        raise NotImplementedError("the reference view of a dense delta is not low-rank")
+    return None
+
+
 def reference_state_of(model: nn.Module) -> str:
     """What the adapted layers keep for the reference (``REFERENCE_STATES``)."""
     return next(iter(adapted_modules(model).values())).reference_state
