@@ -26,7 +26,9 @@ def test_a_grpo_run_with_evaluations_compiles_the_decode_step_once_per_bucket(tm
     """5 GRPO steps (16 rows each) with evaluations at steps 0, 2, 4, 5 (16 greedy rows on test and on
     validation, 8 sampled rows for kl/init), on batches whose longest prompts differ: every generation decodes
     with the fixed-shape step, and the counting backend sees one graph per bucket of rows, whatever the batch."""
-    run(compose_tiny_run(tmp_path / "warm", *TINY_GRPO_OVERRIDES, "training.steps=0"))  # the SFT stage cached first
+    # the SFT stage cached first, on the task the recorded run trains (task.ops is in the SFT's cache key): alone, the
+    # test must not count the SFT's own validation generations
+    run(compose_tiny_run(tmp_path / "warm", *TINY_GRPO_OVERRIDES, "task.ops=[+]", "training.steps=0"))
     backend = CountingBackend()
     titan.release_static_buckets()
     monkeypatch.setattr(static_decode, "CPU_BACKEND", backend)
