@@ -60,7 +60,9 @@ def _p(x: float) -> str:
 def _reasons(c: ContrastSim, names: dict[str, str]) -> str:
     if not c.reasons:
         return "none"
-    return "; ".join(f"{names.get(k, k)} {v / c.sweeps:.2f}" for k, v in c.reasons.most_common())
+    order = list(names)  # ties in the order reasons are listed: a Counter fed from sets would order them by hash
+    ranked = sorted(c.reasons.items(), key=lambda kv: (-kv[1], order.index(kv[0]) if kv[0] in order else len(order)))
+    return "; ".join(f"{names.get(k, k)} {v / c.sweeps:.2f}" for k, v in ranked)
 
 
 def _fit_table(fits: dict[str, ArmFit], axis: str) -> list[str]:
