@@ -97,6 +97,10 @@ DRIFT_AXES = ("kl/init", "kl/init_exact")
 MATCHED_ALONG = ("axis", "key")
 """How ``comparison.matched`` reads a replicate's curve at a value: ``axis`` (its runs sorted by the matched axis,
 the two nearest the value) or ``key`` (its runs walked along the frontier key, the neighbours that cross it)."""
+MATCHED_ESTIMANDS = ("frontier", "crossing")
+"""What a declared matched contrast estimates: ``frontier`` (each arm's curve of final points across the frontier key
+read at the value) or ``crossing`` (each run read where its drift first passes the value, between two of its
+evaluations); the default first."""
 
 
 @dataclass
@@ -128,6 +132,14 @@ class MatchedConfig:
     misplaces a curve that bends (a gold reward that peaks, then falls with drift). ``frontier_gap`` still bounds
     the two runs' frontier-key values. It applies to every reading on ``axis``: the primary contrasts and the
     secondary matched table on that axis (not the one on the other axis). None: no bound on the axis."""
+    estimand: str = "frontier"
+    """What the primary contrasts estimate at each value of ``at``: ``frontier``, each replicate's curve of its runs'
+    final points across the frontier key read at the value (the rules above); ``crossing``, each run read where its
+    drift (a drift ``axis``) first passes the value between two of its evaluations after step 0, interpolated in log
+    drift, and per replicate an arm's value the mean over its runs that pass it: policies part-way through their
+    runs, at whatever beta reached the drift (``refexp/report/statistics/trajectory_crossing.py``). The gap rules
+    (``max_gap``, ``frontier_gap``) and ``along`` read across runs and do not apply to ``crossing``; a replicate in
+    which no run of an arm passes the value makes no claim."""
 
     @property
     def declared(self) -> bool:
@@ -136,6 +148,11 @@ class MatchedConfig:
 
     def __post_init__(self) -> None:
         check(self.axis in MATCHED_AXES, "comparison.matched.axis", self.axis, " or ".join(MATCHED_AXES))
+        check(self.estimand in MATCHED_ESTIMANDS, "comparison.matched.estimand", self.estimand,
+              " or ".join(MATCHED_ESTIMANDS))
+        check(self.estimand != "crossing" or self.axis in DRIFT_AXES, "comparison.matched.estimand", self.estimand,
+              f"frontier on {self.axis} (crossing reads where a run's drift, " + " or ".join(DRIFT_AXES)
+              + ", first passes the value)")
         check(self.along in MATCHED_ALONG, "comparison.matched.along", self.along, " or ".join(MATCHED_ALONG))
         low, high = (0.0, float("inf")) if self.axis in DRIFT_AXES else (0.0, 1.0)
         check(all(isinstance(x, (int, float)) and not isinstance(x, bool) and low < x < high for x in self.at)

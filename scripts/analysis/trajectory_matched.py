@@ -7,7 +7,9 @@ points the runs have: every run's own evaluations. Per run that passes ``--at`` 
 the metric is interpolated there in log kl/init; per (SFT start, seed) an arm's value is the mean over its runs that
 pass it; the printed difference is Student's t over the replicates' differences (no prompt resampling). It is a
 different estimand (policies part-way through their run, at whatever β reached the drift), chosen after the data
-were seen, so it is exploratory and carries no verdict.
+were seen, so it is exploratory and carries no verdict; an experiment that declares it before its runs
+(``comparison.matched.estimand: crossing``) gets it as its primary contrasts, by the same rule
+(``refexp/report/statistics/drift_crossing.py``), with the prompts resampled too.
 
     python scripts/analysis/trajectory_matched.py docs/overoptimization_grpo --at 0.3 --metric eval/gold \
         --baseline fixed
@@ -29,16 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: r
 
 from refexp.record.metric_names import KL_INIT  # noqa: E402
 from refexp.report import load_sweep, runs_source  # noqa: E402
+from refexp.report.statistics.drift_crossing import crossing_value  # noqa: E402
 
 
 def crossing(steps_kl: list[tuple[float, float]], at: float):
     """The metric where kl/init first passes ``at`` between two evaluations after step 0, interpolated in log kl/init
-    (``steps_kl``: (kl/init, metric) in step order); None when the run never passes it."""
-    for (k0, m0), (k1, m1) in zip(steps_kl, steps_kl[1:]):
-        if 0 < k0 <= at <= k1 and k1 > k0:
-            f = math.log(at / k0) / math.log(k1 / k0)
-            return m0 + f * (m1 - m0)
-    return None
+    (``steps_kl``: (kl/init, metric) in step order); None when the run never passes it. The rule of the report's
+    ``comparison.matched.estimand: crossing`` and of the design step (``drift_crossing.crossing_value``)."""
+    return crossing_value(steps_kl, at)
 
 
 def main(argv=None) -> int:

@@ -18,11 +18,13 @@ from refexp.report.power.pilot import Pilot, PilotError
 from refexp.report.power.pilot_failures import carried, pilot_failures
 from refexp.report.power.pilot_runs import PilotRuns
 from refexp.report.power.simulate import ContrastSim, Rules, SimDesign, frontier_reader, simulate
+from refexp.report.reading.comparison_plan import MATCHED_ESTIMANDS
 from refexp.report.statistics.frontier import frontier_gap
 from refexp.report.statistics.reading_rules import REASONS
 
 POWER = 0.8
-ESTIMANDS = ("frontier", "crossing")
+ESTIMANDS = MATCHED_ESTIMANDS
+"""``comparison.matched.estimand``'s values: both are simulated on a drift axis, the frontier alone on a linear one."""
 
 
 def rules_of(exp: Experiment) -> Rules:
@@ -58,7 +60,9 @@ def _p(x: float) -> str:
 def _reasons(c: ContrastSim, names: dict[str, str]) -> str:
     if not c.reasons:
         return "none"
-    return "; ".join(f"{names.get(k, k)} {v / c.sweeps:.2f}" for k, v in c.reasons.most_common())
+    order = list(names)  # ties in the order reasons are listed: a Counter fed from sets would order them by hash
+    ranked = sorted(c.reasons.items(), key=lambda kv: (-kv[1], order.index(kv[0]) if kv[0] in order else len(order)))
+    return "; ".join(f"{names.get(k, k)} {v / c.sweeps:.2f}" for k, v in ranked)
 
 
 def _fit_table(fits: dict[str, ArmFit], axis: str) -> list[str]:
@@ -117,9 +121,11 @@ def matched_design_text(exp: Experiment, pilot: Pilot, runs: PilotRuns, alpha: f
                        pilot.components.prompt / prompts if prompts else 0.0)
     steps, every, schedule_from = _schedule(exp, runs)
     exponent = growth_exponent(runs, rules.log)
-    readers = {"frontier": frontier_reader(rules),
-               "crossing": crossing_reader(fits, steps, every, 1.0 if exponent is None else exponent, rules.log)}
-    results = {e: simulate(fits, design, sweeps, seed=0, reader=readers[e]) for e in ESTIMANDS}
+    estimands = ESTIMANDS if rules.log else ESTIMANDS[:1]  # the crossing reads a drift
+    readers = {"frontier": frontier_reader(rules)}
+    if rules.log:
+        readers["crossing"] = crossing_reader(fits, steps, every, 1.0 if exponent is None else exponent, rules.log)
+    results = {e: simulate(fits, design, sweeps, seed=0, reader=readers[e]) for e in estimands}
     replicates = exp.starts * exp.seeds
     df = exp.starts - 1 if exp.starts >= 2 else exp.seeds - 1
     lines = ["", "## Can the matched design answer? (simulated from the pilot's runs)", "",
@@ -135,15 +141,17 @@ def matched_design_text(exp: Experiment, pilot: Pilot, runs: PilotRuns, alpha: f
               f"comparison.matched.max_gap {'none' if rules.max_gap is None else f'{rules.max_gap:g}'}, along "
               f"{rules.along}), the difference's t over the {'SFT starts' if exp.starts >= 2 else 'seeds'}, Holm over "
               f"the family of {exp.family}. The experiment declares the **{declared}** estimand "
-              f"(comparison.matched.estimand); both are shown. The crossing reads each run where its drift first "
-              f"passes the value between two evaluations after step 0 (every {every} of {steps} steps: "
-              f"{schedule_from}; drift growing as step^{1.0 if exponent is None else exponent:.2f}, "
-              + ("assumed: the pilot evaluated at its end only" if exponent is None else "the pilot's") + ").", "",
+              + (f"(comparison.matched.estimand); both are shown. The crossing reads each run where its drift first "
+                 f"passes the value between two evaluations after step 0 (every {every} of {steps} steps: "
+                 f"{schedule_from}; drift growing as step^{1.0 if exponent is None else exponent:.2f}, "
+                 + ("assumed: the pilot evaluated at its end only" if exponent is None else "the pilot's") + ")."
+                 if rules.log else f"(comparison.matched.estimand); the crossing estimand reads a drift, not {axis}."),
+              "",
               "| contrast | estimand | P(no claim) | why (share of sweeps) | the pilot's own replicates | power at "
               "the margin | se | detectable (80%) | fitted difference |",
               "|:---|:---|---:|:---|:---|---:|---:|---:|---:|"]
     warnings = []
-    for e in ESTIMANDS:
+    for e in estimands:
         for c in results[e]:
             label = f"{c.arm} - {base} at {axis} {c.at:.3g}"
             mark = f"**{e}** (declared)" if e == declared else e

@@ -36,6 +36,10 @@ MATCHED_AXES = ("kl/init", "eval/retention", "kl/init_exact")
 """As ``refexp/config/comparison.py``'s: what ``comparison.matched.axis`` may name, its default first."""
 MATCHED_ALONG = ("axis", "key")
 """As ``refexp/config/comparison.py``'s: what ``comparison.matched.along`` may name, its default first."""
+MATCHED_ESTIMANDS = ("frontier", "crossing")
+"""As ``refexp/config/comparison.py``'s: what ``comparison.matched.estimand`` may name, its default first."""
+DRIFT_AXES = ("kl/init", "kl/init_exact")
+"""As ``refexp/config/comparison.py``'s: the matched axes that are a drift (the ``crossing`` estimand's)."""
 
 VARIANT_KEYS = ("grpo_variant", "dpo_variant", "reference")
 """Swept keys whose value an exploratory ``--baseline`` may name (``--baseline fixed`` for ``dpo_variant=fixed``)."""
@@ -88,6 +92,12 @@ class ComparisonPlan:
     def matched_along(self) -> str:
         """``comparison.matched.along`` of the declared block (a block written before it: ``axis``)."""
         return str(((self.block or {}).get("matched") or {}).get("along") or MATCHED_ALONG[0])
+
+    @property
+    def matched_estimand(self) -> str:
+        """``comparison.matched.estimand`` of the declared block (checked by ``block_problem``; a block written before
+        it: ``frontier``)."""
+        return str(((self.block or {}).get("matched") or {}).get("estimand") or MATCHED_ESTIMANDS[0])
 
     @property
     def max_gap(self) -> Optional[float]:
@@ -216,6 +226,13 @@ def block_problem(block: dict) -> Optional[str]:
     if (matched.get("along") or MATCHED_ALONG[0]) not in MATCHED_ALONG:
         return (f"comparison.matched.along={matched.get('along')!r} is invalid: expected "
                 f"{' or '.join(MATCHED_ALONG)}")
+    estimand = matched.get("estimand") or MATCHED_ESTIMANDS[0]
+    if estimand not in MATCHED_ESTIMANDS:
+        return (f"comparison.matched.estimand={matched.get('estimand')!r} is invalid: expected "
+                f"{' or '.join(MATCHED_ESTIMANDS)}")
+    if estimand == "crossing" and axis not in DRIFT_AXES:
+        return (f"comparison.matched.estimand='crossing' is invalid: expected frontier on {axis} (crossing reads where "
+                f"a run's drift, {' or '.join(DRIFT_AXES)}, first passes the value)")
     gap = matched.get("max_gap")
     least = 0.0 if axis == "eval/retention" else 1.0  # a difference on the linear axis, a ratio on a drift
     if gap is not None and not (valid_margin(gap) and gap > least):

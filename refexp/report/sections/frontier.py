@@ -110,8 +110,8 @@ def _rows(m: MatchedDrift) -> list[list[str]]:
 
 
 def _header(m: MatchedDrift) -> list[str]:
-    return ["arm", f"matched {m.axis.key}", f"Δ {m.metric} vs {m.baseline}", "simultaneous interval", "Holm p",
-            "verdict"]
+    x = f"matched {m.axis.key}" if m.estimand == "frontier" else f"{m.axis.key} passed"
+    return ["arm", x, f"Δ {m.metric} vs {m.baseline}", "simultaneous interval", "Holm p", "verdict"]
 
 
 def oracle_header(o: Oracle) -> list[str]:
@@ -155,7 +155,9 @@ def blocks(fr: FrontierReport) -> list:
     """The sections as blocks."""
     out: list = []
     if fr.primary is not None:
-        out += [Heading(f"Primary contrasts at matched {fr.primary.axis.key}"), Paragraph(fr.primary.text),
+        title = (f"Primary contrasts at matched {fr.primary.axis.key}" if fr.primary.estimand == "frontier" else
+                 f"Primary contrasts where {fr.primary.axis.key} first passes the declared value (crossing)")
+        out += [Heading(title), Paragraph(fr.primary.text),
                 table_of(_header(fr.primary), _rows(fr.primary))]
     if fr.matched:
         out += [Heading(f"Frontier across {fr.key}"), Paragraph(HOW_TO_READ)]
@@ -200,7 +202,7 @@ def summary(fr: FrontierReport, sweep_dir: Path) -> dict:
 
 def _matched_summary(m: MatchedDrift) -> dict:
     """One matched table's numbers for summary.json."""
-    return {"axis": m.axis.key, "baseline": m.baseline, "text": m.text, "rows": [
+    return {"axis": m.axis.key, "estimand": m.estimand, "baseline": m.baseline, "text": m.text, "rows": [
         {"arm": r.arm, "label": r.label, "x": r.x, "seeds": r.seeds, "no_claim": r.no_claim or None,
          "x_resampled": r.x_resampled, "x_noise_share": r.x_noise_share,
          "brackets": {who: list(b) for who, b in r.brackets.items()} or None,

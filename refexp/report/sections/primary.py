@@ -116,8 +116,9 @@ def matched_lines(report) -> list[Line]:
     algo = next(iter(report.tables), "")
     out = []
     for r in m.rows:
-        contrast = f"{r.arm} − {m.baseline}'s frontier"
-        endpoint = f"final {r.metric or m.metric} at matched {m.axis.key} {r.x:.3g}"
+        contrast = f"{r.arm} − {m.baseline}" + ("'s frontier" if m.estimand == "frontier" else "")
+        endpoint = (f"{r.metric or m.metric} where each run's {m.axis.key} first passes {r.x:.3g} (crossing)"
+                    if m.estimand == "crossing" else f"final {r.metric or m.metric} at matched {m.axis.key} {r.x:.3g}")
         v = m.verdicts.get(r.label)
         if v is None:
             out.append(Line(algo, contrast, endpoint, None, None, None, f"no claim ({r.no_claim})", None,
@@ -139,9 +140,13 @@ def intro(report) -> str:
                 "in its summary; every table below is secondary. " + headline(plan))
     axis, values = plan.matched_at
     if values:
+        at = ', '.join(f'{x:.3g}' for x in values)
+        where = (f"{plan.baseline}'s frontier across {plan.block.get('frontier_key')} at {axis} {at}"
+                 if plan.matched_estimand == "frontier" else
+                 f"{plan.baseline} where each run's {axis} first passes {at} (comparison.matched.estimand: crossing: "
+                 f"runs part-way through, at whatever {plan.block.get('frontier_key')} reached it)")
         text = (f"Declared before the runs (comparison.primary, comparison.matched): {', '.join(plan.primary)}, each "
-                f"against {plan.baseline}'s frontier across {plan.block.get('frontier_key')} at {axis} "
-                f"{', '.join(f'{x:.3g}' for x in values)}, on {', '.join(plan.primary_metrics)}. " + headline(plan))
+                f"against {where}, on {', '.join(plan.primary_metrics)}. " + headline(plan))
     else:
         text = (f"Declared before the runs (comparison.primary): {', '.join(plan.primary)}, each against "
                 f"{plan.baseline}, on {', '.join(plan.primary_metrics)}. " + headline(plan))

@@ -14,7 +14,8 @@ ended; nor is one read across a step on the matched axis wider than ``comparison
 drift, a difference on retention), or across a gap in the frontier key wider than ``comparison.frontier_gap``
 (``reading_rules.py``: the rule the design step shares). A contrast that makes no claim counts every failing
 replicate by reason for each arm (``unread.py``); one that is read says where each curve was read and what the
-chord in the other scale would give.
+chord in the other scale would give. This is the ``frontier`` estimand (``comparison.matched.estimand``); the
+``crossing`` one, each run read where its drift first passes the value, is ``crossing_contrasts.py``'s.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Optional
 from refexp.record.metric_names import KL_INIT
 from refexp.report.reading.comparison_plan import ComparisonPlan
 from refexp.report.reading.load import Run
+from refexp.report.statistics.crossing_contrasts import declared_crossing
 from refexp.report.statistics.drift_resample import x_noise_sentence
 from refexp.report.statistics.frontier import (
     MatchedDrift,
@@ -44,7 +46,10 @@ from refexp.report.statistics.unread import unread
 
 def declared_matched(runs: list[Run], plan: ComparisonPlan) -> Optional[MatchedDrift]:
     """The primary family at the declared matched values; None when the plan declares none (no ``matched.at``,
-    no ``frontier_key`` or no primary contrast)."""
+    no ``frontier_key`` or no primary contrast). ``comparison.matched.estimand: crossing``: each run read where its
+    drift first passes the value instead (``crossing_contrasts.py``)."""
+    if plan.matched_estimand == "crossing":
+        return declared_crossing(runs, plan)
     axis_key, values = plan.matched_at
     if not values or not plan.primary or not (plan.block or {}).get("frontier_key"):
         return None

@@ -255,6 +255,9 @@ class MatchedDrift:
     max_gap_axis: str = ""
     """The declared matched axis ``comparison.matched.max_gap`` bounds, where that is another axis than this one
     (its text says this table keeps only the frontier-key rule); "": none declared, or this axis."""
+    estimand: str = "frontier"
+    """What the rows estimate (``comparison.matched.estimand``): ``frontier``, each curve of final points read at x;
+    ``crossing``, each run read where its drift first passes x (``crossing_contrasts.py``)."""
 
 
 def matched(runs: list[Run], plan: ComparisonPlan, axis: Axis, metric: str) -> Optional[MatchedDrift]:
