@@ -13,7 +13,7 @@ from typing import Optional
 
 from refexp.record.provenance import provenance
 
-REPORT_VERSION = 8
+REPORT_VERSION = 9
 """Bump whenever a report's output changes. 0: reports rendered before the number existed (no ``report_version`` in
 their summary.json). 1: Holm decides over shared-prompt bootstraps, three verdicts (higher/lower, equivalent,
 inconclusive), primary contrasts (``comparison.primary``) form the verdict family and the first screen, every other
@@ -37,7 +37,11 @@ contrasts exist and none can be tested for want of seeds (one seed per arm), the
 claim" once and shows each arm against its start (final accuracy and its change, final retention and its change,
 kl/init) and the accuracy-vs-drift plot, instead of the no-claim lines and the method paragraph. 8: Gao et al.'s
 fitted coefficients print as α_RL, β_RL (summary.json's ``gao.fits[].alpha_rl``, ``beta_rl``, and their intervals),
-never as a bare β beside the KL coefficient ``algo.beta``."""
+never as a bare β beside the KL coefficient ``algo.beta``. 9: a matched reading obeys ``comparison.matched.max_gap``
+(the step on the matched axis, ``statistics/reading_rules.py``) and a no claim counts every failing replicate by
+reason; each compared matched row prints its bracket and its other-chord estimate; the drift resample draws the kl
+prompts once per replicate for every run and each matched contrast prints its x-noise share; the first screen's
+forest plot (``report_plots/primary_contrasts.png``); a declared ``comparison.matched.estimand: crossing``."""
 
 
 def rendered_by(version: int = REPORT_VERSION, commit: Optional[str] = "current") -> dict:
