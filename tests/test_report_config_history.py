@@ -88,6 +88,21 @@ def test_a_config_committed_after_the_first_run_began_is_flagged_with_the_compar
     assert f"do not contain commit {h.commit[:7]}: the runs did not have this version of the file" in line
 
 
+def test_an_edit_after_the_runs_then_reverted_is_the_runs_version_with_the_commits_named(tmp_path):
+    """A file edited after the first run began and then restored byte for byte is the version the runs had: its
+    last change is the runs' commit's, not flagged, and the edit and revert are named."""
+    repo, runs = repo_and_runs(tmp_path, late=DECL, comment="a comment edited after the sweep began")
+    ran = git(repo, "rev-list", "--max-parents=0", "HEAD")
+    edit = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", ran, "--", "conf/experiment/exp.yaml")
+    git(repo, "commit", "-q", "-m", "revert", at=STARTED + 7200)
+    [h] = histories(runs, repo)
+    assert h.commit == ran and not h.changed_after_start and not h.not_in_runs
+    assert h.restored_in == [git(repo, "rev-parse", "HEAD"), edit]
+    assert h.line().endswith(f"edited after the runs and restored to their version (commit(s) "
+                             f"{h.restored_in[0][:7]}, {edit[:7]})")
+
+
 def test_an_edit_of_the_comparison_block_after_the_first_run_began_names_the_field(tmp_path):
     _, runs = repo_and_runs(tmp_path, late=block(["fixed", "ema"], seeds=(0, 1, 2)))
     [h] = histories(runs, tmp_path / "repo")

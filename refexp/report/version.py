@@ -41,7 +41,8 @@ never as a bare β beside the KL coefficient ``algo.beta``. 9: a matched reading
 (the step on the matched axis, ``statistics/reading_rules.py``) and a no claim counts every failing replicate by
 reason; each compared matched row prints its bracket and its other-chord estimate; the drift resample draws the kl
 prompts once per replicate for every run and each matched contrast prints its x-noise share; the first screen's
-forest plot (``report_plots/primary_contrasts.png``); a declared ``comparison.matched.estimand: crossing``."""
+forest plot (``report_plots/primary_contrasts.png``); a declared ``comparison.matched.estimand: crossing``; an
+experiment file edited after its runs and restored reads as their version (``restored_in``)."""
 
 
 def rendered_by(version: int = REPORT_VERSION, commit: Optional[str] = "current") -> dict:

@@ -121,6 +121,9 @@ class ConfigHistory:
     """Runs' commits that do not contain ``commit`` (``git merge-base --is-ancestor`` false)."""
     runs_commits_unknown: list[str] = field(default_factory=list)
     """Runs' commits this checkout does not hold, so whether they contain ``commit`` is unknown."""
+    restored_in: list[str] = field(default_factory=list)
+    """Commits after the runs' that touched the file although its content now is the runs' own (an edit and its
+    revert): ``commit`` is then the file's last change as the runs' commit holds it."""
 
     @property
     def committed_late(self) -> bool:
@@ -146,6 +149,9 @@ class ConfigHistory:
         if self.block_changes is not None and (self.changed_after_start or self.block_changes):
             parts.append("the comparison block is unchanged" if not self.block_changes else
                          f"the comparison block differs: fields {', '.join(self.block_changes)}")
+        if self.restored_in:
+            parts.append(f"edited after the runs and restored to their version (commit(s) "
+                         f"{', '.join(c[:7] for c in self.restored_in)})")
         if self.not_in_runs:
             parts.append(f"the runs' commit(s) {', '.join(self.not_in_runs)} do not contain commit {self.commit[:7]}: "
                          f"the runs did not have this version of the file")
@@ -160,7 +166,8 @@ class ConfigHistory:
                 "first_run_began": _iso(self.first_started) if self.first_started is not None else None,
                 "changed_after_first_run_began": self.changed_after_start, "uncommitted_edit": self.uncommitted,
                 "comparison_block_changes": self.block_changes, "runs_commits_without_it": self.not_in_runs,
-                "runs_commits_not_in_checkout": self.runs_commits_unknown}
+                "runs_commits_not_in_checkout": self.runs_commits_unknown,
+                "restored_in": self.restored_in}
 
 
 def _runs_facts(runs: list[Run]) -> tuple[list[str], Optional[float], Optional[dict]]:
@@ -196,6 +203,7 @@ def history(name: str, runs: list[Run], repo: Optional[Path] = None) -> ConfigHi
         out.unknown = f"deleted from this checkout after commit {fields[0][:7]}"
         return out
     out.commit, out.committed = fields[0], float(fields[1])
+    _as_the_runs_had_it(out, repo, rel, commits)
     status = git(repo, "status", "--porcelain", "--", rel)
     out.uncommitted = bool(status is not None and status.stdout.strip())
     if ran_block is not None:
@@ -210,6 +218,27 @@ def history(name: str, runs: list[Run], repo: Optional[Path] = None) -> ConfigHi
         elif ancestor is None or ancestor.returncode != 0:
             out.runs_commits_unknown.append(c)
     return out
+
+
+def _as_the_runs_had_it(out: ConfigHistory, repo: Path, rel: str, commits: list[str]) -> None:
+    """Where the file's committed content is exactly what every runs' commit holds, although commits after them
+    touched it (an edit, then its revert), its last change is the one those runs' commit holds: a file's version is
+    its content, not the last commit that named it."""
+    bases = [c.removesuffix("-dirty") for c in commits]
+    head = git(repo, "rev-parse", f"HEAD:{rel}")
+    if not bases or head is None or head.returncode != 0:
+        return
+    for base in bases:
+        blob = git(repo, "rev-parse", f"{base}:{rel}")
+        if blob is None or blob.returncode != 0 or blob.stdout.strip() != head.stdout.strip():
+            return
+    held = git(repo, "log", "-1", "--format=%H%x09%ct", bases[0], "--", rel)
+    fields = held.stdout.split() if held is not None and held.returncode == 0 else []
+    if len(fields) != 2 or fields[0] == out.commit:
+        return
+    later = git(repo, "log", "--format=%H", f"{fields[0]}..HEAD", "--", rel)
+    out.restored_in = later.stdout.split() if later is not None and later.returncode == 0 else []
+    out.commit, out.committed = fields[0], float(fields[1])
 
 
 def histories(runs: Iterable[Run], repo: Optional[Path] = None) -> list[ConfigHistory]:
