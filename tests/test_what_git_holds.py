@@ -61,11 +61,22 @@ def test_a_report_html_is_ignored_and_one_forced_in_is_seen(tmp_path):
 
 
 def test_every_runs_archive_lies_beside_a_pre_registered_report_within_the_cap():
+    """A report's runs beside it; a sweep carried between sittings (``in_progress/``, scripts/carry_sweep.py) beside
+    the README that says how to resume it, its SFT starts' archive within the cap too."""
     assert f"{RUNS_ARCHIVE_CAP_MIB} MiB" in (DOCS / "README.md").read_text(), "docs/README.md must state the cap"
     archives = sorted(DOCS.rglob(ARCHIVE))
     assert {a.parent.name for a in archives} >= {"frontier_test", "overoptimization_grpo", "smollm2_grpo"}
     for archive in archives:
         where = archive.relative_to(ROOT)
+        if archive.parent.name == "in_progress":
+            readme = archive.parent / "README.md"
+            assert readme.is_file() and "scripts/carry_sweep.py" in readme.read_text(), (
+                f"{where}: a carried sweep needs a README.md beside it saying how to resume it "
+                "(scripts/carry_sweep.py)")
+            for kept in (archive, archive.parent / "sft_starts.tar.xz"):
+                size_mib = kept.stat().st_size / 2**20
+                assert size_mib <= RUNS_ARCHIVE_CAP_MIB, f"{where}: {size_mib:.1f} MiB, over the cap"
+            continue
         assert (archive.parent / "report.md").is_file(), f"{where}: no report.md beside it"
         summary = (archive.parent / "summary.json").read_text()
         assert PRE_REGISTERED in summary, f"{where}: its report is not a pre-registered study's"
