@@ -1,7 +1,8 @@
 """The design step of ``refexp-report --plan EXPERIMENT --pilot PILOT`` (``refexp/report/power/``): the simulated
 P(no claim) tracks a design whose per-replicate failure rate is known; a one-start pilot is refused for a design
 whose unit is the start, and a matched design refuses a summary; an archive is a pilot; the committed frontier_test
-runs, as a pilot for their own design, predict the "no claim" that happened."""
+runs, as a pilot for their own design, predict the "no claim" that happened; the grids an experiment declares
+(``comparison.matched.grids``) are checked before a run and by the report, and are the ones simulated."""
 
 from __future__ import annotations
 
@@ -10,16 +11,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from scipy.stats import norm
 
+from refexp.config.comparison import ComparisonConfig, MatchedConfig
+from refexp.config.errors import ConfigError
 from refexp.report.__main__ import main
-from refexp.report.power.design import _starts_check
+from refexp.report.power.design import _starts_check, full_plan
 from refexp.report.power.detectable import Components
 from refexp.report.power.experiment import read_experiment
 from refexp.report.power.fit import ArmFit
 from refexp.report.power.pilot import Pilot, PilotError
 from refexp.report.power.pilot_runs import pilot_dir
 from refexp.report.power.simulate import Rules, SimDesign, simulate
+from refexp.report.reading.comparison_plan import block_problem
 from refexp.report.reading.load import find_run_dirs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,3 +100,29 @@ def test_the_committed_frontier_test_runs_predict_their_own_no_claim(capsys, mon
         assert row[4].startswith(f"{failed} of 24 fail"), row  # the pilot's own replicates, by the report's rule
     assert "warning: ema - fixed at kl/init 0.065 (frontier): P(no claim)" in out
     assert "## β grids under which the design can answer" in out
+
+
+@pytest.mark.slow
+def test_the_grids_an_experiment_declares_are_the_ones_simulated(tmp_path):
+    """comparison.matched.grids: the design step simulates the declared arms' grids (the others the pilot's)."""
+    doc = yaml.safe_load((ROOT / "conf" / "experiment" / "frontier_test.yaml").read_text())
+    doc["comparison"]["matched"]["grids"] = {"fixed": [0.3, 0.5, 0.7, 1], "ema": [20, 5, 10]}
+    (tmp_path / "declared.yaml").write_text(yaml.safe_dump(doc))
+    text = full_plan(read_experiment(str(tmp_path / "declared.yaml")), ROOT / "docs" / "frontier_test",
+                     "eval/accuracy", sweeps=50)
+    assert ("the β grids are the experiment's for fixed, ema (comparison.matched.grids), else the pilot's: "
+            "fixed 0.3, 0.5, 0.7, 1; periodic_reset 1, 2, 5, 10, 25; ema 5, 10, 20; 288 runs of these arms") in text
+
+
+def test_declared_grids_are_checked_before_a_run_and_by_the_report():
+    base = {"arm_key": "grpo_variant", "arms": ["fixed", "ema"], "baseline": "fixed", "seeds": [0, 1],
+            "primary": ["ema"], "frontier_key": "algo.beta"}
+    assert block_problem({**base, "matched": {"at": [0.05], "grids": {"fixed": [0.3, 1], "ema": [5, 10]}}}) is None
+    assert block_problem({**base, "matched": {"at": [0.05], "grids": {"emma": [5, 10]}}}) == (
+        "comparison.matched.grids={'emma': [5, 10]} is invalid: expected arms of comparison.arms, each with a list of "
+        "two or more distinct frontier-key values > 0")
+    assert "is invalid" in block_problem({**base, "matched": {"at": [0.05], "grids": {"ema": [5, 5]}}})
+    with pytest.raises(ConfigError, match=r"comparison\.matched\.grids=\['emma'\] is invalid: expected arms among"):
+        ComparisonConfig(**{**base, "matched": MatchedConfig(at=[0.05], grids={"emma": [5, 10]})})
+    with pytest.raises(ConfigError, match=r"comparison\.matched\.grids\.ema=\[5\] is invalid: expected a list of two"):
+        MatchedConfig(at=[0.05], grids={"ema": [5]})

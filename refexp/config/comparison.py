@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .errors import check
 
@@ -141,6 +141,12 @@ class MatchedConfig:
     (``max_gap``, ``frontier_gap``) and ``along`` read across runs and do not apply to ``crossing``; a replicate in
     which no run of an arm passes the value makes no claim."""
 
+    grids: dict[str, list[Any]] = field(default_factory=dict)
+    """Arm -> the frontier-key values (betas) its sweep runs, declared with the design: the design step
+    (``refexp-report --plan``) simulates the design on these grids rather than the pilot's, and the experiment's
+    launch script runs them (a test holds the two equal). An arm not named is simulated on the pilot's grid. The
+    report reads whatever runs there are; a grid is the plan's, not a filter."""
+
     @property
     def declared(self) -> bool:
         """Whether matched primary contrasts are declared (values to match at)."""
@@ -158,6 +164,11 @@ class MatchedConfig:
         check(all(isinstance(x, (int, float)) and not isinstance(x, bool) and low < x < high for x in self.at)
               and len(set(self.at)) == len(self.at), "comparison.matched.at", self.at,
               f"distinct values of {self.axis} in ({low:g}, {high:g}) to compare at, or empty")
+        for arm, grid in self.grids.items():
+            check(isinstance(grid, (list, tuple)) and len(grid) >= 2 and len(set(grid)) == len(grid)
+                  and all(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 for b in grid),
+                  f"comparison.matched.grids.{arm}", grid,
+                  "a list of two or more distinct frontier-key values > 0 (the betas the arm's sweep runs)")
         least = 1.0 if self.axis in DRIFT_AXES else 0.0
         check(self.max_gap is None or (isinstance(self.max_gap, (int, float)) and not isinstance(self.max_gap, bool)
                                        and math.isfinite(self.max_gap) and self.max_gap > least),
@@ -263,6 +274,9 @@ class ComparisonConfig:
                   "empty without comparison.frontier_key (the swept key, e.g. algo.beta, each arm's curve runs along)")
             check(bool(self.primary), "comparison.matched.at", self.matched.at,
                   "empty without comparison.primary (the arms tested against the baseline's frontier)")
+            unknown = [a for a in self.matched.grids if a not in self.arms]
+            check(not unknown, "comparison.matched.grids", unknown,
+                  f"arms among comparison.arms ({', '.join(self.arms)})")
             family = len(self.primary) * len(self.metrics or [self.metric]) * len(self.matched.at)
             check(family <= MAX_PRIMARY, "comparison.matched.at", self.matched.at,
                   f"few enough values that primary x metrics x values is at most {MAX_PRIMARY} (here {family})")

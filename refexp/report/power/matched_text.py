@@ -115,7 +115,8 @@ def matched_design_text(exp: Experiment, pilot: Pilot, runs: PilotRuns, alpha: f
     rules = rules_of(exp)
     declared = str((exp.block.get("matched") or {}).get("estimand") or ESTIMANDS[0])
     fits = fit_arms(exp, runs)
-    grids = {a: runs.grid(a) for a in fits}
+    declared_grids = (exp.block.get("matched") or {}).get("grids") or {}
+    grids = {a: sorted(float(b) for b in declared_grids[a]) if a in declared_grids else runs.grid(a) for a in fits}
     prompts = exp.prompts or pilot.prompts or 0
     design = SimDesign(exp.starts, exp.seeds, grids, base, primary, list(values), rules, alpha, exp.family, exp.margin,
                        pilot.components.prompt / prompts if prompts else 0.0)
@@ -135,8 +136,8 @@ def matched_design_text(exp: Experiment, pilot: Pilot, runs: PilotRuns, alpha: f
     lines += _fit_table(fits, axis)
     grid_text = "; ".join(f"{a} {', '.join(f'{b:g}' for b in g)}" for a, g in grids.items())
     lines += ["", f"{sweeps} sweeps of the design were simulated ({exp.starts} SFT starts × {exp.seeds} seeds = "
-              f"{replicates} replicates; the β grids are the pilot's own: {grid_text}; {design.runs} runs of these "
-              f"arms), each read as the report reads it (`statistics/reading_rules.py`: comparison.frontier_gap "
+              f"{replicates} replicates; {_grid_source(fits, declared_grids)}: {grid_text}; {design.runs} runs of "
+              f"these arms), each read as the report reads it (`statistics/reading_rules.py`: comparison.frontier_gap "
               f"{rules.key_gap:g}, "
               f"comparison.matched.max_gap {'none' if rules.max_gap is None else f'{rules.max_gap:g}'}, along "
               f"{rules.along}), the difference's t over the {'SFT starts' if exp.starts >= 2 else 'seeds'}, Holm over "
@@ -183,6 +184,16 @@ def matched_design_text(exp: Experiment, pilot: Pilot, runs: PilotRuns, alpha: f
     if grid_search:
         lines += _grid_lines(exp, fits, design, readers[declared], sweeps, declared, base)
     return "\n".join(lines) + "\n"
+
+
+def _grid_source(fits: dict, declared: dict) -> str:
+    """Where the simulated β grids come from: the experiment's comparison.matched.grids, the pilot's, or both."""
+    named = [a for a in fits if a in declared]
+    if len(named) == len(fits):
+        return "the β grids are the experiment's (comparison.matched.grids)"
+    if not named:
+        return "the β grids are the pilot's own"
+    return f"the β grids are the experiment's for {', '.join(named)} (comparison.matched.grids), else the pilot's"
 
 
 def _grid_lines(exp: Experiment, fits: dict[str, ArmFit], design: SimDesign, reader, sweeps: int, declared: str,

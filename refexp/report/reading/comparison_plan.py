@@ -233,6 +233,13 @@ def block_problem(block: dict) -> Optional[str]:
     if estimand == "crossing" and axis not in DRIFT_AXES:
         return (f"comparison.matched.estimand='crossing' is invalid: expected frontier on {axis} (crossing reads where "
                 f"a run's drift, {' or '.join(DRIFT_AXES)}, first passes the value)")
+    grids = matched.get("grids") or {}
+    if not isinstance(grids, dict) or any(
+            a not in arms or not isinstance(g, list) or len(g) < 2 or len(set(g)) != len(g)
+            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 for b in g)
+            for a, g in grids.items()):
+        return (f"comparison.matched.grids={grids!r} is invalid: expected arms of comparison.arms, each with a list of "
+                f"two or more distinct frontier-key values > 0")
     gap = matched.get("max_gap")
     least = 0.0 if axis == "eval/retention" else 1.0  # a difference on the linear axis, a ratio on a drift
     if gap is not None and not (valid_margin(gap) and gap > least):
