@@ -15,6 +15,7 @@ from refexp.report.power.experiment import Experiment
 from refexp.report.power.fit import ArmFit, fit_arm
 from refexp.report.power.grids import TARGET, choose_grid
 from refexp.report.power.pilot import Pilot, PilotError
+from refexp.report.power.pilot_contrasts import paired_section
 from refexp.report.power.pilot_failures import carried, pilot_failures
 from refexp.report.power.pilot_runs import PilotRuns
 from refexp.report.power.simulate import ContrastSim, Rules, SimDesign, frontier_reader, simulate
@@ -151,6 +152,8 @@ def matched_design_text(exp: Experiment, pilot: Pilot, runs: PilotRuns, alpha: f
               "| contrast | estimand | P(no claim) | why (share of sweeps) | the pilot's own replicates | power at "
               "the margin | se | detectable (80%) | fitted difference |",
               "|:---|:---|---:|:---|:---|---:|---:|---:|---:|"]
+    paired, paired_powers = paired_section(runs, base, primary, list(values), rules, axis, exp.starts, exp.seeds,
+                                           exp.margin, alpha / exp.family)
     warnings = []
     for e in estimands:
         for c in results[e]:
@@ -170,15 +173,18 @@ def matched_design_text(exp: Experiment, pilot: Pilot, runs: PilotRuns, alpha: f
             if e == declared:
                 if c.p_no_claim > TARGET:
                     warnings.append(f"warning: {label} ({e}): P(no claim) {_p(c.p_no_claim)} > {TARGET:g}")
-                if exp.margin is not None and c.power < POWER:
+                bound = paired_powers.get((c.arm, c.at)) if e == "frontier" else None
+                power, whose = (c.power, "simulated") if bound is None else (bound, "the pilot's paired bound")
+                if exp.margin is not None and power < POWER:
                     warnings.append(f"warning: {label} ({e}): power at the margin ±{exp.margin:g} "
-                                    f"{_p(c.power)} < {POWER:g}")
+                                    f"{_p(power)} < {POWER:g} ({whose})")
     lines += ["", "P(no claim): the share of simulated sweeps in which some replicate of either arm cannot be read "
               "(by reason: the share of sweeps with a replicate failing for it). The pilot's own replicates: those "
               "failing the same rule on the pilot's grids, the Clopper-Pearson bound of their rate carried to the "
               "design's replicates (a small pilot bounds it loosely). Power: the share of sweeps whose Holm-adjusted t "
               "rejects when the arm's true difference is the margin; detectable: the difference found with 80% power "
               "at the simulated se (`detectable.py`)."]
+    lines += paired
     if warnings:
         lines += [""] + [f"- {w}" for w in warnings]
     if grid_search:
