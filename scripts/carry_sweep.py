@@ -12,7 +12,9 @@ SWEEP is the sweep dir (each of its sweeps a dir with Hydra's ``multirun.yaml``:
 checkpoints): a relaunch of the same command skips a sweep whose runs all completed and reruns the others, where
 a restored completed run measures nothing (refexp/record/rerun.py). ``sft_starts.tar.xz`` holds every start the runs
 recorded, each entry with its manifest of sha256s, which ``--check`` verifies as a run would
-(``refexp.record.cache_dirs.verified_entry``); its members have mtime 0 and no owner, so it depends on the files only.
+(``refexp.record.cache_dirs.verified_entry``); its members have mtime 0 and no owner, so it depends on the files only,
+and an archive already holding every start the runs recorded is kept as it is (a carried one is committed: writing it
+again would put the weights in git history twice).
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ def _reset(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
+def _held(starts: Path) -> set[str]:
+    """The SFT cache keys an existing starts archive holds (none where there is no archive)."""
+    if not starts.is_file():
+        return set()
+    with tarfile.open(starts, "r:xz") as tar:
+        return {m.name.split("/")[0] for m in tar.getmembers()}
+
+
 def carry(sweep: Path, cache: Path, out: Path) -> tuple[int, list[str]]:
     """Write ``out/runs.tar.xz`` (the completed runs, at their paths under ``sweep``, with each sweep's
     multirun.yaml) and ``out/sft_starts.tar.xz`` (their SFT cache entries); (runs carried, start keys)."""
@@ -76,6 +86,8 @@ def carry(sweep: Path, cache: Path, out: Path) -> tuple[int, list[str]]:
             (copy / marker.relative_to(sweep)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(marker, copy / marker.relative_to(sweep))
         pack(copy, out)
+    if _held(out / STARTS) >= set(keys):  # rewritten, a committed archive would put the weights in git history twice
+        return len(runs), keys
     with tarfile.open(out / STARTS, "w:xz") as tar:
         for key in keys:
             for path in sorted((cache / "sft" / key).rglob("*")):

@@ -81,3 +81,14 @@ def test_a_cache_without_the_runs_starts_is_one_error_line(sweep_and_cache, tmp_
     with pytest.raises(SystemExit, match=r"has no entry aaaa000000000000, bbbb000000000000: CACHE must be"):
         carry_sweep.carry(sweep, tmp_path / "elsewhere", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_starts_archive_holding_every_start_is_kept_as_it_is(sweep_and_cache, tmp_path):
+    sweep, cache = sweep_and_cache
+    out = tmp_path / "in_progress"
+    carry_sweep.carry(sweep, cache, out)
+    before = (out / carry_sweep.STARTS).read_bytes()
+    (sweep / "start0" / "fixed" / "1" / "status.json").write_text(
+        json.dumps({"status": "completed", "sft_start": {"key": "aaaa000000000000"}}))
+    assert carry_sweep.carry(sweep, cache, out)[0] == 4
+    assert (out / carry_sweep.STARTS).read_bytes() == before
