@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 RUNS_ARCHIVE_CAP_MIB = 16
 """The largest a committed ``runs.tar.xz`` may be (docs/README.md, "Committed reports", states it)."""
+SFT_STARTS_CAP_MIB = 48
+"""The largest a carried sweep's ``sft_starts.tar.xz`` may be: about eight of the 256-wide model's starts (~5 MiB each
+compressed), the most a sweep trains in one sitting."""
 PRE_REGISTERED = "pre-registered in the experiment config (its comparison block)"
 
 
@@ -61,7 +64,8 @@ def test_a_report_html_is_ignored_and_one_forced_in_is_seen(tmp_path):
 
 
 def test_every_runs_archive_lies_beside_a_pre_registered_report_within_the_cap():
-    """A report's runs beside it; a sweep carried between sittings (``in_progress/``, scripts/carry_sweep.py) beside
+    """A pre-registered report's runs beside it (a pilot's beside its exploratory report, named by the experiment it
+    designs); a sweep carried between sittings (``in_progress/``, scripts/carry_sweep.py) beside
     the README that says how to resume it, its SFT starts' archive within the cap too."""
     assert f"{RUNS_ARCHIVE_CAP_MIB} MiB" in (DOCS / "README.md").read_text(), "docs/README.md must state the cap"
     archives = sorted(DOCS.rglob(ARCHIVE))
@@ -73,13 +77,19 @@ def test_every_runs_archive_lies_beside_a_pre_registered_report_within_the_cap()
             assert readme.is_file() and "scripts/carry_sweep.py" in readme.read_text(), (
                 f"{where}: a carried sweep needs a README.md beside it saying how to resume it "
                 "(scripts/carry_sweep.py)")
-            for kept in (archive, archive.parent / "sft_starts.tar.xz"):
+            starts = archive.parent / "sft_starts.tar.xz"
+            for kept, cap in ((archive, RUNS_ARCHIVE_CAP_MIB), (starts, SFT_STARTS_CAP_MIB)):
                 size_mib = kept.stat().st_size / 2**20
-                assert size_mib <= RUNS_ARCHIVE_CAP_MIB, f"{where}: {size_mib:.1f} MiB, over the cap"
+                assert size_mib <= cap, f"{kept.relative_to(ROOT)}: {size_mib:.1f} MiB, over the {cap} MiB cap"
             continue
         assert (archive.parent / "report.md").is_file(), f"{where}: no report.md beside it"
-        summary = (archive.parent / "summary.json").read_text()
-        assert PRE_REGISTERED in summary, f"{where}: its report is not a pre-registered study's"
+        if archive.parent.name == "pilot":  # a design step's pilot: exploratory, named by the experiment it designs
+            named = str(archive.parent.relative_to(ROOT))
+            assert any(named in p.read_text() for p in (ROOT / "conf" / "experiment").glob("*.yaml")), (
+                f"{where}: a pilot's runs, but no conf/experiment file names {named} as its pilot")
+        else:
+            summary = (archive.parent / "summary.json").read_text()
+            assert PRE_REGISTERED in summary, f"{where}: its report is not a pre-registered study's"
         size_mib = archive.stat().st_size / 2**20
         assert size_mib <= RUNS_ARCHIVE_CAP_MIB, f"{where}: {size_mib:.1f} MiB, over the {RUNS_ARCHIVE_CAP_MIB} MiB cap"
 
