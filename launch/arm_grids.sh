@@ -7,7 +7,8 @@
 # restored from a runs.tar.xz on another machine), and a completed run without one would be trained again only to be
 # thrown away (refexp/record/rerun.py). Then one report over the whole dir.
 #   launch/arm_grids.sh EXPERIMENT SWEEP_DIR STARTS SEEDS ARM=B1,B2,... [ARM=...] [-- overrides...]
-# STARTS and SEEDS: the counts of the experiment's sweeper params sft.seed (0..STARTS-1) and training.seed.
+# STARTS: the experiment's sweeper param sft.seed, as a count N (sft.seed 0..N-1) or as its values with commas
+# (6,7,8: starts no earlier sweep trained); SEEDS: the count of its training.seed values.
 # REFEXP="python -m refexp" runs from a checkout; REFEXP_REPORT=true skips the report.
 set -euo pipefail
 EXPERIMENT=$1 SWEEP=$2 STARTS=$3 SEEDS=$4
@@ -23,7 +24,8 @@ completed() {  # completed DIR N: each of the sweep's job dirs DIR/0 .. DIR/N-1 
     grep -Eqs '"status": *"completed"' "$1/$i/status.json" || return 1
   done
 }
-completed "$SWEEP/none" $((STARTS * SEEDS)) ||
+if [[ $STARTS == *,* ]]; then IFS=, read -ra START_IDS <<<"$STARTS"; else START_IDS=($(seq 0 $((STARTS - 1)))); fi
+completed "$SWEEP/none" $((${#START_IDS[@]} * SEEDS)) ||
   $REFEXP -m experiment="$EXPERIMENT" grpo_variant=none algo.beta=1.0 hydra.sweep.dir="$SWEEP/none" "${EXTRA[@]}"
 grid() {  # grid ARM=B1,B2,...: one sweep of START over the arm's grid, unless all its runs completed
   local arm=${1%%=*} betas=${1#*=} commas
@@ -32,7 +34,7 @@ grid() {  # grid ARM=B1,B2,...: one sweep of START over the arm's grid, unless a
   $REFEXP -m experiment="$EXPERIMENT" sft.seed="$START" grpo_variant="$arm" algo.beta="$betas" \
     hydra.sweep.dir="$SWEEP/start$START/$arm" "${EXTRA[@]}"
 }
-for ((START = 0; START < STARTS; START++)); do
+for START in "${START_IDS[@]}"; do
   for g in "${GRIDS[@]}"; do grid "$g"; done
 done
 ${REFEXP_REPORT:-refexp-report} "$SWEEP"

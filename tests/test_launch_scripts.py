@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p for p in (ROOT / "launch").iterdir() if p.suffix in (".sh", ".sbatch"))
@@ -100,3 +101,29 @@ def test_frontier_confirm_pilot_launches_none_then_each_arm_grid_per_start(tmp_p
     assert "experiment=frontier_confirm_pilot grpo_variant=none" in lines[0] and lines[0].endswith("debug=x")
     assert f"sft.seed=1 grpo_variant=periodic_reset algo.beta=5.0,10.0,25.0,50.0,100.0 hydra.sweep.dir={tmp_path}/" \
            f"start1/periodic_reset debug=x" in lines[-1]
+
+
+def test_frontier_confirm_runs_the_grids_its_plan_simulated(tmp_path):
+    """launch/declared_grids.sh frontier_confirm: the starts, seeds and per-arm grids are the experiment file's
+    (comparison.matched.grids, what its power plan simulated), none first, then each start's arms."""
+    doc = yaml.safe_load((ROOT / "conf" / "experiment" / "frontier_confirm.yaml").read_text())
+    grids = doc["comparison"]["matched"]["grids"]
+    starts = len(str(doc["hydra"]["sweeper"]["params"]["sft.seed"]).split(","))
+    out = _bash([str(ROOT / "launch" / "declared_grids.sh"), "frontier_confirm", str(tmp_path), "debug=x"],
+                REFEXP="echo", REFEXP_REPORT="true")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "experiment=frontier_confirm grpo_variant=none" in lines[0] and lines[0].endswith("debug=x")
+    arms = [a for a in doc["comparison"]["arms"] if a != "none"]
+    assert len(lines) == 1 + starts * len(arms)
+    for line in lines[1:]:
+        arm = line.split("grpo_variant=")[1].split()[0]
+        betas = [float(b) for b in line.split("algo.beta=")[1].split()[0].split(",")]
+        assert betas == [float(b) for b in grids[arm]], line
+
+
+def test_declared_grids_refuses_an_experiment_without_them(tmp_path):
+    out = _bash([str(ROOT / "launch" / "declared_grids.sh"), "frontier_confirm_pilot", str(tmp_path)], REFEXP="echo",
+                REFEXP_REPORT="true")
+    assert out.returncode != 0 and "comparison.matched.grids declares no grid for fixed" in out.stderr
+    assert out.stdout == ""
