@@ -31,7 +31,7 @@ DEFAULT_NAME = "default"
 BLOCK_DEFAULTS = {"arm_key": "", "arms": [], "baseline": "", "seeds": [], "metric": "eval/accuracy", "primary": [],
                   "metrics": [], "equivalence_margin": None, "at_steps": [], "chosen_on_test": [], "frontier_key": "",
                   "frontier_gap": None, "matched.axis": "kl/init", "matched.at": [], "matched.along": "axis",
-                  "matched.max_gap": None, "matched.estimand": "frontier",
+                  "matched.max_gap": None, "matched.estimand": "frontier", "matched.grids": {},
                   "select.metric": "",
                   "select.maximize": True, "select.floor": {}, "select.floor_change": {}, "select.budget": None}
 """``ComparisonConfig``'s defaults by dotted field (``refexp/config/comparison.py``, a layer above the report, so
