@@ -65,6 +65,7 @@ from refexp.record.status import (
 )
 from refexp.runtime import distributed as rdist
 from refexp.runtime import stop_signals
+from refexp.runtime.job_placement import use_own_core, use_own_gpu
 from refexp.runtime.process_settings import apply_process_settings
 from refexp.tasks.data_checks import check_task_data
 
@@ -88,8 +89,8 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     # after the batch and skip the report): the failure is in the job's status.json and log, the
     # report lists it, and refexp.cli.sweep.ReportCallback makes the sweep exit non-zero at the end.
     try:
-        _use_own_gpu(cfg)
-        _use_own_core(cfg)
+        use_own_gpu(cfg)
+        use_own_core(cfg)
         final = run(cfg, on_checked=hydra_record.write)
     except Exception as e:
         import logging
@@ -125,52 +126,6 @@ def summary_line(final: dict, wall_s: float, run_dir) -> str:
     steps = final.get("step")
     parts.append(f"{int(steps)} steps" if isinstance(steps, (int, float)) else "")
     return f"[refexp] done: {', '.join(p for p in parts if p)} in {wall_s / 60:.1f} min; run dir {run_dir}"
-
-
-def _use_own_gpu(cfg: DictConfig) -> None:
-    """Under ``hydra/launcher=local_gpus`` (jobs side by side) a single-process job on ``auto``/``cuda``
-    gets a GPU of its own as ``training.device=cuda:N`` (refexp/runtime/launcher.py, ``claim_gpu``)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    hc = HydraConfig.get()
-    side_by_side = str(hc.launcher.get("_target_", "")).endswith("JoblibLauncher")
-    if not side_by_side or cfg.training.device not in ("auto", "cuda") or cfg.parallelism.nproc_per_node > 1:
-        return
-    if not torch.cuda.is_available():
-        return
-    from refexp.runtime.launcher import claim_gpu
-
-    gpu = claim_gpu(Path(hc.sweep.dir) / ".gpus", torch.cuda.device_count(), first=hc.job.num)
-    cfg.training.device = f"cuda:{gpu}"
-
-
-CPU_CORES_LAUNCHER = "cpu_cores"
-"""The ``hydra/launcher`` option that runs a sweep's jobs one per CPU core (conf/hydra/launcher/cpu_cores.yaml)."""
-
-
-def _use_own_core(cfg: DictConfig) -> None:
-    """Under ``hydra/launcher=cpu_cores`` a single-process job on the CPU takes a core no other job of the sweep
-    holds (refexp/runtime/launcher.py, ``claim_core``), pins its process to it and runs one torch thread
-    (``training.num_threads`` 0 -> 1): jobs side by side that neither share a core nor migrate between them, as
-    the committed re-runs were run by hand. A job on a GPU (``_use_own_gpu``) or of several processes is left as
-    it is."""
-    from hydra.core.hydra_config import HydraConfig
-
-    hc = HydraConfig.get()
-    if OmegaConf.select(hc, "runtime.choices", default={}).get("hydra/launcher") != CPU_CORES_LAUNCHER:
-        return
-    on_cpu = cfg.training.device == "cpu" or (cfg.training.device == "auto" and not torch.cuda.is_available())
-    if not on_cpu or cfg.parallelism.nproc_per_node > 1:
-        return
-    if cfg.training.num_threads not in (0, 1):
-        raise ConfigError(f"training.num_threads={cfg.training.num_threads} is invalid with "
-                          f"hydra/launcher={CPU_CORES_LAUNCHER}: expected 0 or 1 (one single-thread job per core; "
-                          f"hydra/launcher=local runs the jobs one after another with any thread count)")
-    from refexp.runtime.launcher import claim_core, pin_process, usable_cores
-
-    core = claim_core(Path(hc.sweep.dir) / ".cpus", usable_cores(), first=hc.job.num)
-    pin_process({core})
-    cfg.training.num_threads = 1
 
 
 def validate(dcfg: DictConfig, cfg: RootConfig | None = None) -> RootConfig:

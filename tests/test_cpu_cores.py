@@ -1,6 +1,7 @@
 """``hydra/launcher=cpu_cores``: the jobs of a sweep side by side on a CPU machine, one single-thread job per core,
-each pinned to a core no other job holds (conf/hydra/launcher/cpu_cores.yaml, ``refexp.run._use_own_core``,
-``refexp.runtime.launcher.claim_core``), as the committed experiments run by default."""
+each pinned to a core no other job holds (conf/hydra/launcher/cpu_cores.yaml,
+``refexp.runtime.job_placement.use_own_core``, ``refexp.runtime.launcher.claim_core``), as the committed experiments
+run by default."""
 
 from __future__ import annotations
 
@@ -55,10 +56,10 @@ def cpu_cores_job(monkeypatch, tmp_path):
 
 
 def test_a_cpu_job_is_pinned_to_one_core_with_one_thread(cpu_cores_job, tmp_path):
-    from refexp.run import _use_own_core
+    from refexp.runtime.job_placement import use_own_core
 
     cfg = compose_tiny_run(tmp_path / "run", "training.num_threads=0")
-    _use_own_core(cfg)
+    use_own_core(cfg)
     cores = launcher.usable_cores()
     assert cfg.training.num_threads == 1
     assert cpu_cores_job[1] == [{cores[1 % len(cores)]}]  # job 1 tries core 1 first
@@ -66,27 +67,27 @@ def test_a_cpu_job_is_pinned_to_one_core_with_one_thread(cpu_cores_job, tmp_path
 
 @pytest.mark.parametrize("override", ["training.device=cuda:0", "parallelism.nproc_per_node=2"])
 def test_a_gpu_or_multi_process_job_is_left_alone(cpu_cores_job, tmp_path, override):
-    from refexp.run import _use_own_core
+    from refexp.runtime.job_placement import use_own_core
 
     cfg = compose_tiny_run(tmp_path / "run", "training.num_threads=0", override)
-    _use_own_core(cfg)
+    use_own_core(cfg)
     assert cfg.training.num_threads == 0 and cpu_cores_job[1] == []
 
 
 def test_other_launchers_leave_threads_and_cores_alone(cpu_cores_job, tmp_path):
-    from refexp.run import _use_own_core
+    from refexp.runtime.job_placement import use_own_core
 
     cpu_cores_job[0].runtime.choices["hydra/launcher"] = "local_gpus"
     cfg = compose_tiny_run(tmp_path / "run", "training.num_threads=0")
-    _use_own_core(cfg)
+    use_own_core(cfg)
     assert cfg.training.num_threads == 0 and cpu_cores_job[1] == []
 
 
 def test_more_threads_than_the_core_is_refused(cpu_cores_job, tmp_path):
-    from refexp.run import _use_own_core
+    from refexp.runtime.job_placement import use_own_core
 
     with pytest.raises(ConfigError, match="training.num_threads=2 is invalid with hydra/launcher=cpu_cores"):
-        _use_own_core(compose_tiny_run(tmp_path / "run", "training.num_threads=2"))
+        use_own_core(compose_tiny_run(tmp_path / "run", "training.num_threads=2"))
 
 
 def test_pinning_moves_every_thread_of_the_process():

@@ -55,19 +55,19 @@ def side_by_side_job(monkeypatch, tmp_path):
 @pytest.mark.parametrize("device, want", [("auto", "cuda:1"), ("cuda", "cuda:1"), ("cpu", "cpu"),
                                           ("cuda:0", "cuda:0")])
 def test_job_device(side_by_side_job, tmp_path, device, want):
-    from refexp.run import _use_own_gpu
+    from refexp.runtime.job_placement import use_own_gpu
 
     cfg = compose_tiny_run(tmp_path / "run", f"training.device={device}")
-    _use_own_gpu(cfg)
+    use_own_gpu(cfg)
     assert cfg.training.device == want
 
 
 def test_other_launchers_leave_the_device_alone(side_by_side_job, tmp_path):
-    from refexp.run import _use_own_gpu
+    from refexp.runtime.job_placement import use_own_gpu
 
     side_by_side_job.launcher._target_ = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
     cfg = compose_tiny_run(tmp_path / "run")
-    _use_own_gpu(cfg)
+    use_own_gpu(cfg)
     assert cfg.training.device == "auto"
 
 

@@ -18,8 +18,8 @@ DOCS = ROOT / "docs"
 RUNS_ARCHIVE_CAP_MIB = 16
 """The largest a committed ``runs.tar.xz`` may be (docs/README.md, "Committed reports", states it)."""
 SFT_STARTS_CAP_MIB = 48
-"""The largest a carried sweep's ``sft_starts.tar.xz`` may be: about eight of the 256-wide model's starts (~5 MiB each
-compressed), the most a sweep trains in one sitting."""
+"""The largest a carried sweep's ``sft_starts.tar.xz`` may be: eight of the 256-wide model's starts (5.6 MiB each as
+scripts/carry_sweep.py packs them), as many as frontier_confirm trains."""
 PRE_REGISTERED = "pre-registered in the experiment config (its comparison block)"
 
 
