@@ -292,15 +292,18 @@ class Bench:
             return {"train_tokens": rows_n * (a.prompt_len + int(round(clen))), "gen_tokens": rows_n * clen, **fl}
         rows_n = 2 * a.pairs // world
         T = a.prompt_len + a.completion_len
-        fwd = shape.forward_flops([T] * rows_n)
+        # the output layer runs where a completion token is predicted (DPOStep's select_BT: completion_len of
+        # each chosen and rejected row), or everywhere under --full-logits
+        head = None if a.full_logits else rows_n * a.completion_len
+        seqs = [T] * rows_n
         if self.ctx.cfg.algo.share_prompt:
             # executed FLOPs: one row per prompt of prompt + its 2 completions + 1 bridge (tokens/s
             # still counts 2 x (prompt + completion) tokens, as TRL's does)
-            fwd = shape.forward_flops([a.prompt_len + 2 * (T - a.prompt_len + 1) - 1] * (rows_n // 2))
+            seqs = [a.prompt_len + 2 * (T - a.prompt_len + 1) - 1] * (rows_n // 2)
+        fwd = shape.forward_flops(seqs, lm_head_positions=head)
         return {"train_tokens": rows_n * T, "gen_tokens": 0, "generation": 0.0,
                 "policy_fwd_bwd": 3 * fwd, "reference_fwd": fwd if live_ref else 0.0,
-                "trunk_positions": (rows_n // 2) * (2 * T - a.prompt_len + 1) if self.ctx.cfg.algo.share_prompt
-                else rows_n * T, "output_layer_positions": None}
+                "trunk_positions": sum(seqs), "output_layer_positions": sum(seqs) if head is None else head}
 
     def summary(self, timed: list[dict], *, peak: float, peak_by_size: dict, peak_rss_timed: float | None,
                 warmup: list[dict] = ()) -> dict:

@@ -47,6 +47,11 @@ def test_bench_step_prints_one_line_per_configuration(tmp_path, capsys):
     assert by[("dpo", "fixed", True)]["ref_params_resident"] == 0
     assert by[("dpo", "fixed", True)]["ref_source"] == "PrecomputedRefLogps"
     assert by[("grpo", "none", False)]["ref_params_resident"] == 0
+    # the FLOPs count the output layer where DPOStep runs it: each chosen and rejected completion token (2 pairs x
+    # 2 x 3 tokens), not every position of the trunk's shared rows (a pair's prompt 4 once, then each completion
+    # of 3 after a bridge token: 2 x (4 + 2 x 4 - 1))
+    dpo = by[("dpo", "fixed", False)]
+    assert (dpo["trunk_positions"], dpo["output_layer_positions"]) == (2 * (4 + 2 * 4 - 1), 2 * 2 * 3)
 
 
 def test_bench_output_layer_alternates_full_and_selected_processes(capsys):
