@@ -1,7 +1,9 @@
 """Carry an unfinished sweep to the next sitting: its completed runs and the SFT starts they were trained from.
 
 A sweep that takes longer than one sitting (docs/runs.md, "A sweep over several sittings") is stopped, and a
-sitting's machine may not be the next one's, so what it has done is kept in the repo until its report lands:
+sitting's machine may not be the next one's, so what it has done is packed into OUT, a dir outside the checkout
+that goes with the sweep to the next machine (never into git: an unfinished sweep and its SFT starts are data every
+clone would pay for):
 
     python scripts/carry_sweep.py SWEEP CACHE OUT          # OUT/runs.tar.xz and OUT/sft_starts.tar.xz
     python scripts/carry_sweep.py --check OUT              # extract both, verify, count the runs per sweep
@@ -13,8 +15,8 @@ checkpoints): a relaunch of the same command skips a sweep whose runs all comple
 a restored completed run measures nothing (refexp/record/rerun.py). ``sft_starts.tar.xz`` holds every start the runs
 recorded, each entry with its manifest of sha256s, which ``--check`` verifies as a run would
 (``refexp.record.cache_dirs.verified_entry``); its members have mtime 0 and no owner, so it depends on the files only,
-and an archive already holding every start the runs recorded is kept as it is (a carried one is committed: writing it
-again would put the weights in git history twice).
+and an archive already holding every start the runs recorded is kept as it is (the weights are the bulk: a later
+carry rewrites only the runs).
 """
 
 from __future__ import annotations
