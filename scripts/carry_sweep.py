@@ -88,7 +88,7 @@ def carry(sweep: Path, cache: Path, out: Path) -> tuple[int, list[str]]:
             (copy / marker.relative_to(sweep)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(marker, copy / marker.relative_to(sweep))
         pack(copy, out)
-    if _held(out / STARTS) >= set(keys):  # rewritten, a committed archive would put the weights in git history twice
+    if _held(out / STARTS) >= set(keys):  # the starts are the bulk and do not change: pack them once
         return len(runs), keys
     with tarfile.open(out / STARTS, "w:xz") as tar:
         for key in keys:
